@@ -1,0 +1,33 @@
+# Every third-party dependency, found once. All come from Debian packages (scripts/deps.sh).
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+find_package(Boost 1.74 REQUIRED)               # header-only Asio
+find_package(FlatBuffers CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(GTest CONFIG REQUIRED)
+find_package(RocksDB CONFIG REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
+
+find_program(FLATC flatc REQUIRED)
+
+# CUDA is optional: without nvcc everything but the .cu files builds.
+set(KVTIER_HAVE_CUDA OFF)
+if(NOT KVTIER_WITH_CUDA STREQUAL "off")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(KVTIER_HAVE_CUDA ON)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+  elseif(KVTIER_WITH_CUDA STREQUAL "on")
+    message(FATAL_ERROR "KVTIER_WITH_CUDA=on but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "kvtier: CUDA kernels ${KVTIER_HAVE_CUDA}")

@@ -1,0 +1,51 @@
+# One helper per kind of target (as leveldb_test / absl_cc_library).
+
+add_library(kvtier_build_flags INTERFACE)
+target_compile_options(kvtier_build_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>)
+if(KVTIER_SANITIZE STREQUAL "address")
+  target_compile_options(kvtier_build_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+  target_link_options(kvtier_build_flags INTERFACE -fsanitize=address,undefined)
+elseif(KVTIER_SANITIZE STREQUAL "thread")
+  target_compile_options(kvtier_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread>)
+  target_link_options(kvtier_build_flags INTERFACE -fsanitize=thread)
+elseif(KVTIER_SANITIZE STREQUAL "undefined")
+  target_compile_options(kvtier_build_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=undefined -fno-sanitize-recover=undefined>)
+  target_link_options(kvtier_build_flags INTERFACE -fsanitize=undefined)
+elseif(NOT KVTIER_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "KVTIER_SANITIZE must be address, thread, undefined or empty")
+endif()
+
+# kvtier_add_library(NAME SRCS ... DEPS ...)
+function(kvtier_add_library name)
+  cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SRCS})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/generated)
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE kvtier_build_flags)
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+# kvtier_add_executable(NAME SRCS ... DEPS ...): lands in build/bin/.
+function(kvtier_add_executable name)
+  cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SRCS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvtier_build_flags)
+endfunction()
+
+# kvtier_add_test(NAME SRCS ... DEPS ... LABELS ...): one gtest binary, each TEST a ctest test.
+function(kvtier_add_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SRCS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvtier_test_support GTest::gtest GTest::gmock
+                        kvtier_build_flags)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    DISCOVERY_TIMEOUT 60)
+endfunction()

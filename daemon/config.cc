@@ -1,0 +1,277 @@
+#include "daemon/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <vector>
+
+#include "protocol/base/units.h"
+
+namespace kvtier {
+namespace {
+
+// One config key: where it lives, its default (as YAML text), what it means, and how to
+// store a parsed value.
+struct Key {
+  std::string_view path;     // "tiers.host.capacity"
+  std::string_view fallback; // default, as written in the YAML
+  std::string_view comment;
+  std::function<Status(const YAML::Node&, DaemonConfig*)> set;
+};
+
+Status Bad(std::string_view path, const std::string& why) {
+  return InvalidArgument("config key '" + std::string(path) + "': " + why);
+}
+
+Result<std::string> Scalar(std::string_view path, const YAML::Node& n) {
+  if (!n.IsScalar()) return Bad(path, "expected a scalar value");
+  return n.Scalar();
+}
+
+template <class T>
+Result<T> Integer(std::string_view path, const YAML::Node& n, long long lo, long long hi) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 0);
+  if (s.empty() || *end != '\0' || errno != 0) return Bad(path, "'" + s + "' is not an integer");
+  if (v < lo || v > hi) {
+    return Bad(path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "]");
+  }
+  return static_cast<T>(v);
+}
+
+Result<uint64_t> Bytes(std::string_view path, const YAML::Node& n, uint64_t lo, uint64_t hi) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
+  auto v = ParseBytes(s);
+  if (!v.ok()) return Bad(path, v.status().message());
+  if (*v < lo || *v > hi) {
+    return Bad(path, FormatBytes(*v) + " is out of range [" + FormatBytes(lo) + ", " +
+                         FormatBytes(hi) + "]");
+  }
+  return *v;
+}
+
+Result<double> Fraction(std::string_view path, const YAML::Node& n) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0') return Bad(path, "'" + s + "' is not a number");
+  if (!(v > 0.0 && v <= 1.0)) return Bad(path, "must be in (0, 1]");
+  return v;
+}
+
+Result<bool> Boolean(std::string_view path, const YAML::Node& n) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
+  if (s == "true" || s == "yes" || s == "on") return true;
+  if (s == "false" || s == "no" || s == "off") return false;
+  return Bad(path, "'" + s + "' is not true or false");
+}
+
+Result<std::string> Path(std::string_view path, const YAML::Node& n) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
+  if (s.empty()) return Bad(path, "must not be empty");
+  return s;
+}
+
+#define KVTIER_SET(expr_result, field)              \
+  [](const YAML::Node& n, DaemonConfig* c) -> Status { \
+    KVTIER_ASSIGN_OR_RETURN(c->field, expr_result);   \
+    return Status::Ok();                             \
+  }
+
+const std::vector<Key>& Keys() {
+  static const std::vector<Key> keys = {
+      {"socket.path", "./var/kvtierd.sock",
+       "Unix socket that engines and kvctl connect to. Clients use this path by default.",
+       KVTIER_SET(Path("socket.path", n), socket_path)},
+      {"data_dir", "./var", "State directory: lock file now; index and slot files with NVMe.",
+       KVTIER_SET(Path("data_dir", n), data_dir)},
+      {"log_level", "info", "error | warning | notice | info | debug (stderr, journald priorities).",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("log_level", n));
+         if (!ParseLogLevel(s, &c->log_level)) {
+           return Bad("log_level", "'" + s + "' is not one of error, warning, notice, info, debug");
+         }
+         return Status::Ok();
+       }},
+      {"protocol.max_frame_bytes", "1MiB",
+       "Largest request frame accepted; a larger one is answered with an error and its "
+       "connection closed.",
+       KVTIER_SET((Bytes("protocol.max_frame_bytes", n, 4096, 64ull << 20)), max_frame_bytes)},
+      {"protocol.max_sessions", "1024", "Connections served at once; more are refused.",
+       KVTIER_SET((Integer<uint32_t>("protocol.max_sessions", n, 1, 1 << 20)), max_sessions)},
+      {"protocol.max_pending_output", "16MiB",
+       "Responses buffered for a session that does not read them; above it the daemon stops "
+       "reading that session's requests until it catches up.",
+       KVTIER_SET((Bytes("protocol.max_pending_output", n, 64 * 1024, 1ull << 32)),
+                  max_pending_output_bytes)},
+      {"protocol.max_entries_per_request", "65536",
+       "Most pages or hashes one request may name.",
+       KVTIER_SET((Integer<uint32_t>("protocol.max_entries_per_request", n, 1, 1 << 24)),
+                  max_entries_per_request)},
+      {"metrics.listen", "127.0.0.1", "Address of the Prometheus endpoint (GET /metrics).",
+       KVTIER_SET(Path("metrics.listen", n), metrics_listen)},
+      {"metrics.port", "9490", "TCP port of the Prometheus endpoint; 0 picks a free port "
+       "(kvctl status shows it), -1 turns the endpoint off.",
+       KVTIER_SET((Integer<int>("metrics.port", n, -1, 65535)), metrics_port)},
+      {"tiers.host.enabled", "true", "The pinned host-RAM tier (a memfd pool shared with engines).",
+       KVTIER_SET(Boolean("tiers.host.enabled", n), host.enabled)},
+      {"tiers.host.capacity", "1GiB", "Size of the host pool; a multiple of segment_bytes.",
+       KVTIER_SET((Bytes("tiers.host.capacity", n, 4096, 1ull << 44)), host.capacity_bytes)},
+      {"tiers.host.page_bytes", "2MiB",
+       "Size of one page (one KV block); a multiple of 4 KiB that divides segment_bytes.",
+       KVTIER_SET((Bytes("tiers.host.page_bytes", n, 4096, 1ull << 30)), host.page_bytes)},
+      {"tiers.host.segment_bytes", "256MiB",
+       "Size of one shared-memory segment. A segment holds one tenant's pages at a time and "
+       "is mapped whole by that tenant's engines.",
+       KVTIER_SET((Bytes("tiers.host.segment_bytes", n, 4096, 1ull << 40)), host.segment_bytes)},
+      {"tiers.host.huge_pages", "auto",
+       "auto: 2 MiB hugetlb pages when enough are free, else 4 KiB pages; on: hugetlb or fail "
+       "at start; off: 4 KiB pages.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.host.huge_pages", n));
+         if (s == "auto") c->host.huge_pages = HugePages::kAuto;
+         else if (s == "on" || s == "true") c->host.huge_pages = HugePages::kOn;
+         else if (s == "off" || s == "false") c->host.huge_pages = HugePages::kOff;
+         else return Bad("tiers.host.huge_pages", "'" + s + "' is not auto, on or off");
+         return Status::Ok();
+       }},
+      {"tiers.host.high_watermark", "0.85",
+       "Above this fraction of capacity in use, cached blocks are evicted (the usual "
+       "cpu_offload_threshold).",
+       KVTIER_SET(Fraction("tiers.host.high_watermark", n), host.high_watermark)},
+      {"tiers.host.low_watermark", "0.75", "Eviction stops at this fraction of capacity in use.",
+       KVTIER_SET(Fraction("tiers.host.low_watermark", n), host.low_watermark)},
+      {"tiers.host.policy", "lru", "Eviction policy of cached blocks: lru.",
+       KVTIER_SET(Path("tiers.host.policy", n), host.policy)},
+  };
+  return keys;
+}
+#undef KVTIER_SET
+
+const Key* FindKey(std::string_view path) {
+  for (const Key& k : Keys()) {
+    if (k.path == path) return &k;
+  }
+  return nullptr;
+}
+
+bool IsSection(std::string_view path) {
+  const std::string prefix = std::string(path) + ".";
+  for (const Key& k : Keys()) {
+    if (k.path.substr(0, prefix.size()) == prefix) return true;
+  }
+  return false;
+}
+
+Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* config) {
+  if (!node.IsMap()) {
+    return InvalidArgument(prefix.empty() ? std::string("config must be a YAML mapping")
+                                          : "config key '" + prefix + "' must be a mapping");
+  }
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) return InvalidArgument("config has a non-scalar key under '" + prefix + "'");
+    const std::string path = prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar();
+    if (const Key* k = FindKey(path)) {
+      KVTIER_RETURN_IF_ERROR(k->set(kv.second, config));
+    } else if (IsSection(path)) {
+      if (kv.second.IsNull()) continue;  // an empty section keeps its defaults
+      KVTIER_RETURN_IF_ERROR(Walk(kv.second, path, config));
+    } else {
+      return InvalidArgument("config key '" + path + "' is unknown");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateConfig(const DaemonConfig& c) {
+  const PoolTierConfig& h = c.host;
+  if (h.low_watermark >= h.high_watermark) {
+    return InvalidArgument("config key 'tiers.host.low_watermark' must be below high_watermark");
+  }
+  if (h.page_bytes % 4096 != 0) {
+    return InvalidArgument("config key 'tiers.host.page_bytes' must be a multiple of 4 KiB");
+  }
+  if (h.segment_bytes % h.page_bytes != 0) {
+    return InvalidArgument("config key 'tiers.host.segment_bytes' (" + FormatBytes(h.segment_bytes) +
+                           ") must be a multiple of page_bytes (" + FormatBytes(h.page_bytes) + ")");
+  }
+  if (h.capacity_bytes % h.segment_bytes != 0) {
+    return InvalidArgument("config key 'tiers.host.capacity' (" + FormatBytes(h.capacity_bytes) +
+                           ") must be a multiple of segment_bytes (" + FormatBytes(h.segment_bytes) +
+                           ")");
+  }
+  if (h.capacity_bytes / h.page_bytes > (1ull << 31)) {
+    return InvalidArgument("config key 'tiers.host.capacity' has too many pages");
+  }
+  if (c.max_pending_output_bytes < c.max_frame_bytes) {
+    return InvalidArgument("config key 'protocol.max_pending_output' must be >= max_frame_bytes");
+  }
+  return Status::Ok();
+}
+
+Result<DaemonConfig> ParseConfig(std::string_view yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(std::string("config is not valid YAML: ") + e.what());
+  }
+  DaemonConfig config;
+  if (!root.IsNull()) {
+    try {
+      KVTIER_RETURN_IF_ERROR(Walk(root, "", &config));
+    } catch (const YAML::Exception& e) {
+      return InvalidArgument(std::string("config: ") + e.what());
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(ValidateConfig(config));
+  return config;
+}
+
+Result<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read config file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto c = ParseConfig(ss.str());
+  if (!c.ok()) return c.status().WithContext(path);
+  return c;
+}
+
+std::string DefaultConfigYaml() {
+  std::string out =
+      "# kvtierd configuration: every key with its default value.\n"
+      "# Sizes take B, KiB, MiB, GiB, TiB (or K, M, G, T) and kB, MB, GB, TB.\n";
+  std::vector<std::string_view> open;  // sections currently open
+  for (const Key& k : Keys()) {
+    std::vector<std::string_view> parts;
+    std::string_view p = k.path;
+    for (size_t dot; (dot = p.find('.')) != std::string_view::npos; p.remove_prefix(dot + 1)) {
+      parts.push_back(p.substr(0, dot));
+    }
+    const std::string_view leaf = p;
+    size_t common = 0;
+    while (common < open.size() && common < parts.size() && open[common] == parts[common]) ++common;
+    open.resize(common);
+    if (common == 0 && !parts.empty()) out += "\n";
+    for (size_t i = common; i < parts.size(); ++i) {
+      out += std::string(2 * i, ' ') + std::string(parts[i]) + ":\n";
+      open.push_back(parts[i]);
+    }
+    const std::string indent(2 * parts.size(), ' ');
+    out += indent + "# " + std::string(k.comment) + "\n";
+    out += indent + std::string(leaf) + ": " + std::string(k.fallback) + "\n";
+  }
+  return out;
+}
+
+}  // namespace kvtier

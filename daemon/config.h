@@ -1,0 +1,59 @@
+#pragma once
+// kvtierd configuration: one YAML file (kvtierd --config FILE), or the embedded default.
+//
+// Every key is declared once, in config.cc, with its default and a comment; the same
+// table parses files, rejects unknown keys and bad values (naming the key), and prints
+// `kvtierd --print-default-config`. Relative paths are relative to the daemon's working
+// directory. Value type; thread-compatible.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "protocol/base/logging.h"
+#include "protocol/base/status.h"
+#include "storage/segment_memory.h"
+
+namespace kvtier {
+
+struct PoolTierConfig {
+  bool enabled = true;
+  uint64_t capacity_bytes = 1ull << 30;
+  uint64_t page_bytes = 2ull << 20;
+  uint64_t segment_bytes = 256ull << 20;
+  HugePages huge_pages = HugePages::kAuto;
+  double high_watermark = 0.85;
+  double low_watermark = 0.75;
+  std::string policy = "lru";
+};
+
+struct DaemonConfig {
+  std::string socket_path = "./var/kvtierd.sock";
+  std::string data_dir = "./var";
+  LogLevel log_level = LogLevel::kInfo;
+
+  uint32_t max_frame_bytes = 1u << 20;
+  uint32_t max_sessions = 1024;
+  uint64_t max_pending_output_bytes = 16ull << 20;
+  uint32_t max_entries_per_request = 65536;
+
+  std::string metrics_listen = "127.0.0.1";
+  int metrics_port = 9490;  // 0: any free port; -1: no metrics endpoint
+
+  PoolTierConfig host;
+};
+
+// Parses YAML text. Unknown keys, wrong types and out-of-range values are
+// kInvalidArgument with a message naming the key, e.g.
+//   "config key 'tiers.host.capasity' is unknown".
+Result<DaemonConfig> ParseConfig(std::string_view yaml_text);
+// Reads and parses a file; errors are prefixed with the path.
+Result<DaemonConfig> LoadConfigFile(const std::string& path);
+// The embedded default config as YAML: every key, its default value and a comment.
+// ParseConfig(DefaultConfigYaml()) yields DaemonConfig{}.
+std::string DefaultConfigYaml();
+
+// Cross-field checks (low < high watermark, sizes that divide); called by ParseConfig.
+Status ValidateConfig(const DaemonConfig& config);
+
+}  // namespace kvtier

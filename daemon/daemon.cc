@@ -1,0 +1,186 @@
+#include "daemon/daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <filesystem>
+#include <random>
+
+#include "protocol/base/clock.h"
+#include "protocol/base/logging.h"
+#include "protocol/base/units.h"
+
+namespace kvtier {
+
+Daemon::Daemon(const DaemonConfig& config) : config_(config), signals_(io_, SIGTERM, SIGINT) {}
+
+Daemon::~Daemon() {
+  http_.reset();
+  server_.reset();
+  dispatcher_.reset();
+  cache_.reset();
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config) {
+  std::unique_ptr<Daemon> d(new Daemon(config));
+  SetLogLevel(config.log_level);
+
+  std::error_code ec;
+  std::filesystem::create_directories(config.data_dir, ec);
+  if (ec) return Internal("cannot create data_dir " + config.data_dir + ": " + ec.message());
+  const std::string lock_path = config.data_dir + "/kvtierd.lock";
+  d->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (d->lock_fd_ < 0) return ErrnoStatus(errno, "open " + lock_path);
+  if (::flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return FailedPrecondition("another kvtierd holds " + lock_path + " (one daemon per data_dir)");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(d->lock_fd_, 0) != 0 || ::write(d->lock_fd_, pid.data(), pid.size()) < 0) {
+    KVTIER_LOG(WARNING) << "cannot write pid to " << lock_path;
+  }
+
+  CacheManager::Options co;
+  TierOptions& host = co.tiers[TierIndex(TierKind::kHost)];
+  host.enabled = config.host.enabled;
+  host.capacity_bytes = config.host.capacity_bytes;
+  host.page_bytes = config.host.page_bytes;
+  host.segment_bytes = config.host.segment_bytes;
+  host.huge_pages = config.host.huge_pages;
+  host.high_watermark = config.host.high_watermark;
+  host.low_watermark = config.host.low_watermark;
+  host.policy = config.host.policy;
+  co.max_entries_per_request = config.max_entries_per_request;
+  KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co));
+
+  Server::Options so;
+  so.socket_path = config.socket_path;
+  so.max_sessions = config.max_sessions;
+  so.max_frame_bytes = config.max_frame_bytes;
+  so.max_pending_output_bytes = config.max_pending_output_bytes;
+  KVTIER_ASSIGN_OR_RETURN(d->server_, Server::Open(d->io_, so, SystemClock::Default()));
+
+  if (config.metrics_port >= 0) {
+    Daemon* raw = d.get();
+    KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Open(d->io_, config.metrics_listen,
+                                                              config.metrics_port,
+                                                              [raw] { return raw->metrics_.Render(); }));
+    d->info_.metrics_url = d->http_->url();
+  }
+
+  std::random_device rd;
+  d->info_.version = kVersion;
+  d->info_.epoch = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  d->info_.started_ns = SystemClock::Default()->NowNanos();
+  d->info_.max_frame_bytes = config.max_frame_bytes;
+  d->info_.max_entries_per_request = config.max_entries_per_request;
+
+  Server* server = d->server_.get();
+  d->dispatcher_ = std::make_unique<Dispatcher>(
+      d->cache_.get(), &d->info_, SystemClock::Default(), &d->metrics_,
+      [server](const std::function<void(const SessionContext&)>& fn) { server->ForEachSession(fn); });
+  d->server_->set_dispatcher(d->dispatcher_.get());
+  d->RegisterMetrics();
+  return d;
+}
+
+void Daemon::RegisterMetrics() {
+  MetricsRegistry& m = metrics_;
+  const CacheManager* cache = cache_.get();
+  const Server* server = server_.get();
+  m.AddGaugeFn("kvtier_build_info", "Always 1; the version label says which kvtierd runs.",
+               {{"version", kVersion}}, [] { return 1.0; });
+  const int64_t started_wall = SystemClock::Default()->WallSeconds();
+  m.AddGaugeFn("kvtier_start_time_seconds", "Unix time kvtierd started.", {},
+               [started_wall] { return static_cast<double>(started_wall); });
+  for (TierKind kind : kAllTiers) {
+    if (!cache->tier_enabled(kind)) continue;
+    const std::string tier(TierKindName(kind));
+    m.AddGaugeFn("kvtier_tier_capacity_bytes", "Bytes of a tier's pool.", {{"tier", tier}},
+                 [cache, kind] {
+                   TierCounts c = cache->Counts(kind);
+                   return static_cast<double>(c.capacity) * static_cast<double>(c.page_bytes);
+                 });
+    const std::pair<const char*, uint32_t TierCounts::*> states[] = {
+        {"free", &TierCounts::free},       {"leased", &TierCounts::leased},
+        {"inflight", &TierCounts::inflight}, {"cached", &TierCounts::cached},
+        {"referenced", &TierCounts::referenced}};
+    for (const auto& [state, field] : states) {
+      m.AddGaugeFn("kvtier_tier_bytes",
+                   "Bytes of a tier's pool by page state; the states sum to the capacity.",
+                   {{"tier", tier}, {"state", state}}, [cache, kind, field = field] {
+                     TierCounts c = cache->Counts(kind);
+                     return static_cast<double>(c.*field) * static_cast<double>(c.page_bytes);
+                   });
+    }
+    m.AddGaugeFn("kvtier_tier_blocks", "Blocks resident in a tier.", {{"tier", tier}},
+                 [cache, kind] { return static_cast<double>(cache->Counts(kind).blocks); });
+    m.AddGaugeFn("kvtier_tier_high_watermark_ratio",
+                 "Fraction of a tier in use above which cached blocks are evicted.", {{"tier", tier}},
+                 [cache, kind] { return cache->high_watermark(kind); });
+    m.AddCounterFn("kvtier_evictions_total", "Blocks evicted from a tier.", {{"tier", tier}},
+                   [cache, kind] { return cache->counters().evictions[TierIndex(kind)]; });
+    m.AddCounterFn("kvtier_block_hits_total",
+                   "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
+                   "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.",
+                   {{"tier", tier}},
+                   [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
+  }
+  m.AddCounterFn("kvtier_lookups_total", "Lookup requests served.", {},
+                 [cache] { return cache->counters().lookups; });
+  m.AddCounterFn("kvtier_lookup_blocks_total", "Block hashes asked about by lookups.", {},
+                 [cache] { return cache->counters().lookup_blocks; });
+  m.AddCounterFn("kvtier_block_misses_total",
+                 "Block hashes of lookups that did not match (from the first missing block on).",
+                 {}, [cache] { return cache->counters().block_misses; });
+  m.AddCounterFn("kvtier_commits_total", "Blocks committed, by outcome.", {{"outcome", "stored"}},
+                 [cache] { return cache->counters().commits_stored; });
+  m.AddCounterFn("kvtier_commits_total", "Blocks committed, by outcome.", {{"outcome", "duplicate"}},
+                 [cache] { return cache->counters().commits_duplicate; });
+  m.AddCounterFn("kvtier_acquires_total", "Blocks asked for by Acquire.", {},
+                 [cache] { return cache->counters().acquires; });
+  m.AddCounterFn("kvtier_acquire_misses_total", "Blocks asked for by Acquire and not found.", {},
+                 [cache] { return cache->counters().acquire_misses; });
+  m.AddCounterFn("kvtier_allocate_failures_total",
+                 "Allocate requests refused because the tier had no page to give.", {},
+                 [cache] { return cache->counters().allocate_failures; });
+  m.AddGaugeFn("kvtier_sessions", "Connected sessions (engines and control clients).", {},
+               [server] { return static_cast<double>(server->session_count()); });
+  m.AddCounterFn("kvtier_sessions_opened_total", "Connections accepted.", {},
+                 [server] { return server->sessions_opened(); });
+  m.AddCounterFn("kvtier_sessions_refused_total", "Connections refused at max_sessions.", {},
+                 [server] { return server->sessions_refused(); });
+  m.AddGaugeFn("kvtier_namespaces", "Namespaces (tenant x model) with blocks or sessions.", {},
+               [cache] { return static_cast<double>(cache->namespace_count()); });
+}
+
+void Daemon::RequestStop() {
+  boost::asio::post(io_, [this] { io_.stop(); });
+}
+
+Status Daemon::Run() {
+  signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    KVTIER_LOG(NOTICE) << "signal " << sig << ": shutting down";
+    io_.stop();
+  });
+  server_->Start();
+  if (http_) http_->Start();
+  KVTIER_LOG(NOTICE) << "kvtierd " << kVersion << " serving on " << config_.socket_path
+                     << (http_ ? ", metrics at " + http_->url() : std::string(", no metrics endpoint"));
+  sd_notify(0, "READY=1");
+  io_.run();
+  sd_notify(0, "STOPPING=1");
+  if (http_) http_->Stop();
+  server_->Stop();
+  Status inv = cache_->CheckInvariants();
+  if (!inv.ok()) KVTIER_LOG(ERROR) << "accounting at shutdown: " << inv.ToString();
+  KVTIER_LOG(NOTICE) << "kvtierd stopped";
+  return inv;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,53 @@
+#pragma once
+// Daemon: kvtierd assembled from its parts — config, cache manager, dispatcher, Unix
+// socket server, metrics endpoint — on one io_context run by the calling thread (the
+// control thread). main.cc only parses flags and calls Open() and Run().
+//
+// Not thread-safe, except RequestStop(), which any thread may call.
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <memory>
+
+#include "daemon/cache_manager.h"
+#include "daemon/config.h"
+#include "daemon/dispatcher.h"
+#include "daemon/metrics.h"
+#include "daemon/metrics_http.h"
+#include "daemon/server.h"
+
+namespace kvtier {
+
+inline constexpr const char* kVersion = "0.1.0";
+
+class Daemon {
+ public:
+  // Creates the data directory, takes its lock (one daemon per data_dir), builds the
+  // pools and binds the socket and metrics port. Errors name what failed.
+  static Result<std::unique_ptr<Daemon>> Open(const DaemonConfig& config);
+  ~Daemon();
+
+  // Serves until SIGTERM/SIGINT or RequestStop(); then closes every session and removes
+  // the socket. Tells systemd READY=1 and STOPPING=1 when run under it.
+  Status Run();
+  void RequestStop();
+
+  const DaemonInfo& info() const { return info_; }
+
+ private:
+  explicit Daemon(const DaemonConfig& config);
+  void RegisterMetrics();
+
+  DaemonConfig config_;
+  boost::asio::io_context io_;
+  boost::asio::signal_set signals_;
+  int lock_fd_ = -1;
+  DaemonInfo info_;
+  MetricsRegistry metrics_;
+  std::unique_ptr<CacheManager> cache_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<MetricsHttpServer> http_;
+};
+
+}  // namespace kvtier

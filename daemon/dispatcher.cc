@@ -1,0 +1,356 @@
+#include "daemon/dispatcher.h"
+
+#include <algorithm>
+
+#include "protocol/base/logging.h"
+#include "protocol/base/tier.h"
+
+namespace kvtier {
+namespace {
+
+std::optional<TierKind> TierFromWire(fb::Tier t) {
+  switch (t) {
+    case fb::Tier::Gpu: return TierKind::kGpu;
+    case fb::Tier::Host: return TierKind::kHost;
+    case fb::Tier::Nvme: return TierKind::kNvme;
+    default: return std::nullopt;
+  }
+}
+
+fb::Tier TierToWire(TierKind t) { return static_cast<fb::Tier>(static_cast<uint8_t>(t)); }
+
+}  // namespace
+
+Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock,
+                       MetricsRegistry* metrics, SessionVisitor sessions)
+    : cache_(cache), info_(info), clock_(clock), sessions_(std::move(sessions)) {
+  for (int op = 1; op <= static_cast<int>(fb::Op::MAX); ++op) {
+    const std::string name(OpName(static_cast<fb::Op>(op)));
+    op_metrics_[op].latency = metrics->AddHistogram(
+        "kvtier_rpc_duration_seconds",
+        "Time from a request frame being read to its response being queued, by operation.",
+        RpcLatencyBuckets(), {{"op", name}});
+    op_metrics_[op].errors = metrics->AddCounter(
+        "kvtier_rpc_errors_total", "Requests answered with a non-OK status, by operation.",
+        {{"op", name}});
+  }
+  const char* help = "Inbound frames refused before any request was read, by reason.";
+  rejected_malformed_ = metrics->AddCounter("kvtier_frames_rejected_total", help, {{"reason", "malformed"}});
+  rejected_oversized_ = metrics->AddCounter("kvtier_frames_rejected_total", help, {{"reason", "oversized"}});
+  rejected_truncated_ = metrics->AddCounter("kvtier_frames_rejected_total", help, {{"reason", "truncated"}});
+}
+
+std::string Dispatcher::TenantFor(uid_t uid, gid_t gid) {
+  return "uid=" + std::to_string(uid) + ",gid=" + std::to_string(gid);
+}
+
+void Dispatcher::Send(ReplySink& sink, uint64_t id, const Status& status, fb::Reply type,
+                      BodyOffset body, std::span<const int> fds) {
+  auto message = status.ok() ? flatbuffers::Offset<flatbuffers::String>()
+                             : builder_.CreateString(status.message());
+  fb::ResponseBuilder rb(builder_);
+  rb.add_id(id);
+  rb.add_status(ToWire(status.code()));
+  if (!status.ok()) rb.add_message(message);
+  if (type != fb::Reply::NONE) {
+    rb.add_reply_type(type);
+    rb.add_reply(body);
+  }
+  builder_.FinishSizePrefixed(rb.Finish());
+  sink.Send({builder_.GetBufferPointer(), builder_.GetSize()}, fds);
+  builder_.Clear();
+}
+
+void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason,
+                             ReplySink& sink) {
+  if (reason == "oversized") rejected_oversized_->Inc();
+  else if (reason == "truncated") rejected_truncated_->Inc();
+  else rejected_malformed_->Inc();
+  KVTIER_LOG(NOTICE) << "session " << ctx.id << " (pid " << ctx.pid << "): " << reason
+                     << " frame: " << status.message() << "; closing";
+  builder_.Clear();
+  Send(sink, 0, status, fb::Reply::NONE, 0, {});
+  ctx.close_after_reply = true;
+}
+
+void Dispatcher::SessionClosed(SessionContext& ctx) { cache_->Detach(ctx.cache); }
+
+void Dispatcher::HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame, ReplySink& sink) {
+  const int64_t start = clock_->NowNanos();
+  auto req = VerifyRequestFrame(frame);
+  if (!req.ok()) {
+    RejectFrame(ctx, req.status(), "malformed", sink);
+    return;
+  }
+  const fb::Request& r = **req;
+  ++ctx.requests;
+  builder_.Clear();
+  fb::Reply type = fb::Reply::NONE;
+  BodyOffset body;
+  std::vector<int> fds;
+  Status st = Serve(ctx, r, &type, &body, &fds);
+  if (!st.ok()) {
+    // No partial bodies with an error: start the response over.
+    builder_.Clear();
+    type = fb::Reply::NONE;
+    fds.clear();
+  }
+  Send(sink, r.id(), st, type, body, fds);
+  const int op = static_cast<int>(r.op_type());
+  if (op > 0 && op <= static_cast<int>(fb::Op::MAX)) {
+    op_metrics_[op].latency->Observe(static_cast<double>(clock_->NowNanos() - start) * 1e-9);
+    if (!st.ok()) op_metrics_[op].errors->Inc();
+  }
+}
+
+Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type,
+                         BodyOffset* body, std::vector<int>* fds) {
+  const fb::Op op = req.op_type();
+  if (op == fb::Op::Ping) {
+    const auto* p = req.op_as_Ping();
+    const uint8_t* data = p->payload() ? p->payload()->data() : nullptr;
+    const size_t size = p->payload() ? p->payload()->size() : 0;
+    auto payload = builder_.CreateVector(data, size);
+    *body = fb::CreatePong(builder_, payload).Union();
+    *type = fb::Reply::Pong;
+    return Status::Ok();
+  }
+  if (op == fb::Op::Hello) return OnHello(ctx, *req.op_as_Hello(), type, body, fds);
+  if (!ctx.hello_done) return FailedPrecondition("the first request must be Hello");
+  if (op == fb::Op::Stats) return OnStats(ctx, *req.op_as_Stats(), type, body);
+  if (op == fb::Op::NONE || static_cast<int>(op) > static_cast<int>(fb::Op::MAX)) {
+    return Unimplemented("unknown operation " + std::to_string(static_cast<int>(op)));
+  }
+  if (ctx.role != fb::Role::Engine) {
+    return PermissionDenied("a control session cannot " + std::string(OpName(op)) +
+                            "; connect with role Engine and a layout");
+  }
+  switch (op) {
+    case fb::Op::Allocate: return OnAllocate(ctx, *req.op_as_Allocate(), type, body, fds);
+    case fb::Op::Commit: return OnCommit(ctx, *req.op_as_Commit(), type, body);
+    case fb::Op::Release: return OnRelease(ctx, *req.op_as_Release(), type, body);
+    case fb::Op::Lookup: return OnLookup(ctx, *req.op_as_Lookup(), type, body);
+    case fb::Op::Acquire: return OnAcquire(ctx, *req.op_as_Acquire(), type, body, fds);
+    default: return Unimplemented("operation " + std::string(OpName(op)));
+  }
+}
+
+Result<std::vector<BlockHash>> Dispatcher::Hashes(const SessionContext& ctx,
+                                                  const flatbuffers::Vector<uint8_t>* v) const {
+  KVTIER_ASSIGN_OR_RETURN(HashList list, HashList::Parse(v, ctx.hash_bytes));
+  if (list.size() > info_->max_entries_per_request) {
+    return InvalidArgument(std::to_string(list.size()) + " hashes exceed max_entries_per_request " +
+                           std::to_string(info_->max_entries_per_request));
+  }
+  std::vector<BlockHash> out;
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) out.push_back(list[i]);
+  return out;
+}
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Dispatcher::Segments(
+    const std::vector<SegmentGrant>& grants, std::vector<int>* fds) {
+  std::vector<flatbuffers::Offset<fb::Segment>> segs;
+  for (const SegmentGrant& g : grants) {
+    const auto slot = static_cast<uint8_t>(fds->size());
+    fds->push_back(g.fd);
+    segs.push_back(fb::CreateSegment(builder_, TierToWire(g.tier), g.index, g.first_page,
+                                     g.num_pages, g.bytes, slot));
+  }
+  return builder_.CreateVector(segs);
+}
+
+flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Dispatcher::Results(
+    const std::vector<CacheResult>& results) {
+  std::vector<fb::EntryResult> out;
+  out.reserve(results.size());
+  for (const CacheResult& r : results) {
+    out.emplace_back(ToWire(r.status),
+                     r.duplicate ? fb::CommitOutcome::Duplicate : fb::CommitOutcome::Stored,
+                     r.status == StatusCode::kOk ? TierToWire(r.tier) : fb::Tier::None, 0, r.page);
+  }
+  return builder_.CreateVectorOfStructs(out);
+}
+
+Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type,
+                           BodyOffset* body, std::vector<int>* fds) {
+  if (ctx.hello_done) return FailedPrecondition("Hello was already received on this session");
+  if (m.major() != kProtocolMajor) {
+    ctx.close_after_reply = true;
+    return FailedPrecondition("protocol major version " + std::to_string(m.major()) +
+                              " is not supported (kvtierd speaks " + std::to_string(kProtocolMajor) +
+                              ")");
+  }
+  ctx.role = m.role();
+  if (ctx.role != fb::Role::Engine && ctx.role != fb::Role::Control) {
+    return InvalidArgument("unknown role");
+  }
+  ctx.engine_name = m.engine_name() ? m.engine_name()->str().substr(0, 128) : "";
+  ctx.tenant = TenantFor(ctx.uid, ctx.gid);
+  if (ctx.role == fb::Role::Engine) {
+    if (!BlockHash::ValidSize(m.hash_bytes())) return InvalidArgument("hash_bytes must be 16 or 32");
+    if (m.layout() == nullptr) return InvalidArgument("an engine's Hello needs a layout");
+    ctx.hash_bytes = m.hash_bytes();
+    ctx.layout = LayoutFromWire(*m.layout());
+    KVTIER_RETURN_IF_ERROR(cache_->Attach(ctx.cache, ctx.tenant, ctx.layout));
+  }
+  ctx.hello_done = true;
+  KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid
+                   << " engine '" << ctx.engine_name << "' role "
+                   << (ctx.role == fb::Role::Engine ? "engine " + ctx.layout.ToString() : "control");
+
+  std::vector<flatbuffers::Offset<fb::TierInfo>> tiers;
+  for (TierKind kind : kAllTiers) {
+    const TierPool* pool = cache_->pool(kind);
+    if (!pool) continue;
+    tiers.push_back(fb::CreateTierInfo(builder_, TierToWire(kind),
+                                       builder_.CreateString(TierKindName(kind)), pool->page_bytes(),
+                                       pool->capacity(), pool->pages_per_segment()));
+  }
+  auto tiers_vec = builder_.CreateVector(tiers);
+  std::vector<SegmentGrant> grants;
+  if (ctx.role == fb::Role::Engine) grants = cache_->TakeAllSegmentGrants(ctx.cache);
+  auto segs = Segments(grants, fds);
+  auto ns = builder_.CreateString(ctx.role == fb::Role::Engine ? cache_->NamespaceHex(ctx.cache.ns())
+                                                              : std::string());
+  auto version = builder_.CreateString(info_->version);
+  const uint16_t minor = std::min<uint16_t>(m.minor(), kProtocolMinor);
+  *body = fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec,
+                            segs, info_->max_frame_bytes, version)
+              .Union();
+  *type = fb::Reply::Welcome;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Allocate& m, fb::Reply* type,
+                              BodyOffset* body, std::vector<int>* fds) {
+  auto tier = TierFromWire(m.tier());
+  if (!tier) return InvalidArgument("unknown tier");
+  KVTIER_ASSIGN_OR_RETURN(std::vector<PageId> pages, cache_->Allocate(ctx.cache, *tier, m.count()));
+  auto grants = cache_->TakeSegmentGrants(ctx.cache, *tier, pages);
+  auto pages_vec = builder_.CreateVector(pages);
+  auto segs = Segments(grants, fds);
+  *body = fb::CreateAllocateReply(builder_, m.tier(), pages_vec, segs).Union();
+  *type = fb::Reply::AllocateReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type,
+                            BodyOffset* body) {
+  auto tier = TierFromWire(m.tier());
+  if (!tier) return InvalidArgument("unknown tier");
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> parents, Hashes(ctx, m.parents()));
+  const size_t n = m.pages() ? m.pages()->size() : 0;
+  if (hashes.size() != n) {
+    return InvalidArgument("commit names " + std::to_string(n) + " pages but " +
+                           std::to_string(hashes.size()) + " hashes");
+  }
+  if (!parents.empty() && parents.size() != n) {
+    return InvalidArgument("commit parents must be empty or one per page");
+  }
+  std::vector<PageId> pages(n);
+  for (size_t i = 0; i < n; ++i) pages[i] = m.pages()->Get(static_cast<flatbuffers::uoffset_t>(i));
+  auto results = cache_->Commit(ctx.cache, *tier, pages, hashes, parents, m.retain());
+  *body = fb::CreateCommitReply(builder_, Results(results)).Union();
+  *type = fb::Reply::CommitReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type,
+                             BodyOffset* body) {
+  auto tier = TierFromWire(m.tier());
+  if (!tier) return InvalidArgument("unknown tier");
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
+  const size_t n = m.pages() ? m.pages()->size() : 0;
+  if (n > info_->max_entries_per_request) return InvalidArgument("too many pages in one request");
+  std::vector<PageId> pages(n);
+  for (size_t i = 0; i < n; ++i) pages[i] = m.pages()->Get(static_cast<flatbuffers::uoffset_t>(i));
+  auto codes = cache_->Release(ctx.cache, *tier, pages, hashes);
+  std::vector<uint8_t> wire(codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) wire[i] = static_cast<uint8_t>(codes[i]);
+  auto v = builder_.CreateVector(reinterpret_cast<const fb::Status*>(wire.data()), wire.size());
+  *body = fb::CreateReleaseReply(builder_, v).Union();
+  *type = fb::Reply::ReleaseReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type,
+                            BodyOffset* body) {
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
+  CacheLookup r = cache_->Lookup(ctx.cache, hashes);
+  std::vector<uint8_t> tiers(r.tiers.size());
+  for (size_t i = 0; i < r.tiers.size(); ++i) tiers[i] = static_cast<uint8_t>(r.tiers[i]);
+  auto v = builder_.CreateVector(reinterpret_cast<const fb::Tier*>(tiers.data()), tiers.size());
+  *body = fb::CreateLookupReply(builder_, static_cast<uint32_t>(r.matched), v).Union();
+  *type = fb::Reply::LookupReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Acquire& m, fb::Reply* type,
+                             BodyOffset* body, std::vector<int>* fds) {
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
+  auto results = cache_->Acquire(ctx.cache, hashes);
+  std::vector<SegmentGrant> grants;
+  for (TierKind kind : kAllTiers) {
+    std::vector<PageId> pages;
+    for (const CacheResult& r : results) {
+      if (r.status == StatusCode::kOk && r.tier == kind) pages.push_back(r.page);
+    }
+    if (pages.empty()) continue;
+    auto g = cache_->TakeSegmentGrants(ctx.cache, kind, pages);
+    grants.insert(grants.end(), g.begin(), g.end());
+  }
+  auto res = Results(results);
+  auto segs = Segments(grants, fds);
+  *body = fb::CreateAcquireReply(builder_, res, segs).Union();
+  *type = fb::Reply::AcquireReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type,
+                           BodyOffset* body) {
+  (void)ctx;
+  std::vector<flatbuffers::Offset<fb::TierStats>> tiers;
+  for (TierKind kind : kAllTiers) {
+    const TierPool* pool = cache_->pool(kind);
+    if (!pool) continue;
+    const TierCounts c = cache_->Counts(kind);
+    tiers.push_back(fb::CreateTierStats(
+        builder_, TierToWire(kind), builder_.CreateString(TierKindName(kind)), c.page_bytes,
+        c.capacity, c.free, c.leased, c.inflight, c.cached, c.referenced, c.blocks,
+        static_cast<float>(cache_->high_watermark(kind)),
+        static_cast<float>(cache_->low_watermark(kind)),
+        cache_->counters().evictions[TierIndex(kind)], builder_.CreateString(pool->memory().Describe())));
+  }
+  auto tiers_vec = builder_.CreateVector(tiers);
+  std::vector<flatbuffers::Offset<fb::SessionInfo>> sessions;
+  uint32_t session_count = 0;
+  const int64_t now = clock_->NowNanos();
+  sessions_([&](const SessionContext& s) {
+    ++session_count;
+    if (!m.sessions()) return;
+    const bool engine = s.role == fb::Role::Engine && s.hello_done;
+    sessions.push_back(fb::CreateSessionInfo(
+        builder_, s.id, s.role, builder_.CreateString(s.engine_name), s.pid, s.uid, s.gid,
+        builder_.CreateString(s.tenant),
+        builder_.CreateString(engine ? cache_->NamespaceHex(s.cache.ns()) : std::string()),
+        builder_.CreateString(engine ? s.layout.ToString() : std::string()),
+        static_cast<uint32_t>(s.cache.leased_pages()),
+        static_cast<uint32_t>(s.cache.referenced_blocks()), s.requests,
+        static_cast<double>(now - s.connected_ns) * 1e-9));
+  });
+  auto sessions_vec = builder_.CreateVector(sessions);
+  const CacheCounters& cc = cache_->counters();
+  uint64_t hits = 0;
+  for (uint64_t h : cc.block_hits) hits += h;
+  *body = fb::CreateStatsReply(builder_, builder_.CreateString(info_->version),
+                               static_cast<double>(now - info_->started_ns) * 1e-9,
+                               builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec,
+                               sessions_vec, session_count, cc.lookups, hits, cc.block_misses)
+              .Union();
+  *type = fb::Reply::StatsReply;
+  return Status::Ok();
+}
+
+}  // namespace kvtier

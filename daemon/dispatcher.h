@@ -1,0 +1,128 @@
+#pragma once
+// Dispatcher: turns one inbound frame into a call on the CacheManager and one response
+// frame. Transport-free (the session moves bytes; the dispatcher never touches a socket),
+// so the fuzzer and unit tests drive it directly.
+//
+// Protocol rules enforced here: every frame passes the FlatBuffers Verifier first; a frame
+// that fails is answered with INVALID_ARGUMENT (request id 0) and the connection marked
+// for closing; nothing but Ping is served before Hello; every vector request is bounded
+// by max_entries_per_request.
+//
+// Owned by the control thread; not thread-safe.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "daemon/cache_manager.h"
+#include "daemon/metrics.h"
+#include "protocol/base/clock.h"
+#include "protocol/base/layout.h"
+#include "protocol/codec.h"
+
+namespace kvtier {
+
+// Per-connection protocol state: everything about a session but its socket.
+struct SessionContext {
+  explicit SessionContext(SessionId id) : id(id), cache(id) {}
+
+  SessionId id;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int64_t connected_ns = 0;
+
+  bool hello_done = false;
+  fb::Role role = fb::Role::Engine;
+  std::string engine_name;
+  size_t hash_bytes = 16;
+  std::string tenant;
+  ModelLayout layout;
+  SessionCache cache;
+
+  uint64_t requests = 0;
+  bool close_after_reply = false;  // set after a frame the session cannot recover from
+};
+
+// Where responses go. Implementations copy `frame` and the descriptors before returning.
+class ReplySink {
+ public:
+  virtual ~ReplySink() = default;
+  virtual void Send(std::span<const uint8_t> frame, std::span<const int> fds) = 0;
+};
+
+// Facts about the daemon reported in Welcome and Stats.
+struct DaemonInfo {
+  std::string version;
+  std::string metrics_url;
+  uint64_t epoch = 0;          // random per start; handles from another epoch are stale
+  int64_t started_ns = 0;      // Clock::NowNanos() at start
+  uint32_t max_frame_bytes = 1u << 20;
+  uint32_t max_entries_per_request = 65536;
+};
+
+class Dispatcher {
+ public:
+  // Calls `fn` for each live session (for Stats).
+  using SessionVisitor = std::function<void(const std::function<void(const SessionContext&)>&)>;
+
+  Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock,
+             MetricsRegistry* metrics, SessionVisitor sessions);
+
+  // Verifies and serves one whole frame (prefix included), sending exactly one response.
+  void HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame, ReplySink& sink);
+  // Answers a frame that could not be read at all (oversized, truncated at EOF) with
+  // request id 0 and `status`, and marks the session for closing.
+  void RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason,
+                   ReplySink& sink);
+  // The session is gone: drop everything it holds.
+  void SessionClosed(SessionContext& ctx);
+
+  // The tenant of a peer: "uid=U,gid=G".
+  static std::string TenantFor(uid_t uid, gid_t gid);
+
+ private:
+  struct OpMetrics {
+    Histogram* latency = nullptr;
+    Counter* errors = nullptr;
+  };
+  using Builder = flatbuffers::FlatBufferBuilder;
+  using BodyOffset = flatbuffers::Offset<void>;
+
+  Status Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+               std::vector<int>* fds);
+  Status OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body,
+                 std::vector<int>* fds);
+  Status OnAllocate(SessionContext& ctx, const fb::Allocate& m, fb::Reply* type, BodyOffset* body,
+                    std::vector<int>* fds);
+  Status OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type, BodyOffset* body);
+  Status OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type, BodyOffset* body);
+  Status OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type, BodyOffset* body);
+  Status OnAcquire(SessionContext& ctx, const fb::Acquire& m, fb::Reply* type, BodyOffset* body,
+                   std::vector<int>* fds);
+  Status OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type, BodyOffset* body);
+
+  Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx,
+                                        const flatbuffers::Vector<uint8_t>* v) const;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Segments(
+      const std::vector<SegmentGrant>& grants, std::vector<int>* fds);
+  flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Results(
+      const std::vector<CacheResult>& results);
+  void Send(ReplySink& sink, uint64_t id, const Status& status, fb::Reply type, BodyOffset body,
+            std::span<const int> fds);
+
+  CacheManager* cache_;
+  const DaemonInfo* info_;
+  const Clock* clock_;
+  SessionVisitor sessions_;
+  Builder builder_{4096};
+  OpMetrics op_metrics_[static_cast<int>(fb::Op::MAX) + 1];
+  Counter* rejected_malformed_;
+  Counter* rejected_oversized_;
+  Counter* rejected_truncated_;
+};
+
+}  // namespace kvtier

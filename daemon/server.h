@@ -1,0 +1,77 @@
+#pragma once
+// Server: the Unix-socket front of kvtierd. Accepts engine and kvctl connections, reads
+// frames, hands them to the Dispatcher and writes the responses back, all on the
+// io_context of the control thread.
+//
+// Fairness and safety: a session gets at most kFramesPerTurn frames served before other
+// ready sessions run; a session that does not read its responses is paused once
+// max_pending_output bytes wait for it; a frame over max_frame_bytes, a malformed frame or
+// a frame cut short by EOF is answered with an error and the connection closed. None of
+// this affects other sessions.
+//
+// Owned by the control thread; not thread-safe.
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "daemon/dispatcher.h"
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+class Session;
+
+class Server {
+ public:
+  struct Options {
+    std::string socket_path;
+    uint32_t socket_mode = 0660;
+    uint32_t max_sessions = 1024;
+    uint32_t max_frame_bytes = 1u << 20;
+    uint64_t max_pending_output_bytes = 16ull << 20;
+  };
+  static constexpr int kFramesPerTurn = 64;
+
+  // Binds the socket (refusing when another daemon answers on it; removing a stale one)
+  // but accepts nothing until Start().
+  static Result<std::unique_ptr<Server>> Open(boost::asio::io_context& io, const Options& options,
+                                              const Clock* clock);
+  ~Server();
+
+  // REQUIRES: set before Start(). The dispatcher outlives the server's sessions.
+  void set_dispatcher(Dispatcher* d) { dispatcher_ = d; }
+  void Start();
+  // Stops accepting, closes every session (their leases and references are dropped) and
+  // removes the socket file.
+  void Stop();
+
+  void ForEachSession(const std::function<void(const SessionContext&)>& fn) const;
+  size_t session_count() const { return sessions_.size(); }
+  uint64_t sessions_opened() const { return next_id_ - 1; }
+  uint64_t sessions_refused() const { return refused_; }
+
+ private:
+  friend class Session;
+  Server(boost::asio::io_context& io, const Options& options, const Clock* clock);
+  void Accept();
+  void Remove(SessionId id);
+
+  boost::asio::io_context& io_;
+  Options options_;
+  const Clock* clock_;
+  Dispatcher* dispatcher_ = nullptr;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::map<SessionId, std::shared_ptr<Session>> sessions_;
+  SessionId next_id_ = 1;
+  uint64_t refused_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace kvtier

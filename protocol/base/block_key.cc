@@ -1,0 +1,93 @@
+#include "protocol/base/block_key.h"
+
+#include <xxhash.h>
+
+#include <random>
+
+namespace kvtier {
+namespace {
+
+uint64_t ProcessSeed() {
+  static const uint64_t seed = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }();
+  return seed;
+}
+
+void PutVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+}  // namespace
+
+bool BlockHash::IsZero() const {
+  for (size_t i = 0; i < size_; ++i) {
+    if (bytes_[i] != 0) return false;
+  }
+  return true;
+}
+
+std::string BlockHash::Hex() const { return HexEncode(bytes()); }
+
+uint64_t HashBytes(std::span<const uint8_t> bytes, uint64_t salt) {
+  return XXH3_64bits_withSeed(bytes.data(), bytes.size(), ProcessSeed() ^ salt);
+}
+
+std::string EncodeNamespace(std::string_view tenant, std::string_view model_fingerprint) {
+  std::string out;
+  out.reserve(tenant.size() + model_fingerprint.size() + 4);
+  PutVarint(&out, tenant.size());
+  out.append(tenant);
+  PutVarint(&out, model_fingerprint.size());
+  out.append(model_fingerprint);
+  return out;
+}
+
+std::string EncodeBlockKey(std::string_view encoded_namespace, const BlockHash& hash) {
+  std::string out(encoded_namespace);
+  auto b = hash.bytes();
+  out.append(reinterpret_cast<const char*>(b.data()), b.size());
+  return out;
+}
+
+std::string HexEncode(std::span<const uint8_t> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.resize(bytes.size() * 2);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    out[2 * i] = kDigits[bytes[i] >> 4];
+    out[2 * i + 1] = kDigits[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+std::string HexEncode(std::string_view bytes) {
+  return HexEncode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            bytes.size()));
+}
+
+bool HexDecode(std::string_view hex, std::string* out) {
+  if (hex.size() % 2 != 0) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string r;
+  r.resize(hex.size() / 2);
+  for (size_t i = 0; i < r.size(); ++i) {
+    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    r[i] = static_cast<char>((hi << 4) | lo);
+  }
+  *out = std::move(r);
+  return true;
+}
+
+}  // namespace kvtier

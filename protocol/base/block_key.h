@@ -1,0 +1,66 @@
+#pragma once
+// Block identity, shared by the wire protocol, the daemon and the index.
+//
+// A BlockHash is the engine's chained prefix hash (hash_i = H(hash_{i-1}, tokens_i)),
+// opaque bytes of 16 or 32. A namespace is tenant x model fingerprint, encoded with
+// length-prefixed fields so that no two (tenant, model) pairs share an encoding
+// ("org_1" + "2345" != "org_12345" + ""). A block key is (namespace, hash).
+// Value types; thread-compatible.
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace kvtier {
+
+inline constexpr size_t kMaxHashBytes = 32;
+
+class BlockHash {
+ public:
+  BlockHash() = default;
+  // REQUIRES: bytes.size() <= kMaxHashBytes.
+  explicit BlockHash(std::span<const uint8_t> bytes) : size_(static_cast<uint8_t>(bytes.size())) {
+    std::memcpy(bytes_.data(), bytes.data(), bytes.size());
+  }
+  static bool ValidSize(size_t n) { return n == 16 || n == 32; }
+
+  std::span<const uint8_t> bytes() const { return {bytes_.data(), size_}; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  // True when every byte is zero (the "no parent" hash on the wire).
+  bool IsZero() const;
+  std::string Hex() const;
+
+  friend bool operator==(const BlockHash& a, const BlockHash& b) {
+    return a.size_ == b.size_ && std::memcmp(a.bytes_.data(), b.bytes_.data(), a.size_) == 0;
+  }
+
+ private:
+  std::array<uint8_t, kMaxHashBytes> bytes_{};
+  uint8_t size_ = 0;
+};
+
+// Seeded hashing for hash tables keyed by client-chosen bytes (the seed is random per
+// process, so a client cannot aim collisions at one bucket).
+uint64_t HashBytes(std::span<const uint8_t> bytes, uint64_t salt = 0);
+
+struct BlockHashHasher {
+  size_t operator()(const BlockHash& h) const { return HashBytes(h.bytes()); }
+};
+
+// Namespace encoding: varint(len(tenant)) tenant varint(len(model)) model.
+std::string EncodeNamespace(std::string_view tenant, std::string_view model_fingerprint);
+
+// Index key: namespace ‖ hash (the namespace is self-delimiting).
+std::string EncodeBlockKey(std::string_view encoded_namespace, const BlockHash& hash);
+
+// Lower-case hex of bytes; HexDecode accepts either case. HexDecode returns false on odd
+// length or a non-hex digit.
+std::string HexEncode(std::span<const uint8_t> bytes);
+std::string HexEncode(std::string_view bytes);
+bool HexDecode(std::string_view hex, std::string* out);
+
+}  // namespace kvtier

@@ -1,0 +1,133 @@
+#include "protocol/codec.h"
+
+#include <cstring>
+
+#include "protocol/framing.h"
+
+namespace kvtier {
+
+static_assert(static_cast<int>(fb::Status::Internal) == static_cast<int>(StatusCode::kInternal));
+static_assert(static_cast<int>(fb::Status::MAX) == kMaxStatusCode);
+static_assert(static_cast<int>(fb::DType::Float32) == static_cast<int>(DType::kFloat32));
+static_assert(static_cast<int>(fb::DType::BFloat16) == static_cast<int>(DType::kBFloat16));
+
+namespace {
+
+template <class Root>
+Result<const Root*> VerifyFrame(std::span<const uint8_t> frame) {
+  if (frame.size() < kFramePrefixBytes + sizeof(flatbuffers::uoffset_t)) {
+    return InvalidArgument("frame too short to hold a FlatBuffer");
+  }
+  uint32_t len;
+  std::memcpy(&len, frame.data(), sizeof(len));
+  if (len != frame.size() - kFramePrefixBytes) {
+    return InvalidArgument("frame length prefix disagrees with the frame");
+  }
+  flatbuffers::Verifier verifier(frame.data(), frame.size(), kVerifierMaxDepth, kVerifierMaxTables);
+  if (!verifier.VerifySizePrefixedBuffer<Root>(nullptr)) {
+    return InvalidArgument("frame failed FlatBuffers verification");
+  }
+  return flatbuffers::GetSizePrefixedRoot<Root>(frame.data());
+}
+
+}  // namespace
+
+Result<const fb::Request*> VerifyRequestFrame(std::span<const uint8_t> frame) {
+  return VerifyFrame<fb::Request>(frame);
+}
+
+Result<const fb::Response*> VerifyResponseFrame(std::span<const uint8_t> frame) {
+  return VerifyFrame<fb::Response>(frame);
+}
+
+StatusCode FromWire(fb::Status s) {
+  const int v = static_cast<int>(s);
+  if (v < 0 || v > kMaxStatusCode) return StatusCode::kInternal;
+  return static_cast<StatusCode>(v);
+}
+
+Status StatusFromResponse(const fb::Response& r) {
+  const StatusCode code = FromWire(r.status());
+  if (code == StatusCode::kOk) return Status::Ok();
+  return Status(code, r.message() ? r.message()->str() : std::string());
+}
+
+std::string_view OpName(fb::Op op) {
+  switch (op) {
+    case fb::Op::Hello: return "hello";
+    case fb::Op::Allocate: return "allocate";
+    case fb::Op::Commit: return "commit";
+    case fb::Op::Release: return "release";
+    case fb::Op::Lookup: return "lookup";
+    case fb::Op::Acquire: return "acquire";
+    case fb::Op::Stats: return "stats";
+    case fb::Op::Ping: return "ping";
+    case fb::Op::NONE: return "none";
+  }
+  return "unknown";
+}
+
+std::string_view TierName(fb::Tier tier) {
+  switch (tier) {
+    case fb::Tier::Gpu: return "gpu";
+    case fb::Tier::Host: return "host";
+    case fb::Tier::Nvme: return "nvme";
+    case fb::Tier::None: return "none";
+  }
+  return "unknown";
+}
+
+bool ParseTier(std::string_view name, fb::Tier* tier) {
+  for (fb::Tier t : {fb::Tier::Gpu, fb::Tier::Host, fb::Tier::Nvme}) {
+    if (TierName(t) == name) {
+      *tier = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+ModelLayout LayoutFromWire(const fb::Layout& l) {
+  ModelLayout m;
+  if (l.model_id()) m.model_id = l.model_id()->str();
+  m.num_layers = l.num_layers();
+  m.kv_heads = l.kv_heads();
+  m.head_dim = l.head_dim();
+  const int d = static_cast<int>(l.dtype());
+  m.dtype = d <= static_cast<int>(DType::kFloat32) ? static_cast<DType>(d) : DType::kUnknown;
+  m.tokens_per_block = l.tokens_per_block();
+  m.block_bytes = l.block_bytes();
+  return m;
+}
+
+flatbuffers::Offset<fb::Layout> LayoutToWire(flatbuffers::FlatBufferBuilder& b, const ModelLayout& l) {
+  return fb::CreateLayout(b, b.CreateString(l.model_id), l.num_layers, l.kv_heads, l.head_dim,
+                          static_cast<fb::DType>(l.dtype), l.tokens_per_block, l.block_bytes);
+}
+
+Result<HashList> HashList::Parse(const flatbuffers::Vector<uint8_t>* v, size_t hash_bytes) {
+  HashList h;
+  h.hash_bytes_ = hash_bytes;
+  if (v == nullptr || v->size() == 0) return h;
+  if (hash_bytes == 0 || v->size() % hash_bytes != 0) {
+    return InvalidArgument("hash vector of " + std::to_string(v->size()) +
+                           " bytes is not a multiple of the session's hash size " +
+                           std::to_string(hash_bytes));
+  }
+  h.data_ = v->data();
+  h.count_ = v->size() / hash_bytes;
+  return h;
+}
+
+flatbuffers::Offset<flatbuffers::Vector<uint8_t>> HashesToWire(flatbuffers::FlatBufferBuilder& b,
+                                                               std::span<const BlockHash> hashes) {
+  const size_t hb = hashes.empty() ? 0 : hashes[0].size();
+  uint8_t* out = nullptr;
+  auto off = b.CreateUninitializedVector<uint8_t>(hashes.size() * hb, &out);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    std::memcpy(out + i * hb, hashes[i].bytes().data(), hb);
+  }
+  return off;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,68 @@
+#pragma once
+// Codec: the one place FlatBuffers meets kvtier types. Verifies inbound frames, converts
+// enums and layouts, and views flat hash vectors. Stateless; thread-safe.
+//
+// Every inbound frame goes through VerifyRequestFrame / VerifyResponseFrame before any
+// field is read; the returned pointer aliases the frame bytes and lives as long as they do.
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "kvtier_generated.h"  // generated from protocol/kvtier.fbs at build time
+#include "protocol/base/block_key.h"
+#include "protocol/base/layout.h"
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+inline constexpr uint16_t kProtocolMajor = 1;
+inline constexpr uint16_t kProtocolMinor = 0;
+
+// Verifier limits: far above anything a valid frame needs, low enough to bound work.
+inline constexpr uint32_t kVerifierMaxDepth = 16;
+inline constexpr uint32_t kVerifierMaxTables = 1 << 16;
+
+// `frame` is a whole size-prefixed frame (prefix included), 8-byte aligned.
+// kInvalidArgument when the prefix disagrees with the length or the Verifier rejects it.
+Result<const fb::Request*> VerifyRequestFrame(std::span<const uint8_t> frame);
+Result<const fb::Response*> VerifyResponseFrame(std::span<const uint8_t> frame);
+
+inline fb::Status ToWire(StatusCode c) { return static_cast<fb::Status>(c); }
+// Unknown wire values (a newer peer) become kInternal.
+StatusCode FromWire(fb::Status s);
+Status StatusFromResponse(const fb::Response& r);
+
+// The name of a request op for logs and metrics labels ("lookup", "acquire", ...).
+std::string_view OpName(fb::Op op);
+std::string_view TierName(fb::Tier tier);
+// "gpu" | "host" | "nvme".
+bool ParseTier(std::string_view name, fb::Tier* tier);
+
+ModelLayout LayoutFromWire(const fb::Layout& l);
+flatbuffers::Offset<fb::Layout> LayoutToWire(flatbuffers::FlatBufferBuilder& b, const ModelLayout& l);
+
+// A read-only view of n hashes stored back to back in a [ubyte] vector.
+class HashList {
+ public:
+  HashList() = default;
+  // kInvalidArgument when the vector length is not a multiple of hash_bytes.
+  static Result<HashList> Parse(const flatbuffers::Vector<uint8_t>* v, size_t hash_bytes);
+
+  size_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  BlockHash operator[](size_t i) const {
+    return BlockHash(std::span<const uint8_t>(data_ + i * hash_bytes_, hash_bytes_));
+  }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t count_ = 0;
+  size_t hash_bytes_ = 0;
+};
+
+// Appends hashes as one flat [ubyte] vector.
+flatbuffers::Offset<flatbuffers::Vector<uint8_t>> HashesToWire(flatbuffers::FlatBufferBuilder& b,
+                                                               std::span<const BlockHash> hashes);
+
+}  // namespace kvtier

@@ -1,0 +1,49 @@
+#pragma once
+// EvictionPolicy: chooses which cached block of a tier to evict next.
+//
+// The cache manager tells a policy about every block resident in its tier: Insert when it
+// arrives, Touch on each use, SetEvictable when its reference count drops to zero or
+// rises from it, Erase when it leaves. Victim() names the evictable block to evict next;
+// the caller then evicts it and calls Erase. Policies never do I/O and know nothing of
+// pages or sessions, so kvtier-sim runs the very same classes over traces.
+//
+// Block ids are small dense integers chosen by the caller (slab indexes); a policy may
+// size arrays by the largest id it has seen. Not thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+using BlockId = uint32_t;
+inline constexpr BlockId kNoBlock = 0xffffffffu;
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+
+  // `id` became resident. `parent` is the resident block of its prefix parent, or
+  // kNoBlock. A new block is evictable until SetEvictable(id, false).
+  virtual void Insert(BlockId id, BlockId parent) = 0;
+  // `id` was used (acquired, or hit by a lookup).
+  virtual void Touch(BlockId id) = 0;
+  // Whether Victim() may return `id` (false while sessions reference it).
+  virtual void SetEvictable(BlockId id, bool evictable) = 0;
+  // `id` left the tier (evicted, demoted, dropped).
+  virtual void Erase(BlockId id) = 0;
+  // The evictable block to evict next, or kNoBlock when none is evictable.
+  virtual BlockId Victim() = 0;
+
+  // Resident blocks known to the policy, and how many of them are evictable.
+  virtual size_t size() const = 0;
+  virtual size_t evictable() const = 0;
+  virtual std::string_view name() const = 0;
+};
+
+// Policy names accepted by MakeEvictionPolicy: "lru".
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name);
+
+}  // namespace kvtier

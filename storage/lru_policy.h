@@ -1,0 +1,41 @@
+#pragma once
+// LruPolicy: least recently used evictable block first. The baseline (what vLLM's
+// prefix cache does): O(1) per operation, an intrusive list over arrays indexed by block
+// id. Not thread-safe.
+
+#include <vector>
+
+#include "storage/eviction_policy.h"
+
+namespace kvtier {
+
+class LruPolicy final : public EvictionPolicy {
+ public:
+  void Insert(BlockId id, BlockId parent) override;
+  void Touch(BlockId id) override;
+  void SetEvictable(BlockId id, bool evictable) override;
+  void Erase(BlockId id) override;
+  BlockId Victim() override;
+  size_t size() const override { return size_; }
+  size_t evictable() const override { return linked_; }
+  std::string_view name() const override { return "lru"; }
+
+ private:
+  struct Node {
+    BlockId prev = kNoBlock;
+    BlockId next = kNoBlock;
+    bool present = false;
+    bool evictable = false;
+  };
+  Node& At(BlockId id);
+  void Link(BlockId id);    // at the MRU end
+  void Unlink(BlockId id);
+
+  std::vector<Node> nodes_;
+  BlockId head_ = kNoBlock;  // most recently used
+  BlockId tail_ = kNoBlock;  // least recently used
+  size_t size_ = 0;
+  size_t linked_ = 0;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,86 @@
+#pragma once
+// SegmentMemory: the backing memory of a tier pool, as a fixed number of equal segments.
+// Each segment is one shareable allocation that an engine maps whole: a memfd for the
+// host tier (HostSegmentMemory below), an exported device allocation for the GPU tier.
+// A pool never puts pages of two tenants in one segment, since whoever maps a segment can
+// read all of it.
+//
+// Owned by the control thread; not thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+class SegmentMemory {
+ public:
+  virtual ~SegmentMemory() = default;
+
+  virtual uint32_t segment_count() const = 0;
+  virtual uint64_t segment_bytes() const = 0;
+  // The descriptor a client maps (or imports) to reach `segment`. Owned by this object and
+  // valid until Renew(segment) or destruction; send a dup or the fd itself over
+  // SCM_RIGHTS (the kernel duplicates it).
+  virtual int ShareFd(uint32_t segment) const = 0;
+  // The daemon's own mapping of `segment`, or nullptr where the daemon cannot address it
+  // directly (device memory).
+  virtual uint8_t* HostAddress(uint32_t segment) const = 0;
+  // Replaces the segment's memory with fresh, zeroed memory and a new descriptor. Clients
+  // that mapped the old one keep their (now private) old memory: this is how a segment
+  // changes tenant without the old tenant seeing the new one's bytes.
+  virtual Status Renew(uint32_t segment) = 0;
+  // One line for logs and kvctl, e.g. "memfd (4 KiB pages)".
+  virtual std::string Describe() const = 0;
+};
+
+enum class HugePages { kAuto, kOn, kOff };
+
+// Host memory as sealed memfds (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL: a client can
+// neither truncate a segment under the daemon, raising SIGBUS in it, nor grow it).
+class HostSegmentMemory final : public SegmentMemory {
+ public:
+  struct Options {
+    std::string name = "kvtier-host";  // memfd name, seen in /proc/PID/maps
+    uint64_t segment_bytes = 256ull << 20;
+    uint32_t segments = 4;
+    // kAuto: hugetlb (2 MiB) when HugePages_Free covers the pool and segment_bytes is a
+    // multiple of 2 MiB; 4 KiB pages otherwise. kOn: hugetlb or fail. Default: kAuto.
+    HugePages huge_pages = HugePages::kAuto;
+  };
+
+  // kResourceExhausted when memfd/mmap fail for lack of memory, kFailedPrecondition when
+  // kOn is asked and huge pages are not available.
+  static Result<std::unique_ptr<HostSegmentMemory>> Open(const Options& options);
+  ~HostSegmentMemory() override;
+
+  uint32_t segment_count() const override { return static_cast<uint32_t>(segments_.size()); }
+  uint64_t segment_bytes() const override { return options_.segment_bytes; }
+  int ShareFd(uint32_t segment) const override { return segments_[segment].fd; }
+  uint8_t* HostAddress(uint32_t segment) const override { return segments_[segment].addr; }
+  Status Renew(uint32_t segment) override;
+  std::string Describe() const override;
+
+  bool uses_huge_pages() const { return huge_; }
+
+ private:
+  struct Segment {
+    int fd = -1;
+    uint8_t* addr = nullptr;
+  };
+  HostSegmentMemory(const Options& options, bool huge) : options_(options), huge_(huge) {}
+  Result<Segment> Create(uint32_t index) const;
+  void Destroy(Segment& s) const;
+
+  Options options_;
+  bool huge_;
+  std::vector<Segment> segments_;
+};
+
+// Free 2 MiB huge pages on this system (HugePages_Free of /proc/meminfo), 0 if unknown.
+uint64_t FreeHugePageBytes();
+
+}  // namespace kvtier

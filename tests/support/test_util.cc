@@ -1,0 +1,162 @@
+#include "tests/support/test_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace kvtier::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvt.XXXXXX";
+  char* p = ::mkdtemp(tmpl.data());
+  path_ = p ? p : "/tmp";
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size) {
+  std::vector<BlockHash> out;
+  uint8_t prev[32] = {0};
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t in[48];
+    std::memcpy(in, prev, 32);
+    uint64_t s = seed, idx = i;
+    std::memcpy(in + 32, &s, 8);
+    std::memcpy(in + 40, &idx, 8);
+    XXH128_hash_t a = XXH3_128bits_withSeed(in, sizeof(in), 1);
+    XXH128_hash_t b = XXH3_128bits_withSeed(in, sizeof(in), 2);
+    uint8_t h[32];
+    std::memcpy(h, &a, 16);
+    std::memcpy(h + 16, &b, 16);
+    std::memcpy(prev, h, 32);
+    out.emplace_back(std::span<const uint8_t>(h, size));
+  }
+  return out;
+}
+
+void FillBlockBytes(const BlockHash& hash, std::span<uint8_t> out) {
+  uint64_t state = XXH3_64bits(hash.bytes().data(), hash.size());
+  size_t i = 0;
+  for (; i + 8 <= out.size(); i += 8) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    std::memcpy(out.data() + i, &state, 8);
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<uint8_t>(state >> (i % 8));
+}
+
+bool CheckBlockBytes(const BlockHash& hash, std::span<const uint8_t> bytes) {
+  std::vector<uint8_t> want(bytes.size());
+  FillBlockBytes(hash, want);
+  return std::memcmp(want.data(), bytes.data(), bytes.size()) == 0;
+}
+
+ModelLayout TestLayout(const std::string& model, uint32_t tokens_per_block) {
+  ModelLayout l;
+  l.model_id = model;
+  l.num_layers = 2;
+  l.kv_heads = 2;
+  l.head_dim = 64;
+  l.dtype = DType::kBFloat16;
+  l.tokens_per_block = tokens_per_block;
+  l.block_bytes = l.NaturalBlockBytes();
+  return l;
+}
+
+std::string BinaryPath(const std::string& name) { return std::string(KVTIER_BIN_DIR) + "/" + name; }
+
+DaemonProcess::DaemonProcess() : DaemonProcess(Options{}) {}
+
+DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
+  socket_ = dir_.File("kvtierd.sock");
+  config_ = dir_.File("kvtierd.yaml");
+  log_ = dir_.File("kvtierd.log");
+  std::ofstream c(config_);
+  c << "socket:\n  path: " << socket_ << "\n"
+    << "data_dir: " << dir_.File("data") << "\n"
+    << "log_level: debug\n"
+    << "metrics:\n  port: 0\n"
+    << "tiers:\n  host:\n"
+    << "    capacity: " << options_.host_capacity << "\n"
+    << "    page_bytes: " << options_.page_bytes << "\n"
+    << "    segment_bytes: " << options_.segment_bytes << "\n"
+    << options_.extra_yaml;
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) Kill();
+}
+
+Status DaemonProcess::Start() {
+  const std::string bin = BinaryPath("kvtierd");
+  pid_ = ::fork();
+  if (pid_ < 0) return ErrnoStatus(errno, "fork");
+  if (pid_ == 0) {
+    int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+    }
+    ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return Internal("kvtierd exited during start: " + Log());
+    }
+    int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
+    const bool up = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(s);
+    if (up) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return Internal("kvtierd did not answer within 10 s: " + Log());
+}
+
+int DaemonProcess::Stop() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void DaemonProcess::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int status;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+std::string DaemonProcess::Log() const {
+  std::ifstream in(log_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > 4000 ? s.substr(s.size() - 4000) : s;
+}
+
+}  // namespace kvtier::testing

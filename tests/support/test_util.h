@@ -1,0 +1,81 @@
+#pragma once
+// Helpers shared by kvtier's tests: temp directories, deterministic hashes and page
+// bytes, and DaemonProcess, a real kvtierd child process on a private socket.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "protocol/base/block_key.h"
+#include "protocol/base/layout.h"
+#include "protocol/base/status.h"
+
+namespace kvtier::testing {
+
+// A fresh directory under $TMPDIR (short, so socket paths fit), removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A chained hash of `size` bytes for block `i` of sequence `seed` (hash_i depends on
+// hash_{i-1}, as an engine's prefix hash does).
+std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size = 16);
+// Deterministic bytes for a block, derived from its hash.
+void FillBlockBytes(const BlockHash& hash, std::span<uint8_t> out);
+bool CheckBlockBytes(const BlockHash& hash, std::span<const uint8_t> bytes);
+
+// A small layout whose natural block is `block_bytes` (default 64 KiB).
+ModelLayout TestLayout(const std::string& model = "test-model", uint32_t tokens_per_block = 16);
+
+// Path of a binary built next to the tests (build/bin/NAME).
+std::string BinaryPath(const std::string& name);
+
+// kvtierd as a child process on a temp socket with its own data dir and an ephemeral
+// metrics port. Extra YAML is appended to the generated config.
+class DaemonProcess {
+ public:
+  struct Options {
+    std::string host_capacity = "64MiB";
+    std::string page_bytes = "1MiB";
+    std::string segment_bytes = "16MiB";
+    std::string extra_yaml;
+  };
+  DaemonProcess();
+  explicit DaemonProcess(const Options& options);
+  ~DaemonProcess();
+
+  // Starts kvtierd and waits until its socket answers. kInternal with the daemon's log
+  // tail when it exits or does not answer within 10 s.
+  Status Start();
+  // SIGTERM and wait; returns the exit status (0 = clean shutdown with consistent
+  // accounting).
+  int Stop();
+  // SIGKILL and reap.
+  void Kill();
+
+  pid_t pid() const { return pid_; }
+  const std::string& socket_path() const { return socket_; }
+  const std::string& config_path() const { return config_; }
+  const std::string& dir() const { return dir_.path(); }
+  std::string Log() const;
+
+ private:
+  Options options_;
+  TempDir dir_;
+  std::string socket_;
+  std::string config_;
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace kvtier::testing
