@@ -38,7 +38,7 @@ endfunction()
 function(kvtier_add_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SRCS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvtier_test_support GTest::gtest GTest::gmock
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvtier_test_support GTest::gtest GTest::gmock GTest::gtest_main
                         kvtier_build_flags)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   if(NOT ARG_TIMEOUT)

@@ -268,7 +268,19 @@ std::string DefaultConfigYaml() {
       open.push_back(parts[i]);
     }
     const std::string indent(2 * parts.size(), ' ');
-    out += indent + "# " + std::string(k.comment) + "\n";
+    // Comments wrapped at about 90 columns.
+    std::string_view rest = k.comment;
+    while (!rest.empty()) {
+      size_t cut = rest.size();
+      const size_t width = 88 - indent.size();
+      if (cut > width) {
+        cut = rest.rfind(' ', width);
+        if (cut == std::string_view::npos || cut == 0) cut = width;
+      }
+      out += indent + "# " + std::string(rest.substr(0, cut)) + "\n";
+      rest.remove_prefix(cut);
+      while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+    }
     out += indent + std::string(leaf) + ": " + std::string(k.fallback) + "\n";
   }
   return out;

@@ -1,0 +1,267 @@
+#include "daemon/cache_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "tests/support/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using testing::HashChain;
+using testing::TestLayout;
+
+class CacheManagerTest : public ::testing::Test {
+ protected:
+  // 8 pages of 1 MiB in 2 segments of 4 pages.
+  void SetUp() override { Open(8, 4); }
+
+  void Open(uint32_t pages, uint32_t pages_per_segment, double high = 0.85, double low = 0.75) {
+    CacheManager::Options o;
+    TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];
+    h.enabled = true;
+    h.page_bytes = 1 << 20;
+    h.segment_bytes = uint64_t{pages_per_segment} << 20;
+    h.capacity_bytes = uint64_t{pages} << 20;
+    h.huge_pages = HugePages::kOff;
+    h.high_watermark = high;
+    h.low_watermark = low;
+    auto cm = CacheManager::Open(o);
+    ASSERT_TRUE(cm.ok()) << cm.status().ToString();
+    cm_ = std::move(cm).value();
+  }
+
+  std::unique_ptr<SessionCache> Attach(const std::string& tenant, const std::string& model = "m") {
+    auto s = std::make_unique<SessionCache>(next_id_++);
+    Status st = cm_->Attach(*s, tenant, TestLayout(model));
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return s;
+  }
+
+  // Allocates and commits `hashes` (one page each); returns the pages.
+  std::vector<PageId> Store(SessionCache& s, const std::vector<BlockHash>& hashes, bool retain = false) {
+    auto pages = cm_->Allocate(s, TierKind::kHost, static_cast<uint32_t>(hashes.size()));
+    EXPECT_TRUE(pages.ok()) << pages.status().ToString();
+    if (!pages.ok()) return {};
+    std::vector<BlockHash> parents;
+    for (size_t i = 0; i < hashes.size(); ++i) parents.push_back(i ? hashes[i - 1] : BlockHash());
+    auto r = cm_->Commit(s, TierKind::kHost, *pages, hashes, parents, retain);
+    for (const auto& e : r) EXPECT_EQ(e.status, StatusCode::kOk);
+    return *pages;
+  }
+
+  void ExpectConsistent() {
+    Status st = cm_->CheckInvariants();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+
+  std::unique_ptr<CacheManager> cm_;
+  SessionId next_id_ = 1;
+};
+
+TEST_F(CacheManagerTest, StoredBlocksAreFoundAndPinnedByAcquire) {
+  auto s = Attach("t");
+  auto chain = HashChain(1, 3);
+  auto pages = Store(*s, chain);
+  ExpectConsistent();
+  TierCounts c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.cached, 3u);
+  EXPECT_EQ(c.leased, 0u);
+  EXPECT_EQ(c.blocks, 3u);
+
+  auto other = Attach("t");
+  CacheLookup l = cm_->Lookup(*other, chain);
+  EXPECT_EQ(l.matched, 3u);
+  auto acq = cm_->Acquire(*other, chain);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(acq[i].status, StatusCode::kOk);
+    EXPECT_EQ(acq[i].page, pages[i]);
+  }
+  c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.referenced, 3u);
+  EXPECT_EQ(c.cached, 0u);
+  ExpectConsistent();
+  auto rel = cm_->Release(*other, TierKind::kHost, {}, chain);
+  for (StatusCode code : rel) EXPECT_EQ(code, StatusCode::kOk);
+  EXPECT_EQ(cm_->Counts(TierKind::kHost).cached, 3u);
+  // A second release of the same reference is refused.
+  EXPECT_EQ(cm_->Release(*other, TierKind::kHost, {}, chain)[0], StatusCode::kFailedPrecondition);
+  ExpectConsistent();
+}
+
+TEST_F(CacheManagerTest, LookupStopsAtTheFirstMissingBlock) {
+  auto s = Attach("t");
+  auto chain = HashChain(2, 4);
+  Store(*s, {chain[0], chain[1], chain[3]});
+  CacheLookup l = cm_->Lookup(*s, chain);
+  EXPECT_EQ(l.matched, 2u);
+  EXPECT_EQ(cm_->counters().block_misses, 2u);
+  EXPECT_EQ(cm_->counters().lookup_blocks, 4u);
+}
+
+TEST_F(CacheManagerTest, DuplicateCommitKeepsTheFirstCopyAndFreesThePage) {
+  auto a = Attach("t");
+  auto b = Attach("t");
+  auto chain = HashChain(3, 1);
+  auto first = Store(*a, chain);
+  auto pages = cm_->Allocate(*b, TierKind::kHost, 1);
+  ASSERT_TRUE(pages.ok());
+  const uint32_t free_before = cm_->Counts(TierKind::kHost).free;
+  auto r = cm_->Commit(*b, TierKind::kHost, *pages, chain, {}, false);
+  EXPECT_EQ(r[0].status, StatusCode::kOk);
+  EXPECT_TRUE(r[0].duplicate);
+  EXPECT_EQ(r[0].page, first[0]);
+  EXPECT_EQ(cm_->Counts(TierKind::kHost).free, free_before + 1);
+  EXPECT_EQ(b->leased_pages(), 0u);
+  ExpectConsistent();
+}
+
+TEST_F(CacheManagerTest, NamespacesNeverSeeEachOthersBlocks) {
+  auto a = Attach("tenant-a", "model-1");
+  auto chain = HashChain(4, 2);
+  Store(*a, chain);
+  auto other_tenant = Attach("tenant-b", "model-1");
+  auto other_model = Attach("tenant-a", "model-2");
+  auto same = Attach("tenant-a", "model-1");
+  EXPECT_EQ(cm_->Lookup(*other_tenant, chain).matched, 0u);
+  EXPECT_EQ(cm_->Lookup(*other_model, chain).matched, 0u);
+  EXPECT_EQ(cm_->Acquire(*other_tenant, chain)[0].status, StatusCode::kNotFound);
+  EXPECT_EQ(cm_->Lookup(*same, chain).matched, 2u);
+}
+
+TEST_F(CacheManagerTest, CommitNeedsAPageLeasedByThisSession) {
+  auto a = Attach("t");
+  auto b = Attach("t");
+  auto pages = cm_->Allocate(*a, TierKind::kHost, 1);
+  ASSERT_TRUE(pages.ok());
+  auto chain = HashChain(5, 1);
+  EXPECT_EQ(cm_->Commit(*b, TierKind::kHost, *pages, chain, {}, false)[0].status,
+            StatusCode::kFailedPrecondition);
+  std::vector<PageId> bogus = {12345};
+  EXPECT_EQ(cm_->Commit(*a, TierKind::kHost, bogus, chain, {}, false)[0].status,
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cm_->Release(*b, TierKind::kHost, *pages, {})[0], StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cm_->Release(*a, TierKind::kHost, bogus, {})[0], StatusCode::kFailedPrecondition);
+  ExpectConsistent();
+}
+
+TEST_F(CacheManagerTest, DetachReturnsLeasesAndDropsReferences) {
+  auto a = Attach("t");
+  auto chain = HashChain(6, 2);
+  Store(*a, chain, /*retain=*/true);
+  ASSERT_TRUE(cm_->Allocate(*a, TierKind::kHost, 3).ok());
+  TierCounts c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.leased, 3u);
+  EXPECT_EQ(c.referenced, 2u);
+  cm_->Detach(*a);
+  c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.leased, 0u);
+  EXPECT_EQ(c.referenced, 0u);
+  EXPECT_EQ(c.cached, 2u);  // committed blocks outlive the session
+  EXPECT_EQ(c.free, 6u);
+  ExpectConsistent();
+}
+
+TEST_F(CacheManagerTest, HighWatermarkEvictsLeastRecentlyUsedDownToLow) {
+  Open(20, 4, /*high=*/0.85, /*low=*/0.5);
+  auto s = Attach("t");
+  std::vector<std::vector<BlockHash>> seqs;
+  for (int i = 0; i < 17; ++i) {  // 17 of 20 pages: at 0.85, not above
+    seqs.push_back(HashChain(100 + i, 1));
+    Store(*s, seqs.back());
+  }
+  EXPECT_EQ(cm_->counters().evictions[TierIndex(TierKind::kHost)], 0u);
+  // Touch the oldest so it survives.
+  auto pinned = cm_->Acquire(*s, seqs[0]);
+  ASSERT_EQ(cm_->Release(*s, TierKind::kHost, {}, seqs[0])[0], StatusCode::kOk);
+  ASSERT_TRUE(cm_->Allocate(*s, TierKind::kHost, 1).ok());  // 18/20 > 0.85: evict to <= 10
+  EXPECT_EQ(cm_->Counts(TierKind::kHost).capacity - cm_->Counts(TierKind::kHost).free, 10u);
+  EXPECT_EQ(cm_->counters().evictions[TierIndex(TierKind::kHost)], 8u);
+  EXPECT_EQ(cm_->Lookup(*s, seqs[0]).matched, 1u) << "recently used block was evicted";
+  for (int i = 1; i <= 8; ++i) EXPECT_EQ(cm_->Lookup(*s, seqs[i]).matched, 0u) << i;
+  for (int i = 9; i < 17; ++i) EXPECT_EQ(cm_->Lookup(*s, seqs[i]).matched, 1u) << i;
+  ExpectConsistent();
+}
+
+TEST_F(CacheManagerTest, FullOfReferencedBlocksRefusesAllocationWithoutLeaking) {
+  auto s = Attach("t");
+  Store(*s, HashChain(7, 6), /*retain=*/true);
+  auto r = cm_->Allocate(*s, TierKind::kHost, 3);  // only 2 free
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  TierCounts c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.free, 2u);
+  EXPECT_EQ(c.leased, 0u);
+  ExpectConsistent();
+}
+
+TEST_F(CacheManagerTest, ATenantCanTakeSpaceAnotherTenantOnlyCaches) {
+  auto a = Attach("a");
+  Store(*a, HashChain(8, 8));  // every page, both segments, all cached
+  auto b = Attach("b");
+  auto r = cm_->Allocate(*b, TierKind::kHost, 2);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // b's pages live in a segment that a no longer holds.
+  const TierPool* pool = cm_->pool(TierKind::kHost);
+  for (PageId p : *r) EXPECT_EQ(pool->Owner(pool->SegmentOf(p)), b->tenant());
+  ExpectConsistent();
+}
+
+TEST_F(CacheManagerTest, SegmentGrantsAreSentOncePerGeneration) {
+  auto s = Attach("t");
+  auto pages = cm_->Allocate(*s, TierKind::kHost, 5);  // spans both segments
+  ASSERT_TRUE(pages.ok());
+  auto g1 = cm_->TakeSegmentGrants(*s, TierKind::kHost, *pages);
+  EXPECT_EQ(g1.size(), 2u);
+  EXPECT_TRUE(cm_->TakeSegmentGrants(*s, TierKind::kHost, *pages).empty());
+  auto fresh = Attach("t");
+  EXPECT_EQ(cm_->TakeAllSegmentGrants(*fresh).size(), 2u);
+}
+
+TEST_F(CacheManagerTest, RandomOperationsKeepTheAccountingExact) {
+  Open(32, 8, 0.8, 0.6);
+  std::mt19937 rng(20261202);
+  std::vector<std::unique_ptr<SessionCache>> sessions;
+  for (int i = 0; i < 4; ++i) sessions.push_back(Attach(i % 2 ? "even" : "odd"));
+  for (int step = 0; step < 5000; ++step) {
+    SessionCache& s = *sessions[rng() % sessions.size()];
+    const auto chain = HashChain(rng() % 40, 1 + rng() % 4);
+    switch (rng() % 6) {
+      case 0: {
+        auto pages = cm_->Allocate(s, TierKind::kHost, 1 + rng() % 3);
+        if (pages.ok() && rng() % 2) {
+          std::vector<BlockHash> hs(chain.begin(), chain.begin() + std::min(chain.size(), pages->size()));
+          std::vector<PageId> ps(pages->begin(), pages->begin() + hs.size());
+          cm_->Commit(s, TierKind::kHost, ps, hs, {}, rng() % 3 == 0);
+        }
+        break;
+      }
+      case 1: cm_->Lookup(s, chain); break;
+      case 2: cm_->Acquire(s, chain); break;
+      case 3: cm_->Release(s, TierKind::kHost, {}, chain); break;
+      case 4: {
+        std::vector<PageId> ps = {static_cast<PageId>(rng() % 40)};
+        cm_->Release(s, TierKind::kHost, ps, {});
+        break;
+      }
+      case 5:
+        if (rng() % 20 == 0) {
+          auto& slot = sessions[rng() % sessions.size()];
+          cm_->Detach(*slot);
+          slot = Attach(rng() % 2 ? "even" : "odd");
+        }
+        break;
+    }
+    Status st = cm_->CheckInvariants();
+    ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.ToString();
+  }
+  for (auto& s : sessions) cm_->Detach(*s);
+  TierCounts c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.leased, 0u);
+  EXPECT_EQ(c.referenced, 0u);
+  EXPECT_EQ(c.free + c.cached, c.capacity);
+}
+
+}  // namespace
+}  // namespace kvtier

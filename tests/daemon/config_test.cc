@@ -1,0 +1,110 @@
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace kvtier {
+namespace {
+
+TEST(Config, DefaultYamlParsesToTheDefaults) {
+  auto c = ParseConfig(DefaultConfigYaml());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  DaemonConfig d;
+  EXPECT_EQ(c->socket_path, d.socket_path);
+  EXPECT_EQ(c->data_dir, d.data_dir);
+  EXPECT_EQ(c->host.capacity_bytes, 1ull << 30);
+  EXPECT_EQ(c->host.page_bytes, d.host.page_bytes);
+  EXPECT_DOUBLE_EQ(c->host.high_watermark, 0.85);
+  EXPECT_DOUBLE_EQ(c->host.low_watermark, 0.75);
+  EXPECT_EQ(c->metrics_port, d.metrics_port);
+  EXPECT_EQ(c->max_frame_bytes, d.max_frame_bytes);
+}
+
+TEST(Config, DefaultYamlHasACommentForEveryKey) {
+  std::istringstream in(DefaultConfigYaml());
+  std::string line, prev;
+  int keys = 0;
+  while (std::getline(in, line)) {
+    const size_t first = line.find_first_not_of(' ');
+    const bool is_value = first != std::string::npos && line[first] != '#' &&
+                          line.find(": ") != std::string::npos;
+    if (is_value) {
+      ++keys;
+      EXPECT_NE(prev.find('#'), std::string::npos) << "no comment above '" << line << "'";
+    }
+    prev = line;
+  }
+  EXPECT_GE(keys, 17);
+}
+
+TEST(Config, EmptyConfigIsTheDefault) {
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->host.capacity_bytes, 1ull << 30);
+}
+
+TEST(Config, UnknownKeysAreNamed) {
+  auto c = ParseConfig("tiers:\n  host:\n    capasity: 1GiB\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'tiers.host.capasity'"), std::string::npos)
+      << c.status().message();
+  auto top = ParseConfig("sockett:\n  path: x\n");
+  ASSERT_FALSE(top.ok());
+  EXPECT_NE(top.status().message().find("'sockett'"), std::string::npos);
+}
+
+TEST(Config, BadValuesNameTheKeyAndSayWhy) {
+  struct Case {
+    const char* yaml;
+    const char* key;
+  } cases[] = {
+      {"tiers:\n  host:\n    capacity: lots\n", "tiers.host.capacity"},
+      {"tiers:\n  host:\n    high_watermark: 1.5\n", "tiers.host.high_watermark"},
+      {"tiers:\n  host:\n    low_watermark: 0.9\n", "tiers.host.low_watermark"},
+      {"metrics:\n  port: 70000\n", "metrics.port"},
+      {"log_level: loud\n", "log_level"},
+      {"tiers:\n  host:\n    huge_pages: sometimes\n", "tiers.host.huge_pages"},
+      {"tiers:\n  host:\n    capacity: 300MiB\n", "tiers.host.capacity"},  // not a multiple of 256 MiB
+      {"tiers:\n  host:\n    page_bytes: 3000\n", "tiers.host.page_bytes"},
+      {"protocol:\n  max_frame_bytes: [1, 2]\n", "protocol.max_frame_bytes"},
+      {"socket: /tmp/x.sock\n", "socket"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseConfig(c.yaml);
+    ASSERT_FALSE(r.ok()) << c.yaml;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.key), std::string::npos)
+        << "message '" << r.status().message() << "' does not name " << c.key;
+  }
+}
+
+TEST(Config, ValuesParse) {
+  auto c = ParseConfig(
+      "socket:\n  path: /run/kvtier/kvtierd.sock\n"
+      "tiers:\n  host:\n    capacity: 4GiB\n    page_bytes: 1MiB\n    huge_pages: off\n"
+      "metrics:\n  port: 0\n"
+      "log_level: debug\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->socket_path, "/run/kvtier/kvtierd.sock");
+  EXPECT_EQ(c->host.capacity_bytes, 4ull << 30);
+  EXPECT_EQ(c->host.page_bytes, 1ull << 20);
+  EXPECT_EQ(c->host.huge_pages, HugePages::kOff);
+  EXPECT_EQ(c->metrics_port, 0);
+  EXPECT_EQ(c->log_level, LogLevel::kDebug);
+}
+
+TEST(Config, InvalidYamlIsAnError) {
+  auto c = ParseConfig("tiers: [unclosed\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("YAML"), std::string::npos);
+}
+
+TEST(Config, MissingFileNamesThePath) {
+  auto c = LoadConfigFile("/nonexistent/kvtierd.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("/nonexistent/kvtierd.yaml"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,171 @@
+#include "daemon/dispatcher.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/support/fake_clock.h"
+#include "tests/support/test_util.h"
+
+namespace kvtier {
+namespace {
+
+struct CapturedReply {
+  std::vector<uint8_t> frame;
+  size_t fds = 0;
+  const fb::Response* response() const {
+    auto r = VerifyResponseFrame(frame);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : nullptr;
+  }
+};
+
+class CaptureSink : public ReplySink {
+ public:
+  void Send(std::span<const uint8_t> frame, std::span<const int> fds) override {
+    replies.push_back(CapturedReply{{frame.begin(), frame.end()}, fds.size()});
+  }
+  std::vector<CapturedReply> replies;
+};
+
+class DispatcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CacheManager::Options o;
+    TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];
+    h.enabled = true;
+    h.page_bytes = 1 << 20;
+    h.segment_bytes = 4 << 20;
+    h.capacity_bytes = 8 << 20;
+    h.huge_pages = HugePages::kOff;
+    cache_ = std::move(CacheManager::Open(o)).value();
+    info_.version = "test";
+    dispatcher_ = std::make_unique<Dispatcher>(cache_.get(), &info_, &clock_, &metrics_,
+                                               [](const auto&) {});
+  }
+
+  template <class BuildOp>
+  const fb::Response* Call(SessionContext& ctx, BuildOp build) {
+    flatbuffers::FlatBufferBuilder b;
+    auto [type, op] = build(b);
+    b.FinishSizePrefixed(fb::CreateRequest(b, ++id_, type, op));
+    dispatcher_->HandleFrame(ctx, {b.GetBufferPointer(), b.GetSize()}, sink_);
+    return sink_.replies.back().response();
+  }
+
+  const fb::Response* Hello(SessionContext& ctx, fb::Role role, uint16_t major = kProtocolMajor) {
+    return Call(ctx, [&](flatbuffers::FlatBufferBuilder& b) {
+      auto layout = LayoutToWire(b, testing::TestLayout());
+      auto name = b.CreateString("test-engine");
+      auto h = fb::CreateHello(b, major, 0, role, name, role == fb::Role::Engine ? layout : 0, 16);
+      return std::make_pair(fb::Op::Hello, h.Union());
+    });
+  }
+
+  const fb::Response* Allocate(SessionContext& ctx, uint32_t n) {
+    return Call(ctx, [&](flatbuffers::FlatBufferBuilder& b) {
+      return std::make_pair(fb::Op::Allocate, fb::CreateAllocate(b, fb::Tier::Host, n).Union());
+    });
+  }
+
+  FakeClock clock_;
+  MetricsRegistry metrics_;
+  DaemonInfo info_;
+  std::unique_ptr<CacheManager> cache_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  CaptureSink sink_;
+  uint64_t id_ = 0;
+};
+
+TEST_F(DispatcherTest, MalformedFrameIsAnsweredAndMarksTheSessionForClosing) {
+  SessionContext ctx(1);
+  std::vector<uint8_t> junk = {8, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+  dispatcher_->HandleFrame(ctx, junk, sink_);
+  ASSERT_EQ(sink_.replies.size(), 1u);
+  const fb::Response* r = sink_.replies[0].response();
+  EXPECT_EQ(r->id(), 0u);
+  EXPECT_EQ(r->status(), fb::Status::InvalidArgument);
+  EXPECT_NE(r->message()->str().find("verification"), std::string::npos);
+  EXPECT_TRUE(ctx.close_after_reply);
+}
+
+TEST_F(DispatcherTest, NothingButPingBeforeHello) {
+  SessionContext ctx(1);
+  const fb::Response* r = Allocate(ctx, 1);
+  EXPECT_EQ(r->status(), fb::Status::FailedPrecondition);
+  EXPECT_EQ(r->id(), id_);
+  EXPECT_FALSE(ctx.close_after_reply);
+  r = Call(ctx, [](flatbuffers::FlatBufferBuilder& b) {
+    return std::make_pair(fb::Op::Ping, fb::CreatePing(b, b.CreateVector(std::vector<uint8_t>{1, 2, 3})).Union());
+  });
+  EXPECT_EQ(r->status(), fb::Status::Ok);
+  EXPECT_EQ(r->reply_as_Pong()->payload()->size(), 3u);
+}
+
+TEST_F(DispatcherTest, EngineHelloGetsWelcomeWithTiersAndOneFdPerSegment) {
+  SessionContext ctx(7);
+  const fb::Response* r = Hello(ctx, fb::Role::Engine);
+  ASSERT_EQ(r->status(), fb::Status::Ok) << r->message()->str();
+  const fb::Welcome* w = r->reply_as_Welcome();
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->session_id(), 7u);
+  ASSERT_EQ(w->tiers()->size(), 1u);
+  EXPECT_EQ(w->tiers()->Get(0)->page_bytes(), 1u << 20);
+  EXPECT_EQ(w->segments()->size(), sink_.replies.back().fds);
+  // The first allocation claims a segment and grants it with its fd.
+  r = Allocate(ctx, 2);
+  ASSERT_EQ(r->status(), fb::Status::Ok);
+  EXPECT_EQ(r->reply_as_AllocateReply()->pages()->size(), 2u);
+  EXPECT_EQ(r->reply_as_AllocateReply()->segments()->size(), 1u);
+  EXPECT_EQ(sink_.replies.back().fds, 1u);
+  // Not again for the same segment.
+  r = Allocate(ctx, 1);
+  EXPECT_EQ(r->reply_as_AllocateReply()->segments()->size(), 0u);
+  EXPECT_EQ(sink_.replies.back().fds, 0u);
+  // A second Hello is refused.
+  EXPECT_EQ(Hello(ctx, fb::Role::Engine)->status(), fb::Status::FailedPrecondition);
+}
+
+TEST_F(DispatcherTest, ControlSessionsCannotLeasePages) {
+  SessionContext ctx(1);
+  ASSERT_EQ(Hello(ctx, fb::Role::Control)->status(), fb::Status::Ok);
+  const fb::Response* r = Allocate(ctx, 1);
+  EXPECT_EQ(r->status(), fb::Status::PermissionDenied);
+  r = Call(ctx, [](flatbuffers::FlatBufferBuilder& b) {
+    return std::make_pair(fb::Op::Stats, fb::CreateStats(b, true).Union());
+  });
+  ASSERT_EQ(r->status(), fb::Status::Ok);
+  EXPECT_EQ(r->reply_as_StatsReply()->tiers()->Get(0)->capacity_pages(), 8u);
+}
+
+TEST_F(DispatcherTest, WrongMajorVersionIsRefusedAndCloses) {
+  SessionContext ctx(1);
+  const fb::Response* r = Hello(ctx, fb::Role::Engine, kProtocolMajor + 1);
+  EXPECT_EQ(r->status(), fb::Status::FailedPrecondition);
+  EXPECT_TRUE(ctx.close_after_reply);
+}
+
+TEST_F(DispatcherTest, HashVectorsOfTheWrongSizeAreInvalid) {
+  SessionContext ctx(1);
+  ASSERT_EQ(Hello(ctx, fb::Role::Engine)->status(), fb::Status::Ok);
+  const fb::Response* r = Call(ctx, [](flatbuffers::FlatBufferBuilder& b) {
+    auto v = b.CreateVector(std::vector<uint8_t>(17, 1));
+    return std::make_pair(fb::Op::Lookup, fb::CreateLookup(b, v).Union());
+  });
+  EXPECT_EQ(r->status(), fb::Status::InvalidArgument);
+  EXPECT_FALSE(ctx.close_after_reply) << "a bad request is not a bad frame";
+}
+
+TEST_F(DispatcherTest, CommitCountMismatchIsInvalid) {
+  SessionContext ctx(1);
+  ASSERT_EQ(Hello(ctx, fb::Role::Engine)->status(), fb::Status::Ok);
+  const fb::Response* r = Call(ctx, [](flatbuffers::FlatBufferBuilder& b) {
+    auto pages = b.CreateVector(std::vector<uint32_t>{0, 1});
+    auto hashes = b.CreateVector(std::vector<uint8_t>(16, 1));
+    return std::make_pair(fb::Op::Commit, fb::CreateCommit(b, fb::Tier::Host, pages, hashes).Union());
+  });
+  EXPECT_EQ(r->status(), fb::Status::InvalidArgument);
+  dispatcher_->SessionClosed(ctx);
+  EXPECT_TRUE(cache_->CheckInvariants().ok());
+}
+
+}  // namespace
+}  // namespace kvtier
