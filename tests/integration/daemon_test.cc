@@ -1,0 +1,197 @@
+// Two engine processes share bytes through a real kvtierd; a killed engine's pages come
+// back; accounting stays exact.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/integration/engine_process.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr int kBlocks = 6;
+
+DaemonStats StatsOf(const std::string& socket) {
+  auto c = Client::Connect(ControlOptions(socket));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  auto s = (*c)->Stats(true);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return *s;
+}
+
+const TierStatsInfo& Host(const DaemonStats& s) {
+  for (const auto& t : s.tiers) {
+    if (t.tier == TierKind::kHost) return t;
+  }
+  static TierStatsInfo none;
+  ADD_FAILURE() << "no host tier";
+  return none;
+}
+
+void ExpectAccountingExact(const TierStatsInfo& t) {
+  EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages,
+            t.capacity_pages);
+}
+
+TEST(TwoEngines, OneWritesAndCommitsTheOtherReadsTheSameBytes) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  const auto chain = HashChain(42, kBlocks);
+  Pipe committed, verified;
+
+  EngineProcess writer([&]() -> int {
+    auto c = Client::Connect(EngineOptions(daemon.socket_path(), "writer"));
+    if (!c.ok()) return 10;
+    auto pages = (*c)->Allocate(TierKind::kHost, kBlocks);
+    if (!pages.ok() || pages->size() != kBlocks) return 11;
+    std::vector<CommitEntry> entries;
+    for (int i = 0; i < kBlocks; ++i) {
+      auto bytes = (*c)->PageBytes(TierKind::kHost, (*pages)[i]);
+      if (bytes.size() < TestLayout().block_bytes) return 12;
+      FillBlockBytes(chain[i], bytes.first(TestLayout().block_bytes));
+      entries.push_back({(*pages)[i], chain[i], i ? chain[i - 1] : BlockHash()});
+    }
+    auto r = (*c)->Commit(TierKind::kHost, entries);
+    if (!r.ok()) return 13;
+    for (const auto& e : *r) {
+      if (!e.status.ok() || e.duplicate) return 14;
+    }
+    committed.Signal();
+    // Stay connected while the reader works: the two sessions are alive at once.
+    return verified.Wait() ? 0 : 15;
+  });
+
+  ASSERT_TRUE(committed.Wait()) << "writer died: " << daemon.Log();
+  EngineProcess reader([&]() -> int {
+    auto c = Client::Connect(EngineOptions(daemon.socket_path(), "reader"));
+    if (!c.ok()) return 20;
+    auto l = (*c)->Lookup(chain);
+    if (!l.ok() || l->matched != kBlocks) return 21;
+    auto a = (*c)->Acquire(chain);
+    if (!a.ok()) return 22;
+    for (int i = 0; i < kBlocks; ++i) {
+      if (!(*a)[i].status.ok() || (*a)[i].tier != TierKind::kHost) return 23;
+      auto bytes = (*c)->PageBytes(TierKind::kHost, (*a)[i].page);
+      if (bytes.empty()) return 24;
+      if (!CheckBlockBytes(chain[i], bytes.first(TestLayout().block_bytes))) return 25;
+    }
+    auto rel = (*c)->Release(TierKind::kHost, {}, chain);
+    if (!rel.ok()) return 26;
+    for (const Status& s : *rel) {
+      if (!s.ok()) return 27;
+    }
+    return 0;
+  });
+  EXPECT_EQ(reader.Join(), 0) << daemon.Log();
+  verified.Signal();
+  EXPECT_EQ(writer.Join(), 0) << daemon.Log();
+
+  // Both sessions are gone; the blocks stay cached for the next engine.
+  DaemonStats s = StatsOf(daemon.socket_path());
+  EXPECT_EQ(Host(s).cached_pages, static_cast<uint32_t>(kBlocks));
+  EXPECT_EQ(Host(s).leased_pages, 0u);
+  EXPECT_EQ(Host(s).referenced_pages, 0u);
+  ExpectAccountingExact(Host(s));
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+TEST(EngineKill, Kill9ReturnsEveryLeasedPageAndReference) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  const auto chain = HashChain(7, 4);
+  {
+    // Some blocks a killed engine will hold references to.
+    auto c = Client::Connect(EngineOptions(daemon.socket_path(), "seed"));
+    ASSERT_TRUE(c.ok());
+    auto pages = (*c)->Allocate(TierKind::kHost, 4);
+    ASSERT_TRUE(pages.ok());
+    std::vector<CommitEntry> e;
+    for (int i = 0; i < 4; ++i) e.push_back({(*pages)[i], chain[i], {}});
+    ASSERT_TRUE((*c)->Commit(TierKind::kHost, e).ok());
+  }
+  for (int round = 0; round < 3; ++round) {
+    Pipe ready;
+    EngineProcess victim([&]() -> int {
+      auto c = Client::Connect(EngineOptions(daemon.socket_path(), "victim"));
+      if (!c.ok()) return 10;
+      if (!(*c)->Allocate(TierKind::kHost, 20).ok()) return 11;
+      if (!(*c)->Acquire(chain).ok()) return 12;
+      ready.Signal();
+      ::pause();
+      return 0;
+    });
+    ASSERT_TRUE(ready.Wait());
+    DaemonStats before = StatsOf(daemon.socket_path());
+    EXPECT_EQ(Host(before).leased_pages, 20u);
+    EXPECT_EQ(Host(before).referenced_pages, 4u);
+    victim.Kill9();
+    EXPECT_EQ(victim.Join(), 128 + SIGKILL);
+    // The daemon sees EOF and reclaims; poll briefly for it.
+    DaemonStats after;
+    for (int i = 0; i < 200; ++i) {
+      after = StatsOf(daemon.socket_path());
+      if (Host(after).leased_pages == 0 && Host(after).referenced_pages == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(Host(after).leased_pages, 0u);
+    EXPECT_EQ(Host(after).referenced_pages, 0u);
+    EXPECT_EQ(Host(after).cached_pages, 4u);
+    EXPECT_EQ(Host(after).free_pages, Host(after).capacity_pages - 4);
+    ExpectAccountingExact(Host(after));
+  }
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+TEST(Pipelining, ManyRequestsInFlightAreAnsweredByTicket) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  auto c = Client::Connect(EngineOptions(daemon.socket_path()));
+  ASSERT_TRUE(c.ok());
+  const auto chain = HashChain(9, 8);
+  auto pages = (*c)->Allocate(TierKind::kHost, 8);
+  ASSERT_TRUE(pages.ok());
+  std::vector<CommitEntry> e;
+  for (int i = 0; i < 8; ++i) e.push_back({(*pages)[i], chain[i], {}});
+  ASSERT_TRUE((*c)->Commit(TierKind::kHost, e).ok());
+  std::vector<Ticket> tickets;
+  for (size_t n = 1; n <= 8; ++n) {
+    auto t = (*c)->StartLookup(std::span<const BlockHash>(chain).first(n));
+    ASSERT_TRUE(t.ok());
+    tickets.push_back(*t);
+  }
+  // Wait in reverse order: earlier responses are stashed, not lost.
+  for (size_t i = tickets.size(); i-- > 0;) {
+    auto r = (*c)->WaitLookup(tickets[i]);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->matched, i + 1);
+  }
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+TEST(Errors, PerBlockErrorsAreTypedAndTheSessionGoesOn) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  auto c = Client::Connect(EngineOptions(daemon.socket_path()));
+  ASSERT_TRUE(c.ok());
+  const auto chain = HashChain(10, 2);
+  auto a = (*c)->Acquire(chain);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)[0].status.code(), StatusCode::kNotFound);
+  // More than the pool holds: the request fails as a whole, nothing leaks.
+  auto big = (*c)->Allocate(TierKind::kHost, 1000);
+  EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+  auto all = (*c)->Allocate(TierKind::kHost, 64);
+  ASSERT_TRUE(all.ok());
+  auto more = (*c)->Allocate(TierKind::kHost, 1);
+  EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted);
+  std::vector<PageId> never = {*std::max_element(all->begin(), all->end()) + 1000};
+  auto rel = (*c)->Release(TierKind::kHost, never);
+  ASSERT_TRUE(rel.ok());
+  EXPECT_EQ((*rel)[0].code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*c)->Ping().ok());
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing

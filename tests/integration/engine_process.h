@@ -1,0 +1,94 @@
+#pragma once
+// Engine processes for integration tests: fork a child that runs `body` (typically with
+// its own kvtier::Client) and exits with its return value; pipes let the parent and the
+// child step in lockstep.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <functional>
+#include <string>
+
+#include "engine/client.h"
+#include "tests/support/test_util.h"
+
+namespace kvtier::testing {
+
+class Pipe {
+ public:
+  Pipe() {
+    if (::pipe(fds_) != 0) fds_[0] = fds_[1] = -1;
+  }
+  ~Pipe() {
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  void Signal(char c = '!') { (void)!::write(fds_[1], &c, 1); }
+  // Waits for one byte; false on EOF.
+  bool Wait() {
+    char c;
+    return ::read(fds_[0], &c, 1) == 1;
+  }
+
+ private:
+  int fds_[2];
+};
+
+class EngineProcess {
+ public:
+  explicit EngineProcess(std::function<int()> body) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int rc = 99;
+      try {
+        rc = body();
+      } catch (...) {
+        rc = 98;
+      }
+      ::_exit(rc);
+    }
+  }
+  ~EngineProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      Join();
+    }
+  }
+  // Exit code, or 128 + signal.
+  int Join() {
+    int status = 0;
+    if (pid_ <= 0) return -1;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  void Kill9() {
+    if (pid_ > 0) ::kill(pid_, SIGKILL);
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+inline ClientOptions EngineOptions(const std::string& socket, const std::string& name = "test-engine") {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.engine_name = name;
+  o.layout = TestLayout();
+  o.timeout_ms = 10'000;
+  return o;
+}
+
+inline ClientOptions ControlOptions(const std::string& socket) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.engine_name = "test-control";
+  o.control = true;
+  o.timeout_ms = 10'000;
+  return o;
+}
+
+}  // namespace kvtier::testing

@@ -1,0 +1,175 @@
+// kvtierd and kvctl as an operator runs them: flags, default config, errors, JSON.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/engine_process.h"
+
+namespace kvtier::testing {
+namespace {
+
+struct CmdResult {
+  int code;
+  std::string out;
+};
+
+// Runs a shell command, capturing stdout and stderr.
+CmdResult Sh(const std::string& cmd) {
+  CmdResult r{-1, ""};
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(Kvtierd, VersionAndDefaultConfig) {
+  CmdResult v = Sh(BinaryPath("kvtierd") + " --version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.out.find("kvtierd 0."), std::string::npos);
+  CmdResult d = Sh(BinaryPath("kvtierd") + " --print-default-config");
+  EXPECT_EQ(d.code, 0);
+  EXPECT_NE(d.out.find("capacity: 1GiB"), std::string::npos);
+  // What it prints is a valid config for --check-config.
+  TempDir dir;
+  std::ofstream(dir.File("d.yaml")) << d.out;
+  CmdResult c = Sh(BinaryPath("kvtierd") + " --check-config --config " + dir.File("d.yaml"));
+  EXPECT_EQ(c.code, 0) << c.out;
+}
+
+TEST(Kvtierd, BadConfigIsRefusedAtStartNamingTheKey) {
+  TempDir dir;
+  std::ofstream(dir.File("bad.yaml")) << "tiers:\n  host:\n    capacity: 1GiB\n    hugepages: on\n";
+  CmdResult r = Sh(BinaryPath("kvtierd") + " --config " + dir.File("bad.yaml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("tiers.host.hugepages"), std::string::npos) << r.out;
+  std::ofstream(dir.File("bad2.yaml")) << "metrics:\n  port: many\n";
+  r = Sh(BinaryPath("kvtierd") + " --config " + dir.File("bad2.yaml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("metrics.port"), std::string::npos) << r.out;
+}
+
+TEST(Kvtierd, SecondDaemonOnTheSameSocketIsRefused) {
+  DaemonProcess first;
+  ASSERT_TRUE(first.Start().ok()) << first.Log();
+  CmdResult r = Sh(BinaryPath("kvtierd") + " --config " + first.config_path());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("another kvtierd"), std::string::npos) << r.out;
+  // The first one still serves.
+  auto c = Client::Connect(ControlOptions(first.socket_path()));
+  EXPECT_TRUE(c.ok());
+  EXPECT_EQ(first.Stop(), 0);
+}
+
+TEST(Kvctl, StatusJsonHasTheDocumentedFields) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  CmdResult r = Sh(BinaryPath("kvctl") + " status --json --socket " + daemon.socket_path());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"version", "uptime_s", "metrics_url", "sessions", "tiers"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  ASSERT_EQ(j["tiers"].size(), 1u);
+  const auto& host = j["tiers"][0];
+  EXPECT_EQ(host["name"], "host");
+  EXPECT_EQ(host["page_bytes"], 1 << 20);
+  EXPECT_EQ(host["capacity_bytes"], 64 << 20);
+  EXPECT_EQ(host["used_bytes"], 0);
+  EXPECT_EQ(j["metrics_url"].get<std::string>().rfind("http://127.0.0.1:", 0), 0u);
+  // used_bytes follows leases.
+  auto c = Client::Connect(EngineOptions(daemon.socket_path()));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Allocate(TierKind::kHost, 3).ok());
+  r = Sh(BinaryPath("kvctl") + " --json status -s " + daemon.socket_path());
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["tiers"][0]["used_bytes"], 3 << 20);
+  EXPECT_EQ(j["sessions"], 2);  // the engine and kvctl itself
+
+  r = Sh(BinaryPath("kvctl") + " sessions --json --socket " + daemon.socket_path());
+  ASSERT_EQ(r.code, 0);
+  j = nlohmann::json::parse(r.out);
+  bool found = false;
+  for (const auto& s : j["sessions"]) {
+    if (s["engine_name"] == "test-engine") {
+      found = true;
+      EXPECT_EQ(s["leased_pages"], 3);
+      EXPECT_EQ(s["role"], "engine");
+    }
+  }
+  EXPECT_TRUE(found) << r.out;
+  r = Sh(BinaryPath("kvctl") + " tiers --socket " + daemon.socket_path());
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("leased 3"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("MISMATCH"), std::string::npos);
+  c->reset();
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
+TEST(Kvctl, NoDaemonIsAClearErrorAndNonZeroExit) {
+  TempDir dir;
+  CmdResult r = Sh(BinaryPath("kvctl") + " status --socket " + dir.File("none.sock"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("no kvtierd answers"), std::string::npos) << r.out;
+  r = Sh(BinaryPath("kvctl") + " frobnicate");
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST(Kvctl, EmbeddedDefaultsAgreeFromTheSameDirectory) {
+  // kvtierd with no config and kvctl with no flags, both from one working directory.
+  TempDir dir;
+  std::ofstream(dir.File("cfg.yaml")) << "metrics:\n  port: 0\n";  // the default port may be taken
+  CmdResult started = Sh("cd " + dir.path() + " && (" + BinaryPath("kvtierd") +
+                   " --config cfg.yaml >d.log 2>&1 & echo $! > pid)");
+  ASSERT_EQ(started.code, 0);
+  CmdResult r{-1, ""};
+  for (int i = 0; i < 100 && r.code != 0; ++i) {
+    r = Sh("cd " + dir.path() + " && " + BinaryPath("kvctl") + " status");
+    if (r.code != 0) ::usleep(50'000);
+  }
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("./var/kvtierd.sock"), std::string::npos) << r.out;
+  Sh("kill $(cat " + dir.File("pid") + ")");
+  for (int i = 0; i < 100 && Sh("kill -0 $(cat " + dir.File("pid") + ")").code == 0; ++i) ::usleep(20'000);
+}
+
+TEST(Metrics, EndpointServesPrometheusText) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  auto c = Client::Connect(EngineOptions(daemon.socket_path()));
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Lookup(HashChain(3, 2)).ok());
+  auto stats = (*c)->Stats();
+  ASSERT_TRUE(stats.ok());
+  CmdResult r = Sh("curl -fsS " + stats->metrics_url);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* m : {"kvtier_tier_capacity_bytes{tier=\"host\"} 67108864",
+                        "kvtier_lookups_total 1", "kvtier_lookup_blocks_total 2",
+                        "kvtier_block_misses_total 2", "kvtier_sessions 1",
+                        "kvtier_rpc_duration_seconds_count{op=\"lookup\"} 1",
+                        "kvtier_tier_bytes{tier=\"host\",state=\"free\"}"}) {
+    EXPECT_NE(r.out.find(m), std::string::npos) << m;
+  }
+  CmdResult h = Sh("curl -s -o /dev/null -w '%{http_code}' " + stats->metrics_url + "x");
+  EXPECT_EQ(h.out, "404");
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
+TEST(CApi, CProgramSharesBlocksThroughTheAbi) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  CmdResult r = Sh(std::string(KVTIER_TESTS_DIR) + "/kvtier_c_api_smoke " + daemon.socket_path());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("c api ok"), std::string::npos) << r.out;
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
