@@ -454,6 +454,7 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
       if (id == kNoBlock) break;
       auto tier = ReadableTier(blocks_[id]);
       if (!tier) break;
+      PolicyFor(T(*tier), blocks_[id].tenant).Touch(id);  // an engine wants it: it is in use
       r.tiers.push_back(*tier);
       ++counters_.block_hits[TierIndex(*tier)];
     }

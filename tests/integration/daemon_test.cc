@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/block_pattern.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -49,7 +50,7 @@ TEST(TwoEngines, OneWritesAndCommitsTheOtherReadsTheSameBytes) {
     for (int i = 0; i < kBlocks; ++i) {
       auto bytes = (*c)->PageBytes(TierKind::kHost, (*pages)[i]);
       if (bytes.size() < TestLayout().block_bytes) return 12;
-      FillBlockBytes(chain[i], bytes.first(TestLayout().block_bytes));
+      FillBlockPattern(chain[i], bytes.first(TestLayout().block_bytes));
       entries.push_back({(*pages)[i], chain[i], i ? chain[i - 1] : BlockHash()});
     }
     auto r = (*c)->Commit(TierKind::kHost, entries);
@@ -74,7 +75,7 @@ TEST(TwoEngines, OneWritesAndCommitsTheOtherReadsTheSameBytes) {
       if (!(*a)[i].status.ok() || (*a)[i].tier != TierKind::kHost) return 23;
       auto bytes = (*c)->PageBytes(TierKind::kHost, (*a)[i].page);
       if (bytes.empty()) return 24;
-      if (!CheckBlockBytes(chain[i], bytes.first(TestLayout().block_bytes))) return 25;
+      if (!CheckBlockPattern(chain[i], bytes.first(TestLayout().block_bytes))) return 25;
     }
     auto rel = (*c)->Release(TierKind::kHost, {}, chain);
     if (!rel.ok()) return 26;

@@ -1,6 +1,7 @@
 #include "tests/support/test_util.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -50,22 +51,6 @@ std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size) {
   return out;
 }
 
-void FillBlockBytes(const BlockHash& hash, std::span<uint8_t> out) {
-  uint64_t state = XXH3_64bits(hash.bytes().data(), hash.size());
-  size_t i = 0;
-  for (; i + 8 <= out.size(); i += 8) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    std::memcpy(out.data() + i, &state, 8);
-  }
-  for (; i < out.size(); ++i) out[i] = static_cast<uint8_t>(state >> (i % 8));
-}
-
-bool CheckBlockBytes(const BlockHash& hash, std::span<const uint8_t> bytes) {
-  std::vector<uint8_t> want(bytes.size());
-  FillBlockBytes(hash, want);
-  return std::memcmp(want.data(), bytes.data(), bytes.size()) == 0;
-}
-
 ModelLayout TestLayout(const std::string& model, uint32_t tokens_per_block) {
   ModelLayout l;
   l.model_id = model;
@@ -89,7 +74,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
   std::ofstream c(config_);
   c << "socket:\n  path: " << socket_ << "\n"
     << "data_dir: " << dir_.File("data") << "\n"
-    << "log_level: debug\n"
+    << "log_level: " << options_.log_level << "\n"
     << "metrics:\n  port: 0\n"
     << "tiers:\n  host:\n"
     << "    capacity: " << options_.host_capacity << "\n"
@@ -103,7 +88,7 @@ DaemonProcess::~DaemonProcess() {
 }
 
 Status DaemonProcess::Start() {
-  const std::string bin = BinaryPath("kvtierd");
+  const std::string bin = options_.kvtierd.empty() ? BinaryPath("kvtierd") : options_.kvtierd;
   pid_ = ::fork();
   if (pid_ < 0) return ErrnoStatus(errno, "fork");
   if (pid_ == 0) {
@@ -111,6 +96,12 @@ Status DaemonProcess::Start() {
     if (fd >= 0) {
       ::dup2(fd, STDOUT_FILENO);
       ::dup2(fd, STDERR_FILENO);
+    }
+    if (options_.cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(options_.cpu, &set);
+      ::sched_setaffinity(0, sizeof(set), &set);
     }
     ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);

@@ -1,6 +1,6 @@
 #pragma once
-// Helpers shared by kvtier's tests: temp directories, deterministic hashes and page
-// bytes, and DaemonProcess, a real kvtierd child process on a private socket.
+// Helpers shared by kvtier's tests: temp directories, deterministic hashes, and
+// DaemonProcess, a real kvtierd child process on a private socket.
 
 #include <sys/types.h>
 
@@ -30,9 +30,6 @@ class TempDir {
 // A chained hash of `size` bytes for block `i` of sequence `seed` (hash_i depends on
 // hash_{i-1}, as an engine's prefix hash does).
 std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size = 16);
-// Deterministic bytes for a block, derived from its hash.
-void FillBlockBytes(const BlockHash& hash, std::span<uint8_t> out);
-bool CheckBlockBytes(const BlockHash& hash, std::span<const uint8_t> bytes);
 
 // A small layout whose natural block is `block_bytes` (default 64 KiB).
 ModelLayout TestLayout(const std::string& model = "test-model", uint32_t tokens_per_block = 16);
@@ -49,6 +46,9 @@ class DaemonProcess {
     std::string page_bytes = "1MiB";
     std::string segment_bytes = "16MiB";
     std::string extra_yaml;
+    std::string kvtierd;  // binary; empty: BinaryPath("kvtierd")
+    std::string log_level = "debug";
+    int cpu = -1;  // pin kvtierd to this CPU (benchmarks); -1: no pinning
   };
   DaemonProcess();
   explicit DaemonProcess(const Options& options);

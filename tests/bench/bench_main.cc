@@ -1,0 +1,25 @@
+// kvtier-bench: kvtier's benchmark programs. `kvtier-bench MODE --help` for each mode.
+#include <CLI/CLI.hpp>
+
+#include "tests/bench/bench_main.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kvtier-bench: benchmarks of kvtier, each against a baseline measured in the same run.\n"
+      "Every mode starts its own kvtierd on a temporary socket unless --socket is given."};
+  app.require_subcommand(1);
+  kvtier::bench::BenchArgs args;
+  auto* rpc = app.add_subcommand(
+      "rpc", "Request latency (p50/p99) and ops/s of Lookup 1, Lookup 64 and Allocate+Commit+Release "
+             "16 vs a bare Unix-socket echo of the same sizes");
+  for (auto* sub : {rpc}) {
+    sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
+    sub->add_flag("--json", args.json, "Print one JSON object");
+  }
+  rpc->add_option("--iterations", args.iterations, "Lookups per operation (Allocate+Commit+Release: a quarter)")
+      ->check(CLI::Range(100, 10'000'000));
+  rpc->add_option("--rounds", args.rounds, "Interleaved rounds of kvtier then echo")->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
+  if (rpc->parsed()) return kvtier::bench::RunRpcBench(args);
+  return 2;
+}

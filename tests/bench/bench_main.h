@@ -1,0 +1,18 @@
+#pragma once
+// kvtier-bench modes. Each starts its own kvtierd on a temporary socket and directory
+// unless --socket is given, measures its baseline in the same run, and prints the ratio.
+
+#include <string>
+
+namespace kvtier::bench {
+
+struct BenchArgs {
+  std::string socket;   // measure this daemon instead of starting one
+  bool json = false;    // one JSON object on stdout
+  int iterations = 20000;
+  int rounds = 10;
+};
+
+int RunRpcBench(const BenchArgs& args);
+
+}  // namespace kvtier::bench
