@@ -15,8 +15,11 @@ size_t SessionCache::leased_pages() const {
   return n;
 }
 
-Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options) {
+Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
+                                                         std::unique_ptr<NvmeTier> nvme,
+                                                         const Clock* clock) {
   std::unique_ptr<CacheManager> cm(new CacheManager(options));
+  cm->clock_ = clock ? clock : SystemClock::Default();
   for (TierKind kind : kAllTiers) {
     const TierOptions& o = options.tiers[TierIndex(kind)];
     Tier& tier = cm->T(kind);
@@ -45,10 +48,33 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options)
     tier.state.assign(tier.pool->capacity(), PageState::kFree);
     tier.page_block.assign(tier.pool->capacity(), kNoBlock);
   }
+  if (nvme) {
+    TierPool* host = cm->T(TierKind::kHost).pool.get();
+    if (host == nullptr) return InvalidArgument("the NVMe tier needs the host tier");
+    if (nvme->slot_bytes() != host->page_bytes()) {
+      return InvalidArgument("NVMe slots must be the size of host pages");
+    }
+    cm->nvme_ = std::move(nvme);
+    cm->registered_segments_.assign(host->segment_count(), false);
+    CacheManager* raw = cm.get();
+    cm->nvme_->SetDropListener([raw](const std::string& key) { raw->OnNvmeDropped(key); });
+    host->SetRenewListener([raw](uint32_t seg) {
+      // A renewed segment is new memory: its registration must follow.
+      if (raw->registered_segments_[seg]) {
+        TierPool* pool = raw->T(TierKind::kHost).pool.get();
+        raw->nvme_->RegisterBuffer(seg, pool->memory().HostAddress(seg), pool->memory().segment_bytes());
+      }
+    });
+    KVTIER_LOG(INFO) << "nvme tier: " << cm->nvme_->Describe() << ", "
+                     << (options.write_policy == WritePolicy::kWriteThrough ? "write_through" : "write_back");
+  }
   return cm;
 }
 
-CacheManager::~CacheManager() = default;
+CacheManager::~CacheManager() {
+  // The NVMe tier's threads must stop before the state its callbacks touch goes.
+  nvme_.reset();
+}
 
 // ---- tenants and namespaces --------------------------------------------------------
 
@@ -58,7 +84,8 @@ TenantId CacheManager::InternTenant(std::string_view name) {
   return it->second;
 }
 
-NamespaceId CacheManager::InternNamespace(const std::string& encoded) {
+NamespaceId CacheManager::InternNamespace(const std::string& encoded, const std::string& fingerprint,
+                                          uint64_t block_bytes) {
   auto it = namespace_ids_.find(encoded);
   if (it != namespace_ids_.end()) {
     ++namespaces_[it->second].users;
@@ -72,7 +99,7 @@ NamespaceId CacheManager::InternNamespace(const std::string& encoded) {
     id = static_cast<NamespaceId>(namespaces_.size());
     namespaces_.emplace_back();
   }
-  namespaces_[id] = Namespace{encoded, 1};
+  namespaces_[id] = Namespace{encoded, fingerprint, block_bytes, 1};
   namespace_ids_[encoded] = id;
   return id;
 }
@@ -82,7 +109,7 @@ void CacheManager::ReleaseNamespace(NamespaceId ns) {
   KVTIER_CHECK(n.users > 0) << "namespace " << ns << " released too often";
   if (--n.users == 0) {
     namespace_ids_.erase(n.encoded);
-    n.encoded.clear();
+    n = Namespace{};
     free_namespace_ids_.push_back(ns);
   }
 }
@@ -107,14 +134,22 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
                              std::to_string(tier.pool->page_bytes()) + " bytes");
     }
   }
+  const std::string fingerprint = layout.Fingerprint();
   s.tenant_ = InternTenant(tenant);
-  s.ns_ = InternNamespace(EncodeNamespace(tenant, layout.Fingerprint()));
+  s.ns_ = InternNamespace(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes);
   s.attached_ = true;
+  sessions_[s.id_] = &s;
   return Status::Ok();
 }
 
 void CacheManager::Detach(SessionCache& s) {
   if (!s.attached_) return;
+  sessions_.erase(s.id_);
+  // Its deferred requests are answered to nobody.
+  for (auto it = pending_acquires_.begin(); it != pending_acquires_.end();) {
+    it = it->second.session == s.id_ ? pending_acquires_.erase(it) : std::next(it);
+  }
+  std::erase_if(pending_allocates_, [&](const PendingAllocate& p) { return p.session == s.id_; });
   for (TierKind kind : kAllTiers) {
     Tier& tier = T(kind);
     for (PageId p : s.leased_[TierIndex(kind)]) {
@@ -131,6 +166,7 @@ void CacheManager::Detach(SessionCache& s) {
   }
   ReleaseNamespace(s.ns_);
   s.attached_ = false;
+  ServePendingAllocates();
 }
 
 // ---- blocks ------------------------------------------------------------------------
@@ -167,12 +203,14 @@ BlockId CacheManager::NewBlock(NamespaceId ns, TenantId tenant, const BlockHash&
     blocks_.emplace_back();
   }
   Block& b = blocks_[id];
+  const uint32_t gen = b.gen + 1;
+  b = Block{};
+  b.gen = gen;
   b.ns = ns;
   b.tenant = tenant;
   b.hash = hash;
   b.parent = parent;
   b.page.fill(kNoPage);
-  b.refs = 0;
   b.live = true;
   index_.emplace(IndexKey{ns, hash}, id);
   ++namespaces_[ns].users;
@@ -188,7 +226,21 @@ void CacheManager::EraseBlock(BlockId id) {
   free_block_ids_.push_back(id);
 }
 
+std::string CacheManager::KeyOf(const Block& b) const {
+  return EncodeBlockKey(namespaces_[b.ns].encoded, b.hash);
+}
+
+BlockRecord CacheManager::RecordFor(const Block& b) const {
+  BlockRecord r;
+  const Namespace& n = namespaces_[b.ns];
+  r.length = static_cast<uint32_t>(n.block_bytes);
+  r.layout_fingerprint = n.fingerprint;
+  r.parent.assign(reinterpret_cast<const char*>(b.parent.bytes().data()), b.parent.size());
+  return r;
+}
+
 std::optional<TierKind> CacheManager::ReadableTier(const Block& b) const {
+  if (b.promoting) return std::nullopt;
   for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
     if (b.page[TierIndex(t)] != kNoPage) return t;
   }
@@ -222,7 +274,7 @@ void CacheManager::RemoveResidency(BlockId id, TierKind kind) {
   Tier& tier = T(kind);
   Block& b = blocks_[id];
   const PageId page = b.page[TierIndex(kind)];
-  KVTIER_CHECK(page != kNoPage) << "block not resident";
+  KVTIER_CHECK(page != kNoPage && tier.state[page] == PageState::kBlock) << "block not resident";
   PolicyFor(tier, b.tenant).Erase(id);
   if (b.refs == 0) {
     --tier.cached;
@@ -235,16 +287,17 @@ void CacheManager::RemoveResidency(BlockId id, TierKind kind) {
   tier.state[page] = PageState::kFree;
   tier.page_block[page] = kNoBlock;
   tier.pool->Free(page);
-  if (std::all_of(b.page.begin(), b.page.end(), [](PageId p) { return p == kNoPage; })) {
-    EraseBlock(id);
+  if (b.page[TierIndex(TierKind::kGpu)] == kNoPage && b.page[TierIndex(TierKind::kHost)] == kNoPage) {
+    EraseBlock(id);  // an NVMe copy, if any, lives on in the NVMe index alone
   }
 }
 
 void CacheManager::Ref(SessionCache& s, BlockId id) {
   Block& b = blocks_[id];
   if (b.refs++ == 0) {
-    for (TierKind kind : kAllTiers) {
-      if (b.page[TierIndex(kind)] == kNoPage) continue;
+    for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
+      const PageId p = b.page[TierIndex(kind)];
+      if (p == kNoPage || T(kind).state[p] != PageState::kBlock) continue;  // in flight
       Tier& tier = T(kind);
       --tier.cached;
       --CachedOf(tier, b.tenant);
@@ -262,8 +315,9 @@ bool CacheManager::Unref(SessionCache& s, BlockId id) {
   Block& b = blocks_[id];
   KVTIER_CHECK(b.refs > 0) << "reference count underflow";
   if (--b.refs == 0) {
-    for (TierKind kind : kAllTiers) {
-      if (b.page[TierIndex(kind)] == kNoPage) continue;
+    for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
+      const PageId p = b.page[TierIndex(kind)];
+      if (p == kNoPage || T(kind).state[p] != PageState::kBlock) continue;
       Tier& tier = T(kind);
       --tier.referenced;
       ++tier.cached;
@@ -274,25 +328,50 @@ bool CacheManager::Unref(SessionCache& s, BlockId id) {
   return true;
 }
 
-// ---- eviction ----------------------------------------------------------------------
+int CacheManager::BufferIndex(TierKind kind, PageId page) {
+  TierPool* pool = T(kind).pool.get();
+  const uint32_t seg = pool->SegmentOf(page);
+  if (!registered_segments_[seg]) {
+    // Registered on first use: registration pins (and so faults in) the whole segment.
+    nvme_->RegisterBuffer(seg, pool->memory().HostAddress(seg), pool->memory().segment_bytes());
+    registered_segments_[seg] = true;
+  }
+  return static_cast<int>(seg);
+}
 
-bool CacheManager::EvictOne(TierKind kind, TenantId tenant) {
+// ---- eviction, demotion, write-through ---------------------------------------------
+
+CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
   Tier& tier = T(kind);
-  if (tenant >= tier.policy.size() || !tier.policy[tenant]) return false;
+  if (tenant >= tier.policy.size() || !tier.policy[tenant]) return Evicted::kNone;
   const BlockId victim = tier.policy[tenant]->Victim();
-  if (victim == kNoBlock) return false;
-  // With no slower tier yet, an evicted block is dropped.
+  if (victim == kNoBlock) return Evicted::kNone;
+  const Block& b = blocks_[victim];
+  if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable()) {
+    if (spills_in_flight_ >= options_.max_spills_in_flight) return Evicted::kBusy;
+    StartSpill(victim, /*keep_host=*/false);
+    return Evicted::kDemoting;
+  }
+  // Already on NVMe (so nothing is lost), or nowhere to go: the page is free at once.
   RemoveResidency(victim, kind);
   ++counters_.evictions[TierIndex(kind)];
-  return true;
+  return Evicted::kDropped;
 }
 
 void CacheManager::EnforceWatermark(TierKind kind) {
   Tier& tier = T(kind);
+  if (!tier.pool) return;
   const double cap = tier.pool->capacity();
-  auto used = [&tier] { return static_cast<double>(tier.pool->capacity() - tier.pool->free_count()); };
-  if (used() <= tier.high * cap) return;
-  while (used() > tier.low * cap) {
+  // Pages being demoted are as good as free for this purpose.
+  auto projected = [&] {
+    const double used = tier.pool->capacity() - tier.pool->free_count();
+    return used - (kind == TierKind::kHost ? demotions_in_flight_ : 0);
+  };
+  if (!tier.draining) {
+    if (projected() <= tier.high * cap) return;
+    tier.draining = true;
+  }
+  while (projected() > tier.low * cap) {
     // The tenant with the largest cached footprint gives first.
     TenantId worst = kNoOwner;
     uint32_t most = 0;
@@ -302,70 +381,326 @@ void CacheManager::EnforceWatermark(TierKind kind) {
         worst = t;
       }
     }
-    if (worst == kNoOwner || !EvictOne(kind, worst)) break;
+    if (worst == kNoOwner) break;
+    const Evicted e = EvictOne(kind, worst);
+    if (e == Evicted::kBusy) return;  // resumes as spills complete
+    if (e == Evicted::kNone) break;
+  }
+  tier.draining = false;
+}
+
+CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
+  Tier& tier = T(kind);
+  while (tier.pool->AvailableTo(tenant) == 0) {
+    Evicted e = EvictOne(kind, tenant);
+    if (e == Evicted::kDropped) continue;
+    if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+    // Nothing of ours left to evict: free other tenants' cached blocks until a segment
+    // empties and can change hands.
+    bool progressed = false;
+    for (TenantId t = 0; t < tier.cached_by_tenant.size() && !progressed; ++t) {
+      if (t == tenant || tier.cached_by_tenant[t] == 0) continue;
+      e = EvictOne(kind, t);
+      if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+      progressed = e == Evicted::kDropped;
+    }
+    if (!progressed) {
+      return kind == TierKind::kHost && demotions_in_flight_ > 0 ? Room::kLater : Room::kNone;
+    }
+  }
+  return Room::kNow;
+}
+
+void CacheManager::StartSpill(BlockId id, bool keep_host) {
+  Block& b = blocks_[id];
+  Tier& host = T(TierKind::kHost);
+  const PageId page = b.page[TierIndex(TierKind::kHost)];
+  PolicyFor(host, b.tenant).Erase(id);
+  if (b.refs == 0) {
+    --host.cached;
+    --CachedOf(host, b.tenant);
+  } else {
+    --host.referenced;
+  }
+  host.state[page] = PageState::kInFlight;
+  ++host.inflight;
+  b.spilling = true;
+  ++spills_in_flight_;
+  if (!keep_host) ++demotions_in_flight_;
+  const int buf = BufferIndex(TierKind::kHost, page);
+  nvme_->Spill(KeyOf(b), RecordFor(b), {host.pool->PageAddress(page), host.pool->page_bytes()}, buf,
+               [this, id, gen = b.gen, keep_host](Status st, uint32_t slot) {
+                 OnSpilled(id, gen, keep_host, std::move(st), slot);
+               });
+}
+
+void CacheManager::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, uint32_t slot) {
+  --spills_in_flight_;
+  if (!keep_host) --demotions_in_flight_;
+  Block& b = blocks_[id];
+  KVTIER_CHECK(b.live && b.gen == gen && b.spilling) << "spill completion for a block that moved";
+  b.spilling = false;
+  Tier& host = T(TierKind::kHost);
+  const PageId page = b.page[TierIndex(TierKind::kHost)];
+  --host.inflight;
+  host.state[page] = PageState::kBlock;
+  if (b.refs == 0) {
+    ++host.cached;
+    ++CachedOf(host, b.tenant);
+  } else {
+    ++host.referenced;
+  }
+  EvictionPolicy& policy = PolicyFor(host, b.tenant);
+  policy.Insert(id, kNoBlock);
+  if (b.refs > 0) policy.SetEvictable(id, false);
+  if (st.ok()) {
+    b.page[TierIndex(TierKind::kNvme)] = slot;
+    ++(keep_host ? counters_.write_throughs : counters_.demotions);
+    // Demoted: the host copy goes unless someone took a reference meanwhile.
+    if (!keep_host && b.refs == 0) RemoveResidency(id, TierKind::kHost);
+  } else {
+    ++counters_.spill_failures;
+    KVTIER_LOG(DEBUG) << "spill failed: " << st.ToString();
+  }
+  ServePendingAllocates();
+  EnforceWatermark(TierKind::kHost);
+  PumpWriteThrough();
+}
+
+void CacheManager::PumpWriteThrough() {
+  while (!write_through_queue_.empty() && spills_in_flight_ < options_.max_spills_in_flight &&
+         NvmeSpillable()) {
+    const auto [id, gen] = write_through_queue_.front();
+    write_through_queue_.pop_front();
+    const Block& b = blocks_[id];
+    if (!b.live || b.gen != gen || b.spilling || b.promoting ||
+        b.page[TierIndex(TierKind::kHost)] == kNoPage || b.page[TierIndex(TierKind::kNvme)] != kNoPage ||
+        T(TierKind::kHost).state[b.page[TierIndex(TierKind::kHost)]] != PageState::kBlock) {
+      continue;  // gone, or already on NVMe
+    }
+    StartSpill(id, /*keep_host=*/true);
   }
 }
 
-bool CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
-  Tier& tier = T(kind);
-  while (tier.pool->AvailableTo(tenant) == 0) {
-    if (EvictOne(kind, tenant)) continue;
-    // Nothing of ours left to evict: free other tenants' cached blocks until a segment
-    // empties and can change hands.
-    bool evicted = false;
-    for (TenantId t = 0; t < tier.cached_by_tenant.size() && !evicted; ++t) {
-      if (t != tenant && tier.cached_by_tenant[t] > 0) evicted = EvictOne(kind, t);
-    }
-    if (!evicted) return false;
+void CacheManager::OnNvmeDropped(const std::string& key) {
+  // The key is namespace ‖ hash, hashes being 16 or 32 bytes.
+  for (size_t hash_bytes : {16u, 32u}) {
+    if (key.size() <= hash_bytes) continue;
+    auto ns = namespace_ids_.find(key.substr(0, key.size() - hash_bytes));
+    if (ns == namespace_ids_.end()) continue;
+    const BlockHash h(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(key.data()) + key.size() - hash_bytes, hash_bytes));
+    const BlockId id = FindBlock(ns->second, h);
+    if (id != kNoBlock) blocks_[id].page[TierIndex(TierKind::kNvme)] = kNoPage;
   }
-  return true;
+}
+
+// ---- promotion ---------------------------------------------------------------------
+
+BlockId CacheManager::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash,
+                                     const BlockRecord& rec, bool may_evict) {
+  Tier& host = T(TierKind::kHost);
+  if (may_evict ? MakeRoom(TierKind::kHost, tenant) != Room::kNow : host.pool->AvailableTo(tenant) == 0) {
+    return kNoBlock;
+  }
+  auto got = host.pool->Allocate(tenant);
+  if (!got.ok() || !got->has_value()) return kNoBlock;
+  const PageId page = **got;
+  BlockHash parent;
+  if (BlockHash::ValidSize(rec.parent.size())) {
+    parent = BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(rec.parent.data()),
+                                                rec.parent.size()));
+  }
+  const BlockId id = NewBlock(ns, tenant, hash, parent);
+  Block& b = blocks_[id];
+  b.page[TierIndex(TierKind::kNvme)] = rec.slot;
+  b.page[TierIndex(TierKind::kHost)] = page;
+  b.promoting = true;
+  host.state[page] = PageState::kInFlight;
+  host.page_block[page] = id;
+  ++host.inflight;
+  promotions_[id] = Promotion{b.gen, {}};
+  const int buf = BufferIndex(TierKind::kHost, page);
+  nvme_->Fetch(KeyOf(b), rec, {host.pool->PageAddress(page), host.pool->page_bytes()}, buf,
+               [this, id, gen = b.gen, rec](Status st) { OnPromoted(id, gen, std::move(st), rec); });
+  return id;
+}
+
+void CacheManager::OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord rec) {
+  Block& b = blocks_[id];
+  KVTIER_CHECK(b.live && b.gen == gen && b.promoting) << "promotion completion for a block that moved";
+  auto node = promotions_.extract(id);
+  std::vector<std::pair<uint64_t, size_t>> waiters = std::move(node.mapped().waiters);
+  Tier& host = T(TierKind::kHost);
+  const PageId page = b.page[TierIndex(TierKind::kHost)];
+  b.promoting = false;
+  b.page[TierIndex(TierKind::kHost)] = kNoPage;
+  --host.inflight;
+  if (st.ok()) {
+    AddResidency(id, TierKind::kHost, page);
+    nvme_->RecordHit(KeyOf(b), rec);
+    ++counters_.promotions;
+    for (auto [acq, index] : waiters) {
+      auto p = pending_acquires_.find(acq);
+      if (p == pending_acquires_.end()) continue;  // its session went away
+      auto s = sessions_.find(p->second.session);
+      CacheResult r;
+      if (s != sessions_.end()) {
+        Ref(*s->second, id);
+        r.tier = TierKind::kHost;
+        r.page = page;
+      } else {
+        r.status = StatusCode::kUnavailable;
+      }
+      FinishAcquireEntry(acq, index, r);
+    }
+  } else {
+    host.state[page] = PageState::kFree;
+    host.page_block[page] = kNoPage;
+    host.pool->Free(page);
+    b.page[TierIndex(TierKind::kNvme)] = kNoPage;
+    EraseBlock(id);
+    ++counters_.promotion_failures;
+    for (auto [acq, index] : waiters) {
+      CacheResult r;
+      r.status = st.code() == StatusCode::kDataLoss ? StatusCode::kDataLoss : StatusCode::kUnavailable;
+      FinishAcquireEntry(acq, index, r);
+    }
+    ServePendingAllocates();
+  }
+}
+
+void CacheManager::FinishAcquireEntry(uint64_t acq, size_t index, CacheResult r) {
+  auto it = pending_acquires_.find(acq);
+  if (it == pending_acquires_.end()) return;
+  PendingAcquire& p = it->second;
+  p.results[index] = r;
+  if (--p.outstanding > 0) return;
+  auto done = std::move(p.done);
+  auto results = std::move(p.results);
+  auto s = sessions_.find(p.session);
+  if (s != sessions_.end()) --s->second->pending_;
+  pending_acquires_.erase(it);
+  if (done) done(std::move(results));
 }
 
 // ---- operations --------------------------------------------------------------------
 
-Result<std::vector<PageId>> CacheManager::Allocate(SessionCache& s, TierKind kind, uint32_t count) {
-  if (!s.attached_) return FailedPrecondition("session has no namespace");
-  if (!tier_enabled(kind)) return InvalidArgument(std::string(TierKindName(kind)) + " tier is not enabled");
-  if (kind == TierKind::kNvme) return InvalidArgument("nvme pages cannot be leased");
+std::optional<std::vector<PageId>> CacheManager::TakePages(SessionCache& s, TierKind kind, uint32_t count,
+                                                           Room* room) {
   Tier& tier = T(kind);
-  if (count == 0) return std::vector<PageId>();
-  if (count > options_.max_entries_per_request || count > tier.pool->capacity()) {
-    return InvalidArgument("cannot allocate " + std::to_string(count) + " pages at once");
-  }
   std::vector<PageId> pages;
   pages.reserve(count);
-  auto rollback = [&] {
-    for (PageId p : pages) {
-      tier.state[p] = PageState::kFree;
-      --tier.leased;
-      s.leased_[TierIndex(kind)].erase(p);
-      tier.pool->Free(p);
-    }
-  };
+  *room = Room::kNow;
   for (uint32_t i = 0; i < count; ++i) {
+    *room = MakeRoom(kind, s.tenant_);
     std::optional<PageId> page;
-    if (MakeRoom(kind, s.tenant_)) {
+    if (*room == Room::kNow) {
       auto got = tier.pool->Allocate(s.tenant_);
-      if (!got.ok()) {
-        rollback();
-        return got.status();
-      }
-      page = *got;
+      if (got.ok()) page = *got;
     }
     if (!page) {
-      rollback();
-      ++counters_.allocate_failures;
-      return ResourceExhausted(std::string(TierKindName(kind)) + " tier has no free page for " +
-                               std::to_string(count) + " (" + std::to_string(tier.pool->free_count()) +
-                               " free, the rest leased or referenced)");
+      for (PageId p : pages) {
+        tier.state[p] = PageState::kFree;
+        --tier.leased;
+        s.leased_[TierIndex(kind)].erase(p);
+        tier.pool->Free(p);
+      }
+      if (*room == Room::kNow) *room = Room::kNone;
+      return std::nullopt;
     }
     tier.state[*page] = PageState::kLeased;
     ++tier.leased;
     s.leased_[TierIndex(kind)].insert(*page);
     pages.push_back(*page);
   }
-  EnforceWatermark(kind);
   return pages;
+}
+
+std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& s, TierKind kind,
+                                                                  uint32_t count, AllocateDone done) {
+  using R = Result<std::vector<PageId>>;
+  if (!s.attached_) return R(FailedPrecondition("session has no namespace"));
+  if (kind == TierKind::kNvme) return R(InvalidArgument("nvme pages cannot be leased"));
+  if (!tier_enabled(kind)) return R(InvalidArgument(std::string(TierKindName(kind)) + " tier is not enabled"));
+  Tier& tier = T(kind);
+  if (count == 0) return R(std::vector<PageId>());
+  if (count > options_.max_entries_per_request || count > tier.pool->capacity()) {
+    return R(InvalidArgument("cannot allocate " + std::to_string(count) + " pages at once"));
+  }
+  Room room;
+  // Waiting requests go first: no overtaking them.
+  if (pending_allocates_.empty()) {
+    if (auto pages = TakePages(s, kind, count, &room)) {
+      EnforceWatermark(kind);
+      return R(std::move(*pages));
+    }
+  } else {
+    room = Room::kLater;
+  }
+  if (room == Room::kLater && done) {
+    pending_allocates_.push_back(
+        PendingAllocate{s.id_, kind, count, clock_->NowNanos() + options_.allocate_wait_ns, std::move(done)});
+    ++s.pending_;
+    ++counters_.allocate_waits;
+    return std::nullopt;
+  }
+  ++counters_.allocate_failures;
+  return R(ResourceExhausted(std::string(TierKindName(kind)) + " tier has no free page for " +
+                             std::to_string(count) + " (" + std::to_string(tier.pool->free_count()) +
+                             " free, the rest leased, referenced or in flight)"));
+}
+
+void CacheManager::ServeQueuedPromotions() {
+  while (!queued_promotions_.empty()) {
+    QueuedPromotion& q = queued_promotions_.front();
+    // Drop waiters whose sessions left; with none left there is nothing to read for.
+    std::erase_if(q.waiters, [this](const auto& w) { return !pending_acquires_.count(w.first); });
+    if (q.waiters.empty()) {
+      queued_promotions_.pop_front();
+      continue;
+    }
+    const BlockId id = StartPromotion(q.ns, q.tenant, q.hash, q.record, true);
+    if (id == kNoBlock) {
+      if (clock_->NowNanos() < q.deadline_ns) return;  // still no page: keep waiting
+      for (auto [acq, index] : q.waiters) {
+        CacheResult r;
+        r.status = StatusCode::kResourceExhausted;
+        FinishAcquireEntry(acq, index, r);
+      }
+      queued_promotions_.pop_front();
+      continue;
+    }
+    auto& w = promotions_[id].waiters;
+    w.insert(w.end(), q.waiters.begin(), q.waiters.end());
+    queued_promotions_.pop_front();
+  }
+}
+
+void CacheManager::ServePendingAllocates() {
+  ServeQueuedPromotions();
+  while (!pending_allocates_.empty()) {
+    PendingAllocate& p = pending_allocates_.front();
+    auto s = sessions_.find(p.session);
+    if (s == sessions_.end()) {
+      pending_allocates_.pop_front();
+      continue;
+    }
+    Room room;
+    auto pages = TakePages(*s->second, p.tier, p.count, &room);
+    if (!pages && room == Room::kLater && clock_->NowNanos() < p.deadline_ns) return;
+    PendingAllocate done = std::move(p);
+    pending_allocates_.pop_front();
+    --s->second->pending_;
+    if (pages) {
+      EnforceWatermark(done.tier);
+      done.done(std::move(*pages));
+    } else {
+      ++counters_.allocate_failures;
+      done.done(ResourceExhausted(std::string(TierKindName(done.tier)) + " tier could not free " +
+                                  std::to_string(done.count) + " pages in time"));
+    }
+  }
 }
 
 std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind,
@@ -378,7 +713,7 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind,
     CacheResult& r = out[i];
     const PageId page = pages[i];
     r.tier = kind;
-    if (!s.attached_ || !tier_enabled(kind) || leased.count(page) == 0) {
+    if (!s.attached_ || !tier_enabled(kind) || kind == TierKind::kNvme || leased.count(page) == 0) {
       r.status = StatusCode::kFailedPrecondition;
       continue;
     }
@@ -386,9 +721,13 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind,
     const BlockHash& hash = hashes[i];
     BlockHash parent;
     if (!parents.empty() && !parents[i].IsZero()) parent = parents[i];
+    BlockId existing = FindBlock(s.ns_, hash);
+    if (existing != kNoBlock && blocks_[existing].promoting) {
+      r.status = StatusCode::kUnavailable;  // being read from NVMe right now; retry
+      continue;
+    }
     leased.erase(page);
     --tier.leased;
-    const BlockId existing = FindBlock(s.ns_, hash);
     if (existing != kNoBlock && blocks_[existing].page[TierIndex(kind)] != kNoPage) {
       // Already stored here: keep the old copy, free this page.
       tier.state[page] = PageState::kFree;
@@ -400,17 +739,26 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind,
       ++counters_.commits_duplicate;
       continue;
     }
-    BlockId id = existing;
-    if (id == kNoBlock) {
-      id = NewBlock(s.ns_, s.tenant_, hash, parent);
-    } else {
-      r.duplicate = true;  // known in another tier; this page becomes its copy here
+    std::optional<BlockRecord> on_nvme;
+    if (existing == kNoBlock && nvme_) {
+      auto rec = nvme_->Find(EncodeBlockKey(namespaces_[s.ns_].encoded, hash));
+      if (rec.ok()) on_nvme = *rec;
     }
+    BlockId id = existing;
+    if (id == kNoBlock) id = NewBlock(s.ns_, s.tenant_, hash, parent);
+    // Known in another tier already: this page becomes its copy here.
+    r.duplicate = existing != kNoBlock || on_nvme.has_value();
+    if (on_nvme) blocks_[id].page[TierIndex(TierKind::kNvme)] = on_nvme->slot;
     if (retain) Ref(s, id);
     AddResidency(id, kind, page);
     r.page = page;
     ++(r.duplicate ? counters_.commits_duplicate : counters_.commits_stored);
+    if (nvme_ && options_.write_policy == WritePolicy::kWriteThrough && kind == TierKind::kHost &&
+        blocks_[id].page[TierIndex(TierKind::kNvme)] == kNoPage) {
+      write_through_queue_.emplace_back(id, blocks_[id].gen);
+    }
   }
+  PumpWriteThrough();
   return out;
 }
 
@@ -419,7 +767,7 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind,
                                               std::span<const BlockHash> hashes) {
   std::vector<StatusCode> out;
   out.reserve(pages.size() + hashes.size());
-  const bool usable = s.attached_ && tier_enabled(kind);
+  const bool usable = s.attached_ && tier_enabled(kind) && kind != TierKind::kNvme;
   for (PageId page : pages) {
     if (!usable || page >= T(kind).pool->capacity()) {
       out.push_back(StatusCode::kFailedPrecondition);
@@ -434,13 +782,14 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind,
       out.push_back(StatusCode::kOk);
       continue;
     }
-    const BlockId id = tier.state[page] == PageState::kBlock ? tier.page_block[page] : kNoBlock;
+    const BlockId id = tier.state[page] != PageState::kFree ? tier.page_block[page] : kNoBlock;
     out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
   }
   for (const BlockHash& h : hashes) {
     const BlockId id = s.attached_ ? FindBlock(s.ns_, h) : kNoBlock;
     out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
   }
+  ServePendingAllocates();
   return out;
 }
 
@@ -449,31 +798,73 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
   ++counters_.lookups;
   counters_.lookup_blocks += hashes.size();
   if (s.attached_) {
-    for (const BlockHash& h : hashes) {
-      const BlockId id = FindBlock(s.ns_, h);
+    size_t i = 0;
+    // In-memory blocks first; the rest of the chain from the NVMe index in one batch.
+    for (; i < hashes.size(); ++i) {
+      const BlockId id = FindBlock(s.ns_, hashes[i]);
       if (id == kNoBlock) break;
-      auto tier = ReadableTier(blocks_[id]);
-      if (!tier) break;
-      PolicyFor(T(*tier), blocks_[id].tenant).Touch(id);  // an engine wants it: it is in use
+      const Block& b = blocks_[id];
+      auto tier = ReadableTier(b);
+      if (!tier) {
+        if (!b.promoting) break;
+        tier = TierKind::kNvme;  // on its way up
+      } else {
+        PolicyFor(T(*tier), b.tenant).Touch(id);  // an engine wants it: it is in use
+      }
       r.tiers.push_back(*tier);
-      ++counters_.block_hits[TierIndex(*tier)];
     }
+    if (i < hashes.size() && nvme_) {
+      const std::string& ns = namespaces_[s.ns_].encoded;
+      std::vector<std::string> keys;
+      for (size_t j = i; j < hashes.size(); ++j) keys.push_back(EncodeBlockKey(ns, hashes[j]));
+      auto recs = nvme_->FindMany(keys);
+      for (size_t j = i; recs.ok() && j < hashes.size(); ++j) {
+        const BlockId id = FindBlock(s.ns_, hashes[j]);
+        if (id != kNoBlock) {
+          auto tier = ReadableTier(blocks_[id]);
+          if (!tier && !blocks_[id].promoting) break;
+          r.tiers.push_back(tier ? *tier : TierKind::kNvme);
+          continue;
+        }
+        const auto& rec = (*recs)[j - i];
+        if (!rec) break;
+        r.tiers.push_back(TierKind::kNvme);
+        nvme_->Touch(rec->slot);
+        if (options_.prefetch && StartPromotion(s.ns_, s.tenant_, hashes[j], *rec, false) != kNoBlock) {
+          ++counters_.prefetches;
+        }
+      }
+    }
+    for (TierKind t : r.tiers) ++counters_.block_hits[TierIndex(t)];
   }
   r.matched = r.tiers.size();
   counters_.block_misses += hashes.size() - r.matched;
   return r;
 }
 
-std::vector<CacheResult> CacheManager::Acquire(SessionCache& s, std::span<const BlockHash> hashes) {
+std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s,
+                                                              std::span<const BlockHash> hashes,
+                                                              AcquireDone done) {
   std::vector<CacheResult> out(hashes.size());
+  std::vector<std::pair<size_t, BlockId>> waits;  // entry, promoting block
+  std::vector<size_t> on_nvme;                    // entries to look for in the NVMe index
+  std::vector<std::pair<size_t, BlockRecord>> queued;  // entries waiting for a host page
   for (size_t i = 0; i < hashes.size(); ++i) {
     ++counters_.acquires;
     const BlockId id = s.attached_ ? FindBlock(s.ns_, hashes[i]) : kNoBlock;
+    if (id != kNoBlock && blocks_[id].promoting) {
+      waits.emplace_back(i, id);
+      continue;
+    }
     std::optional<TierKind> tier;
     if (id != kNoBlock) tier = ReadableTier(blocks_[id]);
     if (!tier) {
-      out[i].status = StatusCode::kNotFound;
-      ++counters_.acquire_misses;
+      if (s.attached_ && nvme_) {
+        on_nvme.push_back(i);
+      } else {
+        out[i].status = StatusCode::kNotFound;
+        ++counters_.acquire_misses;
+      }
       continue;
     }
     Block& b = blocks_[id];
@@ -482,7 +873,71 @@ std::vector<CacheResult> CacheManager::Acquire(SessionCache& s, std::span<const 
     out[i].tier = *tier;
     out[i].page = b.page[TierIndex(*tier)];
   }
-  return out;
+  if (!on_nvme.empty()) {
+    const std::string& ns = namespaces_[s.ns_].encoded;
+    std::vector<std::string> keys;
+    for (size_t i : on_nvme) keys.push_back(EncodeBlockKey(ns, hashes[i]));
+    auto recs = nvme_->FindMany(keys);
+    for (size_t k = 0; k < on_nvme.size(); ++k) {
+      const size_t i = on_nvme[k];
+      const BlockId again = FindBlock(s.ns_, hashes[i]);  // an earlier entry may have started it
+      if (again != kNoBlock && blocks_[again].promoting) {
+        waits.emplace_back(i, again);
+        continue;
+      }
+      if (!recs.ok() || !(*recs)[k]) {
+        out[i].status = StatusCode::kNotFound;
+        ++counters_.acquire_misses;
+        continue;
+      }
+      if (!done) {
+        out[i].status = StatusCode::kUnavailable;  // the caller cannot wait for NVMe
+        continue;
+      }
+      const BlockId id = queued_promotions_.empty()
+                             ? StartPromotion(s.ns_, s.tenant_, hashes[i], *(*recs)[k], true)
+                             : kNoBlock;
+      if (id == kNoBlock) {
+        // No host page yet (demotions are freeing some): read it when one frees up.
+        queued.emplace_back(i, *(*recs)[k]);
+        continue;
+      }
+      waits.emplace_back(i, id);
+    }
+  }
+  if (waits.empty() && queued.empty()) return out;
+  const uint64_t acq = next_pending_++;
+  for (auto [i, id] : waits) promotions_[id].waiters.emplace_back(acq, i);
+  for (auto& [i, rec] : queued) {
+    auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(), [&](const QueuedPromotion& q) {
+      return q.ns == s.ns_ && q.hash == hashes[i];
+    });
+    if (same != queued_promotions_.end()) {
+      same->waiters.emplace_back(acq, i);
+    } else {
+      queued_promotions_.push_back(QueuedPromotion{s.ns_, s.tenant_, hashes[i], std::move(rec),
+                                                   clock_->NowNanos() + options_.allocate_wait_ns, {{acq, i}}});
+    }
+  }
+  pending_acquires_[acq] = PendingAcquire{s.id_, std::move(out), waits.size() + queued.size(), std::move(done)};
+  ++s.pending_;
+  return std::nullopt;
+}
+
+void CacheManager::Tick() {
+  PumpWriteThrough();
+  ServePendingAllocates();
+  EnforceWatermark(TierKind::kHost);
+}
+
+void CacheManager::VerifyNvme(std::function<void(VerifyReport)> done) {
+  if (!nvme_) {
+    VerifyReport r;
+    r.status = FailedPrecondition("no NVMe tier is configured");
+    done(r);
+    return;
+  }
+  nvme_->Verify(std::move(done));
 }
 
 // ---- segments ----------------------------------------------------------------------
@@ -490,7 +945,7 @@ std::vector<CacheResult> CacheManager::Acquire(SessionCache& s, std::span<const 
 std::vector<SegmentGrant> CacheManager::TakeSegmentGrants(SessionCache& s, TierKind kind,
                                                           std::span<const PageId> pages) {
   std::vector<SegmentGrant> out;
-  if (!tier_enabled(kind)) return out;
+  if (kind == TierKind::kNvme || !tier_enabled(kind)) return out;
   const TierPool& pool = *T(kind).pool;
   auto& sent = s.sent_gen_[TierIndex(kind)];
   if (sent.size() < pool.segment_count()) sent.resize(pool.segment_count(), 0);
@@ -507,7 +962,7 @@ std::vector<SegmentGrant> CacheManager::TakeSegmentGrants(SessionCache& s, TierK
 
 std::vector<SegmentGrant> CacheManager::TakeAllSegmentGrants(SessionCache& s) {
   std::vector<SegmentGrant> out;
-  for (TierKind kind : kAllTiers) {
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
     if (!tier_enabled(kind)) continue;
     const TierPool& pool = *T(kind).pool;
     std::vector<PageId> firsts;
@@ -521,8 +976,19 @@ std::vector<SegmentGrant> CacheManager::TakeAllSegmentGrants(SessionCache& s) {
 // ---- accounting --------------------------------------------------------------------
 
 TierCounts CacheManager::Counts(TierKind kind) const {
-  const Tier& tier = T(kind);
   TierCounts c;
+  if (kind == TierKind::kNvme) {
+    if (!nvme_) return c;
+    const NvmeCounts n = nvme_->Counts();
+    c.capacity = n.capacity;
+    c.free = n.free;
+    c.inflight = n.inflight;
+    c.cached = n.cached;
+    c.blocks = n.cached;
+    c.page_bytes = nvme_->slot_bytes();
+    return c;
+  }
+  const Tier& tier = T(kind);
   if (!tier.pool) return c;
   c.capacity = tier.pool->capacity();
   c.free = tier.pool->free_count();
@@ -537,8 +1003,7 @@ TierCounts CacheManager::Counts(TierKind kind) const {
 
 Status CacheManager::CheckInvariants() const {
   for (TierKind kind : kAllTiers) {
-    const Tier& tier = T(kind);
-    if (!tier.pool) continue;
+    if (!tier_enabled(kind)) continue;
     const TierCounts c = Counts(kind);
     const std::string name(TierKindName(kind));
     if (uint64_t{c.free} + c.leased + c.inflight + c.cached + c.referenced != c.capacity) {
@@ -547,6 +1012,8 @@ Status CacheManager::CheckInvariants() const {
                       " + cached " + std::to_string(c.cached) + " + referenced " +
                       std::to_string(c.referenced) + " != capacity " + std::to_string(c.capacity));
     }
+    if (kind == TierKind::kNvme) continue;
+    const Tier& tier = T(kind);
     uint32_t by_state[4] = {0, 0, 0, 0};
     uint32_t cached = 0, referenced = 0;
     for (PageId p = 0; p < c.capacity; ++p) {
@@ -554,12 +1021,12 @@ Status CacheManager::CheckInvariants() const {
       if (tier.state[p] == PageState::kFree && !tier.pool->IsFree(p)) {
         return Internal(name + ": page " + std::to_string(p) + " free in state but not in pool");
       }
-      if (tier.state[p] == PageState::kBlock) {
-        const Block& b = blocks_[tier.page_block[p]];
-        if (!b.live || b.page[TierIndex(kind)] != p) {
+      if (tier.state[p] == PageState::kBlock || tier.state[p] == PageState::kInFlight) {
+        const BlockId id = tier.page_block[p];
+        if (id == kNoBlock || !blocks_[id].live || blocks_[id].page[TierIndex(kind)] != p) {
           return Internal(name + ": page " + std::to_string(p) + " maps to a block elsewhere");
         }
-        ++(b.refs == 0 ? cached : referenced);
+        if (tier.state[p] == PageState::kBlock) ++(blocks_[id].refs == 0 ? cached : referenced);
       }
     }
     if (by_state[0] != c.free || by_state[1] != c.leased || by_state[2] != c.inflight ||

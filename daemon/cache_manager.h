@@ -3,10 +3,17 @@
 // index, eviction — and of what each session holds.
 //
 // Page states per tier: free -> leased (writable by one session) -> block (cached when
-// no session references it, referenced otherwise) -> evicted (free again). In-flight
-// pages (being read or written by the NVMe tier) arrive with it. Invariant at all times,
-// checked by CheckInvariants():
+// no session references it, referenced otherwise) -> evicted (free again). A host page is
+// in flight while the NVMe tier reads it (a spill) or fills it (a promotion). Invariant at
+// all times, checked by CheckInvariants():
 //   free + leased + inflight + cached + referenced == capacity.
+//
+// With an NVMe tier: above the host high watermark cached blocks are demoted (spilled,
+// then their host page freed) down to the low watermark; write_through spills every
+// committed block in the background and keeps the host copy. A block only on NVMe lives
+// in the NVMe index, not here: Lookup finds it there, Acquire promotes it into a host page
+// and answers when the bytes are in and verified. Allocate of a full tier waits for
+// demotions in flight to free pages instead of dropping blocks.
 //
 // Blocks are keyed by (namespace, hash). The namespace (tenant x model fingerprint) is set
 // when a session attaches; sessions only ever see blocks of their own namespace. A
@@ -16,7 +23,10 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -24,10 +34,12 @@
 #include <vector>
 
 #include "protocol/base/block_key.h"
+#include "protocol/base/clock.h"
 #include "protocol/base/layout.h"
 #include "protocol/base/status.h"
 #include "protocol/base/tier.h"
 #include "storage/eviction_policy.h"
+#include "storage/nvme_tier.h"
 #include "storage/tier_pool.h"
 
 namespace kvtier {
@@ -76,8 +88,17 @@ struct TierCounts {
   uint64_t page_bytes = 0;
 };
 
+enum class WritePolicy { kWriteBack, kWriteThrough };
+
 // Cumulative counters, exported as metrics. hit ratio = block_hits / lookup_blocks.
 struct CacheCounters {
+  uint64_t demotions = 0;        // host blocks moved to NVMe (host copy freed)
+  uint64_t write_throughs = 0;   // blocks copied to NVMe, host copy kept
+  uint64_t spill_failures = 0;   // demotions or write-throughs that did not make it
+  uint64_t promotions = 0;       // NVMe blocks read back into host pages
+  uint64_t promotion_failures = 0;
+  uint64_t prefetches = 0;
+  uint64_t allocate_waits = 0;   // Allocate requests that waited for demotions
   uint64_t lookups = 0;
   uint64_t lookup_blocks = 0;                      // hashes asked about
   std::array<uint64_t, kTierCount> block_hits{};   // matched, by tier
@@ -112,17 +133,25 @@ class SessionCache {
   NamespaceId ns_ = 0;
   std::array<std::unordered_set<PageId>, kTierCount> leased_;
   std::unordered_map<BlockId, uint32_t> refs_;                // block -> references held
+  uint64_t pending_ = 0;                                      // deferred requests
   std::array<std::vector<uint32_t>, kTierCount> sent_gen_;    // segment -> generation sent
 };
 
 class CacheManager {
  public:
   struct Options {
-    std::array<TierOptions, kTierCount> tiers;  // indexed by TierIndex
+    std::array<TierOptions, kTierCount> tiers;  // indexed by TierIndex (host, GPU)
     uint32_t max_entries_per_request = 65536;
+    WritePolicy write_policy = WritePolicy::kWriteBack;
+    bool prefetch = false;               // Lookup starts promoting NVMe hits
+    uint32_t max_spills_in_flight = 32;
+    int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
   };
 
-  static Result<std::unique_ptr<CacheManager>> Open(const Options& options);
+  // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's.
+  static Result<std::unique_ptr<CacheManager>> Open(const Options& options,
+                                                    std::unique_ptr<NvmeTier> nvme = nullptr,
+                                                    const Clock* clock = nullptr);
   ~CacheManager();
 
   // Binds a session to tenant x layout. kInvalidArgument for a bad layout or a block that
@@ -131,9 +160,19 @@ class CacheManager {
   // Drops everything the session holds: leased pages return to free, references go.
   void Detach(SessionCache& s);
 
-  // Leases `count` free pages (all or nothing), evicting cached blocks of the session's
-  // tenant if needed. kResourceExhausted when the tier cannot supply them.
-  Result<std::vector<PageId>> Allocate(SessionCache& s, TierKind tier, uint32_t count);
+  using AllocateDone = std::function<void(Result<std::vector<PageId>>)>;
+  using AcquireDone = std::function<void(std::vector<CacheResult>)>;
+
+  // Leases `count` free pages (all or nothing), evicting (or demoting) cached blocks of the
+  // session's tenant if needed. Returns the result now, or nullopt when the request waits
+  // for demotions in flight to free pages; `done` then runs later with the result (not at
+  // all if the session detaches first). With a null `done` it never waits.
+  // kResourceExhausted when the tier cannot supply them.
+  std::optional<Result<std::vector<PageId>>> Allocate(SessionCache& s, TierKind tier, uint32_t count,
+                                                      AllocateDone done);
+  Result<std::vector<PageId>> Allocate(SessionCache& s, TierKind tier, uint32_t count) {
+    return *Allocate(s, tier, count, nullptr);
+  }
   // pages[i] becomes block hashes[i] (parent parents[i], or none if parents is empty or
   // the parent hash is all zero). Per entry: kFailedPrecondition if the page is not
   // leased by this session; duplicate=true when the key existed (the page is freed, or
@@ -145,10 +184,27 @@ class CacheManager {
   // there.
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
                                   std::span<const BlockHash> hashes);
-  // Longest present prefix of the chain in the session's namespace.
+  // Longest present prefix of the chain in the session's namespace, on any tier.
   CacheLookup Lookup(SessionCache& s, std::span<const BlockHash> hashes);
-  // References each present block (kNotFound per missing entry).
-  std::vector<CacheResult> Acquire(SessionCache& s, std::span<const BlockHash> hashes);
+  // References each present block (kNotFound per missing entry). Blocks only on NVMe are
+  // promoted into host pages first: then the results come later through `done` (nullopt
+  // now), once every entry is settled; an entry whose bytes fail verification is
+  // kDataLoss. With a null `done`, NVMe-only blocks are kUnavailable.
+  std::optional<std::vector<CacheResult>> Acquire(SessionCache& s, std::span<const BlockHash> hashes,
+                                                  AcquireDone done);
+  std::vector<CacheResult> Acquire(SessionCache& s, std::span<const BlockHash> hashes) {
+    return *Acquire(s, hashes, nullptr);
+  }
+
+  // Periodic housekeeping (the daemon calls it every 100 ms): resumes spilling after an
+  // NVMe back-off, times out waiting Allocates, enforces watermarks.
+  void Tick();
+  // Scrubs the NVMe tier (kvctl verify).
+  void VerifyNvme(std::function<void(VerifyReport)> done);
+  NvmeTier* nvme() { return nvme_.get(); }
+  const NvmeTier* nvme() const { return nvme_.get(); }
+  size_t pending_promotions() const { return promotions_.size() + queued_promotions_.size(); }
+  size_t pending_allocates() const { return pending_allocates_.size(); }
 
   // Segments the session has not been sent (in their current generation) among those
   // holding `pages`; marks them sent.
@@ -157,7 +213,9 @@ class CacheManager {
   // Every segment of every tier its tenant owns now; marks them sent.
   std::vector<SegmentGrant> TakeAllSegmentGrants(SessionCache& s);
 
-  bool tier_enabled(TierKind t) const { return tiers_[TierIndex(t)].pool != nullptr; }
+  bool tier_enabled(TierKind t) const {
+    return t == TierKind::kNvme ? nvme_ != nullptr : tiers_[TierIndex(t)].pool != nullptr;
+  }
   const TierPool* pool(TierKind t) const { return tiers_[TierIndex(t)].pool.get(); }
   TierCounts Counts(TierKind t) const;
   const CacheCounters& counters() const { return counters_; }
@@ -182,6 +240,7 @@ class CacheManager {
     std::vector<std::unique_ptr<EvictionPolicy>> policy;  // by tenant
     std::vector<uint32_t> cached_by_tenant;
     uint32_t leased = 0, inflight = 0, cached = 0, referenced = 0;
+    bool draining = false;  // between crossing the high watermark and reaching the low one
     uint64_t blocks = 0;
   };
   struct Block {
@@ -189,9 +248,12 @@ class CacheManager {
     TenantId tenant = kNoOwner;
     BlockHash hash;
     BlockHash parent;
-    std::array<PageId, kTierCount> page;  // kNoPage where not resident
+    std::array<PageId, kTierCount> page;  // kNoPage where not resident; [kNvme] = slot
     uint32_t refs = 0;
+    uint32_t gen = 0;        // bumped on reuse of the id; async completions check it
     bool live = false;
+    bool spilling = false;   // host page being written to NVMe
+    bool promoting = false;  // host page being filled from NVMe
   };
   struct IndexKey {
     NamespaceId ns;
@@ -205,10 +267,60 @@ class CacheManager {
   };
   struct Namespace {
     std::string encoded;
-    uint32_t users = 0;  // attached sessions + blocks
+    std::string fingerprint;   // the layout's
+    uint64_t block_bytes = 0;  // bytes of block data in a page
+    uint32_t users = 0;        // attached sessions + blocks
   };
+  struct PendingAcquire {
+    SessionId session;
+    std::vector<CacheResult> results;
+    size_t outstanding = 0;
+    AcquireDone done;
+  };
+  struct PendingAllocate {
+    SessionId session;
+    TierKind tier;
+    uint32_t count;
+    int64_t deadline_ns;
+    AllocateDone done;
+  };
+  // A block being read from NVMe, and who waits for it: (pending acquire, entry index).
+  struct Promotion {
+    uint32_t gen;
+    std::vector<std::pair<uint64_t, size_t>> waiters;
+  };
+  // An NVMe block to promote once the host tier has a page for it.
+  struct QueuedPromotion {
+    NamespaceId ns;
+    TenantId tenant;
+    BlockHash hash;
+    BlockRecord record;
+    int64_t deadline_ns;
+    std::vector<std::pair<uint64_t, size_t>> waiters;
+  };
+  enum class Room { kNow, kLater, kNone };
 
   explicit CacheManager(const Options& options) : options_(options) {}
+  std::string KeyOf(const Block& b) const;
+  BlockRecord RecordFor(const Block& b) const;
+  int BufferIndex(TierKind tier, PageId page);
+  bool NvmeSpillable() const { return nvme_ && nvme_->spill_available(); }
+  // Demotion and write-through.
+  void StartSpill(BlockId id, bool keep_host);
+  void OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, uint32_t slot);
+  void PumpWriteThrough();
+  // Promotion.
+  // Reads an NVMe-only block into a host page; kNoBlock when no page can be had now
+  // (`may_evict` false: only a page free without evicting anything).
+  BlockId StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& rec,
+                         bool may_evict);
+  void OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord rec);
+  void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
+  // Starts queued promotions and serves waiting Allocates (in that order) as pages free up.
+  void ServePendingAllocates();
+  void ServeQueuedPromotions();
+  void OnNvmeDropped(const std::string& key);
+  std::optional<std::vector<PageId>> TakePages(SessionCache& s, TierKind kind, uint32_t count, Room* room);
   Tier& T(TierKind t) { return tiers_[TierIndex(t)]; }
   const Tier& T(TierKind t) const { return tiers_[TierIndex(t)]; }
   EvictionPolicy& PolicyFor(Tier& tier, TenantId tenant);
@@ -224,12 +336,19 @@ class CacheManager {
   // Best tier a block is readable from (GPU, then host), or nullopt.
   std::optional<TierKind> ReadableTier(const Block& b) const;
 
-  bool EvictOne(TierKind tier, TenantId tenant);
+  // Frees (or starts freeing) the page of the tenant's coldest cached block: a block with
+  // an NVMe copy, or with no NVMe tier to go to, is dropped at once (kDropped); one that
+  // can be spilled is demoted (kDemoting: the page frees later), unless too many spills are
+  // in flight (kBusy). kNone when nothing is evictable.
+  enum class Evicted { kNone, kDropped, kDemoting, kBusy };
+  Evicted EvictOne(TierKind tier, TenantId tenant);
   void EnforceWatermark(TierKind tier);
-  // Ensures tenant can get one page: evicts its own cached blocks, then other tenants'.
-  bool MakeRoom(TierKind tier, TenantId tenant);
+  // Ensures the tenant can get one page: evicts its own cached blocks, then other
+  // tenants'. kLater when only demotions in flight will free one.
+  Room MakeRoom(TierKind tier, TenantId tenant);
 
-  NamespaceId InternNamespace(const std::string& encoded);
+  NamespaceId InternNamespace(const std::string& encoded, const std::string& fingerprint,
+                              uint64_t block_bytes);
   void ReleaseNamespace(NamespaceId ns);
   TenantId InternTenant(std::string_view name);
 
@@ -242,7 +361,18 @@ class CacheManager {
   std::vector<NamespaceId> free_namespace_ids_;
   std::unordered_map<std::string, NamespaceId> namespace_ids_;
   std::unordered_map<std::string, TenantId> tenant_ids_;
-  uint64_t page_bytes_limit_ = 0;
+  const Clock* clock_ = nullptr;
+  std::unique_ptr<NvmeTier> nvme_;
+  std::vector<bool> registered_segments_;
+  uint32_t spills_in_flight_ = 0;
+  uint32_t demotions_in_flight_ = 0;
+  std::deque<std::pair<BlockId, uint32_t>> write_through_queue_;
+  std::unordered_map<BlockId, Promotion> promotions_;
+  std::deque<QueuedPromotion> queued_promotions_;
+  std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
+  std::deque<PendingAllocate> pending_allocates_;
+  std::unordered_map<SessionId, SessionCache*> sessions_;
+  uint64_t next_pending_ = 1;
   CacheCounters counters_;
 };
 

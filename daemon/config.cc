@@ -150,6 +150,82 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.host.low_watermark", n), host.low_watermark)},
       {"tiers.host.policy", "lru", "Eviction policy of cached blocks: lru.",
        KVTIER_SET(Path("tiers.host.policy", n), host.policy)},
+      {"tiers.nvme.files", "[]",
+       "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity and "
+       "cut into slots of tiers.host.page_bytes, e.g. "
+       "[{path: /var/lib/kvtier/slots0, capacity: 200GiB}].",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         const std::string key = "tiers.nvme.files";
+         if (n.IsNull()) return Status::Ok();
+         if (!n.IsSequence()) return Bad(key, "expected a list of {path, capacity}");
+         c->nvme.files.clear();
+         for (size_t i = 0; i < n.size(); ++i) {
+           const std::string at = key + "[" + std::to_string(i) + "]";
+           if (!n[i].IsMap()) return Bad(at, "expected {path: ..., capacity: ...}");
+           NvmeTierConfig::File f;
+           for (const auto& kv : n[i]) {
+             const std::string sub = kv.first.Scalar();
+             if (sub == "path") {
+               KVTIER_ASSIGN_OR_RETURN(f.path, Path(at + ".path", kv.second));
+             } else if (sub == "capacity") {
+               KVTIER_ASSIGN_OR_RETURN(f.capacity_bytes, Bytes(at + ".capacity", kv.second, 4096, 1ull << 50));
+             } else {
+               return InvalidArgument("config key '" + at + "." + sub + "' is unknown");
+             }
+           }
+           if (f.path.empty() || f.capacity_bytes == 0) return Bad(at, "needs both path and capacity");
+           c->nvme.files.push_back(std::move(f));
+         }
+         return Status::Ok();
+       }},
+      {"tiers.nvme.io_backend", "auto",
+       "auto: io_uring when it can be set up (kernel.io_uring_disabled and seccomp can prevent "
+       "it), else threads; io_uring: fail at start without it; threads: pread/pwrite workers.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.io_backend", n));
+         if (s != "auto" && s != "io_uring" && s != "threads") {
+           return Bad("tiers.nvme.io_backend", "'" + s + "' is not auto, io_uring or threads");
+         }
+         c->nvme.io_backend = s;
+         return Status::Ok();
+       }},
+      {"tiers.nvme.queue_depth", "64", "Most NVMe reads and writes in flight.",
+       KVTIER_SET((Integer<uint32_t>("tiers.nvme.queue_depth", n, 1, 4096)), nvme.queue_depth)},
+      {"tiers.nvme.durability", "strict",
+       "strict: a spilled block counts only once its bytes are fdatasync'ed and its index "
+       "entry synced (one sync covers many blocks); relaxed: neither (a crash may lose recent "
+       "entries, never serve wrong bytes).",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.durability", n));
+         if (s != "strict" && s != "relaxed") return Bad("tiers.nvme.durability", "'" + s + "' is not strict or relaxed");
+         c->nvme.durability = s;
+         return Status::Ok();
+       }},
+      {"tiers.nvme.write_policy", "write_back",
+       "write_back: a block is spilled when it is demoted from the host tier; write_through: "
+       "every committed block is also spilled in the background, so a restart keeps it.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.write_policy", n));
+         if (s != "write_back" && s != "write_through") {
+           return Bad("tiers.nvme.write_policy", "'" + s + "' is not write_back or write_through");
+         }
+         c->nvme.write_policy = s;
+         return Status::Ok();
+       }},
+      {"tiers.nvme.prefetch", "false",
+       "Lookup starts reading NVMe hits into free host pages, so the Acquire that follows "
+       "waits less.",
+       KVTIER_SET(Boolean("tiers.nvme.prefetch", n), nvme.prefetch)},
+      {"tiers.nvme.high_watermark", "0.95",
+       "Above this fraction of slots in use the coldest NVMe blocks are dropped.",
+       KVTIER_SET(Fraction("tiers.nvme.high_watermark", n), nvme.high_watermark)},
+      {"tiers.nvme.low_watermark", "0.90", "Dropping stops at this fraction of slots in use.",
+       KVTIER_SET(Fraction("tiers.nvme.low_watermark", n), nvme.low_watermark)},
+      {"tiers.nvme.policy", "lru", "Eviction policy of NVMe blocks: lru.",
+       KVTIER_SET(Path("tiers.nvme.policy", n), nvme.policy)},
+      {"tiers.nvme.index_cache", "16MiB",
+       "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
+       KVTIER_SET((Bytes("tiers.nvme.index_cache", n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
   };
   return keys;
 }
@@ -211,6 +287,18 @@ Status ValidateConfig(const DaemonConfig& c) {
   }
   if (h.capacity_bytes / h.page_bytes > (1ull << 31)) {
     return InvalidArgument("config key 'tiers.host.capacity' has too many pages");
+  }
+  if (c.nvme.enabled()) {
+    if (c.nvme.low_watermark >= c.nvme.high_watermark) {
+      return InvalidArgument("config key 'tiers.nvme.low_watermark' must be below high_watermark");
+    }
+    if (!h.enabled) return InvalidArgument("config key 'tiers.nvme.files' needs the host tier enabled");
+    for (size_t i = 0; i < c.nvme.files.size(); ++i) {
+      if (c.nvme.files[i].capacity_bytes < h.page_bytes) {
+        return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) +
+                               "].capacity' holds no slot of tiers.host.page_bytes");
+      }
+    }
   }
   if (c.max_pending_output_bytes < c.max_frame_bytes) {
     return InvalidArgument("config key 'protocol.max_pending_output' must be >= max_frame_bytes");

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "protocol/base/logging.h"
 #include "protocol/base/status.h"
@@ -27,6 +28,24 @@ struct PoolTierConfig {
   std::string policy = "lru";
 };
 
+struct NvmeTierConfig {
+  struct File {
+    std::string path;
+    uint64_t capacity_bytes = 0;
+  };
+  std::vector<File> files;  // none: no NVMe tier
+  std::string io_backend = "auto";
+  uint32_t queue_depth = 64;
+  std::string durability = "strict";
+  std::string write_policy = "write_back";
+  bool prefetch = false;
+  double high_watermark = 0.95;
+  double low_watermark = 0.90;
+  std::string policy = "lru";
+  uint64_t index_cache_bytes = 16ull << 20;
+  bool enabled() const { return !files.empty(); }
+};
+
 struct DaemonConfig {
   std::string socket_path = "./var/kvtierd.sock";
   std::string data_dir = "./var";
@@ -41,6 +60,7 @@ struct DaemonConfig {
   int metrics_port = 9490;  // 0: any free port; -1: no metrics endpoint
 
   PoolTierConfig host;
+  NvmeTierConfig nvme;
 };
 
 // Parses YAML text. Unknown keys, wrong types and out-of-range values are

@@ -16,9 +16,11 @@
 
 namespace kvtier {
 
-Daemon::Daemon(const DaemonConfig& config) : config_(config), signals_(io_, SIGTERM, SIGINT) {}
+Daemon::Daemon(const DaemonConfig& config)
+    : config_(config), signals_(io_, SIGTERM, SIGINT), tick_(io_) {}
 
 Daemon::~Daemon() {
+  nvme_events_.reset();
   http_.reset();
   server_.reset();
   dispatcher_.reset();
@@ -26,7 +28,33 @@ Daemon::~Daemon() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
-Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config) {
+Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
+  const NvmeTierConfig& c = config_.nvme;
+  IoEngineOptions io;
+  io.backend = c.io_backend;
+  io.queue_depth = c.queue_depth;
+  io.max_buffers = static_cast<uint32_t>(config_.host.capacity_bytes / config_.host.segment_bytes);
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, OpenIoEngine(io));
+  KVTIER_LOG(NOTICE) << "nvme: io backend " << engine->name();
+  if (wrap_io) engine = wrap_io(std::move(engine));
+  RocksDbIndexOptions ro;
+  ro.path = config_.data_dir + "/index";
+  ro.block_cache_bytes = c.index_cache_bytes;
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<BlockIndexStore> store, OpenRocksDbBlockIndexStore(ro));
+  NvmeTierOptions o;
+  for (const auto& f : c.files) o.files.push_back(SlotFileSpec{f.path, f.capacity_bytes});
+  o.slot_bytes = config_.host.page_bytes;
+  o.durability = c.durability == "relaxed" ? Durability::kRelaxed : Durability::kStrict;
+  o.high_watermark = c.high_watermark;
+  o.low_watermark = c.low_watermark;
+  o.policy = c.policy;
+  boost::asio::io_context* io_ctx = &io_;
+  return NvmeTier::Open(o, std::move(engine), std::move(store),
+                        [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); },
+                        SystemClock::Default());
+}
+
+Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngineWrapper wrap_io) {
   std::unique_ptr<Daemon> d(new Daemon(config));
   SetLogLevel(config.log_level);
 
@@ -55,7 +83,15 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config) {
   host.low_watermark = config.host.low_watermark;
   host.policy = config.host.policy;
   co.max_entries_per_request = config.max_entries_per_request;
-  KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co));
+  std::unique_ptr<NvmeTier> nvme;
+  if (config.nvme.enabled()) {
+    co.write_policy = config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough
+                                                                   : WritePolicy::kWriteBack;
+    co.prefetch = config.nvme.prefetch;
+    co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth / 2);
+    KVTIER_ASSIGN_OR_RETURN(nvme, d->OpenNvme(std::move(wrap_io)));
+  }
+  KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default()));
 
   Server::Options so;
   so.socket_path = config.socket_path;
@@ -121,9 +157,16 @@ void Daemon::RegisterMetrics() {
                  [cache, kind] { return static_cast<double>(cache->Counts(kind).blocks); });
     m.AddGaugeFn("kvtier_tier_high_watermark_ratio",
                  "Fraction of a tier in use above which cached blocks are evicted.", {{"tier", tier}},
-                 [cache, kind] { return cache->high_watermark(kind); });
-    m.AddCounterFn("kvtier_evictions_total", "Blocks evicted from a tier.", {{"tier", tier}},
-                   [cache, kind] { return cache->counters().evictions[TierIndex(kind)]; });
+                 [cache, kind] {
+                   return kind == TierKind::kNvme ? cache->nvme()->high_watermark() : cache->high_watermark(kind);
+                 });
+    m.AddCounterFn("kvtier_evictions_total",
+                   "Blocks removed from a tier under pressure (from host: dropped, or demoted "
+                   "when already on NVMe; from NVMe: dropped).",
+                   {{"tier", tier}}, [cache, kind] {
+                     return kind == TierKind::kNvme ? cache->nvme()->counters().evictions
+                                                    : cache->counters().evictions[TierIndex(kind)];
+                   });
     m.AddCounterFn("kvtier_block_hits_total",
                    "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
                    "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.",
@@ -156,6 +199,86 @@ void Daemon::RegisterMetrics() {
                  [server] { return server->sessions_refused(); });
   m.AddGaugeFn("kvtier_namespaces", "Namespaces (tenant x model) with blocks or sessions.", {},
                [cache] { return static_cast<double>(cache->namespace_count()); });
+  m.AddGaugeFn("kvtier_pending_allocates", "Allocate requests waiting for demotions to free pages.", {},
+               [cache] { return static_cast<double>(cache->pending_allocates()); });
+  m.AddCounterFn("kvtier_allocate_waits_total", "Allocate requests that had to wait for room.", {},
+                 [cache] { return cache->counters().allocate_waits; });
+  const NvmeTier* nvme = cache_->nvme();
+  if (nvme == nullptr) return;
+  m.AddGaugeFn("kvtier_nvme_info", "Always 1; labels say which I/O and index backends the NVMe tier uses.",
+               {{"io_backend", std::string(nvme->io_backend())}, {"index", std::string(nvme->index_backend())}},
+               [] { return 1.0; });
+  m.AddGaugeFn("kvtier_nvme_index_ready", "1 once the NVMe index is loaded and spills are accepted.", {},
+               [nvme] { return nvme->ready() ? 1.0 : 0.0; });
+  m.AddGaugeFn("kvtier_nvme_memory_bytes", "RAM the NVMe tier holds: per-slot state and index caches.", {},
+               [nvme] { return static_cast<double>(nvme->MemoryUsage()); });
+  m.AddGaugeFn("kvtier_pending_fetches", "NVMe blocks being read into host pages (the fetch queue).", {},
+               [cache] { return static_cast<double>(cache->pending_promotions()); });
+  m.AddCounterFn("kvtier_demotions_total", "Host blocks spilled to NVMe and their host page freed.", {},
+                 [cache] { return cache->counters().demotions; });
+  m.AddCounterFn("kvtier_write_throughs_total", "Blocks copied to NVMe with the host copy kept.", {},
+                 [cache] { return cache->counters().write_throughs; });
+  m.AddCounterFn("kvtier_spill_failures_total", "Spills that did not complete (I/O error, no slot).", {},
+                 [cache] { return cache->counters().spill_failures; });
+  m.AddCounterFn("kvtier_promotions_total", "NVMe blocks read back into host pages.", {},
+                 [cache] { return cache->counters().promotions; });
+  m.AddCounterFn("kvtier_promotion_failures_total", "NVMe reads that did not yield a verified block.", {},
+                 [cache] { return cache->counters().promotion_failures; });
+  m.AddCounterFn("kvtier_prefetches_total", "NVMe hits a Lookup started reading before any Acquire.", {},
+                 [cache] { return cache->counters().prefetches; });
+  const char* moved = "Block bytes moved between tiers, by path.";
+  m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "host_to_nvme"}},
+                 [nvme] { return nvme->counters().spill_bytes; });
+  m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "nvme_to_host"}},
+                 [nvme] { return nvme->counters().fetch_bytes; });
+  m.AddCounterFn("kvtier_checksum_failures_total",
+                 "NVMe blocks whose bytes did not verify; each was a miss and its entry dropped.", {},
+                 [nvme] { return nvme->counters().checksum_failures; });
+  m.AddCounterFn("kvtier_io_errors_total", "NVMe reads, writes and syncs that failed.", {},
+                 [nvme] { return nvme->counters().io_errors; });
+  m.AddCounterFn("kvtier_nvme_index_errors_total", "NVMe index writes that failed.", {},
+                 [nvme] { return nvme->counters().index_errors; });
+  m.AddCounterFn("kvtier_nvme_syncs_total", "fdatasync calls issued for spilled data (strict durability).", {},
+                 [nvme] { return nvme->counters().syncs; });
+}
+
+void Daemon::WatchNvme() {
+  if (!nvme_events_ || stopping_) return;
+  nvme_events_->async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                           [this](const boost::system::error_code& ec) {
+                             if (ec) return;
+                             cache_->nvme()->OnIoReady();
+                             WatchNvme();
+                           });
+}
+
+void Daemon::ScheduleTick() {
+  if (stopping_) return;
+  tick_.expires_after(std::chrono::milliseconds(100));
+  tick_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    cache_->Tick();
+    ScheduleTick();
+  });
+}
+
+void Daemon::Drain() {
+  NvmeTier* nvme = cache_->nvme();
+  if (!nvme) return;
+  // Spills and index writes already started are worth finishing: they are what a warm
+  // restart finds. Bounded, so a hung device cannot hold the shutdown.
+  io_.restart();  // the wait on the NVMe eventfd is still armed
+  stopping_ = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (nvme->pending_operations() > 0 && std::chrono::steady_clock::now() < deadline) {
+    io_.run_for(std::chrono::milliseconds(10));
+  }
+  stopping_ = true;
+  if (nvme->pending_operations() > 0) {
+    KVTIER_LOG(WARNING) << "shutdown: " << nvme->pending_operations() << " NVMe operations abandoned";
+  }
+  nvme_events_->cancel();
+  io_.poll();
 }
 
 void Daemon::RequestStop() {
@@ -170,13 +293,21 @@ Status Daemon::Run() {
   });
   server_->Start();
   if (http_) http_->Start();
+  if (NvmeTier* nvme = cache_->nvme()) {
+    nvme_events_ = std::make_unique<boost::asio::posix::stream_descriptor>(io_, ::dup(nvme->notify_fd()));
+    WatchNvme();
+  }
+  ScheduleTick();
   KVTIER_LOG(NOTICE) << "kvtierd " << kVersion << " serving on " << config_.socket_path
                      << (http_ ? ", metrics at " + http_->url() : std::string(", no metrics endpoint"));
   sd_notify(0, "READY=1");
   io_.run();
   sd_notify(0, "STOPPING=1");
+  stopping_ = true;
+  tick_.cancel();
   if (http_) http_->Stop();
   server_->Stop();
+  Drain();
   Status inv = cache_->CheckInvariants();
   if (!inv.ok()) KVTIER_LOG(ERROR) << "accounting at shutdown: " << inv.ToString();
   KVTIER_LOG(NOTICE) << "kvtierd stopped";

@@ -6,7 +6,10 @@
 // Not thread-safe, except RequestStop(), which any thread may call.
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <functional>
 #include <memory>
 
 #include "daemon/cache_manager.h"
@@ -22,9 +25,15 @@ inline constexpr const char* kVersion = "0.1.0";
 
 class Daemon {
  public:
+  // Wraps the NVMe tier's IoEngine before use (tests inject faults this way); identity
+  // by default.
+  using IoEngineWrapper = std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)>;
+
   // Creates the data directory, takes its lock (one daemon per data_dir), builds the
-  // pools and binds the socket and metrics port. Errors name what failed.
-  static Result<std::unique_ptr<Daemon>> Open(const DaemonConfig& config);
+  // pools, opens the NVMe tier and its index, and binds the socket and metrics port.
+  // Errors name what failed.
+  static Result<std::unique_ptr<Daemon>> Open(const DaemonConfig& config,
+                                              IoEngineWrapper wrap_io = nullptr);
   ~Daemon();
 
   // Serves until SIGTERM/SIGINT or RequestStop(); then closes every session and removes
@@ -36,7 +45,12 @@ class Daemon {
 
  private:
   explicit Daemon(const DaemonConfig& config);
+  Result<std::unique_ptr<NvmeTier>> OpenNvme(IoEngineWrapper wrap_io);
   void RegisterMetrics();
+  void WatchNvme();
+  void ScheduleTick();
+  // After the loop stops: lets spills, fetches and index writes in flight finish (bounded).
+  void Drain();
 
   DaemonConfig config_;
   boost::asio::io_context io_;
@@ -48,6 +62,9 @@ class Daemon {
   std::unique_ptr<Server> server_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<MetricsHttpServer> http_;
+  std::unique_ptr<boost::asio::posix::stream_descriptor> nvme_events_;
+  boost::asio::steady_timer tick_;
+  bool stopping_ = false;
 };
 
 }  // namespace kvtier

@@ -44,11 +44,10 @@ std::string Dispatcher::TenantFor(uid_t uid, gid_t gid) {
   return "uid=" + std::to_string(uid) + ",gid=" + std::to_string(gid);
 }
 
-void Dispatcher::Send(ReplySink& sink, uint64_t id, const Status& status, fb::Reply type,
+void Dispatcher::Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type,
                       BodyOffset body, std::span<const int> fds) {
-  auto message = status.ok() ? flatbuffers::Offset<flatbuffers::String>()
-                             : builder_.CreateString(status.message());
-  fb::ResponseBuilder rb(builder_);
+  auto message = status.ok() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(status.message());
+  fb::ResponseBuilder rb(b);
   rb.add_id(id);
   rb.add_status(ToWire(status.code()));
   if (!status.ok()) rb.add_message(message);
@@ -56,9 +55,15 @@ void Dispatcher::Send(ReplySink& sink, uint64_t id, const Status& status, fb::Re
     rb.add_reply_type(type);
     rb.add_reply(body);
   }
-  builder_.FinishSizePrefixed(rb.Finish());
-  sink.Send({builder_.GetBufferPointer(), builder_.GetSize()}, fds);
-  builder_.Clear();
+  b.FinishSizePrefixed(rb.Finish());
+  sink.Send({b.GetBufferPointer(), b.GetSize()}, fds);
+  b.Clear();
+}
+
+void Dispatcher::Observe(int op, int64_t start_ns, const Status& st) {
+  if (op <= 0 || op > static_cast<int>(fb::Op::MAX)) return;
+  op_metrics_[op].latency->Observe(static_cast<double>(clock_->NowNanos() - start_ns) * 1e-9);
+  if (!st.ok()) op_metrics_[op].errors->Inc();
 }
 
 void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason,
@@ -69,7 +74,7 @@ void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::str
   KVTIER_LOG(NOTICE) << "session " << ctx.id << " (pid " << ctx.pid << "): " << reason
                      << " frame: " << status.message() << "; closing";
   builder_.Clear();
-  Send(sink, 0, status, fb::Reply::NONE, 0, {});
+  Send(builder_, sink, 0, status, fb::Reply::NONE, 0, {});
   ctx.close_after_reply = true;
 }
 
@@ -88,23 +93,39 @@ void Dispatcher::HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame
   fb::Reply type = fb::Reply::NONE;
   BodyOffset body;
   std::vector<int> fds;
-  Status st = Serve(ctx, r, &type, &body, &fds);
+  bool deferred = false;
+  Status st = Serve(ctx, r, &type, &body, &fds, &deferred);
+  if (deferred && st.ok()) return;  // answered later through ctx.async_sink
   if (!st.ok()) {
     // No partial bodies with an error: start the response over.
     builder_.Clear();
     type = fb::Reply::NONE;
     fds.clear();
   }
-  Send(sink, r.id(), st, type, body, fds);
-  const int op = static_cast<int>(r.op_type());
-  if (op > 0 && op <= static_cast<int>(fb::Op::MAX)) {
-    op_metrics_[op].latency->Observe(static_cast<double>(clock_->NowNanos() - start) * 1e-9);
-    if (!st.ok()) op_metrics_[op].errors->Inc();
+  Send(builder_, sink, r.id(), st, type, body, fds);
+  Observe(static_cast<int>(r.op_type()), start, st);
+}
+
+void Dispatcher::SendLater(SessionContext* ctx, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build) {
+  auto sink = ctx->async_sink.lock();
+  if (!sink) return;  // the connection is gone
+  Builder& b = async_builder_;
+  b.Clear();
+  fb::Reply type = fb::Reply::NONE;
+  BodyOffset body;
+  std::vector<int> fds;
+  Status st = build(b, &type, &body, &fds);
+  if (!st.ok()) {
+    b.Clear();
+    type = fb::Reply::NONE;
+    fds.clear();
   }
+  Send(b, *sink, id, st, type, body, fds);
+  Observe(static_cast<int>(op), start_ns, st);
 }
 
 Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type,
-                         BodyOffset* body, std::vector<int>* fds) {
+                         BodyOffset* body, std::vector<int>* fds, bool* deferred) {
   const fb::Op op = req.op_type();
   if (op == fb::Op::Ping) {
     const auto* p = req.op_as_Ping();
@@ -121,16 +142,20 @@ Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply*
   if (op == fb::Op::NONE || static_cast<int>(op) > static_cast<int>(fb::Op::MAX)) {
     return Unimplemented("unknown operation " + std::to_string(static_cast<int>(op)));
   }
+  if (op == fb::Op::VerifyTier) {
+    if (ctx.role != fb::Role::Control) return PermissionDenied("verify is for control sessions (kvctl)");
+    return OnVerify(ctx, req, deferred);
+  }
   if (ctx.role != fb::Role::Engine) {
     return PermissionDenied("a control session cannot " + std::string(OpName(op)) +
                             "; connect with role Engine and a layout");
   }
   switch (op) {
-    case fb::Op::Allocate: return OnAllocate(ctx, *req.op_as_Allocate(), type, body, fds);
+    case fb::Op::Allocate: return OnAllocate(ctx, req, type, body, fds, deferred);
     case fb::Op::Commit: return OnCommit(ctx, *req.op_as_Commit(), type, body);
     case fb::Op::Release: return OnRelease(ctx, *req.op_as_Release(), type, body);
     case fb::Op::Lookup: return OnLookup(ctx, *req.op_as_Lookup(), type, body);
-    case fb::Op::Acquire: return OnAcquire(ctx, *req.op_as_Acquire(), type, body, fds);
+    case fb::Op::Acquire: return OnAcquire(ctx, req, type, body, fds, deferred);
     default: return Unimplemented("operation " + std::string(OpName(op)));
   }
 }
@@ -149,19 +174,18 @@ Result<std::vector<BlockHash>> Dispatcher::Hashes(const SessionContext& ctx,
 }
 
 flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Dispatcher::Segments(
-    const std::vector<SegmentGrant>& grants, std::vector<int>* fds) {
+    Builder& b, const std::vector<SegmentGrant>& grants, std::vector<int>* fds) {
   std::vector<flatbuffers::Offset<fb::Segment>> segs;
   for (const SegmentGrant& g : grants) {
     const auto slot = static_cast<uint8_t>(fds->size());
     fds->push_back(g.fd);
-    segs.push_back(fb::CreateSegment(builder_, TierToWire(g.tier), g.index, g.first_page,
-                                     g.num_pages, g.bytes, slot));
+    segs.push_back(fb::CreateSegment(b, TierToWire(g.tier), g.index, g.first_page, g.num_pages, g.bytes, slot));
   }
-  return builder_.CreateVector(segs);
+  return b.CreateVector(segs);
 }
 
 flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Dispatcher::Results(
-    const std::vector<CacheResult>& results) {
+    Builder& b, const std::vector<CacheResult>& results) {
   std::vector<fb::EntryResult> out;
   out.reserve(results.size());
   for (const CacheResult& r : results) {
@@ -169,7 +193,7 @@ flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Dispatcher::Res
                      r.duplicate ? fb::CommitOutcome::Duplicate : fb::CommitOutcome::Stored,
                      r.status == StatusCode::kOk ? TierToWire(r.tier) : fb::Tier::None, 0, r.page);
   }
-  return builder_.CreateVectorOfStructs(out);
+  return b.CreateVectorOfStructs(out);
 }
 
 Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type,
@@ -201,16 +225,16 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
 
   std::vector<flatbuffers::Offset<fb::TierInfo>> tiers;
   for (TierKind kind : kAllTiers) {
-    const TierPool* pool = cache_->pool(kind);
-    if (!pool) continue;
-    tiers.push_back(fb::CreateTierInfo(builder_, TierToWire(kind),
-                                       builder_.CreateString(TierKindName(kind)), pool->page_bytes(),
-                                       pool->capacity(), pool->pages_per_segment()));
+    if (!cache_->tier_enabled(kind)) continue;
+    const TierCounts c = cache_->Counts(kind);
+    const uint32_t pps = cache_->pool(kind) ? cache_->pool(kind)->pages_per_segment() : 0;
+    tiers.push_back(fb::CreateTierInfo(builder_, TierToWire(kind), builder_.CreateString(TierKindName(kind)),
+                                       c.page_bytes, c.capacity, pps));
   }
   auto tiers_vec = builder_.CreateVector(tiers);
   std::vector<SegmentGrant> grants;
   if (ctx.role == fb::Role::Engine) grants = cache_->TakeAllSegmentGrants(ctx.cache);
-  auto segs = Segments(grants, fds);
+  auto segs = Segments(builder_, grants, fds);
   auto ns = builder_.CreateString(ctx.role == fb::Role::Engine ? cache_->NamespaceHex(ctx.cache.ns())
                                                               : std::string());
   auto version = builder_.CreateString(info_->version);
@@ -222,17 +246,38 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
   return Status::Ok();
 }
 
-Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Allocate& m, fb::Reply* type,
-                              BodyOffset* body, std::vector<int>* fds) {
-  auto tier = TierFromWire(m.tier());
-  if (!tier) return InvalidArgument("unknown tier");
-  KVTIER_ASSIGN_OR_RETURN(std::vector<PageId> pages, cache_->Allocate(ctx.cache, *tier, m.count()));
-  auto grants = cache_->TakeSegmentGrants(ctx.cache, *tier, pages);
-  auto pages_vec = builder_.CreateVector(pages);
-  auto segs = Segments(grants, fds);
-  *body = fb::CreateAllocateReply(builder_, m.tier(), pages_vec, segs).Union();
+Status Dispatcher::AllocateReply(Builder& b, SessionContext& ctx, TierKind tier,
+                                 const std::vector<PageId>& pages, fb::Reply* type, BodyOffset* body,
+                                 std::vector<int>* fds) {
+  auto grants = cache_->TakeSegmentGrants(ctx.cache, tier, pages);
+  auto pages_vec = b.CreateVector(pages);
+  auto segs = Segments(b, grants, fds);
+  *body = fb::CreateAllocateReply(b, TierToWire(tier), pages_vec, segs).Union();
   *type = fb::Reply::AllocateReply;
   return Status::Ok();
+}
+
+Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type,
+                              BodyOffset* body, std::vector<int>* fds, bool* deferred) {
+  const fb::Allocate& m = *req.op_as_Allocate();
+  auto tier = TierFromWire(m.tier());
+  if (!tier) return InvalidArgument("unknown tier");
+  SessionContext* c = &ctx;
+  const uint64_t id = req.id();
+  const int64_t start = clock_->NowNanos();
+  const TierKind t = *tier;
+  auto now = cache_->Allocate(ctx.cache, t, m.count(), [this, c, id, start, t](Result<std::vector<PageId>> r) {
+    SendLater(c, id, fb::Op::Allocate, start, [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>* f) {
+      if (!r.ok()) return r.status();
+      return AllocateReply(b, *c, t, *r, ty, bo, f);
+    });
+  });
+  if (!now) {
+    *deferred = true;
+    return Status::Ok();
+  }
+  KVTIER_RETURN_IF_ERROR(now->status());
+  return AllocateReply(builder_, ctx, t, now->value(), type, body, fds);
 }
 
 Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type,
@@ -252,7 +297,7 @@ Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply*
   std::vector<PageId> pages(n);
   for (size_t i = 0; i < n; ++i) pages[i] = m.pages()->Get(static_cast<flatbuffers::uoffset_t>(i));
   auto results = cache_->Commit(ctx.cache, *tier, pages, hashes, parents, m.retain());
-  *body = fb::CreateCommitReply(builder_, Results(results)).Union();
+  *body = fb::CreateCommitReply(builder_, Results(builder_, results)).Union();
   *type = fb::Reply::CommitReply;
   return Status::Ok();
 }
@@ -287,12 +332,10 @@ Status Dispatcher::OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply*
   return Status::Ok();
 }
 
-Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Acquire& m, fb::Reply* type,
-                             BodyOffset* body, std::vector<int>* fds) {
-  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
-  auto results = cache_->Acquire(ctx.cache, hashes);
+Status Dispatcher::AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results,
+                                fb::Reply* type, BodyOffset* body, std::vector<int>* fds) {
   std::vector<SegmentGrant> grants;
-  for (TierKind kind : kAllTiers) {
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
     std::vector<PageId> pages;
     for (const CacheResult& r : results) {
       if (r.status == StatusCode::kOk && r.tier == kind) pages.push_back(r.page);
@@ -301,10 +344,48 @@ Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Acquire& m, fb::Repl
     auto g = cache_->TakeSegmentGrants(ctx.cache, kind, pages);
     grants.insert(grants.end(), g.begin(), g.end());
   }
-  auto res = Results(results);
-  auto segs = Segments(grants, fds);
-  *body = fb::CreateAcquireReply(builder_, res, segs).Union();
+  auto res = Results(b, results);
+  auto segs = Segments(b, grants, fds);
+  *body = fb::CreateAcquireReply(b, res, segs).Union();
   *type = fb::Reply::AcquireReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Reply* type,
+                             BodyOffset* body, std::vector<int>* fds, bool* deferred) {
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, req.op_as_Acquire()->hashes()));
+  SessionContext* c = &ctx;
+  const uint64_t id = req.id();
+  const int64_t start = clock_->NowNanos();
+  auto now = cache_->Acquire(ctx.cache, hashes, [this, c, id, start](std::vector<CacheResult> results) {
+    SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>* f) {
+      return AcquireReply(b, *c, results, ty, bo, f);
+    });
+  });
+  if (!now) {
+    *deferred = true;
+    return Status::Ok();
+  }
+  return AcquireReply(builder_, ctx, *now, type, body, fds);
+}
+
+Status Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req, bool* deferred) {
+  if (!cache_->tier_enabled(TierKind::kNvme)) return FailedPrecondition("no NVMe tier is configured");
+  SessionContext* c = &ctx;
+  const uint64_t id = req.id();
+  const int64_t start = clock_->NowNanos();
+  KVTIER_LOG(NOTICE) << "session " << ctx.id << ": verify of the NVMe tier started";
+  cache_->VerifyNvme([this, c, id, start](VerifyReport report) {
+    KVTIER_LOG(NOTICE) << "verify: " << report.checked << " blocks checked, " << report.dropped
+                       << " dropped, " << report.seconds << " s";
+    SendLater(c, id, fb::Op::VerifyTier, start, [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) {
+      if (!report.status.ok()) return report.status;
+      *bo = fb::CreateVerifyTierReply(b, report.checked, report.dropped, report.seconds).Union();
+      *ty = fb::Reply::VerifyTierReply;
+      return Status::Ok();
+    });
+  });
+  *deferred = true;
   return Status::Ok();
 }
 
@@ -312,16 +393,23 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
                            BodyOffset* body) {
   (void)ctx;
   std::vector<flatbuffers::Offset<fb::TierStats>> tiers;
+  const NvmeTier* nvme = cache_->nvme();
   for (TierKind kind : kAllTiers) {
-    const TierPool* pool = cache_->pool(kind);
-    if (!pool) continue;
+    if (!cache_->tier_enabled(kind)) continue;
     const TierCounts c = cache_->Counts(kind);
-    tiers.push_back(fb::CreateTierStats(
-        builder_, TierToWire(kind), builder_.CreateString(TierKindName(kind)), c.page_bytes,
-        c.capacity, c.free, c.leased, c.inflight, c.cached, c.referenced, c.blocks,
-        static_cast<float>(cache_->high_watermark(kind)),
-        static_cast<float>(cache_->low_watermark(kind)),
-        cache_->counters().evictions[TierIndex(kind)], builder_.CreateString(pool->memory().Describe())));
+    const bool is_nvme = kind == TierKind::kNvme;
+    const std::string backend = is_nvme ? nvme->Describe() : cache_->pool(kind)->memory().Describe();
+    const double high = is_nvme ? nvme->high_watermark() : cache_->high_watermark(kind);
+    const double low = is_nvme ? nvme->low_watermark() : cache_->low_watermark(kind);
+    const uint64_t evictions = is_nvme ? nvme->counters().evictions : cache_->counters().evictions[TierIndex(kind)];
+    auto name = builder_.CreateString(TierKindName(kind));
+    auto be = builder_.CreateString(backend);
+    auto io = builder_.CreateString(is_nvme ? std::string(nvme->io_backend()) : std::string());
+    auto index = builder_.CreateString(is_nvme ? std::string(nvme->index_backend()) : std::string());
+    tiers.push_back(fb::CreateTierStats(builder_, TierToWire(kind), name, c.page_bytes, c.capacity, c.free,
+                                        c.leased, c.inflight, c.cached, c.referenced, c.blocks,
+                                        static_cast<float>(high), static_cast<float>(low), evictions, be, io,
+                                        index, !is_nvme || nvme->ready()));
   }
   auto tiers_vec = builder_.CreateVector(tiers);
   std::vector<flatbuffers::Offset<fb::SessionInfo>> sessions;
@@ -344,10 +432,14 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
   const CacheCounters& cc = cache_->counters();
   uint64_t hits = 0;
   for (uint64_t h : cc.block_hits) hits += h;
+  const uint64_t checksum = nvme ? nvme->counters().checksum_failures : 0;
+  const uint64_t io_errors = nvme ? nvme->counters().io_errors : 0;
   *body = fb::CreateStatsReply(builder_, builder_.CreateString(info_->version),
                                static_cast<double>(now - info_->started_ns) * 1e-9,
                                builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec,
-                               sessions_vec, session_count, cc.lookups, hits, cc.block_misses)
+                               sessions_vec, session_count, cc.lookups, hits, cc.block_misses, checksum,
+                               io_errors, cc.demotions, cc.promotions,
+                               static_cast<uint32_t>(cache_->pending_promotions()))
               .Union();
   *type = fb::Reply::StatsReply;
   return Status::Ok();

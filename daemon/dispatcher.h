@@ -3,6 +3,10 @@
 // frame. Transport-free (the session moves bytes; the dispatcher never touches a socket),
 // so the fuzzer and unit tests drive it directly.
 //
+// Most requests are answered before HandleFrame returns. Acquire of NVMe blocks, Allocate
+// that waits for demotions, and Verify are answered later, through the session's
+// `async_sink`, while the session's other requests keep flowing.
+//
 // Protocol rules enforced here: every frame passes the FlatBuffers Verifier first; a frame
 // that fails is answered with INVALID_ARGUMENT (request id 0) and the connection marked
 // for closing; nothing but Ping is served before Hello; every vector request is bounded
@@ -14,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -24,6 +29,8 @@
 #include "protocol/codec.h"
 
 namespace kvtier {
+
+class ReplySink;
 
 // Per-connection protocol state: everything about a session but its socket.
 struct SessionContext {
@@ -45,6 +52,8 @@ struct SessionContext {
 
   uint64_t requests = 0;
   bool close_after_reply = false;  // set after a frame the session cannot recover from
+  // Where deferred responses go; expires with the connection.
+  std::weak_ptr<ReplySink> async_sink;
 };
 
 // Where responses go. Implementations copy `frame` and the descriptors before returning.
@@ -92,33 +101,46 @@ class Dispatcher {
   using Builder = flatbuffers::FlatBufferBuilder;
   using BodyOffset = flatbuffers::Offset<void>;
 
+  // Fills the response, or sets *deferred and arranges for it to be sent later.
   Status Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-               std::vector<int>* fds);
+               std::vector<int>* fds, bool* deferred);
+  // The deferred response to request `id`: `build` fills it in async_builder_.
+  using BuildReply = std::function<Status(Builder&, fb::Reply*, BodyOffset*, std::vector<int>*)>;
+  void SendLater(SessionContext* ctx, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
   Status OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body,
                  std::vector<int>* fds);
-  Status OnAllocate(SessionContext& ctx, const fb::Allocate& m, fb::Reply* type, BodyOffset* body,
-                    std::vector<int>* fds);
+  Status OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+                    std::vector<int>* fds, bool* deferred);
   Status OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type, BodyOffset* body);
   Status OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type, BodyOffset* body);
   Status OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type, BodyOffset* body);
-  Status OnAcquire(SessionContext& ctx, const fb::Acquire& m, fb::Reply* type, BodyOffset* body,
-                   std::vector<int>* fds);
+  Status OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+                   std::vector<int>* fds, bool* deferred);
+  Status OnVerify(SessionContext& ctx, const fb::Request& req, bool* deferred);
+  Status AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages,
+                       fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
+  Status AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results,
+                      fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
   Status OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type, BodyOffset* body);
 
   Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx,
                                         const flatbuffers::Vector<uint8_t>* v) const;
-  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Segments(
-      const std::vector<SegmentGrant>& grants, std::vector<int>* fds);
-  flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Results(
-      const std::vector<CacheResult>& results);
-  void Send(ReplySink& sink, uint64_t id, const Status& status, fb::Reply type, BodyOffset body,
-            std::span<const int> fds);
+  static flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Segments(
+      Builder& b, const std::vector<SegmentGrant>& grants, std::vector<int>* fds);
+  static flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Results(
+      Builder& b, const std::vector<CacheResult>& results);
+  void Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type,
+            BodyOffset body, std::span<const int> fds);
+  void Observe(int op, int64_t start_ns, const Status& st);
 
   CacheManager* cache_;
   const DaemonInfo* info_;
   const Clock* clock_;
   SessionVisitor sessions_;
   Builder builder_{4096};
+  // Deferred responses are built here: they may be produced while builder_ holds a
+  // response half-built (a Release that frees pages completes a waiting Allocate).
+  Builder async_builder_{4096};
   OpMetrics op_metrics_[static_cast<int>(fb::Op::MAX) + 1];
   Counter* rejected_malformed_;
   Counter* rejected_oversized_;

@@ -19,7 +19,7 @@ namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
 
 // One connection. Lives in Server::sessions_ and in the handlers it has outstanding.
-class Session : public std::enable_shared_from_this<Session>, private ReplySink {
+class Session : public std::enable_shared_from_this<Session>, public ReplySink {
  public:
   Session(Server* server, stream::socket socket, SessionId id)
       : server_(server),
@@ -44,6 +44,7 @@ class Session : public std::enable_shared_from_this<Session>, private ReplySink 
       ctx_.gid = cred.gid;
     }
     ctx_.connected_ns = server_->clock_->NowNanos();
+    ctx_.async_sink = std::static_pointer_cast<ReplySink>(shared_from_this());
     Read();
   }
 
@@ -73,10 +74,12 @@ class Session : public std::enable_shared_from_this<Session>, private ReplySink 
     if (ec) {
       if (ec == asio::error::eof && in_.PendingBytes() > 0) {
         // The peer half-closed in the middle of a frame: say so, then close.
+        processing_ = true;
         server_->dispatcher_->RejectFrame(
             ctx_, InvalidArgument("truncated frame: connection ended after " +
                                   std::to_string(in_.PendingBytes()) + " bytes of a frame"),
             "truncated", *this);
+        processing_ = false;
         Flush();
         return;
       }
@@ -89,6 +92,7 @@ class Session : public std::enable_shared_from_this<Session>, private ReplySink 
 
   // Serves up to kFramesPerTurn frames, then yields to other sessions.
   void Process() {
+    processing_ = true;
     int served = 0;
     bool more = false;
     while (!closed_ && !ctx_.close_after_reply) {
@@ -105,6 +109,7 @@ class Session : public std::enable_shared_from_this<Session>, private ReplySink 
       server_->dispatcher_->HandleFrame(ctx_, (*next)->frame, *this);
       ++served;
     }
+    processing_ = false;
     Flush();
     if (closed_) return;
     if (more) {
@@ -130,6 +135,8 @@ class Session : public std::enable_shared_from_this<Session>, private ReplySink 
       }
       out_fds_.push_back(d);
     }
+    // A deferred response arrives outside Process(): send it now.
+    if (!processing_) Flush();
   }
 
   void Flush() {
@@ -178,6 +185,7 @@ class Session : public std::enable_shared_from_this<Session>, private ReplySink 
   bool waiting_write_ = false;
   bool paused_ = false;
   bool closed_ = false;
+  bool processing_ = false;
 };
 
 Server::Server(asio::io_context& io, const Options& options, const Clock* clock)

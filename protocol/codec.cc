@@ -62,6 +62,7 @@ std::string_view OpName(fb::Op op) {
     case fb::Op::Acquire: return "acquire";
     case fb::Op::Stats: return "stats";
     case fb::Op::Ping: return "ping";
+    case fb::Op::VerifyTier: return "verify";
     case fb::Op::NONE: return "none";
   }
   return "unknown";

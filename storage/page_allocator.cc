@@ -9,6 +9,18 @@ PageAllocator::PageAllocator(uint32_t capacity)
   for (uint32_t i = capacity; i > 0; --i) free_list_.push_back(i - 1);
 }
 
+PageAllocator::PageAllocator(uint32_t capacity, const std::vector<bool>& used)
+    : capacity_(capacity), free_bit_(capacity, true) {
+  free_list_.reserve(capacity);
+  for (uint32_t i = capacity; i > 0; --i) {
+    if (used[i - 1]) {
+      free_bit_[i - 1] = false;
+    } else {
+      free_list_.push_back(i - 1);
+    }
+  }
+}
+
 std::optional<PageId> PageAllocator::Allocate() {
   if (free_list_.empty()) return std::nullopt;
   PageId p = free_list_.back();

@@ -19,6 +19,9 @@ inline constexpr PageId kNoPage = 0xffffffffu;
 class PageAllocator {
  public:
   explicit PageAllocator(uint32_t capacity);
+  // Pages with used[page] == true start allocated (a tier rebuilt from its index).
+  // REQUIRES: used.size() == capacity.
+  PageAllocator(uint32_t capacity, const std::vector<bool>& used);
 
   // A free page, or nullopt when none is left. O(1).
   std::optional<PageId> Allocate();

@@ -1,0 +1,50 @@
+#include "daemon/daemon_main.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "daemon/config.h"
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+
+int DaemonMain(int argc, char** argv, Daemon::IoEngineWrapper wrap_io) {
+  CLI::App app{"kvtierd: node-local KV-cache tiering daemon for LLM inference hosts"};
+  std::string config_path;
+  bool print_default = false, version = false, check = false;
+  app.add_option("-c,--config", config_path, "YAML config file (default: the embedded default)");
+  app.add_flag("--print-default-config", print_default, "Print every config key with its default and exit");
+  app.add_flag("--check-config", check, "Validate the config and exit");
+  app.add_flag("-V,--version", version, "Print the version and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (version) {
+    std::printf("kvtierd %s\n", kVersion);
+    return 0;
+  }
+  if (print_default) {
+    std::fputs(DefaultConfigYaml().c_str(), stdout);
+    return 0;
+  }
+  auto config = config_path.empty() ? ParseConfig(DefaultConfigYaml()) : LoadConfigFile(config_path);
+  if (!config.ok()) {
+    KVTIER_LOG(ERROR) << config.status().message();
+    return 2;
+  }
+  if (check) {
+    std::printf("config OK\n");
+    return 0;
+  }
+  auto daemon = Daemon::Open(*config, std::move(wrap_io));
+  if (!daemon.ok()) {
+    KVTIER_LOG(ERROR) << "cannot start: " << daemon.status().ToString();
+    return 1;
+  }
+  Status st = (*daemon)->Run();
+  return st.ok() ? 0 : 1;
+}
+
+}  // namespace kvtier

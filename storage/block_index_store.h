@@ -1,0 +1,89 @@
+#pragma once
+// BlockIndexStore: the persistent index of blocks on the NVMe tier.
+//
+// Entries: block key (namespace ‖ hash) -> BlockRecord (slot, length, checksum, parent,
+// layout fingerprint, last access, hit count), plus the reverse slot -> block key so the
+// tier can evict a slot without holding every key in RAM, plus a few named meta values.
+// A put or delete of a block writes both directions in one atomic batch.
+//
+// Implementations: RocksDbBlockIndexStore (the daemon's), MemBlockIndexStore (tests and
+// index-less runs). Both are thread-safe: the control thread reads, the index writer
+// thread applies batches, a loader thread scans.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+struct BlockRecord {
+  uint32_t slot = 0;
+  uint32_t length = 0;           // bytes of block data in the slot
+  uint64_t checksum = 0;         // XXH3-64 of the data, seeded with XXH3-64 of the block key
+  std::string parent;            // parent hash bytes, empty for a first block
+  std::string layout_fingerprint;
+  uint32_t last_access = 0;      // Unix seconds
+  uint32_t hit_count = 0;
+
+  std::string Encode() const;
+  // kDataLoss for bytes that are not an encoded record.
+  static Result<BlockRecord> Decode(std::string_view bytes);
+};
+
+// The checksum a block's bytes must have under `key`: a slot reused for another block
+// never verifies for the old key.
+uint64_t BlockChecksum(std::string_view key, std::span<const uint8_t> data);
+
+struct IndexMutation {
+  enum class Kind : uint8_t {
+    kPut,           // block entry and slot -> key
+    kDelete,        // both
+    kPutRecord,     // block entry only (last access, hit count)
+    kDeleteRecord,  // block entry only (its slot belongs to someone else now)
+  };
+  Kind kind = Kind::kPut;
+  std::string key;
+  BlockRecord record;  // kDelete: only record.slot is used
+};
+
+class BlockIndexStore {
+ public:
+  virtual ~BlockIndexStore() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual Result<std::optional<BlockRecord>> Get(std::string_view key) = 0;
+  // One entry per key, nullopt where absent.
+  virtual Result<std::vector<std::optional<BlockRecord>>> MultiGet(std::span<const std::string> keys) = 0;
+  virtual Result<std::optional<std::string>> KeyOfSlot(uint32_t slot) = 0;
+  // Applies the batch atomically; with `sync`, durably (WAL synced) before returning.
+  virtual Status Apply(std::span<const IndexMutation> batch, bool sync) = 0;
+  // Calls fn(key, record) for every block in key order over a consistent snapshot, until
+  // fn returns false.
+  virtual Status Scan(const std::function<bool(std::string_view, const BlockRecord&)>& fn) = 0;
+  virtual Result<std::optional<std::string>> GetMeta(std::string_view name) = 0;
+  virtual Status PutMeta(std::string_view name, std::string_view value) = 0;
+  // Removes every block (the files no longer match the index).
+  virtual Status Clear() = 0;
+  // Persists buffered writes so the next open replays nothing.
+  virtual Status Flush() = 0;
+  // Approximate RAM held (caches, memtables, filters).
+  virtual uint64_t MemoryUsage() = 0;
+};
+
+struct RocksDbIndexOptions {
+  std::string path;
+  uint64_t block_cache_bytes = 16ull << 20;  // Default: 16 MiB
+  uint64_t write_buffer_bytes = 8ull << 20;  // Default: 8 MiB
+};
+
+Result<std::unique_ptr<BlockIndexStore>> OpenRocksDbBlockIndexStore(const RocksDbIndexOptions& options);
+std::unique_ptr<BlockIndexStore> NewMemBlockIndexStore();
+
+}  // namespace kvtier

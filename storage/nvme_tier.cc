@@ -1,0 +1,609 @@
+#include "storage/nvme_tier.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "protocol/base/logging.h"
+#include "protocol/base/units.h"
+
+namespace kvtier {
+namespace {
+constexpr const char* kGeometryMeta = "geometry";
+constexpr int64_t kBackoffBaseNs = 100'000'000;     // 100 ms
+constexpr int64_t kBackoffMaxNs = 10'000'000'000;   // 10 s
+}  // namespace
+
+// Applies index batches on its own thread, grouping whatever is queued into one write
+// (one WAL sync covers many blocks), and posts each batch's callback back.
+class NvmeTier::IndexWriter {
+ public:
+  explicit IndexWriter(BlockIndexStore* store) : store_(store), thread_([this] { Run(); }) {}
+  ~IndexWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // `done` runs on this thread; it must only post.
+  void Submit(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(Job{std::move(batch), sync, std::move(done)});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct Job {
+    std::vector<IndexMutation> batch;
+    bool sync;
+    std::function<void(Status)> done;
+  };
+  void Run() {
+    for (;;) {
+      std::deque<Job> jobs;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stop, with everything applied
+        jobs.swap(jobs_);
+      }
+      std::vector<IndexMutation> all;
+      bool sync = false;
+      for (Job& j : jobs) {
+        sync |= j.sync;
+        for (IndexMutation& m : j.batch) all.push_back(std::move(m));
+      }
+      const Status st = store_->Apply(all, sync);
+      for (Job& j : jobs) {
+        if (j.done) j.done(st);
+      }
+    }
+  }
+
+  BlockIndexStore* store_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
+                   std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock)
+    : options_(options),
+      io_(std::move(io)),
+      store_(std::move(store)),
+      post_(std::move(post)),
+      clock_(clock),
+      self_(std::make_shared<NvmeTier*>(this)) {}
+
+NvmeTier::~NvmeTier() {
+  if (loader_) loader_->join();
+  writer_.reset();  // applies what is queued
+  self_.reset();    // callbacks still queued on the control thread become no-ops
+  if (store_) {
+    Status st = store_->Flush();
+    if (!st.ok()) KVTIER_LOG(WARNING) << "nvme index flush at shutdown: " << st.ToString();
+  }
+}
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options,
+                                                 std::unique_ptr<IoEngine> io,
+                                                 std::unique_ptr<BlockIndexStore> store, Post post,
+                                                 const Clock* clock) {
+  if (!(options.low_watermark < options.high_watermark)) {
+    return InvalidArgument("nvme low_watermark must be below high_watermark");
+  }
+  std::unique_ptr<NvmeTier> t(new NvmeTier(options, std::move(io), std::move(store), std::move(post), clock));
+  KVTIER_ASSIGN_OR_RETURN(t->files_, SlotFiles::Open(options.files, options.slot_bytes));
+  KVTIER_ASSIGN_OR_RETURN(t->policy_, MakeEvictionPolicy(options.policy));
+  KVTIER_RETURN_IF_ERROR(t->Start());
+  return t;
+}
+
+void NvmeTier::PostSafe(std::function<void()> fn) {
+  std::weak_ptr<NvmeTier*> weak = self_;
+  post_([weak, fn = std::move(fn)] {
+    if (weak.lock()) fn();
+  });
+}
+
+Status NvmeTier::Start() {
+  // An index written for other files or another slot size describes nothing here.
+  const std::string geometry = files_->GeometryKey();
+  KVTIER_ASSIGN_OR_RETURN(auto old, store_->GetMeta(kGeometryMeta));
+  if (!old || *old != geometry) {
+    if (old) KVTIER_LOG(WARNING) << "nvme: slot geometry changed; discarding the old index";
+    KVTIER_RETURN_IF_ERROR(store_->Clear());
+    KVTIER_RETURN_IF_ERROR(store_->PutMeta(kGeometryMeta, geometry));
+  }
+  state_.assign(files_->slot_count(), SlotState::kUnknown);
+  writer_ = std::make_unique<IndexWriter>(store_.get());
+
+  // Rebuild slot occupancy and recency in the background; lookups work meanwhile.
+  const uint32_t capacity = files_->slot_count();
+  BlockIndexStore* store = store_.get();
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  loader_ = std::make_unique<std::thread>([store, capacity, weak, post] {
+    std::vector<std::pair<uint32_t, uint32_t>> slots;  // slot, last access
+    std::vector<std::pair<std::string, uint32_t>> stale;
+    std::vector<uint8_t> seen(capacity, 0);
+    std::unordered_set<uint32_t> dup;
+    Status st = store->Scan([&](std::string_view key, const BlockRecord& r) {
+      if (r.slot >= capacity) {
+        stale.emplace_back(std::string(key), r.slot);
+      } else if (seen[r.slot]) {
+        dup.insert(r.slot);
+      } else {
+        seen[r.slot] = 1;
+        slots.emplace_back(r.slot, r.last_access);
+      }
+      return true;
+    });
+    if (!dup.empty()) {
+      // Two entries claim a slot (a crash between a delete and a reuse): the slot map says
+      // whose it is; the others are stale.
+      (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
+        if (dup.count(r.slot)) {
+          auto owner = store->KeyOfSlot(r.slot);
+          if (owner.ok() && (!*owner || **owner != key)) stale.emplace_back(std::string(key), r.slot);
+        }
+        return true;
+      });
+    }
+    if (!st.ok()) KVTIER_LOG(ERROR) << "nvme: index scan: " << st.ToString();
+    post([weak, slots = std::move(slots), stale = std::move(stale)]() mutable {
+      if (auto self = weak.lock()) (*self)->OnLoaded(std::move(slots), std::move(stale));
+    });
+  });
+  return Status::Ok();
+}
+
+void NvmeTier::OnLoaded(std::vector<std::pair<uint32_t, uint32_t>> slots,
+                        std::vector<std::pair<std::string, uint32_t>> stale) {
+  std::stable_sort(slots.begin(), slots.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
+  const uint32_t capacity = files_->slot_count();
+  std::vector<bool> used(capacity, false);
+  for (auto [slot, last] : slots) {
+    if (state_[slot] != SlotState::kUnknown) continue;  // dropped while we were scanning
+    state_[slot] = SlotState::kIndexed;
+    ++indexed_;
+    policy_->Insert(slot, kNoBlock);  // oldest first: the first victims
+    if (readers_.count(slot)) policy_->SetEvictable(slot, false);
+  }
+  for (uint32_t s = 0; s < capacity; ++s) {
+    if (state_[s] == SlotState::kUnknown) state_[s] = SlotState::kFree;
+    used[s] = state_[s] != SlotState::kFree;
+  }
+  free_ = std::make_unique<PageAllocator>(capacity, used);
+  ready_ = true;
+  KVTIER_LOG(INFO) << "nvme: index loaded: " << indexed_ << " blocks in " << capacity << " slots";
+  // Stale entries name a slot past the files' end or one another entry owns: only the
+  // entry goes, never the slot.
+  for (auto& [key, slot] : stale) {
+    Apply({IndexMutation{IndexMutation::Kind::kDeleteRecord, key, {}}}, false, nullptr);
+  }
+  EnforceWatermark();
+}
+
+// ---- index ----
+
+Result<std::optional<BlockRecord>> NvmeTier::Find(const std::string& key) { return store_->Get(key); }
+
+Result<std::vector<std::optional<BlockRecord>>> NvmeTier::FindMany(std::span<const std::string> keys) {
+  return store_->MultiGet(keys);
+}
+
+void NvmeTier::Apply(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done) {
+  ++writes_outstanding_;
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  writer_->Submit(std::move(batch), sync, [weak, post, done = std::move(done)](Status st) {
+    post([weak, st, done] {
+      auto self = weak.lock();
+      if (!self) return;
+      --(*self)->writes_outstanding_;
+      if (!st.ok()) {
+        ++(*self)->counters_.index_errors;
+        KVTIER_LOG(ERROR) << "nvme index write: " << st.ToString();
+      }
+      if (done) done(st);
+    });
+  });
+}
+
+// ---- I/O plumbing ----
+
+uint32_t NvmeTier::IoLength(uint32_t length) const {
+  const uint32_t b = files_->logical_block_bytes();
+  return (length + b - 1) / b * b;
+}
+
+uint64_t NvmeTier::NewOp(Op op) {
+  const uint64_t id = next_op_++;
+  ops_.emplace(id, std::move(op));
+  return id;
+}
+
+void NvmeTier::Issue(const IoRequest& r) {
+  if (backlog_.empty() && io_->Enqueue(r).ok()) return;
+  backlog_.push_back(r);
+}
+
+void NvmeTier::Submit() {
+  while (!backlog_.empty() && io_->Enqueue(backlog_.front()).ok()) backlog_.pop_front();
+  Status st = io_->Submit();
+  if (!st.ok()) KVTIER_LOG(ERROR) << "nvme submit: " << st.ToString();
+}
+
+void NvmeTier::IssueSyncs() {
+  for (auto& [fd, waiting] : sync_waiting_) {
+    if (waiting.empty() || sync_in_flight_[fd]) continue;
+    Op sync{Op::Kind::kSync};
+    sync.fd = fd;
+    sync.batch = std::move(waiting);
+    waiting.clear();
+    const uint64_t sid = NewOp(std::move(sync));
+    sync_in_flight_[fd] = true;
+    Issue(IoRequest{IoOp::kFdatasync, fd, 0, nullptr, 0, -1, sid});
+  }
+}
+
+void NvmeTier::OnIoReady() {
+  for (const IoCompletion& c : io_->Reap()) {
+    auto it = ops_.find(c.tag);
+    if (it == ops_.end()) continue;
+    switch (it->second.kind) {
+      case Op::Kind::kSpillWrite: OnSpillWritten(c.tag, c.result); break;
+      case Op::Kind::kSync: OnSynced(c.tag, c.result); break;
+      case Op::Kind::kFetch: OnFetched(c.tag, c.result); break;
+    }
+  }
+  IssueSyncs();
+  Submit();
+}
+
+void NvmeTier::RegisterBuffer(uint32_t index, uint8_t* addr, size_t len) {
+  Status st = io_->RegisterBuffer(index, addr, len);
+  if (!st.ok()) KVTIER_LOG(WARNING) << "nvme: register buffer " << index << ": " << st.ToString();
+}
+
+void NvmeTier::NoteIoError() {
+  ++counters_.io_errors;
+  ++consecutive_errors_;
+  const int64_t backoff =
+      std::min<int64_t>(kBackoffMaxNs, kBackoffBaseNs << std::min(consecutive_errors_ - 1, 7));
+  backoff_until_ns_ = clock_->NowNanos() + backoff;
+}
+
+bool NvmeTier::spill_available() const {
+  if (!ready_ || clock_->NowNanos() < backoff_until_ns_) return false;
+  return free_->free_count() > 0 || policy_->evictable() > 0;
+}
+
+// ---- spill ----
+
+void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index,
+                     SpillDone done) {
+  auto fail = [this, &done](Status st) { PostSafe([done = std::move(done), st] { done(st, 0); }); };
+  if (!ready_) return fail(Unavailable("nvme tier still loading its index"));
+  if (clock_->NowNanos() < backoff_until_ns_) return fail(Unavailable("nvme tier backing off after an I/O error"));
+  if (meta.length == 0 || meta.length > files_->slot_bytes() || IoLength(meta.length) > data.size()) {
+    return fail(InvalidArgument("block does not fit an NVMe slot"));
+  }
+  std::optional<PageId> slot = free_->Allocate();
+  if (!slot) {
+    EnforceWatermark();
+    return fail(Unavailable("nvme tier has no free slot yet"));
+  }
+  state_[*slot] = SlotState::kWriting;
+  ++writing_;
+  meta.slot = *slot;
+  meta.checksum = BlockChecksum(key, data.first(meta.length));
+  meta.last_access = static_cast<uint32_t>(clock_->WallSeconds());
+  meta.hit_count = 0;
+  const SlotFiles::Location loc = files_->Locate(*slot);
+  Op op{Op::Kind::kSpillWrite};
+  op.slot = *slot;
+  op.key = std::move(key);
+  op.record = std::move(meta);
+  op.spill_done = std::move(done);
+  op.fd = loc.fd;
+  const uint32_t len = IoLength(op.record.length);
+  const uint64_t id = NewOp(std::move(op));
+  Issue(IoRequest{IoOp::kWrite, loc.fd, loc.offset, const_cast<uint8_t*>(data.data()), len, buf_index, id});
+  Submit();
+  EnforceWatermark();
+}
+
+void NvmeTier::FailSpill(uint64_t id, Status status) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;
+  Op op = std::move(it->second);
+  ops_.erase(it);
+  state_[op.slot] = SlotState::kFree;
+  --writing_;
+  (void)free_->Free(op.slot);
+  ++counters_.spill_failures;
+  if (op.spill_done) op.spill_done(std::move(status), op.slot);
+}
+
+void NvmeTier::OnSpillWritten(uint64_t id, int32_t result) {
+  Op& op = ops_.at(id);
+  if (result >= 0 && static_cast<uint32_t>(result) != IoLength(op.record.length)) result = -EIO;  // short
+  if (result < 0) {
+    KVTIER_LOG(WARNING) << "nvme: spill write to slot " << op.slot << " failed: " << std::strerror(-result);
+    NoteIoError();
+    return FailSpill(id, ErrnoStatus(-result, "nvme spill write"));
+  }
+  if (options_.durability == Durability::kRelaxed) return IndexSpills({id});
+  // Strict: the data must be on stable storage before its entry exists. One fdatasync per
+  // file covers every write completed before it was issued (IssueSyncs).
+  sync_waiting_[op.fd].push_back(id);
+}
+
+void NvmeTier::OnSynced(uint64_t id, int32_t result) {
+  Op op = std::move(ops_.at(id));
+  ops_.erase(id);
+  sync_in_flight_[op.fd] = false;
+  ++counters_.syncs;
+  if (result < 0) {
+    // A failed fdatasync leaves the file's state unknown: the writes it covered are not
+    // durable and are not indexed. The sync is not retried for them.
+    KVTIER_LOG(WARNING) << "nvme: fdatasync failed: " << std::strerror(-result) << "; "
+                        << op.batch.size() << " spills dropped";
+    NoteIoError();
+    for (uint64_t sid : op.batch) FailSpill(sid, ErrnoStatus(-result, "nvme fdatasync"));
+    return;
+  }
+  IndexSpills(std::move(op.batch));
+}
+
+void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
+  std::vector<IndexMutation> batch;
+  for (uint64_t id : ids) {
+    const Op& op = ops_.at(id);
+    batch.push_back(IndexMutation{IndexMutation::Kind::kPut, op.key, op.record});
+  }
+  Apply(std::move(batch), options_.durability == Durability::kStrict, [this, ids](Status st) {
+    for (uint64_t id : ids) {
+      auto it = ops_.find(id);
+      if (it == ops_.end()) continue;
+      Op& op = it->second;
+      if (!st.ok()) {
+        FailSpill(id, st);
+        continue;
+      }
+      consecutive_errors_ = 0;
+      state_[op.slot] = SlotState::kIndexed;
+      --writing_;
+      ++indexed_;
+      policy_->Insert(op.slot, kNoBlock);
+      ++counters_.spills;
+      counters_.spill_bytes += op.record.length;
+      SpillDone done = std::move(op.spill_done);
+      const uint32_t slot = op.slot;
+      ops_.erase(it);
+      if (done) done(Status::Ok(), slot);
+    }
+  });
+}
+
+// ---- fetch ----
+
+void NvmeTier::Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index,
+                     Done done) {
+  const uint32_t slot = record.slot;
+  auto fail = [this, &done](Status st) { PostSafe([done = std::move(done), st] { done(st); }); };
+  if (slot >= files_->slot_count() || record.length == 0 || record.length > files_->slot_bytes()) {
+    Drop(key, slot);
+    return fail(DataLoss("index entry names no valid slot"));
+  }
+  if (IoLength(record.length) > dst.size()) return fail(InvalidArgument("fetch buffer too small"));
+  if (readers_[slot]++ == 0 && ready_ && state_[slot] == SlotState::kIndexed) policy_->SetEvictable(slot, false);
+  const SlotFiles::Location loc = files_->Locate(slot);
+  Op op{Op::Kind::kFetch};
+  op.slot = slot;
+  op.key = std::move(key);
+  op.record = record;
+  op.done = std::move(done);
+  op.dst = dst;
+  const uint64_t id = NewOp(std::move(op));
+  Issue(IoRequest{IoOp::kRead, loc.fd, loc.offset, dst.data(), IoLength(record.length), buf_index, id});
+  Submit();
+}
+
+void NvmeTier::OnFetched(uint64_t id, int32_t result) {
+  Op op = std::move(ops_.at(id));
+  ops_.erase(id);
+  auto r = readers_.find(op.slot);
+  if (r != readers_.end() && --r->second == 0) {
+    readers_.erase(r);
+    if (ready_ && state_[op.slot] == SlotState::kIndexed) policy_->SetEvictable(op.slot, true);
+  }
+  if (result >= 0 && static_cast<uint32_t>(result) != IoLength(op.record.length)) result = -ENODATA;  // short
+  if (result < 0) {
+    ++counters_.fetch_failures;
+    ++counters_.io_errors;
+    KVTIER_LOG(WARNING) << "nvme: read of slot " << op.slot << " failed: " << std::strerror(-result)
+                        << "; dropping the entry";
+    Drop(op.key, op.slot);
+    return op.done(ErrnoStatus(-result, "nvme read"));
+  }
+  const auto data = std::span<const uint8_t>(op.dst.data(), op.record.length);
+  if (BlockChecksum(op.key, data) != op.record.checksum) {
+    ++counters_.checksum_failures;
+    ++counters_.fetch_failures;
+    KVTIER_LOG(WARNING) << "nvme: block in slot " << op.slot << " failed its checksum; dropped";
+    Drop(op.key, op.slot);
+    return op.done(DataLoss("block failed its checksum"));
+  }
+  ++counters_.fetches;
+  counters_.fetch_bytes += op.record.length;
+  op.done(Status::Ok());
+}
+
+// ---- recency, drops, eviction ----
+
+void NvmeTier::Touch(uint32_t slot) {
+  if (ready_ && slot < state_.size() && state_[slot] == SlotState::kIndexed) policy_->Touch(slot);
+}
+
+void NvmeTier::RecordHit(const std::string& key, const BlockRecord& record) {
+  if (record.slot >= state_.size() || state_[record.slot] != SlotState::kIndexed) return;
+  Touch(record.slot);
+  BlockRecord r = record;
+  r.last_access = static_cast<uint32_t>(clock_->WallSeconds());
+  ++r.hit_count;
+  Apply({IndexMutation{IndexMutation::Kind::kPutRecord, key, r}}, false, nullptr);
+}
+
+void NvmeTier::Drop(const std::string& key, uint32_t slot) {
+  const bool mine = slot < state_.size() &&
+                    (state_[slot] == SlotState::kIndexed || state_[slot] == SlotState::kUnknown) && [&] {
+                      auto owner = store_->KeyOfSlot(slot);
+                      return owner.ok() && *owner && **owner == key;
+                    }();
+  if (!mine) {
+    Apply({IndexMutation{IndexMutation::Kind::kDeleteRecord, key, {}}}, false,
+          [this, key](Status) { if (drop_listener_) drop_listener_(key); });
+    return;
+  }
+  if (state_[slot] == SlotState::kIndexed) {
+    if (ready_) policy_->Erase(slot);
+    --indexed_;
+  }
+  state_[slot] = SlotState::kDeleting;
+  ++deleting_;
+  IndexMutation m{IndexMutation::Kind::kDelete, key, {}};
+  m.record.slot = slot;
+  // The slot is free for reuse only once the entry naming it is gone.
+  Apply({std::move(m)}, false, [this, key, slot](Status st) {
+    --deleting_;
+    if (!st.ok()) {
+      // The entry may still exist: keep the slot out of use (a later scrub or restart
+      // settles it) rather than risk two entries on one slot.
+      return;
+    }
+    state_[slot] = SlotState::kFree;
+    if (ready_) (void)free_->Free(slot);
+    if (drop_listener_) drop_listener_(key);
+  });
+}
+
+void NvmeTier::EnforceWatermark() {
+  if (!ready_) return;
+  const double cap = files_->slot_count();
+  auto used = [&] { return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_); };
+  if (used() <= options_.high_watermark * cap) return;
+  while (used() > options_.low_watermark * cap) {
+    const BlockId victim = policy_->Victim();
+    if (victim == kNoBlock) break;
+    auto key = store_->KeyOfSlot(victim);
+    if (!key.ok() || !*key) {
+      // No entry names this slot any more: it is simply free.
+      policy_->Erase(victim);
+      --indexed_;
+      state_[victim] = SlotState::kFree;
+      (void)free_->Free(victim);
+      continue;
+    }
+    ++counters_.evictions;
+    Drop(**key, victim);
+  }
+}
+
+// ---- scrub ----
+
+void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
+  // The scrub reads on its own thread with blocking I/O into its own buffer, so the control
+  // thread never waits; bad entries are dropped through the control thread.
+  const int64_t start = clock_->NowNanos();
+  BlockIndexStore* store = store_.get();
+  std::vector<std::pair<int, uint64_t>> locations;  // by slot
+  for (uint32_t s = 0; s < files_->slot_count(); ++s) {
+    auto loc = files_->Locate(s);
+    locations.emplace_back(loc.fd, loc.offset);
+  }
+  const uint32_t block = files_->logical_block_bytes();
+  const uint64_t slot_bytes = files_->slot_bytes();
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  const Clock* clock = clock_;
+  std::thread([=, locations = std::move(locations), done = std::move(done)]() mutable {
+    VerifyReport report;
+    void* raw = nullptr;
+    if (::posix_memalign(&raw, 4096, slot_bytes) != 0) {
+      report.status = ResourceExhausted("no memory for the scrub buffer");
+    } else {
+      std::vector<std::pair<std::string, uint32_t>> bad;
+      report.status = store->Scan([&](std::string_view key, const BlockRecord& r) {
+        ++report.checked;
+        bool good = r.slot < locations.size() && r.length > 0 && r.length <= slot_bytes;
+        if (good) {
+          const uint32_t len = (r.length + block - 1) / block * block;
+          ssize_t n = ::pread(locations[r.slot].first, raw, len, static_cast<off_t>(locations[r.slot].second));
+          good = n == static_cast<ssize_t>(len) &&
+                 BlockChecksum(key, std::span<const uint8_t>(static_cast<uint8_t*>(raw), r.length)) == r.checksum;
+        }
+        if (!good) bad.emplace_back(std::string(key), r.slot);
+        return true;
+      });
+      ::free(raw);
+      report.dropped = bad.size();
+      post([weak, bad = std::move(bad)] {
+        if (auto self = weak.lock()) {
+          for (const auto& [key, slot] : bad) {
+            ++(*self)->counters_.checksum_failures;
+            (*self)->Drop(key, slot);
+          }
+        }
+      });
+    }
+    report.seconds = static_cast<double>(clock->NowNanos() - start) * 1e-9;
+    post([weak, report, done = std::move(done)] {
+      if (weak.lock()) done(report);
+    });
+  }).detach();
+}
+
+// ---- accounting ----
+
+NvmeCounts NvmeTier::Counts() const {
+  NvmeCounts c;
+  c.capacity = files_->slot_count();
+  if (!ready_) {
+    c.inflight = c.capacity;  // not known yet: being loaded
+    return c;
+  }
+  c.free = free_->free_count();
+  c.inflight = writing_ + deleting_;
+  c.cached = indexed_;
+  return c;
+}
+
+uint64_t NvmeTier::MemoryUsage() const {
+  const uint64_t slots = files_->slot_count();
+  // state byte + free list entry + free bit + LRU node (two links and flags).
+  return slots * (1 + 4) + slots / 8 + slots * 12 + store_->MemoryUsage();
+}
+
+std::string NvmeTier::Describe() const {
+  return files_->Describe() + ", io " + std::string(io_->name()) + ", index " + std::string(store_->name());
+}
+
+}  // namespace kvtier

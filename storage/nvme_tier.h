@@ -1,0 +1,215 @@
+#pragma once
+// NvmeTier: blocks spilled to slot files through an IoEngine, indexed in a
+// BlockIndexStore so they survive restarts.
+//
+// Write order (what makes a crash safe): a block's bytes are written to a free slot (and,
+// with durability strict, fdatasync'ed) before its index entry is put; a slot is handed
+// out again only after the entry pointing at it is deleted. Every entry carries an XXH3
+// checksum seeded with the block key, so bytes that changed on disk — or a slot reused
+// for another block whose entry survived a crash — never verify: Fetch then fails with
+// kDataLoss, counts a checksum failure and drops the entry. It is a cache: losing an
+// entry is allowed, serving wrong bytes is not.
+//
+// RAM per block stays small: keys live only in the index; the tier keeps a state byte, a
+// free-list slot and an eviction-policy node per slot. At Open the index is usable at once
+// (Find and Fetch work); a loader thread scans it to rebuild which slots are taken and
+// their recency, and only then does the tier accept spills (ready()).
+//
+// Threads: every method runs on the owner's (control) thread, and callbacks are delivered
+// there through the `post` executor given to Open — never from inside the call that
+// takes them, so a caller may finish its bookkeeping after starting an operation. Index writes run on an internal writer
+// thread (grouped: one synced batch covers many blocks), the restart scan on a loader
+// thread; neither ever blocks the control thread.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "protocol/base/clock.h"
+#include "protocol/base/status.h"
+#include "storage/block_index_store.h"
+#include "storage/eviction_policy.h"
+#include "storage/io_engine.h"
+#include "storage/page_allocator.h"
+#include "storage/slot_files.h"
+
+namespace kvtier {
+
+enum class Durability {
+  kStrict,   // fdatasync the data and sync the index batch before a spill counts as done
+  kRelaxed,  // neither: a crash may lose recent entries (never serve wrong bytes)
+};
+
+struct NvmeTierOptions {
+  std::vector<SlotFileSpec> files;
+  uint64_t slot_bytes = 2ull << 20;  // = the host tier's page size
+  Durability durability = Durability::kStrict;
+  // Above high (fraction of slots in use) the coldest blocks are dropped down to low.
+  double high_watermark = 0.95;
+  double low_watermark = 0.90;
+  std::string policy = "lru";
+};
+
+struct NvmeCounts {
+  uint32_t capacity = 0, free = 0, inflight = 0, cached = 0;
+};
+
+struct NvmeCounters {
+  uint64_t spills = 0, spill_bytes = 0, spill_failures = 0;
+  uint64_t fetches = 0, fetch_bytes = 0, fetch_failures = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t io_errors = 0;
+  uint64_t index_errors = 0;
+  uint64_t evictions = 0;
+  uint64_t syncs = 0;
+};
+
+struct VerifyReport {
+  uint64_t checked = 0;
+  uint64_t dropped = 0;     // did not verify (or could not be read); entry removed
+  double seconds = 0;
+  Status status;            // OK unless the scrub itself could not run
+};
+
+class NvmeTier {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  using SpillDone = std::function<void(Status, uint32_t slot)>;
+  using Done = std::function<void(Status)>;
+
+  static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options,
+                                                std::unique_ptr<IoEngine> io,
+                                                std::unique_ptr<BlockIndexStore> store, Post post,
+                                                const Clock* clock);
+  // Waits for the writer and loader threads and flushes the index (a clean restart then
+  // replays nothing). Callbacks not delivered yet are dropped.
+  ~NvmeTier();
+
+  // ---- index (synchronous reads; absent keys are cheap) ----
+  Result<std::optional<BlockRecord>> Find(const std::string& key);
+  Result<std::vector<std::optional<BlockRecord>>> FindMany(std::span<const std::string> keys);
+
+  // ---- data ----
+  // Writes `data` as the block `key` (meta: parent, layout fingerprint) and indexes it;
+  // done(OK, slot) once it is durable per the durability setting. Fails at once with
+  // kUnavailable while !spill_available() or when no slot is free; the data must stay
+  // unchanged until done runs. buf_index names the registered buffer holding data, or -1.
+  void Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index,
+             SpillDone done);
+  // Reads the block of `record` into `dst` (at least the slot-aligned length) and verifies
+  // it under `key`. kDataLoss, with the entry dropped, when it does not verify; the I/O
+  // error otherwise.
+  void Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index,
+             Done done);
+  // A use of the block in `slot` (a lookup hit): recency for eviction only.
+  void Touch(uint32_t slot);
+  // A block served from this tier: recency, and last access and hit count in the index.
+  void RecordHit(const std::string& key, const BlockRecord& record);
+  // Deletes the entry; the slot is freed once the delete is applied.
+  void Drop(const std::string& key, uint32_t slot);
+  // Reads and verifies every indexed block, dropping those that fail.
+  void Verify(std::function<void(VerifyReport)> done);
+
+  // Makes [addr, addr + len) registered buffer `index` for zero-copy I/O.
+  void RegisterBuffer(uint32_t index, uint8_t* addr, size_t len);
+  // Called (on the control thread) after an entry left the index: evicted or failed.
+  void SetDropListener(std::function<void(const std::string& key)> listener) {
+    drop_listener_ = std::move(listener);
+  }
+
+  // The IoEngine's eventfd; call OnIoReady() when it is readable.
+  int notify_fd() const { return io_->notify_fd(); }
+  void OnIoReady();
+
+  bool ready() const { return ready_; }
+  // Ready, not backing off after an I/O error, a slot free or freeable.
+  bool spill_available() const;
+  NvmeCounts Counts() const;
+  const NvmeCounters& counters() const { return counters_; }
+  std::string_view io_backend() const { return io_->name(); }
+  std::string_view index_backend() const { return store_->name(); }
+  std::string Describe() const;
+  uint64_t slot_bytes() const { return files_->slot_bytes(); }
+  double high_watermark() const { return options_.high_watermark; }
+  double low_watermark() const { return options_.low_watermark; }
+  // Bytes of RAM the tier's own per-slot structures and the index store hold.
+  uint64_t MemoryUsage() const;
+  // Blocks a drain of in-flight work would still deliver.
+  size_t pending_operations() const { return ops_.size() + writes_outstanding_; }
+  // Spills started and not finished.
+  uint32_t spills_in_flight() const { return writing_; }
+
+ private:
+  class IndexWriter;
+  enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDeleting, kUnknown };
+  struct Op {
+    enum class Kind : uint8_t { kSpillWrite, kSync, kFetch } kind;
+    uint32_t slot = 0;
+    std::string key;
+    BlockRecord record;
+    SpillDone spill_done;
+    Done done;
+    std::span<uint8_t> dst;
+    std::vector<uint64_t> batch;  // kSync: spill ops covered by this sync
+    int fd = -1;
+  };
+
+  NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
+           std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock);
+  Status Start();
+  void OnLoaded(std::vector<std::pair<uint32_t, uint32_t>> slots_by_recency,
+                std::vector<std::pair<std::string, uint32_t>> stale);
+  uint32_t IoLength(uint32_t length) const;
+  uint64_t NewOp(Op op);
+  // Hands `r` to the engine, or keeps it until the engine has room.
+  void Issue(const IoRequest& r);
+  void Submit();
+  void IssueSyncs();
+  void OnSpillWritten(uint64_t id, int32_t result);
+  void OnSynced(uint64_t id, int32_t result);
+  void IndexSpills(std::vector<uint64_t> ids);
+  void OnFetched(uint64_t id, int32_t result);
+  void FailSpill(uint64_t id, Status status);
+  void NoteIoError();
+  void EnforceWatermark();
+  void Apply(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done);
+  // Runs `fn` on the control thread unless this tier is gone by then.
+  void PostSafe(std::function<void()> fn);
+
+  NvmeTierOptions options_;
+  std::unique_ptr<IoEngine> io_;
+  std::unique_ptr<BlockIndexStore> store_;
+  std::unique_ptr<SlotFiles> files_;
+  Post post_;
+  const Clock* clock_;
+  std::shared_ptr<NvmeTier*> self_;  // expires with this object (see PostSafe)
+  std::unique_ptr<IndexWriter> writer_;
+  std::unique_ptr<std::thread> loader_;
+  bool ready_ = false;
+
+  std::vector<SlotState> state_;
+  std::unique_ptr<PageAllocator> free_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::unordered_map<uint32_t, uint32_t> readers_;   // slot -> fetches in flight
+  std::vector<uint32_t> dropped_while_loading_;
+  uint32_t writing_ = 0, deleting_ = 0, indexed_ = 0;
+
+  std::unordered_map<uint64_t, Op> ops_;
+  std::deque<IoRequest> backlog_;                    // waiting for engine capacity
+  uint64_t next_op_ = 1;
+  size_t writes_outstanding_ = 0;                    // index batches not applied yet
+  std::unordered_map<int, std::vector<uint64_t>> sync_waiting_;  // fd -> written spills
+  std::unordered_map<int, bool> sync_in_flight_;
+  int64_t backoff_until_ns_ = 0;
+  int consecutive_errors_ = 0;
+  std::function<void(const std::string&)> drop_listener_;
+  NvmeCounters counters_;
+};
+
+}  // namespace kvtier
