@@ -1,0 +1,134 @@
+// One conformance suite for every BlockIndexStore.
+#include "storage/block_index_store.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/support/test_util.h"
+
+namespace kvtier {
+namespace {
+
+BlockRecord Rec(uint32_t slot) {
+  BlockRecord r;
+  r.slot = slot;
+  r.length = 4096 + slot;
+  r.checksum = 0x1234567890ull * (slot + 1);
+  r.parent = std::string(16, static_cast<char>(slot));
+  r.layout_fingerprint = std::string(16, 'f');
+  r.last_access = 1000 + slot;
+  r.hit_count = slot * 2;
+  return r;
+}
+
+class BlockIndexStoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { Open(); }
+  void Open() {
+    store_.reset();
+    if (GetParam() == "memory") {
+      if (!mem_) mem_ = NewMemBlockIndexStore();
+      return;
+    }
+    RocksDbIndexOptions o;
+    o.path = dir_.File("index");
+    auto s = OpenRocksDbBlockIndexStore(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(s).value();
+  }
+  BlockIndexStore& S() { return store_ ? *store_ : *mem_; }
+  Status Put(const std::string& key, uint32_t slot) {
+    return S().Apply(std::vector<IndexMutation>{{IndexMutation::Kind::kPut, key, Rec(slot)}}, true);
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<BlockIndexStore> store_;
+  std::unique_ptr<BlockIndexStore> mem_;
+};
+
+TEST_P(BlockIndexStoreTest, RecordsRoundTrip) {
+  ASSERT_TRUE(Put("key-a", 7).ok());
+  auto r = S().Get("key-a");
+  ASSERT_TRUE(r.ok() && r->has_value());
+  const BlockRecord& got = **r;
+  const BlockRecord want = Rec(7);
+  EXPECT_EQ(got.slot, want.slot);
+  EXPECT_EQ(got.length, want.length);
+  EXPECT_EQ(got.checksum, want.checksum);
+  EXPECT_EQ(got.parent, want.parent);
+  EXPECT_EQ(got.layout_fingerprint, want.layout_fingerprint);
+  EXPECT_EQ(got.last_access, want.last_access);
+  EXPECT_EQ(got.hit_count, want.hit_count);
+  EXPECT_FALSE(S().Get("key-b")->has_value());
+  EXPECT_EQ(**S().KeyOfSlot(7), "key-a");
+  EXPECT_FALSE(S().KeyOfSlot(8)->has_value());
+}
+
+TEST_P(BlockIndexStoreTest, DeleteRemovesBothDirectionsAndRecordOnlyKeepsTheSlot) {
+  ASSERT_TRUE(Put("a", 1).ok());
+  ASSERT_TRUE(Put("b", 2).ok());
+  IndexMutation del{IndexMutation::Kind::kDelete, "a", {}};
+  del.record.slot = 1;
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{del}, false).ok());
+  EXPECT_FALSE(S().Get("a")->has_value());
+  EXPECT_FALSE(S().KeyOfSlot(1)->has_value());
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{{IndexMutation::Kind::kDeleteRecord, "b", {}}}, false).ok());
+  EXPECT_FALSE(S().Get("b")->has_value());
+  EXPECT_EQ(**S().KeyOfSlot(2), "b") << "a record-only delete must leave the slot map";
+}
+
+TEST_P(BlockIndexStoreTest, MultiGetScanMetaAndClear) {
+  for (uint32_t i = 0; i < 50; ++i) ASSERT_TRUE(Put("k" + std::to_string(100 + i), i).ok());
+  std::vector<std::string> keys = {"k100", "nope", "k149"};
+  auto m = S().MultiGet(keys);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->size(), 3u);
+  EXPECT_EQ((*m)[0]->slot, 0u);
+  EXPECT_FALSE((*m)[1].has_value());
+  EXPECT_EQ((*m)[2]->slot, 49u);
+  size_t n = 0;
+  std::string prev;
+  ASSERT_TRUE(S().Scan([&](std::string_view k, const BlockRecord&) {
+                  EXPECT_LT(prev, std::string(k));
+                  prev = std::string(k);
+                  ++n;
+                  return true;
+                }).ok());
+  EXPECT_EQ(n, 50u);
+  ASSERT_TRUE(S().PutMeta("geometry", "g1").ok());
+  EXPECT_EQ(**S().GetMeta("geometry"), "g1");
+  ASSERT_TRUE(S().Clear().ok());
+  n = 0;
+  ASSERT_TRUE(S().Scan([&](std::string_view, const BlockRecord&) { return ++n, true; }).ok());
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(**S().GetMeta("geometry"), "g1") << "Clear keeps meta";
+}
+
+TEST_P(BlockIndexStoreTest, SurvivesReopen) {
+  ASSERT_TRUE(Put("durable", 3).ok());
+  ASSERT_TRUE(S().Flush().ok());
+  Open();
+  auto r = S().Get("durable");
+  ASSERT_TRUE(r.ok() && r->has_value());
+  EXPECT_EQ((*r)->slot, 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, BlockIndexStoreTest, ::testing::Values("rocksdb", "memory"),
+                         [](const auto& info) { return info.param; });
+
+TEST(BlockRecord, CorruptBytesAreDataLoss) {
+  EXPECT_EQ(BlockRecord::Decode("").status().code(), StatusCode::kDataLoss);
+  std::string e = Rec(1).Encode();
+  EXPECT_TRUE(BlockRecord::Decode(e).ok());
+  EXPECT_FALSE(BlockRecord::Decode(e.substr(0, e.size() - 3)).ok());
+  e[0] = 9;  // unknown version
+  EXPECT_FALSE(BlockRecord::Decode(e).ok());
+}
+
+TEST(BlockChecksum, IsSeededWithTheKey) {
+  const uint8_t data[64] = {1, 2, 3};
+  EXPECT_NE(BlockChecksum("key-1", data), BlockChecksum("key-2", data));
+  EXPECT_EQ(BlockChecksum("key-1", data), BlockChecksum("key-1", data));
+}
+
+}  // namespace
+}  // namespace kvtier

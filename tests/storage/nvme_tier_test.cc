@@ -1,0 +1,342 @@
+#include "storage/nvme_tier.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "tests/support/fault_injection_io_engine.h"
+#include "tests/support/test_util.h"
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kSlot = 64 * 1024;
+
+// The control thread of these tests: posted callbacks queue here and run in Pump().
+class Loop {
+ public:
+  NvmeTier::Post Poster() {
+    return [this](std::function<void()> fn) {
+      std::lock_guard<std::mutex> lock(mu_);
+      q_.push_back(std::move(fn));
+    };
+  }
+  // Runs posted work and I/O completions until `done` or 10 s.
+  template <class Pred>
+  bool Pump(NvmeTier* t, Pred done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      RunPosted();
+      if (done()) return true;
+      pollfd p{t->notify_fd(), POLLIN, 0};
+      if (::poll(&p, 1, 2) > 0) t->OnIoReady();
+    }
+    return done();
+  }
+  void RunPosted() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (q_.empty()) return;
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      fn();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<std::function<void()>> q_;
+};
+
+struct Page {
+  explicit Page(uint8_t seed) {
+    void* p = nullptr;
+    EXPECT_EQ(::posix_memalign(&p, 4096, kSlot), 0);
+    data = static_cast<uint8_t*>(p);
+    for (size_t i = 0; i < kSlot; ++i) data[i] = static_cast<uint8_t>(seed + i * 13);
+  }
+  ~Page() { ::free(data); }
+  std::span<uint8_t> span() { return {data, kSlot}; }
+  uint8_t* data;
+};
+
+class NvmeTierTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<NvmeTier> Open(uint32_t slots = 16, Durability d = Durability::kStrict,
+                                 const std::string& faults = "", double high = 0.95, double low = 0.9) {
+    NvmeTierOptions o;
+    o.files = {SlotFileSpec{dir_.File("slots0"), slots * kSlot}};
+    o.slot_bytes = kSlot;
+    o.durability = d;
+    o.high_watermark = high;
+    o.low_watermark = low;
+    IoEngineOptions io;
+    io.backend = "auto";
+    auto engine = OpenIoEngine(io);
+    EXPECT_TRUE(engine.ok());
+    std::unique_ptr<IoEngine> e = std::move(engine).value();
+    if (!faults.empty()) e = std::make_unique<FaultInjectionIoEngine>(std::move(e), *ParseIoFaults(faults));
+    RocksDbIndexOptions ro;
+    ro.path = dir_.File("index");
+    auto store = OpenRocksDbBlockIndexStore(ro);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    auto t = NvmeTier::Open(o, std::move(e), std::move(store).value(), loop_.Poster(), &clock_);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return nullptr;
+    auto tier = std::move(t).value();
+    EXPECT_TRUE(loop_.Pump(tier.get(), [&] { return tier->ready(); }));
+    return tier;
+  }
+
+  Result<uint32_t> Spill(NvmeTier* t, const std::string& key, Page& page, uint32_t length = kSlot) {
+    BlockRecord meta;
+    meta.length = length;
+    bool done = false;
+    Status st;
+    uint32_t slot = 0;
+    t->Spill(key, meta, page.span(), -1, [&](Status s, uint32_t sl) {
+      st = s;
+      slot = sl;
+      done = true;
+    });
+    EXPECT_TRUE(loop_.Pump(t, [&] { return done; }));
+    if (!st.ok()) return st;
+    return slot;
+  }
+
+  Status Fetch(NvmeTier* t, const std::string& key, const BlockRecord& rec, Page& into) {
+    bool done = false;
+    Status st;
+    t->Fetch(key, rec, into.span(), -1, [&](Status s) {
+      st = s;
+      done = true;
+    });
+    EXPECT_TRUE(loop_.Pump(t, [&] { return done; }));
+    return st;
+  }
+
+  BlockRecord Find(NvmeTier* t, const std::string& key) {
+    auto r = t->Find(key);
+    EXPECT_TRUE(r.ok() && r->has_value()) << key;
+    return r.ok() && r->has_value() ? **r : BlockRecord{};
+  }
+
+  void Settle(NvmeTier* t) {
+    loop_.Pump(t, [&] { return t->pending_operations() == 0; });
+  }
+
+  testing::TempDir dir_;
+  Loop loop_;
+  SystemClock clock_;
+};
+
+TEST_F(NvmeTierTest, SpilledBlockIsIndexedAndReadsBackVerified) {
+  auto t = Open();
+  Page a(1), back(0);
+  auto slot = Spill(t.get(), "ns|hash-a", a);
+  ASSERT_TRUE(slot.ok()) << slot.status().ToString();
+  BlockRecord rec = Find(t.get(), "ns|hash-a");
+  EXPECT_EQ(rec.slot, *slot);
+  EXPECT_EQ(rec.length, kSlot);
+  ASSERT_TRUE(Fetch(t.get(), "ns|hash-a", rec, back).ok());
+  EXPECT_EQ(std::memcmp(a.data, back.data, kSlot), 0);
+  NvmeCounts c = t->Counts();
+  EXPECT_EQ(c.cached, 1u);
+  EXPECT_EQ(c.free + c.inflight + c.cached, c.capacity);
+  EXPECT_GE(t->counters().syncs, 1u) << "strict durability syncs the data";
+}
+
+TEST_F(NvmeTierTest, UnalignedBlockLengthIsPaddedOnDiskButChecksummedExactly) {
+  auto t = Open(16, Durability::kRelaxed);
+  Page a(2), back(9);
+  ASSERT_TRUE(Spill(t.get(), "odd", a, 10'000).ok());
+  BlockRecord rec = Find(t.get(), "odd");
+  EXPECT_EQ(rec.length, 10'000u);
+  ASSERT_TRUE(Fetch(t.get(), "odd", rec, back).ok());
+  EXPECT_EQ(std::memcmp(a.data, back.data, 10'000), 0);
+  EXPECT_EQ(t->counters().syncs, 0u) << "relaxed durability does not sync";
+}
+
+TEST_F(NvmeTierTest, CorruptedBytesAreDataLossAndTheEntryIsDropped) {
+  auto t = Open();
+  Page a(3), back(0);
+  auto slot = Spill(t.get(), "victim", a);
+  ASSERT_TRUE(slot.ok());
+  BlockRecord rec = Find(t.get(), "victim");
+  // Flip a byte of the slot on disk behind the tier's back.
+  int fd = ::open(dir_.File("slots0").c_str(), O_RDWR);
+  uint8_t b;
+  ASSERT_EQ(::pread(fd, &b, 1, *slot * kSlot + 777), 1);
+  b ^= 0xff;
+  ASSERT_EQ(::pwrite(fd, &b, 1, *slot * kSlot + 777), 1);
+  ::fsync(fd);
+  ::close(fd);
+  // Bypass any page cache: the slot file is O_DIRECT in the tier.
+  Status st = Fetch(t.get(), "victim", rec, back);
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(t->counters().checksum_failures, 1u);
+  Settle(t.get());
+  EXPECT_FALSE(t->Find("victim")->has_value());
+  EXPECT_EQ(t->Counts().cached, 0u);
+  EXPECT_EQ(t->Counts().free, t->Counts().capacity) << "the slot is free again";
+}
+
+TEST_F(NvmeTierTest, ARecordNeverVerifiesUnderAnotherKey) {
+  auto t = Open();
+  Page a(4), back(0);
+  ASSERT_TRUE(Spill(t.get(), "real-key", a).ok());
+  BlockRecord rec = Find(t.get(), "real-key");
+  EXPECT_EQ(Fetch(t.get(), "other-key", rec, back).code(), StatusCode::kDataLoss);
+  Settle(t.get());
+  // The stale entry's drop did not take the slot from its real owner.
+  EXPECT_TRUE(t->Find("real-key")->has_value());
+  EXPECT_TRUE(Fetch(t.get(), "real-key", rec, back).ok());
+}
+
+struct FaultCase {
+  const char* spec;
+  Durability durability;
+};
+
+class NvmeFaultTest : public NvmeTierTest, public ::testing::WithParamInterface<FaultCase> {};
+
+TEST_P(NvmeFaultTest, AFailedWriteOrSyncIsNeverIndexedAndTheTierRecovers) {
+  auto t = Open(16, GetParam().durability, GetParam().spec);
+  Page a(5), b(6), back(0);
+  auto first = Spill(t.get(), "fails", a);
+  EXPECT_FALSE(first.ok()) << GetParam().spec;
+  Settle(t.get());
+  EXPECT_FALSE(t->Find("fails")->has_value()) << "indexed after a failed write or sync";
+  NvmeCounts c = t->Counts();
+  EXPECT_EQ(c.cached, 0u);
+  EXPECT_EQ(c.free, c.capacity) << "the slot of the failed spill came back";
+  EXPECT_GE(t->counters().io_errors, 1u);
+  EXPECT_FALSE(t->spill_available()) << "backs off after an I/O error";
+  // After the back-off the next spill goes through.
+  ASSERT_TRUE(loop_.Pump(t.get(), [&] { return t->spill_available(); }));
+  auto second = Spill(t.get(), "works", b);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(Fetch(t.get(), "works", Find(t.get(), "works"), back).ok());
+  EXPECT_EQ(std::memcmp(b.data, back.data, kSlot), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, NvmeFaultTest,
+                         ::testing::Values(FaultCase{"write:1:eio", Durability::kStrict},
+                                           FaultCase{"write:1:enospc", Durability::kStrict},
+                                           FaultCase{"write:1:short", Durability::kRelaxed},
+                                           FaultCase{"write:1:eagain", Durability::kRelaxed},
+                                           FaultCase{"sync:1:eio", Durability::kStrict}),
+                         [](const auto& info) {
+                           std::string n = info.param.spec;
+                           for (char& ch : n) {
+                             if (ch == ':') ch = '_';
+                           }
+                           return n;
+                         });
+
+TEST_F(NvmeTierTest, AReadErrorIsAMissAndDropsTheEntry) {
+  auto t = Open(16, Durability::kRelaxed, "read:1:eio");
+  Page a(7), back(0);
+  ASSERT_TRUE(Spill(t.get(), "k", a).ok());
+  EXPECT_FALSE(Fetch(t.get(), "k", Find(t.get(), "k"), back).ok());
+  Settle(t.get());
+  EXPECT_FALSE(t->Find("k")->has_value());
+}
+
+TEST_F(NvmeTierTest, ReopenFindsEveryBlockAndRebuildsOccupancy) {
+  std::vector<std::vector<uint8_t>> want;
+  {
+    auto t = Open(16);
+    for (int i = 0; i < 10; ++i) {
+      Page p(static_cast<uint8_t>(10 + i));
+      ASSERT_TRUE(Spill(t.get(), "k" + std::to_string(i), p).ok());
+      want.emplace_back(p.data, p.data + kSlot);
+    }
+  }
+  auto t = Open(16);
+  NvmeCounts c = t->Counts();
+  EXPECT_EQ(c.cached, 10u);
+  EXPECT_EQ(c.free, 6u);
+  for (int i = 0; i < 10; ++i) {
+    Page back(0);
+    const std::string key = "k" + std::to_string(i);
+    ASSERT_TRUE(Fetch(t.get(), key, Find(t.get(), key), back).ok()) << key;
+    EXPECT_EQ(std::memcmp(want[i].data(), back.data, kSlot), 0) << key;
+  }
+  // New spills use the free slots, never an occupied one.
+  Page extra(99);
+  auto slot = Spill(t.get(), "new", extra);
+  ASSERT_TRUE(slot.ok());
+  for (int i = 0; i < 10; ++i) EXPECT_NE(Find(t.get(), "k" + std::to_string(i)).slot, *slot);
+}
+
+TEST_F(NvmeTierTest, ChangedGeometryDiscardsTheOldIndex) {
+  {
+    auto t = Open(16);
+    Page p(1);
+    ASSERT_TRUE(Spill(t.get(), "k", p).ok());
+  }
+  auto t = Open(32);  // more slots: another geometry
+  EXPECT_FALSE(t->Find("k")->has_value());
+  EXPECT_EQ(t->Counts().cached, 0u);
+}
+
+TEST_F(NvmeTierTest, AboveTheHighWatermarkTheColdestBlocksGo) {
+  auto t = Open(10, Durability::kRelaxed, "", /*high=*/0.8, /*low=*/0.5);
+  std::vector<std::string> dropped;
+  t->SetDropListener([&](const std::string& k) { dropped.push_back(k); });
+  for (int i = 0; i < 8; ++i) {
+    Page p(static_cast<uint8_t>(i));
+    ASSERT_TRUE(Spill(t.get(), "k" + std::to_string(i), p).ok());
+  }
+  Settle(t.get());
+  EXPECT_TRUE(dropped.empty());
+  t->Touch(Find(t.get(), "k0").slot);  // k0 is hot now
+  Page p(42);
+  ASSERT_TRUE(Spill(t.get(), "k8", p).ok());  // 9 of 10 > 0.8: drop down to 5
+  Settle(t.get());
+  EXPECT_EQ(t->Counts().cached, 5u);
+  EXPECT_EQ(t->counters().evictions, 4u);
+  EXPECT_TRUE(t->Find("k0")->has_value()) << "a touched block was evicted first";
+  for (int i = 1; i <= 4; ++i) EXPECT_FALSE(t->Find("k" + std::to_string(i))->has_value()) << i;
+  EXPECT_EQ(dropped.size(), 4u);
+}
+
+TEST_F(NvmeTierTest, VerifyScrubsAndDropsWhatFails) {
+  auto t = Open(16);
+  std::vector<uint32_t> slots;
+  for (int i = 0; i < 4; ++i) {
+    Page p(static_cast<uint8_t>(i + 1));
+    slots.push_back(*Spill(t.get(), "v" + std::to_string(i), p));
+  }
+  int fd = ::open(dir_.File("slots0").c_str(), O_RDWR);
+  const uint8_t junk[16] = {0xde, 0xad};
+  ASSERT_EQ(::pwrite(fd, junk, sizeof(junk), slots[2] * kSlot), 16);
+  ::close(fd);
+  VerifyReport report;
+  bool done = false;
+  t->Verify([&](VerifyReport r) {
+    report = r;
+    done = true;
+  });
+  ASSERT_TRUE(loop_.Pump(t.get(), [&] { return done; }));
+  EXPECT_TRUE(report.status.ok());
+  EXPECT_EQ(report.checked, 4u);
+  EXPECT_EQ(report.dropped, 1u);
+  Settle(t.get());
+  EXPECT_FALSE(t->Find("v2")->has_value());
+  EXPECT_TRUE(t->Find("v3")->has_value());
+}
+
+}  // namespace
+}  // namespace kvtier
