@@ -759,6 +759,8 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind,
     }
   }
   PumpWriteThrough();
+  // New cached blocks may be what the watermark needed to act on.
+  if (tier_enabled(kind) && kind != TierKind::kNvme) EnforceWatermark(kind);
   return out;
 }
 
@@ -790,6 +792,7 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind,
     out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
   }
   ServePendingAllocates();
+  if (usable) EnforceWatermark(kind);
   return out;
 }
 

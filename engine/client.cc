@@ -439,6 +439,11 @@ Result<DaemonStats> Client::Stats(bool with_sessions) {
     out.lookups = s->lookups();
     out.block_hits = s->block_hits();
     out.block_misses = s->block_misses();
+    out.checksum_failures = s->checksum_failures();
+    out.io_errors = s->io_errors();
+    out.demotions = s->demotions();
+    out.promotions = s->promotions();
+    out.pending_fetches = s->pending_fetches();
     if (s->tiers()) {
       for (const fb::TierStats* t : *s->tiers()) {
         TierStatsInfo i;
@@ -456,6 +461,9 @@ Result<DaemonStats> Client::Stats(bool with_sessions) {
         i.high_watermark = t->high_watermark();
         i.low_watermark = t->low_watermark();
         i.backend = str(t->backend());
+        i.io_backend = str(t->io_backend());
+        i.index_backend = str(t->index_backend());
+        i.ready = t->ready();
         out.tiers.push_back(std::move(i));
       }
     }
@@ -494,6 +502,25 @@ Status Client::Ping(size_t payload_bytes) {
     if ((p ? p->size() : 0) != payload_bytes) return Internal("pong payload differs");
     return Status::Ok();
   });
+}
+
+Result<VerifyResult> Client::Verify() {
+  auto& b = impl_->builder_;
+  b.Clear();
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, impl_->Finish(fb::Op::VerifyTier, fb::CreateVerifyTier(b).Union()));
+  const int saved = impl_->options_.timeout_ms;
+  impl_->options_.timeout_ms = 0;  // a scrub of a large tier takes as long as it takes
+  VerifyResult out;
+  Status st = impl_->Wait(t, fb::Reply::VerifyTierReply, [&](const fb::Response& r) {
+    const fb::VerifyTierReply* v = r.reply_as_VerifyTierReply();
+    out.checked = v->checked();
+    out.dropped = v->dropped();
+    out.seconds = v->seconds();
+    return Status::Ok();
+  });
+  impl_->options_.timeout_ms = saved;
+  KVTIER_RETURN_IF_ERROR(st);
+  return out;
 }
 
 // ---- accessors ----

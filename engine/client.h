@@ -73,6 +73,9 @@ struct TierStatsInfo {
   uint64_t evictions = 0;
   double high_watermark = 0, low_watermark = 0;
   std::string backend;
+  std::string io_backend;     // nvme: io_uring | threads
+  std::string index_backend;  // nvme: rocksdb | memory
+  bool ready = true;          // nvme: index loaded
 
   uint64_t capacity_bytes() const { return uint64_t{capacity_pages} * page_bytes; }
   uint64_t used_bytes() const { return uint64_t{capacity_pages - free_pages} * page_bytes; }
@@ -99,6 +102,14 @@ struct DaemonStats {
   std::vector<SessionStatsInfo> sessions;  // when asked for
   uint32_t session_count = 0;
   uint64_t lookups = 0, block_hits = 0, block_misses = 0;
+  uint64_t checksum_failures = 0, io_errors = 0, demotions = 0, promotions = 0;
+  uint32_t pending_fetches = 0;
+};
+
+struct VerifyResult {
+  uint64_t checked = 0;
+  uint64_t dropped = 0;
+  double seconds = 0;
 };
 
 struct TierInfo {
@@ -131,6 +142,9 @@ class Client {
   Result<DaemonStats> Stats(bool with_sessions = false);
   // Round trip with `payload_bytes` of payload each way.
   Status Ping(size_t payload_bytes = 0);
+  // Scrubs the NVMe tier (control sessions): reads and verifies every block, drops the
+  // ones that fail. Waits for the scrub (no timeout).
+  Result<VerifyResult> Verify();
 
   // ---- pipelined calls ----
   Result<Ticket> StartAllocate(TierKind tier, uint32_t count);

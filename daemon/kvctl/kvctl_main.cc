@@ -3,6 +3,7 @@
 //   kvctl status [--json]     daemon, tiers and hit ratio at a glance
 //   kvctl tiers [--json]      per-tier page states (they sum to capacity)
 //   kvctl sessions [--json]   connected engines and control clients
+//   kvctl verify [--json]     scrub the NVMe tier: verify every block, drop what fails
 //
 // With no --socket, kvctl uses $KVTIER_SOCKET or kvtierd's default ./var/kvtierd.sock.
 // Exit status: 0 success, 1 the daemon did not answer or refused, 2 usage error.
@@ -56,7 +57,10 @@ json TierJson(const kvtier::TierStatsInfo& t) {
               {"evictions", t.evictions},
               {"high_watermark", t.high_watermark},
               {"low_watermark", t.low_watermark},
-              {"backend", t.backend}};
+              {"backend", t.backend},
+              {"io_backend", t.io_backend},
+              {"index_backend", t.index_backend},
+              {"ready", t.ready}};
 }
 
 int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
@@ -71,6 +75,11 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
            {"block_hits", s.block_hits},
            {"block_misses", s.block_misses},
            {"hit_ratio", HitRatio(s)},
+           {"checksum_failures", s.checksum_failures},
+           {"io_errors", s.io_errors},
+           {"demotions", s.demotions},
+           {"promotions", s.promotions},
+           {"pending_fetches", s.pending_fetches},
            {"tiers", json::array()}};
     for (const auto& t : s.tiers) j["tiers"].push_back(TierJson(t));
     std::cout << j.dump(2) << "\n";
@@ -113,6 +122,16 @@ int Tiers(const DaemonStats& s, bool as_json) {
                 static_cast<unsigned long long>(t.evictions));
     std::printf("  evicts   above %.0f%% used, down to %.0f%%\n", 100 * t.high_watermark,
                 100 * t.low_watermark);
+    if (!t.io_backend.empty()) {
+      std::printf("  io       %s, index %s%s\n", t.io_backend.c_str(), t.index_backend.c_str(),
+                  t.ready ? "" : " (loading)");
+    }
+  }
+  if (s.demotions + s.promotions + s.checksum_failures + s.io_errors > 0) {
+    std::printf("moves: %llu demotions, %llu promotions; %llu checksum failures, %llu I/O errors\n",
+                static_cast<unsigned long long>(s.demotions), static_cast<unsigned long long>(s.promotions),
+                static_cast<unsigned long long>(s.checksum_failures),
+                static_cast<unsigned long long>(s.io_errors));
   }
   return 0;
 }
@@ -168,7 +187,9 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "Version, uptime, metrics URL, sessions, tier usage, hit ratio");
   auto* tiers = app.add_subcommand("tiers", "Each tier's page states (free + leased + inflight + cached + referenced = capacity)");
   auto* sessions = app.add_subcommand("sessions", "Connected engines and control clients");
-  for (auto* sub : {status, tiers, sessions}) {
+  auto* verify = app.add_subcommand(
+      "verify", "Scrub the NVMe tier: read every indexed block, verify its checksum, drop those that fail");
+  for (auto* sub : {status, tiers, sessions, verify}) {
     sub->add_option("-s,--socket", socket, "kvtierd's Unix socket");
     sub->add_flag("--json", as_json, "Print JSON");
   }
@@ -187,6 +208,21 @@ int main(int argc, char** argv) {
   if (!client.ok()) {
     std::fprintf(stderr, "kvctl: %s\n", client.status().message().c_str());
     return 1;
+  }
+  if (verify->parsed()) {
+    auto v = (*client)->Verify();
+    if (!v.ok()) {
+      std::fprintf(stderr, "kvctl: verify: %s\n", v.status().ToString().c_str());
+      return 1;
+    }
+    if (as_json) {
+      std::cout << json{{"checked", v->checked}, {"dropped", v->dropped}, {"seconds", v->seconds}}.dump(2) << "\n";
+    } else {
+      std::printf("verified %llu NVMe blocks in %.2f s: %llu dropped (bytes did not match their checksum)\n",
+                  static_cast<unsigned long long>(v->checked), v->seconds,
+                  static_cast<unsigned long long>(v->dropped));
+    }
+    return 0;
   }
   auto stats = (*client)->Stats(sessions->parsed());
   if (!stats.ok()) {

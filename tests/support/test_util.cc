@@ -79,8 +79,13 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
     << "tiers:\n  host:\n"
     << "    capacity: " << options_.host_capacity << "\n"
     << "    page_bytes: " << options_.page_bytes << "\n"
-    << "    segment_bytes: " << options_.segment_bytes << "\n"
-    << options_.extra_yaml;
+    << "    segment_bytes: " << options_.segment_bytes << "\n";
+  if (!options_.nvme_capacity.empty()) {
+    c << "  nvme:\n    files: [{path: " << dir_.File("slots0") << ", capacity: " << options_.nvme_capacity
+      << "}]\n"
+      << options_.nvme_yaml;
+  }
+  c << options_.extra_yaml;
 }
 
 DaemonProcess::~DaemonProcess() {
@@ -97,6 +102,7 @@ Status DaemonProcess::Start() {
       ::dup2(fd, STDOUT_FILENO);
       ::dup2(fd, STDERR_FILENO);
     }
+    for (const std::string& e : options_.env) ::putenv(const_cast<char*>(e.c_str()));
     if (options_.cpu >= 0) {
       cpu_set_t set;
       CPU_ZERO(&set);

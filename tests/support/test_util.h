@@ -49,6 +49,10 @@ class DaemonProcess {
     std::string kvtierd;  // binary; empty: BinaryPath("kvtierd")
     std::string log_level = "debug";
     int cpu = -1;  // pin kvtierd to this CPU (benchmarks); -1: no pinning
+    std::vector<std::string> env;  // "NAME=value" added to the daemon's environment
+    // An NVMe tier of this size in the temp dir ("" = none), with these extra keys.
+    std::string nvme_capacity;
+    std::string nvme_yaml;  // indented for tiers.nvme, e.g. "    durability: relaxed\n"
   };
   DaemonProcess();
   explicit DaemonProcess(const Options& options);
@@ -68,6 +72,7 @@ class DaemonProcess {
   const std::string& config_path() const { return config_; }
   const std::string& dir() const { return dir_.path(); }
   std::string Log() const;
+  std::string slot_file() const { return dir_.File("slots0"); }
 
  private:
   Options options_;

@@ -1,0 +1,235 @@
+// CacheManager over a real NvmeTier (slot files, io_uring or threads, in-memory index):
+// demotion, promotion, write-through, waiting allocations, failures.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+
+#include "daemon/cache_manager.h"
+#include "engine/block_pattern.h"
+#include "tests/support/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using testing::HashChain;
+
+constexpr uint64_t kPage = 64 * 1024;
+
+class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void Open(uint32_t host_pages, double high, double low, WritePolicy policy = WritePolicy::kWriteBack,
+            uint32_t nvme_slots = 64) {
+    NvmeTierOptions no;
+    no.files = {SlotFileSpec{dir_.File("slots"), nvme_slots * kPage}};
+    no.slot_bytes = kPage;
+    no.durability = Durability::kRelaxed;
+    IoEngineOptions io;
+    io.backend = GetParam();
+    auto engine = OpenIoEngine(io);
+    if (!engine.ok()) GTEST_SKIP() << engine.status().ToString();
+    auto nvme = NvmeTier::Open(no, std::move(engine).value(), std::move(store_), Poster(), SystemClock::Default());
+    ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
+    CacheManager::Options o;
+    TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];
+    h.enabled = true;
+    h.page_bytes = kPage;
+    h.segment_bytes = 4 * kPage;
+    h.capacity_bytes = host_pages * kPage;
+    h.huge_pages = HugePages::kOff;
+    h.high_watermark = high;
+    h.low_watermark = low;
+    o.write_policy = policy;
+    auto cm = CacheManager::Open(o, std::move(nvme).value());
+    ASSERT_TRUE(cm.ok()) << cm.status().ToString();
+    cm_ = std::move(cm).value();
+    ASSERT_TRUE(Pump([&] { return cm_->nvme()->ready(); }));
+    session_ = Attach("t");
+  }
+
+  std::unique_ptr<SessionCache> Attach(const std::string& tenant) {
+    auto s = std::make_unique<SessionCache>(next_id_++);
+    ModelLayout l = testing::TestLayout("m", 32);  // 32 KiB blocks in 64 KiB pages
+    EXPECT_TRUE(cm_->Attach(*s, tenant, l).ok());
+    return s;
+  }
+
+  NvmeTier::Post Poster() {
+    return [this](std::function<void()> fn) {
+      std::lock_guard<std::mutex> lock(mu_);
+      posted_.push_back(std::move(fn));
+    };
+  }
+  template <class Pred>
+  bool Pump(Pred done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (;;) {
+        std::function<void()> fn;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (posted_.empty()) break;
+          fn = std::move(posted_.front());
+          posted_.pop_front();
+        }
+        fn();
+      }
+      if (done()) return true;
+      pollfd p{cm_->nvme()->notify_fd(), POLLIN, 0};
+      if (::poll(&p, 1, 2) > 0) cm_->nvme()->OnIoReady();
+      cm_->Tick();
+    }
+    return done();
+  }
+  void Settle() {
+    Pump([&] { return cm_->nvme()->pending_operations() == 0 && cm_->pending_promotions() == 0; });
+  }
+
+  std::vector<PageId> Store(SessionCache& s, const std::vector<BlockHash>& chain) {
+    auto pages = cm_->Allocate(s, TierKind::kHost, static_cast<uint32_t>(chain.size()));
+    EXPECT_TRUE(pages.ok()) << pages.status().ToString();
+    if (!pages.ok()) return {};
+    for (size_t i = 0; i < chain.size(); ++i) {
+      FillBlockPattern(chain[i], {cm_->pool(TierKind::kHost)->PageAddress((*pages)[i]), 32 * 1024});
+    }
+    auto r = cm_->Commit(s, TierKind::kHost, *pages, chain, {}, false);
+    for (const auto& e : r) EXPECT_EQ(e.status, StatusCode::kOk);
+    return *pages;
+  }
+
+  std::vector<CacheResult> AcquireAndWait(SessionCache& s, const std::vector<BlockHash>& hashes) {
+    std::optional<std::vector<CacheResult>> got;
+    auto now = cm_->Acquire(s, hashes, [&](std::vector<CacheResult> r) { got = std::move(r); });
+    if (now) return *now;
+    EXPECT_TRUE(Pump([&] { return got.has_value(); }));
+    return got.value_or(std::vector<CacheResult>{});
+  }
+
+  void ExpectConsistent() {
+    Status st = cm_->CheckInvariants();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<BlockIndexStore> store_ = NewMemBlockIndexStore();
+  std::mutex mu_;
+  std::deque<std::function<void()>> posted_;
+  std::unique_ptr<CacheManager> cm_;
+  std::unique_ptr<SessionCache> session_;
+  SessionId next_id_ = 1;
+};
+
+TEST_P(CacheNvmeTest, ColdBlocksAreDemotedAndPromotedBackWithTheirBytes) {
+  Open(8, 0.5, 0.25);
+  auto chain = HashChain(1, 5);
+  Store(*session_, chain);  // 5 of 8 > 0.5: demote down to 2
+  Settle();
+  TierCounts host = cm_->Counts(TierKind::kHost), nvme = cm_->Counts(TierKind::kNvme);
+  EXPECT_EQ(host.cached, 2u);
+  EXPECT_EQ(nvme.cached, 3u);
+  EXPECT_EQ(cm_->counters().demotions, 3u);
+  ExpectConsistent();
+  // The whole chain is still a hit, partly on NVMe.
+  CacheLookup l = cm_->Lookup(*session_, chain);
+  ASSERT_EQ(l.matched, 5u);
+  EXPECT_EQ(std::count(l.tiers.begin(), l.tiers.end(), TierKind::kNvme), 3);
+  auto other = Attach("t");
+  auto r = AcquireAndWait(*other, chain);
+  ASSERT_EQ(r.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    ASSERT_EQ(r[i].status, StatusCode::kOk) << i;
+    EXPECT_EQ(r[i].tier, TierKind::kHost);
+    EXPECT_TRUE(CheckBlockPattern(chain[i], {cm_->pool(TierKind::kHost)->PageAddress(r[i].page), 32 * 1024}))
+        << "block " << i << " came back with other bytes";
+  }
+  EXPECT_EQ(cm_->counters().promotions, 3u);
+  ExpectConsistent();
+  EXPECT_EQ(cm_->Release(*other, TierKind::kHost, {}, chain)[4], StatusCode::kOk);
+  Settle();
+  ExpectConsistent();
+}
+
+TEST_P(CacheNvmeTest, WriteThroughCopiesEveryCommitAndKeepsTheHostCopy) {
+  Open(8, 0.9, 0.8, WritePolicy::kWriteThrough);
+  auto chain = HashChain(2, 4);
+  Store(*session_, chain);
+  Settle();
+  EXPECT_EQ(cm_->Counts(TierKind::kHost).cached, 4u);
+  EXPECT_EQ(cm_->Counts(TierKind::kNvme).cached, 4u);
+  EXPECT_EQ(cm_->counters().write_throughs, 4u);
+  CacheLookup l = cm_->Lookup(*session_, chain);
+  EXPECT_EQ(std::count(l.tiers.begin(), l.tiers.end(), TierKind::kHost), 4);
+  ExpectConsistent();
+}
+
+TEST_P(CacheNvmeTest, AFullTierMakesAllocateWaitForDemotionsNotDropBlocks) {
+  Open(8, 0.99, 0.9);
+  auto chain = HashChain(3, 8);
+  Store(*session_, chain);  // every page cached, none on NVMe yet
+  std::optional<Result<std::vector<PageId>>> got;
+  auto now = cm_->Allocate(*session_, TierKind::kHost, 3, [&](Result<std::vector<PageId>> r) { got = std::move(r); });
+  ASSERT_FALSE(now.has_value()) << "the tier had no free page: the request should wait";
+  ASSERT_TRUE(Pump([&] { return got.has_value(); }));
+  ASSERT_TRUE(got->ok()) << got->status().ToString();
+  EXPECT_EQ((*got)->size(), 3u);
+  Settle();
+  EXPECT_EQ(cm_->counters().evictions[TierIndex(TierKind::kHost)], 0u) << "a block was dropped";
+  EXPECT_EQ(cm_->Lookup(*session_, chain).matched, 8u) << "every block is still somewhere";
+  ExpectConsistent();
+}
+
+TEST_P(CacheNvmeTest, ABlockThatFailsVerificationIsAMissAndGone) {
+  Open(8, 0.3, 0.1);
+  auto chain = HashChain(4, 3);
+  Store(*session_, chain);
+  Settle();
+  ASSERT_EQ(cm_->Counts(TierKind::kNvme).cached, 3u);
+  // Corrupt every slot on disk.
+  int fd = ::open(dir_.File("slots").c_str(), O_RDWR);
+  std::vector<uint8_t> junk(64 * kPage, 0x5a);
+  ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 0), static_cast<ssize_t>(junk.size()));
+  ::close(fd);
+  auto nvme_hashes = std::vector<BlockHash>(chain.begin(), chain.begin() + 1);
+  CacheLookup l = cm_->Lookup(*session_, chain);
+  ASSERT_GE(l.matched, 1u);
+  auto r = AcquireAndWait(*session_, chain);
+  int data_loss = 0;
+  for (const auto& e : r) data_loss += e.status == StatusCode::kDataLoss;
+  EXPECT_GE(data_loss, 1);
+  EXPECT_GE(cm_->nvme()->counters().checksum_failures, 1u);
+  Settle();
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r[i].status == StatusCode::kDataLoss) {
+      EXPECT_EQ(cm_->Lookup(*session_, std::vector<BlockHash>{chain[i]}).matched, 0u) << "still a hit";
+    }
+  }
+  ExpectConsistent();
+}
+
+TEST_P(CacheNvmeTest, ASessionThatLeavesMidPromotionLeavesNothingBehind) {
+  Open(8, 0.3, 0.1);
+  auto chain = HashChain(5, 3);
+  Store(*session_, chain);
+  Settle();
+  auto gone = Attach("t");
+  bool called = false;
+  auto now = cm_->Acquire(*gone, chain, [&](std::vector<CacheResult>) { called = true; });
+  cm_->Detach(*gone);
+  Settle();
+  EXPECT_FALSE(called) << "a detached session got a response";
+  TierCounts host = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(host.referenced, 0u);
+  EXPECT_EQ(host.leased, 0u);
+  (void)now;
+  ExpectConsistent();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CacheNvmeTest, ::testing::Values("io_uring", "threads"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kvtier

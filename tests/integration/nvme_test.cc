@@ -1,0 +1,333 @@
+// The NVMe tier through a real kvtierd: warm restart, kill -9 during spills, corruption on
+// disk, injected I/O errors, kvctl verify. Every test runs with io_backend io_uring and
+// threads.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "engine/block_pattern.h"
+#include "tests/integration/engine_process.h"
+
+namespace kvtier::testing {
+namespace {
+
+const uint64_t kBlock = TestLayout().block_bytes;  // 16 KiB blocks in 64 KiB pages
+
+DaemonProcess::Options NvmeDaemon(const std::string& backend, const std::string& extra_nvme = "") {
+  DaemonProcess::Options o;
+  o.host_capacity = "2MiB";  // 32 pages of 64 KiB
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "512KiB";
+  o.nvme_capacity = "16MiB";  // 256 slots
+  o.nvme_yaml = "    io_backend: " + backend + "\n" + extra_nvme;
+  return o;
+}
+
+std::unique_ptr<Client> Engine(const DaemonProcess& d, const std::string& name = "nvme-engine") {
+  auto c = Client::Connect(EngineOptions(d.socket_path(), name));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// Stores the chain, one block per page, with the pattern of its hash.
+Status Store(Client& c, const std::vector<BlockHash>& chain) {
+  KVTIER_ASSIGN_OR_RETURN(auto pages, c.Allocate(TierKind::kHost, static_cast<uint32_t>(chain.size())));
+  std::vector<CommitEntry> e;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    auto bytes = c.PageBytes(TierKind::kHost, pages[i]);
+    if (bytes.size() < kBlock) return Internal("page not mapped");
+    FillBlockPattern(chain[i], bytes.first(kBlock));
+    e.push_back({pages[i], chain[i], i ? chain[i - 1] : BlockHash()});
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto r, c.Commit(TierKind::kHost, e));
+  for (const auto& x : r) KVTIER_RETURN_IF_ERROR(x.status);
+  return Status::Ok();
+}
+
+struct Served {
+  size_t hits = 0;     // blocks acquired with the right bytes
+  size_t wrong = 0;    // blocks acquired with other bytes: must never happen
+  size_t missing = 0;
+};
+
+// Looks each block up on its own and acquires it; counts what came back.
+Served ReadBack(Client& c, const std::vector<BlockHash>& hashes) {
+  Served s;
+  for (const BlockHash& h : hashes) {
+    std::vector<BlockHash> one = {h};
+    auto a = c.Acquire(one);
+    if (!a.ok() || !(*a)[0].status.ok()) {
+      ++s.missing;
+      continue;
+    }
+    auto bytes = c.PageBytes((*a)[0].tier, (*a)[0].page);
+    if (bytes.size() >= kBlock && CheckBlockPattern(h, bytes.first(kBlock))) ++s.hits; else ++s.wrong;
+    (void)c.Release(TierKind::kHost, {}, one);
+  }
+  return s;
+}
+
+DaemonStats Stats(const DaemonProcess& d) {
+  auto c = Client::Connect(ControlOptions(d.socket_path()));
+  EXPECT_TRUE(c.ok());
+  auto s = (*c)->Stats();
+  EXPECT_TRUE(s.ok());
+  return s.ok() ? *s : DaemonStats{};
+}
+
+const TierStatsInfo* Tier(const DaemonStats& s, TierKind t) {
+  for (const auto& x : s.tiers) {
+    if (x.tier == t) return &x;
+  }
+  return nullptr;
+}
+
+void ExpectAccountingExact(const DaemonStats& s) {
+  for (const auto& t : s.tiers) {
+    EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages,
+              t.capacity_pages)
+        << t.name;
+  }
+}
+
+// Polls until the NVMe tier holds `n` blocks with nothing in flight (or 10 s).
+bool WaitForNvmeBlocks(const DaemonProcess& d, uint64_t n) {
+  for (int i = 0; i < 500; ++i) {
+    DaemonStats s = Stats(d);
+    const TierStatsInfo* nv = Tier(s, TierKind::kNvme);
+    if (nv && nv->ready && nv->blocks >= n && nv->inflight_pages == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+uint64_t Metric(const std::string& url, const std::string& name) {
+  FILE* p = ::popen(("curl -fsS " + url).c_str(), "r");
+  if (!p) return 0;
+  char line[1024];
+  uint64_t v = 0;
+  while (std::fgets(line, sizeof(line), p)) {
+    std::string l(line);
+    if (l.rfind(name + " ", 0) == 0) v = std::stoull(l.substr(name.size() + 1));
+  }
+  ::pclose(p);
+  return v;
+}
+
+class NvmeDaemonTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NvmeDaemonTest, WarmRestartServesDemotedBlocksWithTheirBytes) {
+  DaemonProcess::Options o = NvmeDaemon(GetParam());
+  o.extra_yaml = "";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  std::vector<BlockHash> all;
+  {
+    auto c = Engine(d);
+    for (int seq = 0; seq < 12; ++seq) {  // 96 blocks through a 32-page host tier
+      auto chain = HashChain(100 + seq, 8);
+      ASSERT_TRUE(Store(*c, chain).ok());
+      all.insert(all.end(), chain.begin(), chain.end());
+    }
+  }
+  DaemonStats before = Stats(d);
+  const TierStatsInfo* nv = Tier(before, TierKind::kNvme);
+  ASSERT_NE(nv, nullptr);
+  ASSERT_TRUE(WaitForNvmeBlocks(d, 60)) << "demotions did not reach NVMe";
+  before = Stats(d);
+  const uint64_t on_nvme = Tier(before, TierKind::kNvme)->blocks;
+  EXPECT_GE(on_nvme, 60u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_TRUE(WaitForNvmeBlocks(d, on_nvme));
+  auto c = Engine(d, "after-restart");
+  auto l = c->Lookup(std::vector<BlockHash>(all.end() - 8, all.end()));
+  ASSERT_TRUE(l.ok());
+  Served s = ReadBack(*c, all);
+  EXPECT_EQ(s.wrong, 0u);
+  EXPECT_GE(s.hits, on_nvme) << "blocks on NVMe before the restart were not served after it";
+  DaemonStats after = Stats(d);
+  EXPECT_GE(after.promotions, on_nvme);
+  ExpectAccountingExact(after);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_P(NvmeDaemonTest, WriteThroughKeepsEveryCommittedBlockAcrossRestart) {
+  DaemonProcess d(NvmeDaemon(GetParam(), "    write_policy: write_through\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto chain = HashChain(7, 20);
+  {
+    auto c = Engine(d);
+    ASSERT_TRUE(Store(*c, chain).ok());
+  }
+  ASSERT_TRUE(WaitForNvmeBlocks(d, 20));
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Engine(d);
+  auto l = c->Lookup(chain);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->matched, 20u);
+  for (TierKind t : l->tiers) EXPECT_EQ(t, TierKind::kNvme);
+  Served s = ReadBack(*c, chain);
+  EXPECT_EQ(s.hits, 20u);
+  EXPECT_EQ(s.wrong, 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_P(NvmeDaemonTest, Kill9DuringSpillsNeverServesWrongBytes) {
+  // Strict durability and write-through: every committed block is being spilled while the
+  // daemon is killed at a random moment, 20 times over.
+  DaemonProcess d(NvmeDaemon(GetParam(), "    write_policy: write_through\n    durability: strict\n"));
+  std::mt19937 rng(20261202);
+  std::vector<BlockHash> ever;
+  size_t total_hits = 0;
+  for (int iteration = 0; iteration < 20; ++iteration) {
+    ASSERT_TRUE(d.Start().ok()) << "iteration " << iteration << ": " << d.Log();
+    {
+      // After every restart: whatever is served is right, and the books balance.
+      auto c = Engine(d, "verifier");
+      ASSERT_NE(c, nullptr);
+      Served s = ReadBack(*c, ever);
+      EXPECT_EQ(s.wrong, 0u) << "iteration " << iteration << ": wrong bytes served";
+      total_hits += s.hits;
+      ExpectAccountingExact(Stats(d));
+    }
+    Pipe ready;
+    const uint64_t seed = 1000 + iteration;
+    EngineProcess writer([&]() -> int {
+      auto c = Client::Connect(EngineOptions(d.socket_path(), "writer"));
+      if (!c.ok()) return 10;
+      ready.Signal();
+      for (int seq = 0;; ++seq) {
+        if (!Store(**c, HashChain(seed * 1000 + seq, 4)).ok()) return 0;  // daemon died
+      }
+    });
+    ASSERT_TRUE(ready.Wait());
+    std::this_thread::sleep_for(std::chrono::milliseconds(30 + rng() % 150));
+    d.Kill();
+    writer.Join();
+    // The writer's blocks: 4 per sequence it may have committed.
+    for (int seq = 0; seq < 400; ++seq) {
+      auto chain = HashChain(seed * 1000 + seq, 4);
+      ever.insert(ever.end(), chain.begin(), chain.end());
+    }
+    if (ever.size() > 3000) ever.erase(ever.begin(), ever.begin() + (ever.size() - 3000));
+  }
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Engine(d, "final");
+  Served s = ReadBack(*c, ever);
+  EXPECT_EQ(s.wrong, 0u);
+  total_hits += s.hits;
+  EXPECT_GT(total_hits, 0u) << "nothing survived any crash: the test did not exercise the tier";
+  ExpectAccountingExact(Stats(d));
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_P(NvmeDaemonTest, BytesCorruptedOnDiskAreAMissAndCounted) {
+  DaemonProcess d(NvmeDaemon(GetParam(), "    write_policy: write_through\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto chain = HashChain(11, 10);
+  {
+    auto c = Engine(d);
+    ASSERT_TRUE(Store(*c, chain).ok());
+  }
+  ASSERT_TRUE(WaitForNvmeBlocks(d, 10));
+  EXPECT_EQ(d.Stop(), 0);
+  {
+    // Scribble over every slot.
+    std::fstream f(d.slot_file(), std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<char> junk(1 << 20, 0x3c);
+    for (int i = 0; i < 16; ++i) f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Engine(d);
+  auto l = c->Lookup(chain);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->matched, 10u) << "the index still names them";
+  auto a = c->Acquire(chain);
+  ASSERT_TRUE(a.ok());
+  for (const auto& r : *a) EXPECT_EQ(r.status.code(), StatusCode::kDataLoss) << "corrupt block served";
+  DaemonStats s = Stats(d);
+  EXPECT_EQ(s.checksum_failures, 10u);
+  EXPECT_EQ(Metric(s.metrics_url, "kvtier_checksum_failures_total"), 10u);
+  // Dropped: a plain miss from now on.
+  for (int i = 0; i < 50; ++i) {
+    auto again = c->Lookup(chain);
+    if (again.ok() && again->matched == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(c->Lookup(chain)->matched, 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_P(NvmeDaemonTest, InjectedIoErrorsRefuseTheSpillAndTheDaemonKeepsServing) {
+  for (const char* fault : {"write:1:eio", "write:2:enospc", "sync:1:eio", "write:1:short"}) {
+    DaemonProcess::Options o = NvmeDaemon(GetParam(), "    write_policy: write_through\n");
+    o.kvtierd = BinaryPath("kvtierd-faulty");
+    o.env = {std::string("KVTIER_IO_FAULTS=") + fault};
+    DaemonProcess d(o);
+    ASSERT_TRUE(d.Start().ok()) << d.Log();
+    auto c = Engine(d);
+    auto chain = HashChain(21, 6);
+    ASSERT_TRUE(Store(*c, chain).ok()) << fault;
+    // Each block is spilled once: wait until every attempt has an outcome.
+    const std::string url = Stats(d).metrics_url;
+    uint64_t ok = 0, failed = 0;
+    for (int i = 0; i < 500; ++i) {
+      ok = Metric(url, "kvtier_write_throughs_total");
+      failed = Metric(url, "kvtier_spill_failures_total");
+      if (ok + failed >= 6) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(ok + failed, 6u) << fault << ": " << d.Log();
+    EXPECT_GE(failed, 1u) << fault << ": the injected error did not fail a spill";
+    DaemonStats s = Stats(d);
+    EXPECT_GE(s.io_errors, 1u) << fault;
+    // Only the spills that succeeded are indexed: nothing after a failed write or sync.
+    EXPECT_EQ(Tier(s, TierKind::kNvme)->blocks, ok) << fault;
+    EXPECT_TRUE(c->Ping().ok()) << fault;
+    auto l = c->Lookup(chain);
+    ASSERT_TRUE(l.ok());
+    EXPECT_EQ(l->matched, 6u) << fault << ": the host copies are still served";
+    EXPECT_EQ(ReadBack(*c, chain).wrong, 0u);
+    ExpectAccountingExact(s);
+    c.reset();
+    EXPECT_EQ(d.Stop(), 0) << fault << ": " << d.Log();
+  }
+}
+
+TEST_P(NvmeDaemonTest, KvctlVerifyScrubsAndReports) {
+  DaemonProcess d(NvmeDaemon(GetParam(), "    write_policy: write_through\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  {
+    auto c = Engine(d);
+    ASSERT_TRUE(Store(*c, HashChain(31, 12)).ok());
+  }
+  ASSERT_TRUE(WaitForNvmeBlocks(d, 12));
+  FILE* p = ::popen((BinaryPath("kvctl") + " verify --json --socket " + d.socket_path()).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096] = {0};
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, p);
+  EXPECT_EQ(::pclose(p), 0);
+  std::string out(buf, n);
+  EXPECT_NE(out.find("\"checked\": 12"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"dropped\": 0"), std::string::npos) << out;
+  FILE* t = ::popen((BinaryPath("kvctl") + " tiers --socket " + d.socket_path()).c_str(), "r");
+  n = std::fread(buf, 1, sizeof(buf) - 1, t);
+  ::pclose(t);
+  out.assign(buf, n);
+  EXPECT_NE(out.find("io       " + GetParam()), std::string::npos) << out;
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+INSTANTIATE_TEST_SUITE_P(IoBackends, NvmeDaemonTest, ::testing::Values("io_uring", "threads"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kvtier::testing
