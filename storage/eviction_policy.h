@@ -43,7 +43,8 @@ class EvictionPolicy {
   virtual std::string_view name() const = 0;
 };
 
-// Policy names accepted by MakeEvictionPolicy: "lru".
-Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name);
+// Policy names accepted by MakeEvictionPolicy: "lru". `expected_ids`, when known (the
+// NVMe tier's slot count), sizes the policy's arrays once instead of growing them.
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t expected_ids = 0);
 
 }  // namespace kvtier

@@ -4,9 +4,18 @@
 
 namespace kvtier {
 
-LruPolicy::Node& LruPolicy::At(BlockId id) {
-  if (id >= nodes_.size()) nodes_.resize(static_cast<size_t>(id) + 1 + nodes_.size() / 2);
-  return nodes_[id];
+LruPolicy::LruPolicy(size_t expected_ids) {
+  nodes_.resize(expected_ids);
+  present_.resize(expected_ids);
+  evictable_.resize(expected_ids);
+}
+
+void LruPolicy::Grow(BlockId id) {
+  if (id < nodes_.size()) return;
+  const size_t n = static_cast<size_t>(id) + 1 + nodes_.size() / 2;
+  nodes_.resize(n);
+  present_.resize(n);
+  evictable_.resize(n);
 }
 
 void LruPolicy::Link(BlockId id) {
@@ -28,40 +37,39 @@ void LruPolicy::Unlink(BlockId id) {
 }
 
 void LruPolicy::Insert(BlockId id, BlockId /*parent*/) {
-  Node& n = At(id);
-  KVTIER_CHECK(!n.present) << "block " << id << " inserted twice";
-  n.present = true;
-  n.evictable = true;
+  Grow(id);
+  KVTIER_CHECK(!present_[id]) << "block " << id << " inserted twice";
+  present_[id] = true;
+  evictable_[id] = true;
   ++size_;
   Link(id);
 }
 
 void LruPolicy::Touch(BlockId id) {
-  Node& n = At(id);
-  if (!n.present || !n.evictable) return;  // pinned blocks re-enter at MRU when unpinned
+  if (id >= nodes_.size() || !present_[id] || !evictable_[id]) return;  // pinned: re-enters when unpinned
   Unlink(id);
   Link(id);
 }
 
 void LruPolicy::SetEvictable(BlockId id, bool evictable) {
-  Node& n = At(id);
-  if (!n.present || n.evictable == evictable) return;
-  n.evictable = evictable;
+  if (id >= nodes_.size() || !present_[id] || evictable_[id] == evictable) return;
+  evictable_[id] = evictable;
   if (evictable) Link(id); else Unlink(id);
 }
 
 void LruPolicy::Erase(BlockId id) {
-  Node& n = At(id);
-  if (!n.present) return;
-  if (n.evictable) Unlink(id);
-  n = Node{};
+  if (id >= nodes_.size() || !present_[id]) return;
+  if (evictable_[id]) Unlink(id);
+  nodes_[id] = Node{};
+  present_[id] = false;
+  evictable_[id] = false;
   --size_;
 }
 
 BlockId LruPolicy::Victim() { return tail_; }
 
-Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name) {
-  if (name == "lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy());
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t expected_ids) {
+  if (name == "lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(expected_ids));
   return InvalidArgument("unknown eviction policy '" + std::string(name) + "' (known: lru)");
 }
 

@@ -11,6 +11,7 @@ namespace kvtier {
 
 class LruPolicy final : public EvictionPolicy {
  public:
+  explicit LruPolicy(size_t expected_ids = 0);
   void Insert(BlockId id, BlockId parent) override;
   void Touch(BlockId id) override;
   void SetEvictable(BlockId id, bool evictable) override;
@@ -21,17 +22,18 @@ class LruPolicy final : public EvictionPolicy {
   std::string_view name() const override { return "lru"; }
 
  private:
+  // 8 bytes a block: the list links; membership and pinning are bit vectors.
   struct Node {
     BlockId prev = kNoBlock;
     BlockId next = kNoBlock;
-    bool present = false;
-    bool evictable = false;
   };
-  Node& At(BlockId id);
+  void Grow(BlockId id);
   void Link(BlockId id);    // at the MRU end
   void Unlink(BlockId id);
 
   std::vector<Node> nodes_;
+  std::vector<bool> present_;
+  std::vector<bool> evictable_;
   BlockId head_ = kNoBlock;  // most recently used
   BlockId tail_ = kNoBlock;  // least recently used
   size_t size_ = 0;

@@ -1,6 +1,7 @@
 #include "storage/nvme_tier.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -17,7 +18,6 @@
 
 namespace kvtier {
 namespace {
-constexpr const char* kGeometryMeta = "geometry";
 constexpr int64_t kBackoffBaseNs = 100'000'000;     // 100 ms
 constexpr int64_t kBackoffMaxNs = 10'000'000'000;   // 10 s
 }  // namespace
@@ -108,7 +108,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options,
   }
   std::unique_ptr<NvmeTier> t(new NvmeTier(options, std::move(io), std::move(store), std::move(post), clock));
   KVTIER_ASSIGN_OR_RETURN(t->files_, SlotFiles::Open(options.files, options.slot_bytes));
-  KVTIER_ASSIGN_OR_RETURN(t->policy_, MakeEvictionPolicy(options.policy));
+  KVTIER_ASSIGN_OR_RETURN(t->policy_, MakeEvictionPolicy(options.policy, t->files_->slot_count()));
   KVTIER_RETURN_IF_ERROR(t->Start());
   return t;
 }
@@ -123,11 +123,11 @@ void NvmeTier::PostSafe(std::function<void()> fn) {
 Status NvmeTier::Start() {
   // An index written for other files or another slot size describes nothing here.
   const std::string geometry = files_->GeometryKey();
-  KVTIER_ASSIGN_OR_RETURN(auto old, store_->GetMeta(kGeometryMeta));
+  KVTIER_ASSIGN_OR_RETURN(auto old, store_->GetMeta(kNvmeGeometryMeta));
   if (!old || *old != geometry) {
     if (old) KVTIER_LOG(WARNING) << "nvme: slot geometry changed; discarding the old index";
     KVTIER_RETURN_IF_ERROR(store_->Clear());
-    KVTIER_RETURN_IF_ERROR(store_->PutMeta(kGeometryMeta, geometry));
+    KVTIER_RETURN_IF_ERROR(store_->PutMeta(kNvmeGeometryMeta, geometry));
   }
   state_.assign(files_->slot_count(), SlotState::kUnknown);
   writer_ = std::make_unique<IndexWriter>(store_.get());
@@ -138,18 +138,18 @@ Status NvmeTier::Start() {
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
   loader_ = std::make_unique<std::thread>([store, capacity, weak, post] {
-    std::vector<std::pair<uint32_t, uint32_t>> slots;  // slot, last access
+    // One word per slot (its entry's last access + 1; 0: no entry), not a growing list:
+    // this runs once per start over what may be millions of entries.
+    std::vector<uint32_t> last(capacity, 0);
     std::vector<std::pair<std::string, uint32_t>> stale;
-    std::vector<uint8_t> seen(capacity, 0);
     std::unordered_set<uint32_t> dup;
     Status st = store->Scan([&](std::string_view key, const BlockRecord& r) {
       if (r.slot >= capacity) {
         stale.emplace_back(std::string(key), r.slot);
-      } else if (seen[r.slot]) {
+      } else if (last[r.slot] != 0) {
         dup.insert(r.slot);
       } else {
-        seen[r.slot] = 1;
-        slots.emplace_back(r.slot, r.last_access);
+        last[r.slot] = std::max<uint32_t>(r.last_access, 1);
       }
       return true;
     });
@@ -165,32 +165,40 @@ Status NvmeTier::Start() {
       });
     }
     if (!st.ok()) KVTIER_LOG(ERROR) << "nvme: index scan: " << st.ToString();
-    post([weak, slots = std::move(slots), stale = std::move(stale)]() mutable {
-      if (auto self = weak.lock()) (*self)->OnLoaded(std::move(slots), std::move(stale));
+    post([weak, last = std::move(last), stale = std::move(stale)]() mutable {
+      if (auto self = weak.lock()) (*self)->OnLoaded(std::move(last), std::move(stale));
     });
   });
   return Status::Ok();
 }
 
-void NvmeTier::OnLoaded(std::vector<std::pair<uint32_t, uint32_t>> slots,
+void NvmeTier::OnLoaded(std::vector<uint32_t> last_access,
                         std::vector<std::pair<std::string, uint32_t>> stale) {
-  std::stable_sort(slots.begin(), slots.end(),
-                   [](const auto& a, const auto& b) { return a.second < b.second; });
   const uint32_t capacity = files_->slot_count();
-  std::vector<bool> used(capacity, false);
-  for (auto [slot, last] : slots) {
+  std::vector<uint32_t> order;
+  for (uint32_t s = 0; s < capacity; ++s) {
+    if (last_access[s] != 0) order.push_back(s);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return last_access[a] < last_access[b]; });
+  for (uint32_t slot : order) {
     if (state_[slot] != SlotState::kUnknown) continue;  // dropped while we were scanning
     state_[slot] = SlotState::kIndexed;
     ++indexed_;
     policy_->Insert(slot, kNoBlock);  // oldest first: the first victims
     if (readers_.count(slot)) policy_->SetEvictable(slot, false);
   }
+  std::vector<uint32_t>().swap(order);
+  std::vector<uint32_t>().swap(last_access);
+  std::vector<bool> used(capacity, false);
   for (uint32_t s = 0; s < capacity; ++s) {
     if (state_[s] == SlotState::kUnknown) state_[s] = SlotState::kFree;
     used[s] = state_[s] != SlotState::kFree;
   }
   free_ = std::make_unique<PageAllocator>(capacity, used);
   ready_ = true;
+  // The scan's transient arrays were large; give the memory back to the system.
+  ::malloc_trim(0);
   KVTIER_LOG(INFO) << "nvme: index loaded: " << indexed_ << " blocks in " << capacity << " slots";
   // Stale entries name a slot past the files' end or one another entry owns: only the
   // entry goes, never the slot.
@@ -598,8 +606,8 @@ NvmeCounts NvmeTier::Counts() const {
 
 uint64_t NvmeTier::MemoryUsage() const {
   const uint64_t slots = files_->slot_count();
-  // state byte + free list entry + free bit + LRU node (two links and flags).
-  return slots * (1 + 4) + slots / 8 + slots * 12 + store_->MemoryUsage();
+  // state byte + free list entry + free bit + LRU node (two links) + LRU flag bits.
+  return slots * (1 + 4 + 8) + slots * 3 / 8 + store_->MemoryUsage();
 }
 
 std::string NvmeTier::Describe() const {

@@ -41,6 +41,9 @@
 
 namespace kvtier {
 
+// The index meta entry recording the slot geometry the index describes.
+inline constexpr const char* kNvmeGeometryMeta = "geometry";
+
 enum class Durability {
   kStrict,   // fdatasync the data and sync the index batch before a spill counts as done
   kRelaxed,  // neither: a crash may lose recent entries (never serve wrong bytes)
@@ -138,7 +141,7 @@ class NvmeTier {
   uint64_t slot_bytes() const { return files_->slot_bytes(); }
   double high_watermark() const { return options_.high_watermark; }
   double low_watermark() const { return options_.low_watermark; }
-  // Bytes of RAM the tier's own per-slot structures and the index store hold.
+  // Bytes of RAM the tier's own per-slot structures and the index store hold (estimate).
   uint64_t MemoryUsage() const;
   // Blocks a drain of in-flight work would still deliver.
   size_t pending_operations() const { return ops_.size() + writes_outstanding_; }
@@ -163,8 +166,7 @@ class NvmeTier {
   NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
            std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock);
   Status Start();
-  void OnLoaded(std::vector<std::pair<uint32_t, uint32_t>> slots_by_recency,
-                std::vector<std::pair<std::string, uint32_t>> stale);
+  void OnLoaded(std::vector<uint32_t> last_access, std::vector<std::pair<std::string, uint32_t>> stale);
   uint32_t IoLength(uint32_t length) const;
   uint64_t NewOp(Op op);
   // Hands `r` to the engine, or keeps it until the engine has room.

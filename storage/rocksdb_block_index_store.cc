@@ -9,6 +9,8 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include <filesystem>
+
 #include "storage/block_index_store.h"
 
 namespace kvtier {
@@ -53,6 +55,9 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Open(const RocksDbIndexOptions& o) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.path, ec);
+    if (ec) return Internal("cannot create " + o.path + ": " + ec.message());
     rocksdb::Options opts;
     opts.create_if_missing = true;
     opts.write_buffer_size = o.write_buffer_bytes;

@@ -12,7 +12,14 @@ int main(int argc, char** argv) {
   auto* rpc = app.add_subcommand(
       "rpc", "Request latency (p50/p99) and ops/s of Lookup 1, Lookup 64 and Allocate+Commit+Release "
              "16 vs a bare Unix-socket echo of the same sizes");
-  for (auto* sub : {rpc}) {
+  auto* nvme = app.add_subcommand(
+      "nvme", "Spill and fetch throughput through kvtierd vs fio on the same file system, "
+              "for 256 KiB, 2 MiB and 16 MiB pages");
+  auto* restart = app.add_subcommand(
+      "restart", "Seconds from start to the first served hit with 1,000,000 indexed NVMe blocks, "
+                 "and RAM per NVMe block");
+  restart->add_option("--blocks", args.blocks, "Indexed blocks")->check(CLI::Range(1000, 100'000'000));
+  for (auto* sub : {rpc, nvme, restart}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");
   }
@@ -21,5 +28,7 @@ int main(int argc, char** argv) {
   rpc->add_option("--rounds", args.rounds, "Interleaved rounds of kvtier then echo")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   if (rpc->parsed()) return kvtier::bench::RunRpcBench(args);
+  if (nvme->parsed()) return kvtier::bench::RunNvmeBench(args);
+  if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
   return 2;
 }

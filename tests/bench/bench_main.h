@@ -11,8 +11,11 @@ struct BenchArgs {
   bool json = false;    // one JSON object on stdout
   int iterations = 20000;
   int rounds = 10;
+  uint64_t blocks = 1'000'000;  // restart: indexed blocks
 };
 
 int RunRpcBench(const BenchArgs& args);
+int RunNvmeBench(const BenchArgs& args);
+int RunRestartBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench
