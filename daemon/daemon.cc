@@ -88,7 +88,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     co.write_policy = config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough
                                                                    : WritePolicy::kWriteBack;
     co.prefetch = config.nvme.prefetch;
-    co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth / 2);
+    co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth);
     KVTIER_ASSIGN_OR_RETURN(nvme, d->OpenNvme(std::move(wrap_io)));
   }
   KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default()));

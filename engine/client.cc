@@ -145,6 +145,30 @@ class Client::Impl {
     }
   }
 
+  Result<Ticket> WaitAny(std::span<const Ticket> tickets) {
+    if (tickets.empty()) return InvalidArgument("WaitAny of no tickets");
+    for (;;) {
+      for (Ticket t : tickets) {
+        if (stash_.count(t)) return t;
+      }
+      auto frame = in_.Next();
+      if (!frame.ok()) return Internal("daemon sent an oversized frame");
+      if (!frame->has_value()) {
+        KVTIER_RETURN_IF_ERROR(ReadMore());
+        continue;
+      }
+      std::span<const uint8_t> bytes = (*frame)->frame;
+      auto resp = VerifyResponseFrame(bytes);
+      if (!resp.ok()) return Internal("daemon sent a malformed frame: " + resp.status().message());
+      KVTIER_RETURN_IF_ERROR(TakeSegments(**resp));
+      if ((*resp)->id() == 0) {
+        broken_ = StatusFromResponse(**resp);
+        return broken_;
+      }
+      stash_[(*resp)->id()].assign(bytes.begin(), bytes.end());
+    }
+  }
+
   template <class Fn>
   Status Parse(std::span<const uint8_t> bytes, fb::Reply expected, Fn&& parse) {
     const fb::Response* r = flatbuffers::GetSizePrefixedRoot<fb::Response>(bytes.data());
@@ -421,6 +445,8 @@ Result<std::vector<BlockResult>> Client::Acquire(std::span<const BlockHash> hash
   KVTIER_ASSIGN_OR_RETURN(Ticket t, StartAcquire(hashes));
   return WaitAcquire(t);
 }
+
+Result<Ticket> Client::WaitAny(std::span<const Ticket> tickets) { return impl_->WaitAny(tickets); }
 
 // ---- Stats / Ping ----
 Result<DaemonStats> Client::Stats(bool with_sessions) {

@@ -158,6 +158,10 @@ class Client {
   Result<LookupResult> WaitLookup(Ticket t);
   Result<Ticket> StartAcquire(std::span<const BlockHash> hashes);
   Result<std::vector<BlockResult>> WaitAcquire(Ticket t);
+  // Blocks until the response to one of `tickets` has arrived and returns that ticket; its
+  // WaitX() then returns at once. For keeping a fixed number of requests in flight when
+  // they complete out of order (NVMe fetches do).
+  Result<Ticket> WaitAny(std::span<const Ticket> tickets);
 
   // ---- memory ----
   // The bytes of a page this session may address (host tier), or an empty span when its

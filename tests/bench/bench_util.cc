@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,6 +21,12 @@ double Latencies::Percentile(double p) const {
 }
 
 double Latencies::total_us() const { return std::accumulate(samples_.begin(), samples_.end(), 0.0); }
+
+BlockHash IndexHash(uint64_t seed, uint64_t i) {
+  const uint64_t in[2] = {seed, i};
+  XXH128_hash_t h = XXH3_128bits(in, sizeof(in));
+  return BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), 16));
+}
 
 double NowUs() {
   timespec ts;

@@ -25,6 +25,9 @@ class Latencies {
   mutable std::vector<double> samples_;
 };
 
+// The 16-byte hash of block `i` of benchmark data set `seed` (independent blocks).
+BlockHash IndexHash(uint64_t seed, uint64_t i);
+
 // Microseconds on the monotonic clock.
 double NowUs();
 
@@ -48,6 +51,8 @@ class BenchDaemon {
                                                     testing::DaemonProcess::Options options,
                                                     int cpu = -1);
   const std::string& socket() const { return socket_; }
+  // The NVMe slot file of the daemon this started ("" for --socket).
+  std::string slot_file() const { return owned_ ? owned_->slot_file() : std::string(); }
 
  private:
   std::unique_ptr<testing::DaemonProcess> owned_;

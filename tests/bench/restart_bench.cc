@@ -45,10 +45,7 @@ ModelLayout RestartLayout() {
   return l;
 }
 
-BlockHash HashOf(uint64_t i) {
-  XXH128_hash_t h = XXH3_128bits_withSeed(&i, sizeof(i), 77);
-  return BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), 16));
-}
+BlockHash HashOf(uint64_t i) { return IndexHash(77, i); }
 
 uint64_t RssKb(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
