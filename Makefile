@@ -5,7 +5,7 @@ BUILD_TYPE ?= RelWithDebInfo
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build test demo bench crash clean
 
 all: build
 
@@ -27,6 +27,12 @@ demo: build
 
 bench: build
 	$(BUILD)/bin/kvtier-bench rpc
+	$(BUILD)/bin/kvtier-bench nvme
+	$(BUILD)/bin/kvtier-bench restart
+
+# Long crash campaigns (tests/crash/); make test runs a short version of each.
+crash: build
+	tests/crash/run.sh $(CRASH_ITERATIONS)
 
 clean:
 	rm -rf $(BUILD)

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -187,7 +188,10 @@ TEST_P(NvmeDaemonTest, Kill9DuringSpillsNeverServesWrongBytes) {
   std::mt19937 rng(20261202);
   std::vector<BlockHash> ever;
   size_t total_hits = 0;
-  for (int iteration = 0; iteration < 20; ++iteration) {
+  // 20 in make test; tests/crash/run.sh runs hundreds.
+  const char* env = std::getenv("KVTIER_CRASH_ITERATIONS");
+  const int iterations = env ? std::atoi(env) : 20;
+  for (int iteration = 0; iteration < iterations; ++iteration) {
     ASSERT_TRUE(d.Start().ok()) << "iteration " << iteration << ": " << d.Log();
     {
       // After every restart: whatever is served is right, and the books balance.
