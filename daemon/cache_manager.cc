@@ -6,6 +6,7 @@
 
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
+#include "storage/device_segment_memory.h"
 
 namespace kvtier {
 
@@ -25,21 +26,31 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     Tier& tier = cm->T(kind);
     tier.kind = kind;
     if (!o.enabled) continue;
-    if (kind != TierKind::kHost) {
-      return Unimplemented(std::string(TierKindName(kind)) + " tier is not available in this build");
-    }
+    if (kind == TierKind::kNvme) return InvalidArgument("the NVMe tier is opened apart (NvmeTier)");
     // Validate the policy name once, here, rather than at the first tenant.
     KVTIER_RETURN_IF_ERROR(MakeEvictionPolicy(o.policy).status());
     if (o.segment_bytes == 0 || o.capacity_bytes % o.segment_bytes != 0) {
       return InvalidArgument("tier capacity must be a multiple of segment_bytes");
     }
-    HostSegmentMemory::Options mo;
-    mo.name = "kvtier-host";
-    mo.segment_bytes = o.segment_bytes;
-    mo.segments = static_cast<uint32_t>(o.capacity_bytes / o.segment_bytes);
-    mo.huge_pages = o.huge_pages;
-    KVTIER_ASSIGN_OR_RETURN(auto memory, HostSegmentMemory::Open(mo));
-    KVTIER_LOG(INFO) << "host tier: " << FormatBytes(o.capacity_bytes) << " in "
+    const uint32_t segments = static_cast<uint32_t>(o.capacity_bytes / o.segment_bytes);
+    std::unique_ptr<SegmentMemory> memory;
+    if (kind == TierKind::kHost) {
+      HostSegmentMemory::Options mo;
+      mo.name = "kvtier-host";
+      mo.segment_bytes = o.segment_bytes;
+      mo.segments = segments;
+      mo.huge_pages = o.huge_pages;
+      KVTIER_ASSIGN_OR_RETURN(memory, HostSegmentMemory::Open(mo));
+    } else {
+      if (options.device_backend == nullptr) return InvalidArgument("the GPU tier needs a device backend");
+      const TierOptions& host = options.tiers[TierIndex(TierKind::kHost)];
+      if (host.enabled && host.page_bytes != o.page_bytes) {
+        return InvalidArgument("GPU pages must be the size of host pages (a demotion copies one into the other)");
+      }
+      KVTIER_ASSIGN_OR_RETURN(memory, DeviceSegmentMemory::Open(options.device_backend, options.gpu_device,
+                                                               o.segment_bytes, segments));
+    }
+    KVTIER_LOG(INFO) << TierKindName(kind) << " tier: " << FormatBytes(o.capacity_bytes) << " in "
                      << memory->Describe() << ", pages of " << FormatBytes(o.page_bytes);
     KVTIER_ASSIGN_OR_RETURN(tier.pool, TierPool::Open(std::move(memory), o.page_bytes));
     tier.high = o.high_watermark;
@@ -347,6 +358,31 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
   const BlockId victim = tier.policy[tenant]->Victim();
   if (victim == kNoBlock) return Evicted::kNone;
   const Block& b = blocks_[victim];
+  if (kind == TierKind::kGpu && tier_enabled(TierKind::kHost)) {
+    // GPU -> host: the block keeps living one tier down, copied on the daemon's stream.
+    if (b.page[TierIndex(TierKind::kHost)] == kNoPage && MakeRoom(TierKind::kHost, b.tenant) == Room::kNow) {
+      Tier& host = T(TierKind::kHost);
+      auto got = host.pool->Allocate(b.tenant);
+      if (got.ok() && got->has_value()) {
+        const PageId hp = **got;
+        Tier& gpu = T(TierKind::kGpu);
+        const PageId gp = b.page[TierIndex(TierKind::kGpu)];
+        Status st = gpu.pool->memory().CopyToHost(gpu.pool->SegmentOf(gp), gpu.pool->OffsetInSegment(gp),
+                                                  host.pool->PageAddress(hp), host.pool->page_bytes());
+        if (st.ok()) {
+          AddResidency(victim, TierKind::kHost, hp);
+          ++counters_.gpu_demotions;
+        } else {
+          KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
+          host.state[hp] = PageState::kFree;
+          host.pool->Free(hp);
+        }
+      }
+    }
+    RemoveResidency(victim, kind);  // the host copy, if any, lives on
+    ++counters_.evictions[TierIndex(kind)];
+    return Evicted::kDropped;
+  }
   if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable()) {
     if (spills_in_flight_ >= options_.max_spills_in_flight) return Evicted::kBusy;
     StartSpill(victim, /*keep_host=*/false);
@@ -957,8 +993,10 @@ std::vector<SegmentGrant> CacheManager::TakeSegmentGrants(SessionCache& s, TierK
     const uint32_t seg = pool.SegmentOf(p);
     if (sent[seg] == pool.Generation(seg)) continue;
     sent[seg] = pool.Generation(seg);
+    auto handle = pool.memory().IpcHandle(seg);
     out.push_back(SegmentGrant{kind, seg, seg * pool.pages_per_segment(), pool.pages_per_segment(),
-                               pool.memory().segment_bytes(), pool.memory().ShareFd(seg)});
+                               pool.memory().segment_bytes(), pool.memory().ShareFd(seg),
+                               std::vector<uint8_t>(handle.begin(), handle.end())});
   }
   return out;
 }

@@ -38,6 +38,7 @@
 #include "protocol/base/layout.h"
 #include "protocol/base/status.h"
 #include "protocol/base/tier.h"
+#include "kernels/device_backend.h"
 #include "storage/eviction_policy.h"
 #include "storage/nvme_tier.h"
 #include "storage/tier_pool.h"
@@ -79,7 +80,8 @@ struct SegmentGrant {
   uint32_t first_page;
   uint32_t num_pages;
   uint64_t bytes;
-  int fd;  // owned by the pool; valid until the segment is renewed
+  int fd;  // owned by the pool; valid until the segment is renewed; -1: see ipc_handle
+  std::vector<uint8_t> ipc_handle;  // a legacy CUDA IPC handle, for fd == -1
 };
 
 struct TierCounts {
@@ -98,6 +100,7 @@ struct CacheCounters {
   uint64_t promotions = 0;       // NVMe blocks read back into host pages
   uint64_t promotion_failures = 0;
   uint64_t prefetches = 0;
+  uint64_t gpu_demotions = 0;    // GPU blocks copied down to host pages
   uint64_t allocate_waits = 0;   // Allocate requests that waited for demotions
   uint64_t lookups = 0;
   uint64_t lookup_blocks = 0;                      // hashes asked about
@@ -146,6 +149,9 @@ class CacheManager {
     bool prefetch = false;               // Lookup starts promoting NVMe hits
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
+    // The GPU tier's memory (required when tiers[kGpu].enabled); outlives the manager.
+    DeviceBackend* device_backend = nullptr;
+    int gpu_device = 0;
   };
 
   // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's.

@@ -150,6 +150,35 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.host.low_watermark", n), host.low_watermark)},
       {"tiers.host.policy", "lru", "Eviction policy of cached blocks: lru.",
        KVTIER_SET(Path("tiers.host.policy", n), host.policy)},
+      {"tiers.gpu.enabled", "false",
+       "A GPU tier: daemon-owned HBM pages engines lease and share (managed-pool mode); "
+       "cached GPU blocks are demoted to host pages above the high watermark.",
+       KVTIER_SET(Boolean("tiers.gpu.enabled", n), gpu.enabled)},
+      {"tiers.gpu.backend", "auto",
+       "auto: CUDA when a GPU is visible, else no GPU tier; cuda: fail at start without one; "
+       "host-emulated: device memory emulated in host RAM (tests, development).",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.gpu.backend", n));
+         if (s != "auto" && s != "cuda" && s != "host-emulated") {
+           return Bad("tiers.gpu.backend", "'" + s + "' is not auto, cuda or host-emulated");
+         }
+         c->gpu_backend = s;
+         return Status::Ok();
+       }},
+      {"tiers.gpu.device", "0", "CUDA device of the GPU tier.",
+       KVTIER_SET((Integer<int>("tiers.gpu.device", n, 0, 1023)), gpu_device)},
+      {"tiers.gpu.capacity", "1GiB", "Size of the GPU pool; a multiple of segment_bytes.",
+       KVTIER_SET((Bytes("tiers.gpu.capacity", n, 4096, 1ull << 44)), gpu.capacity_bytes)},
+      {"tiers.gpu.segment_bytes", "256MiB",
+       "Size of one exported allocation. One never holds two tenants' pages (a legacy IPC "
+       "handle maps the whole allocation).",
+       KVTIER_SET((Bytes("tiers.gpu.segment_bytes", n, 4096, 1ull << 40)), gpu.segment_bytes)},
+      {"tiers.gpu.high_watermark", "0.90", "Above this fraction in use, cached GPU blocks move to host.",
+       KVTIER_SET(Fraction("tiers.gpu.high_watermark", n), gpu.high_watermark)},
+      {"tiers.gpu.low_watermark", "0.80", "Demotion stops at this fraction in use.",
+       KVTIER_SET(Fraction("tiers.gpu.low_watermark", n), gpu.low_watermark)},
+      {"tiers.gpu.policy", "lru", "Eviction policy of cached GPU blocks: lru.",
+       KVTIER_SET(Path("tiers.gpu.policy", n), gpu.policy)},
       {"tiers.nvme.files", "[]",
        "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity and "
        "cut into slots of tiers.host.page_bytes, e.g. "
@@ -287,6 +316,18 @@ Status ValidateConfig(const DaemonConfig& c) {
   }
   if (h.capacity_bytes / h.page_bytes > (1ull << 31)) {
     return InvalidArgument("config key 'tiers.host.capacity' has too many pages");
+  }
+  if (c.gpu.enabled) {
+    const PoolTierConfig& g = c.gpu;
+    if (g.low_watermark >= g.high_watermark) {
+      return InvalidArgument("config key 'tiers.gpu.low_watermark' must be below high_watermark");
+    }
+    if (g.segment_bytes % h.page_bytes != 0) {
+      return InvalidArgument("config key 'tiers.gpu.segment_bytes' must be a multiple of tiers.host.page_bytes");
+    }
+    if (g.capacity_bytes % g.segment_bytes != 0) {
+      return InvalidArgument("config key 'tiers.gpu.capacity' must be a multiple of tiers.gpu.segment_bytes");
+    }
   }
   if (c.nvme.enabled()) {
     if (c.nvme.low_watermark >= c.nvme.high_watermark) {

@@ -60,6 +60,16 @@ struct DaemonConfig {
   int metrics_port = 9490;  // 0: any free port; -1: no metrics endpoint
 
   PoolTierConfig host;
+  // The GPU tier: disabled by default; page_bytes is the host tier's.
+  PoolTierConfig gpu = [] {
+    PoolTierConfig g;
+    g.enabled = false;
+    g.high_watermark = 0.90;
+    g.low_watermark = 0.80;
+    return g;
+  }();
+  std::string gpu_backend = "auto";
+  int gpu_device = 0;
   NvmeTierConfig nvme;
 };
 

@@ -25,6 +25,7 @@ Daemon::~Daemon() {
   server_.reset();
   dispatcher_.reset();
   cache_.reset();
+  device_.reset();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
@@ -83,6 +84,27 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   host.low_watermark = config.host.low_watermark;
   host.policy = config.host.policy;
   co.max_entries_per_request = config.max_entries_per_request;
+  if (config.gpu.enabled) {
+    auto backend = OpenDeviceBackend(config.gpu_backend);
+    if (backend.ok()) {
+      d->device_ = std::move(backend).value();
+      TierOptions& gpu = co.tiers[TierIndex(TierKind::kGpu)];
+      gpu.enabled = true;
+      gpu.capacity_bytes = config.gpu.capacity_bytes;
+      gpu.page_bytes = config.host.page_bytes;
+      gpu.segment_bytes = config.gpu.segment_bytes;
+      gpu.high_watermark = config.gpu.high_watermark;
+      gpu.low_watermark = config.gpu.low_watermark;
+      gpu.policy = config.gpu.policy;
+      co.device_backend = d->device_.get();
+      co.gpu_device = config.gpu_device;
+      KVTIER_LOG(NOTICE) << "gpu tier: backend " << d->device_->name();
+    } else if (config.gpu_backend == "auto") {
+      KVTIER_LOG(NOTICE) << "gpu tier: " << backend.status().message() << "; running without one";
+    } else {
+      return backend.status().WithContext("tiers.gpu.backend " + config.gpu_backend);
+    }
+  }
   std::unique_ptr<NvmeTier> nvme;
   if (config.nvme.enabled()) {
     co.write_policy = config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough
@@ -119,6 +141,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   d->dispatcher_ = std::make_unique<Dispatcher>(
       d->cache_.get(), &d->info_, SystemClock::Default(), &d->metrics_,
       [server](const std::function<void(const SessionContext&)>& fn) { server->ForEachSession(fn); });
+  d->dispatcher_->set_gpu_device(config.gpu_device);
   d->server_->set_dispatcher(d->dispatcher_.get());
   d->RegisterMetrics();
   return d;
@@ -199,6 +222,8 @@ void Daemon::RegisterMetrics() {
                  [server] { return server->sessions_refused(); });
   m.AddGaugeFn("kvtier_namespaces", "Namespaces (tenant x model) with blocks or sessions.", {},
                [cache] { return static_cast<double>(cache->namespace_count()); });
+  m.AddCounterFn("kvtier_gpu_demotions_total", "GPU blocks copied down to host pages under pressure.", {},
+                 [cache] { return cache->counters().gpu_demotions; });
   m.AddGaugeFn("kvtier_pending_allocates", "Allocate requests waiting for demotions to free pages.", {},
                [cache] { return static_cast<double>(cache->pending_allocates()); });
   m.AddCounterFn("kvtier_allocate_waits_total", "Allocate requests that had to wait for room.", {},

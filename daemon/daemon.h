@@ -58,6 +58,7 @@ class Daemon {
   int lock_fd_ = -1;
   DaemonInfo info_;
   MetricsRegistry metrics_;
+  std::unique_ptr<DeviceBackend> device_;  // before cache_: the GPU pool's memory lives in it
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<Dispatcher> dispatcher_;

@@ -177,9 +177,13 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Dispa
     Builder& b, const std::vector<SegmentGrant>& grants, std::vector<int>* fds) {
   std::vector<flatbuffers::Offset<fb::Segment>> segs;
   for (const SegmentGrant& g : grants) {
-    const auto slot = static_cast<uint8_t>(fds->size());
-    fds->push_back(g.fd);
-    segs.push_back(fb::CreateSegment(b, TierToWire(g.tier), g.index, g.first_page, g.num_pages, g.bytes, slot));
+    uint8_t slot = 255;
+    if (g.fd >= 0) {
+      slot = static_cast<uint8_t>(fds->size());
+      fds->push_back(g.fd);
+    }
+    auto handle = g.ipc_handle.empty() ? flatbuffers::Offset<flatbuffers::Vector<uint8_t>>() : b.CreateVector(g.ipc_handle);
+    segs.push_back(fb::CreateSegment(b, TierToWire(g.tier), g.index, g.first_page, g.num_pages, g.bytes, slot, handle));
   }
   return b.CreateVector(segs);
 }
@@ -227,9 +231,12 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
   for (TierKind kind : kAllTiers) {
     if (!cache_->tier_enabled(kind)) continue;
     const TierCounts c = cache_->Counts(kind);
-    const uint32_t pps = cache_->pool(kind) ? cache_->pool(kind)->pages_per_segment() : 0;
-    tiers.push_back(fb::CreateTierInfo(builder_, TierToWire(kind), builder_.CreateString(TierKindName(kind)),
-                                       c.page_bytes, c.capacity, pps));
+    const TierPool* pool = cache_->pool(kind);
+    const uint32_t pps = pool ? pool->pages_per_segment() : 0;
+    auto name = builder_.CreateString(TierKindName(kind));
+    auto backend = builder_.CreateString(pool ? std::string(pool->memory().backend()) : std::string("slots"));
+    tiers.push_back(fb::CreateTierInfo(builder_, TierToWire(kind), name, c.page_bytes, c.capacity, pps, backend,
+                                       kind == TierKind::kGpu ? gpu_device_ : -1));
   }
   auto tiers_vec = builder_.CreateVector(tiers);
   std::vector<SegmentGrant> grants;

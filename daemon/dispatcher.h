@@ -145,6 +145,10 @@ class Dispatcher {
   Counter* rejected_malformed_;
   Counter* rejected_oversized_;
   Counter* rejected_truncated_;
+  int gpu_device_ = 0;
+
+ public:
+  void set_gpu_device(int d) { gpu_device_ = d; }
 };
 
 }  // namespace kvtier

@@ -208,8 +208,46 @@ kvtier_status kvtier_acquire(kvtier_client* c, const uint8_t* hashes, size_t n,
 
 void* kvtier_page_data(const kvtier_client* c, kvtier_tier tier, uint32_t page) {
   if (c == nullptr || !c->client) return nullptr;
-  auto bytes = c->client->PageBytes(Tier(tier), page);
-  return bytes.empty() ? nullptr : bytes.data();
+  return c->client->PageAddress(Tier(tier), page);
+}
+
+static kvtier::EngineKv EngineKvOf(const kvtier_engine_kv* kv) {
+  kvtier::EngineKv e;
+  e.layout = static_cast<kvtier::KvLayoutKind>(kv->layout);
+  e.num_blocks = kv->num_blocks;
+  e.layers.assign(kv->layers, kv->layers + kv->num_layers);
+  e.stream = kv->stream;
+  return e;
+}
+
+kvtier_status kvtier_store_blocks(kvtier_client* c, const kvtier_engine_kv* kv, const uint32_t* engine_blocks,
+                                  const uint8_t* hashes, const uint8_t* parents, size_t n,
+                                  kvtier_block_result* results) {
+  KVTIER_C_GUARD(c);
+  if (kv == nullptr || (n > 0 && (engine_blocks == nullptr || hashes == nullptr || results == nullptr)) ||
+      (kv->num_layers > 0 && kv->layers == nullptr)) {
+    return Fail(c, kvtier::InvalidArgument("NULL argument"));
+  }
+  auto hs = Hashes(c, hashes, n);
+  std::vector<BlockHash> ps;
+  if (parents) ps = Hashes(c, parents, n);
+  auto r = c->client->StoreBlocks(EngineKvOf(kv), std::span<const uint32_t>(engine_blocks, n), hs, ps);
+  if (!r.ok()) return Fail(c, r.status());
+  CopyResults(*r, results, n);
+  return Ok(c);
+}
+
+kvtier_status kvtier_load_blocks(kvtier_client* c, const kvtier_engine_kv* kv, const uint8_t* hashes, size_t n,
+                                 const uint32_t* engine_blocks, size_t* loaded) {
+  KVTIER_C_GUARD(c);
+  if (kv == nullptr || loaded == nullptr || (n > 0 && (engine_blocks == nullptr || hashes == nullptr)) ||
+      (kv->num_layers > 0 && kv->layers == nullptr)) {
+    return Fail(c, kvtier::InvalidArgument("NULL argument"));
+  }
+  auto r = c->client->LoadBlocks(EngineKvOf(kv), Hashes(c, hashes, n), std::span<const uint32_t>(engine_blocks, n));
+  if (!r.ok()) return Fail(c, r.status());
+  *loaded = *r;
+  return Ok(c);
 }
 
 uint64_t kvtier_page_bytes(const kvtier_client* c, kvtier_tier tier) {

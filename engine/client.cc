@@ -12,6 +12,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "kernels/device_backend.h"
 #include "protocol/base/defaults.h"
 #include "protocol/codec.h"
 #include "protocol/framing.h"
@@ -52,7 +53,7 @@ class Client::Impl {
  public:
   explicit Impl(const ClientOptions& o) : options_(o), in_(64u << 20) {}
   ~Impl() {
-    for (auto& [key, m] : mappings_) ::munmap(m.addr, m.bytes);
+    for (auto& [key, m] : mappings_) Unmap(m);
     for (int fd : fds_) ::close(fd);
     if (fd_ >= 0) ::close(fd_);
   }
@@ -198,52 +199,129 @@ class Client::Impl {
   }
 
   // Maps the segments a response grants. Descriptors arrive in frame order, one per
-  // segment.
+  // segment that has one (a legacy CUDA IPC segment comes with its handle instead).
   Status TakeSegments(const fb::Response& r) {
     const flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>* segs = nullptr;
     switch (r.reply_type()) {
-      case fb::Reply::Welcome: segs = r.reply_as_Welcome()->segments(); break;
+      case fb::Reply::Welcome: {
+        const fb::Welcome* w = r.reply_as_Welcome();
+        segs = w->segments();
+        if (w->tiers()) {  // how to map each tier, before mapping anything
+          for (const fb::TierInfo* t : *w->tiers()) {
+            if (t->tier() == fb::Tier::Gpu && t->backend()) gpu_backend_ = t->backend()->str();
+          }
+        }
+        break;
+      }
       case fb::Reply::AllocateReply: segs = r.reply_as_AllocateReply()->segments(); break;
       case fb::Reply::AcquireReply: segs = r.reply_as_AcquireReply()->segments(); break;
       default: break;
     }
     if (!segs || segs->size() == 0) return Status::Ok();
-    if (fds_.size() < segs->size()) return Internal("segment descriptors missing from the stream");
-    std::vector<int> mine(fds_.begin(), fds_.begin() + segs->size());
-    fds_.erase(fds_.begin(), fds_.begin() + segs->size());
+    size_t with_fd = 0;
+    for (const fb::Segment* s : *segs) with_fd += s->fd_slot() != 255;
+    if (fds_.size() < with_fd) return Internal("segment descriptors missing from the stream");
+    std::vector<int> mine(fds_.begin(), fds_.begin() + with_fd);
+    fds_.erase(fds_.begin(), fds_.begin() + with_fd);
     Status result;
     for (const fb::Segment* s : *segs) {
-      if (s->fd_slot() >= mine.size()) {
+      const int fd = s->fd_slot() == 255 ? -1 : (s->fd_slot() < mine.size() ? mine[s->fd_slot()] : -2);
+      if (fd == -2) {
         result = Internal("segment names a descriptor that was not sent");
         continue;
       }
-      const int fd = mine[s->fd_slot()];
-      void* addr = ::mmap(nullptr, s->bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (addr == MAP_FAILED) {
-        result = ErrnoStatus(errno, "mmap of a pool segment");
+      auto m = Map(*s, fd);
+      if (!m.ok()) {
+        result = m.status();
         continue;
       }
       const auto key = std::make_pair(static_cast<int>(s->tier()), s->index());
       auto old = mappings_.find(key);
-      if (old != mappings_.end()) ::munmap(old->second.addr, old->second.bytes);
-      mappings_[key] = Mapping{static_cast<uint8_t*>(addr), s->bytes(), s->first_page(), s->num_pages()};
+      if (old != mappings_.end()) Unmap(old->second);
+      mappings_[key] = *m;
     }
     for (int fd : mine) ::close(fd);  // the mappings keep the memory
     return result;
   }
 
-  std::span<uint8_t> PageBytes(TierKind tier, PageId page) const {
+  struct Mapping {
+    uint8_t* addr = nullptr;
+    uint64_t bytes = 0;
+    uint32_t first_page = 0;
+    uint32_t num_pages = 0;
+    bool device = false;      // imported through the device backend
+    bool registered = false;  // host memory pinned for the device
+  };
+
+  Result<Mapping> Map(const fb::Segment& s, int fd) {
+    Mapping m{nullptr, s.bytes(), s.first_page(), s.num_pages(), false, false};
+    if (s.tier() == fb::Tier::Gpu && gpu_backend_ == "cuda") {
+      KVTIER_RETURN_IF_ERROR(EnsureDevice());
+      if (device_->name() != "cuda") return FailedPrecondition("the daemon's GPU tier is CUDA; this client has no CUDA");
+      const uint8_t* handle = s.ipc_handle() && s.ipc_handle()->size() >= 64 ? s.ipc_handle()->data() : nullptr;
+      if (fd < 0 && handle == nullptr) return Internal("GPU segment with neither descriptor nor handle");
+      KVTIER_ASSIGN_OR_RETURN(m.addr, device_->Import(options_.cuda_device, fd, handle, s.bytes()));
+      m.device = true;
+      return m;
+    }
+    if (fd < 0) return Internal("segment without a descriptor");
+    void* addr = ::mmap(nullptr, s.bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap of a pool segment");
+    m.addr = static_cast<uint8_t*>(addr);
+    if (s.tier() == fb::Tier::Host && EnsureDevice().ok() && device_->name() == "cuda") {
+      // Pinned and mapped for the device: the gather kernel writes it over the bus.
+      m.registered = device_->RegisterHost(m.addr, m.bytes).ok();
+    }
+    return m;
+  }
+
+  void Unmap(const Mapping& m) {
+    if (m.device) {
+      device_->Unimport(m.addr, m.bytes);
+      return;
+    }
+    if (m.registered) device_->UnregisterHost(m.addr);
+    ::munmap(m.addr, m.bytes);
+  }
+
+  Status EnsureDevice() {
+    if (device_) return Status::Ok();
+    const std::string& want = options_.device;
+    if (want == "host-emulated") {
+      KVTIER_ASSIGN_OR_RETURN(device_, OpenHostDeviceBackend());
+    } else if (want == "cuda") {
+      KVTIER_ASSIGN_OR_RETURN(device_, OpenCudaDeviceBackend());
+    } else if (want == "auto") {
+      auto cuda = OpenCudaDeviceBackend();
+      if (cuda.ok()) {
+        device_ = std::move(cuda).value();
+      } else {
+        KVTIER_ASSIGN_OR_RETURN(device_, OpenHostDeviceBackend());
+      }
+    } else {
+      return InvalidArgument("device '" + want + "' is not auto, cuda or host-emulated");
+    }
+    return Status::Ok();
+  }
+
+  void* PageAddress(TierKind tier, PageId page) const {
     const uint64_t pb = PageBytesOf(tier);
-    if (pb == 0) return {};
+    if (pb == 0) return nullptr;
     for (const auto& [key, m] : mappings_) {
       if (key.first != static_cast<int>(tier)) continue;
       if (page >= m.first_page && page < m.first_page + m.num_pages) {
         const uint64_t off = uint64_t{page - m.first_page} * pb;
-        if (off + pb > m.bytes) return {};
-        return {m.addr + off, pb};
+        return off + pb > m.bytes ? nullptr : m.addr + off;
       }
     }
-    return {};
+    return nullptr;
+  }
+
+  // Host-addressable bytes of a page: the host tier, and the GPU tier when emulated.
+  std::span<uint8_t> PageBytes(TierKind tier, PageId page) const {
+    if (tier == TierKind::kGpu && gpu_backend_ == "cuda") return {};
+    uint8_t* p = static_cast<uint8_t*>(PageAddress(tier, page));
+    return p ? std::span<uint8_t>(p, PageBytesOf(tier)) : std::span<uint8_t>();
   }
 
   uint64_t PageBytesOf(TierKind tier) const {
@@ -275,13 +353,9 @@ class Client::Impl {
   Ticket next_id_ = 1;
   std::unordered_map<Ticket, std::vector<uint8_t>> stash_;
   Status broken_;
-  struct Mapping {
-    uint8_t* addr;
-    uint64_t bytes;
-    uint32_t first_page;
-    uint32_t num_pages;
-  };
   std::map<std::pair<int, uint32_t>, Mapping> mappings_;
+  std::string gpu_backend_;
+  std::unique_ptr<DeviceBackend> device_;
   std::vector<TierInfo> tiers_;
   uint64_t session_id_ = 0;
   uint64_t epoch_ = 0;
@@ -553,6 +627,105 @@ Result<VerifyResult> Client::Verify() {
 std::span<uint8_t> Client::PageBytes(TierKind tier, PageId page) const { return impl_->PageBytes(tier, page); }
 const std::vector<TierInfo>& Client::tiers() const { return impl_->tiers_; }
 uint64_t Client::page_bytes(TierKind tier) const { return impl_->PageBytesOf(tier); }
+void* Client::PageAddress(TierKind tier, PageId page) const { return impl_->PageAddress(tier, page); }
+std::string_view Client::device_backend() const {
+  return impl_->device_ ? impl_->device_->name() : std::string_view("none");
+}
+
+// ---- KV transfer helpers ----
+
+namespace {
+
+Result<KvTransfer> TransferFor(const ModelLayout& layout, const EngineKv& kv) {
+  KvTransfer t;
+  KvGeometry& g = t.geometry;
+  g.kind = kv.layout;
+  g.num_layers = layout.num_layers;
+  g.num_blocks = kv.num_blocks;
+  g.block_tokens = layout.tokens_per_block;
+  g.kv_heads = layout.kv_heads;
+  g.head_dim = layout.head_dim;
+  g.elem_bytes = static_cast<uint32_t>(DTypeBytes(layout.dtype));
+  KVTIER_RETURN_IF_ERROR(g.Validate());
+  if (kv.layers.size() != layout.num_layers) return InvalidArgument("EngineKv needs one tensor per layer");
+  if (g.BlockBytes() != layout.block_bytes) {
+    return InvalidArgument("layout.block_bytes is not 2 x layers x tokens x heads x dim x dtype bytes: "
+                           "the transfer helpers need the natural block size");
+  }
+  for (uint32_t l = 0; l < layout.num_layers; ++l) t.layers[l] = static_cast<uint8_t*>(kv.layers[l]);
+  return t;
+}
+
+}  // namespace
+
+Result<std::vector<BlockResult>> Client::StoreBlocks(const EngineKv& kv, std::span<const uint32_t> engine_blocks,
+                                                     std::span<const BlockHash> hashes,
+                                                     std::span<const BlockHash> parents) {
+  if (engine_blocks.size() != hashes.size() || (!parents.empty() && parents.size() != hashes.size())) {
+    return InvalidArgument("StoreBlocks: one engine block and hash (and parent) per block");
+  }
+  for (uint32_t b : engine_blocks) {
+    if (b >= kv.num_blocks) return InvalidArgument("StoreBlocks: engine block out of range");
+  }
+  KVTIER_RETURN_IF_ERROR(impl_->EnsureDevice());
+  KVTIER_ASSIGN_OR_RETURN(KvTransfer t, TransferFor(impl_->options_.layout, kv));
+  KVTIER_ASSIGN_OR_RETURN(std::vector<PageId> pages,
+                          Allocate(TierKind::kHost, static_cast<uint32_t>(hashes.size())));
+  std::vector<uint8_t*> addrs;
+  for (PageId p : pages) addrs.push_back(static_cast<uint8_t*>(PageAddress(TierKind::kHost, p)));
+  t.blocks = engine_blocks.data();
+  t.pages = addrs.data();
+  t.count = static_cast<uint32_t>(pages.size());
+  Status st = impl_->device_->Gather(t, kv.stream);
+  if (st.ok()) st = impl_->device_->Synchronize(kv.stream);
+  if (!st.ok()) {
+    (void)Release(TierKind::kHost, pages);
+    return st;
+  }
+  std::vector<CommitEntry> entries;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    entries.push_back({pages[i], hashes[i], parents.empty() ? BlockHash() : parents[i]});
+  }
+  return Commit(TierKind::kHost, entries);
+}
+
+Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,
+                                  std::span<const uint32_t> engine_blocks) {
+  if (engine_blocks.size() < chain.size()) return InvalidArgument("LoadBlocks: fewer engine blocks than hashes");
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (engine_blocks[i] >= kv.num_blocks) return InvalidArgument("LoadBlocks: engine block out of range");
+  }
+  KVTIER_RETURN_IF_ERROR(impl_->EnsureDevice());
+  KVTIER_ASSIGN_OR_RETURN(KvTransfer t, TransferFor(impl_->options_.layout, kv));
+  KVTIER_ASSIGN_OR_RETURN(LookupResult l, Lookup(chain));
+  if (l.matched == 0) return size_t{0};
+  std::span<const BlockHash> prefix = chain.first(l.matched);
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockResult> got, Acquire(prefix));
+  size_t n = 0;
+  std::vector<uint8_t*> addrs;
+  std::vector<BlockHash> held;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i].status.ok()) continue;
+    held.push_back(prefix[i]);
+    if (n == i) {  // the loaded prefix stops at the first block not acquired
+      void* a = PageAddress(got[i].tier, got[i].page);
+      if (a == nullptr) continue;
+      addrs.push_back(static_cast<uint8_t*>(a));
+      ++n;
+    }
+  }
+  Status st;
+  if (n > 0) {
+    t.blocks = engine_blocks.data();
+    t.pages = addrs.data();
+    t.count = static_cast<uint32_t>(n);
+    st = impl_->device_->Scatter(t, kv.stream);
+    if (st.ok()) st = impl_->device_->Synchronize(kv.stream);
+  }
+  (void)Release(TierKind::kHost, {}, held);
+  KVTIER_RETURN_IF_ERROR(st);
+  return n;
+}
 uint64_t Client::session_id() const { return impl_->session_id_; }
 uint64_t Client::daemon_epoch() const { return impl_->epoch_; }
 const std::string& Client::namespace_id() const { return impl_->namespace_id_; }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kv_layout.h"
 #include "protocol/base/block_key.h"
 #include "protocol/base/layout.h"
 #include "protocol/base/status.h"
@@ -43,6 +44,21 @@ struct ClientOptions {
   size_t hash_bytes = 16;
   // Longest wait for one response; 0 waits forever. Default: 60 s.
   int timeout_ms = 60'000;
+  // The device side of this engine: "auto" (CUDA when a GPU is visible, else
+  // host-emulated), "cuda", or "host-emulated" (engine KV memory is host memory). Used to
+  // map the daemon's GPU tier, to pin the host pool for DMA, and by StoreBlocks /
+  // LoadBlocks. Default: "auto".
+  std::string device = "auto";
+  int cuda_device = 0;
+};
+
+// An engine's paged KV cache in its own (device) memory: one tensor per layer, in one of
+// the two layouts of kernels/kv_layout.h, with the geometry of ClientOptions::layout.
+struct EngineKv {
+  KvLayoutKind layout = KvLayoutKind::kKvFirst;
+  uint32_t num_blocks = 0;         // blocks in each layer's tensor
+  std::vector<void*> layers;       // one tensor per layer
+  void* stream = nullptr;          // the engine's CUDA stream (ignored when emulated)
 };
 
 struct BlockResult {
@@ -163,6 +179,19 @@ class Client {
   // they complete out of order (NVMe fetches do).
   Result<Ticket> WaitAny(std::span<const Ticket> tickets);
 
+  // ---- KV transfer helpers (offload-connector mode) ----
+  // Store: leases host pages, gathers engine blocks engine_blocks[i] into them on the
+  // engine's stream (all layers, one launch), waits for the copy, and commits them as
+  // hashes[i] (parents[i], when given). Per-block results as Commit's.
+  Result<std::vector<BlockResult>> StoreBlocks(const EngineKv& kv, std::span<const uint32_t> engine_blocks,
+                                               std::span<const BlockHash> hashes,
+                                               std::span<const BlockHash> parents = {});
+  // Load: looks up the chain, acquires the cached prefix (NVMe blocks are promoted first),
+  // scatters it into engine blocks engine_blocks[0..n), waits, releases. Returns n, the
+  // number of leading blocks loaded. REQUIRES: engine_blocks.size() >= chain.size().
+  Result<size_t> LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,
+                            std::span<const uint32_t> engine_blocks);
+
   // ---- memory ----
   // The bytes of a page this session may address (host tier), or an empty span when its
   // segment is not mapped here.
@@ -170,6 +199,11 @@ class Client {
   // Tiers the daemon offers, from Welcome.
   const std::vector<TierInfo>& tiers() const;
   uint64_t page_bytes(TierKind tier) const;
+  // Address of a page this session may address: host memory for the host tier, device
+  // memory for the GPU tier (host memory when emulated); nullptr when not mapped here.
+  void* PageAddress(TierKind tier, PageId page) const;
+  // "cuda" or "host-emulated".
+  std::string_view device_backend() const;
 
   uint64_t session_id() const;
   uint64_t daemon_epoch() const;

@@ -65,6 +65,18 @@ typedef struct kvtier_block_result {
 
 typedef struct kvtier_client kvtier_client;
 
+/* An engine's paged KV cache: one tensor per layer (device memory, or host memory with
+ * the host-emulated backend), laid out [2, num_blocks, tokens, heads, dim] (KV_FIRST) or
+ * [num_blocks, 2, tokens, heads, dim] (BLOCK_FIRST), geometry from the connect layout. */
+typedef enum kvtier_kv_layout { KVTIER_KV_FIRST = 0, KVTIER_BLOCK_FIRST = 1 } kvtier_kv_layout;
+typedef struct kvtier_engine_kv {
+  kvtier_kv_layout layout;
+  uint32_t num_blocks;
+  void* const* layers; /* num_layers tensors */
+  uint32_t num_layers;
+  void* stream;        /* cudaStream_t, or NULL */
+} kvtier_engine_kv;
+
 /* Connects to socket_path (NULL or "": $KVTIER_SOCKET, else ./var/kvtierd.sock) and says
  * Hello. hash_bytes is 16 or 32. On success *out is a new client. */
 kvtier_status kvtier_connect(const char* socket_path, const char* engine_name,
@@ -107,7 +119,17 @@ kvtier_status kvtier_acquire_start(kvtier_client* client, const uint8_t* hashes,
 kvtier_status kvtier_acquire_wait(kvtier_client* client, uint64_t ticket,
                                   kvtier_block_result* results, size_t results_room);
 
-/* Address of a page's bytes in this process (host tier), or NULL. */
+/* Store: lease host pages, gather engine blocks into them on the engine's stream, commit
+ * as hashes (parents may be NULL). results has room for n. */
+kvtier_status kvtier_store_blocks(kvtier_client* client, const kvtier_engine_kv* kv, const uint32_t* engine_blocks,
+                                  const uint8_t* hashes, const uint8_t* parents, size_t n,
+                                  kvtier_block_result* results);
+/* Load: lookup + acquire the cached prefix of n hashes, scatter it into engine_blocks,
+ * release. *loaded: blocks loaded (a prefix of the chain). */
+kvtier_status kvtier_load_blocks(kvtier_client* client, const kvtier_engine_kv* kv, const uint8_t* hashes, size_t n,
+                                 const uint32_t* engine_blocks, size_t* loaded);
+
+/* Address of a page in this process: host memory (host tier), device memory (GPU tier), or NULL. */
 void* kvtier_page_data(const kvtier_client* client, kvtier_tier tier, uint32_t page);
 /* Bytes per page of a tier (0: tier not offered). */
 uint64_t kvtier_page_bytes(const kvtier_client* client, kvtier_tier tier);

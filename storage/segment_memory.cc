@@ -115,6 +115,14 @@ Status HostSegmentMemory::Renew(uint32_t segment) {
   return Status::Ok();
 }
 
+Status HostSegmentMemory::CopyToHost(uint32_t segment, uint64_t offset, void* dst, uint64_t bytes) {
+  if (segment >= segments_.size() || offset + bytes > options_.segment_bytes) {
+    return InvalidArgument("copy outside the segment");
+  }
+  std::memcpy(dst, segments_[segment].addr + offset, bytes);
+  return Status::Ok();
+}
+
 std::string HostSegmentMemory::Describe() const {
   return std::string("memfd, ") + (huge_ ? "2 MiB hugetlb pages" : "4 KiB pages") + ", " +
          std::to_string(segments_.size()) + " x " + FormatBytes(options_.segment_bytes);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,12 @@ class SegmentMemory {
   virtual Status Renew(uint32_t segment) = 0;
   // One line for logs and kvctl, e.g. "memfd (4 KiB pages)".
   virtual std::string Describe() const = 0;
+  // Copies bytes of a segment out to host memory (a GPU block demoted to a host page).
+  virtual Status CopyToHost(uint32_t segment, uint64_t offset, void* dst, uint64_t bytes) = 0;
+  // A legacy IPC handle for segments that have no descriptor (ShareFd() < 0), else empty.
+  virtual std::span<const uint8_t> IpcHandle(uint32_t) const { return {}; }
+  // The memory's kind for clients: "memfd", "cuda", "host-emulated".
+  virtual std::string_view backend() const = 0;
 };
 
 enum class HugePages { kAuto, kOn, kOff };
@@ -63,6 +70,8 @@ class HostSegmentMemory final : public SegmentMemory {
   uint8_t* HostAddress(uint32_t segment) const override { return segments_[segment].addr; }
   Status Renew(uint32_t segment) override;
   std::string Describe() const override;
+  Status CopyToHost(uint32_t segment, uint64_t offset, void* dst, uint64_t bytes) override;
+  std::string_view backend() const override { return "memfd"; }
 
   bool uses_huge_pages() const { return huge_; }
 

@@ -80,6 +80,10 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
     << "    capacity: " << options_.host_capacity << "\n"
     << "    page_bytes: " << options_.page_bytes << "\n"
     << "    segment_bytes: " << options_.segment_bytes << "\n";
+  if (!options_.gpu_capacity.empty()) {
+    c << "  gpu:\n    enabled: true\n    backend: host-emulated\n    capacity: " << options_.gpu_capacity
+      << "\n    segment_bytes: " << options_.gpu_segment_bytes << "\n";
+  }
   if (!options_.nvme_capacity.empty()) {
     c << "  nvme:\n    files: [{path: " << dir_.File("slots0") << ", capacity: " << options_.nvme_capacity
       << "}]\n"

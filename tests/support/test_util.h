@@ -53,6 +53,9 @@ class DaemonProcess {
     // An NVMe tier of this size in the temp dir ("" = none), with these extra keys.
     std::string nvme_capacity;
     std::string nvme_yaml;  // indented for tiers.nvme, e.g. "    durability: relaxed\n"
+    // A host-emulated GPU tier of this size ("" = none), in segments of gpu_segment_bytes.
+    std::string gpu_capacity;
+    std::string gpu_segment_bytes = "4MiB";
   };
   DaemonProcess();
   explicit DaemonProcess(const Options& options);

@@ -1,0 +1,30 @@
+#pragma once
+// CPU reference kernels: the definition of what the CUDA kernels must compute (copies
+// bit-exactly; quantization within QuantErrorBound), and what the host-emulated
+// DeviceBackend runs. Pure functions over caller memory; thread-safe.
+
+#include <cstdint>
+
+#include "kernels/kv_layout.h"
+
+namespace kvtier {
+
+// Engine blocks -> pages, every layer.
+void GatherCpu(const KvTransfer& t);
+// Pages -> engine blocks, every layer.
+void ScatterCpu(const KvTransfer& t);
+
+// Quantize one page (fp16/bf16) to codes + per-row scales.
+void QuantizeCpu(const KvQuantize& q);
+// The inverse: codes + scales -> one page of `q.input` kind floats written to `dst`.
+void DequantizeCpu(const KvQuantize& q, uint8_t* dst);
+
+// Scalar conversions (exposed for tests).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);     // round to nearest even
+float Bf16ToFloat(uint16_t b);
+uint16_t FloatToBf16(float f);     // round to nearest even
+float Fp8E4M3ToFloat(uint8_t v);
+uint8_t FloatToFp8E4M3(float f);   // round to nearest even, saturating at 448
+
+}  // namespace kvtier

@@ -1,0 +1,22 @@
+#include "kernels/kv_layout.h"
+
+#include <cmath>
+
+namespace kvtier {
+
+Status KvGeometry::Validate() const {
+  if (num_layers == 0 || num_layers > kMaxKvLayers) return InvalidArgument("kv geometry: num_layers must be 1..256");
+  if (num_blocks == 0) return InvalidArgument("kv geometry: num_blocks must be > 0");
+  if (block_tokens == 0 || kv_heads == 0 || head_dim == 0) {
+    return InvalidArgument("kv geometry: block_tokens, kv_heads and head_dim must be > 0");
+  }
+  if (elem_bytes != 1 && elem_bytes != 2) return InvalidArgument("kv geometry: elem_bytes must be 1 or 2");
+  return Status::Ok();
+}
+
+double QuantErrorBound(QuantKind kind, double x, double row_max) {
+  if (kind == QuantKind::kInt8) return row_max / 254.0 + 1e-7;
+  return std::fabs(x) / 16.0 + row_max / 512.0 + 1e-7;
+}
+
+}  // namespace kvtier
