@@ -186,7 +186,7 @@ EvictionPolicy& CacheManager::PolicyFor(Tier& tier, TenantId tenant) {
   if (tier.policy.size() <= tenant) tier.policy.resize(tenant + 1);
   auto& p = tier.policy[tenant];
   if (!p) {
-    auto made = MakeEvictionPolicy(tier.policy_name);
+    auto made = MakeEvictionPolicy(tier.policy_name, tier.pool->capacity());
     KVTIER_CHECK(made.ok()) << made.status().ToString();  // validated in Open
     p = std::move(made).value();
   }
@@ -250,6 +250,11 @@ BlockRecord CacheManager::RecordFor(const Block& b) const {
   return r;
 }
 
+bool CacheManager::PrefixOrdered(SessionCache& s) {
+  Tier& host = T(TierKind::kHost);
+  return host.pool && s.attached_ && PolicyFor(host, s.tenant_).touch_prefix_deepest_first();
+}
+
 std::optional<TierKind> CacheManager::ReadableTier(const Block& b) const {
   if (b.promoting) return std::nullopt;
   for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
@@ -277,7 +282,7 @@ void CacheManager::AddResidency(BlockId id, TierKind kind, PageId page) {
     if (p != kNoBlock && blocks_[p].page[TierIndex(kind)] != kNoPage) parent = p;
   }
   EvictionPolicy& policy = PolicyFor(tier, b.tenant);
-  policy.Insert(id, parent);
+  policy.Insert(id, parent, HashBytes(b.hash.bytes(), b.ns));
   if (b.refs > 0) policy.SetEvictable(id, false);
 }
 
@@ -487,7 +492,7 @@ void CacheManager::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st
     ++host.referenced;
   }
   EvictionPolicy& policy = PolicyFor(host, b.tenant);
-  policy.Insert(id, kNoBlock);
+  policy.Insert(id, kNoBlock, HashBytes(b.hash.bytes(), b.ns));
   if (b.refs > 0) policy.SetEvictable(id, false);
   if (st.ok()) {
     b.page[TierIndex(TierKind::kNvme)] = slot;
@@ -838,6 +843,7 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
   counters_.lookup_blocks += hashes.size();
   if (s.attached_) {
     size_t i = 0;
+    std::vector<std::pair<BlockId, TierKind>> touched;
     // In-memory blocks first; the rest of the chain from the NVMe index in one batch.
     for (; i < hashes.size(); ++i) {
       const BlockId id = FindBlock(s.ns_, hashes[i]);
@@ -848,10 +854,14 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
         if (!b.promoting) break;
         tier = TierKind::kNvme;  // on its way up
       } else {
-        PolicyFor(T(*tier), b.tenant).Touch(id);  // an engine wants it: it is in use
+        touched.emplace_back(id, *tier);  // an engine wants it: it is in use
       }
       r.tiers.push_back(*tier);
     }
+    // Prefix-ordered policies see the deepest block first, so the chain's head ends up the
+    // most recent.
+    if (PrefixOrdered(s)) std::reverse(touched.begin(), touched.end());
+    for (auto [id, tier] : touched) PolicyFor(T(tier), blocks_[id].tenant).Touch(id);
     if (i < hashes.size() && nvme_) {
       const std::string& ns = namespaces_[s.ns_].encoded;
       std::vector<std::string> keys;
@@ -888,7 +898,9 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s,
   std::vector<std::pair<size_t, BlockId>> waits;  // entry, promoting block
   std::vector<size_t> on_nvme;                    // entries to look for in the NVMe index
   std::vector<std::pair<size_t, BlockRecord>> queued;  // entries waiting for a host page
-  for (size_t i = 0; i < hashes.size(); ++i) {
+  const bool reverse = PrefixOrdered(s);  // deepest first, as Lookup
+  for (size_t n = 0; n < hashes.size(); ++n) {
+    const size_t i = reverse ? hashes.size() - 1 - n : n;
     ++counters_.acquires;
     const BlockId id = s.attached_ ? FindBlock(s.ns_, hashes[i]) : kNoBlock;
     if (id != kNoBlock && blocks_[id].promoting) {

@@ -57,7 +57,7 @@ struct TierOptions {
   HugePages huge_pages = HugePages::kAuto;
   double high_watermark = 0.85;
   double low_watermark = 0.75;
-  std::string policy = "lru";
+  std::string policy = "adaptive";
 };
 
 // The outcome for one entry of a vector request.
@@ -341,6 +341,8 @@ class CacheManager {
   bool Unref(SessionCache& s, BlockId id);  // false if the session held no reference
   // Best tier a block is readable from (GPU, then host), or nullopt.
   std::optional<TierKind> ReadableTier(const Block& b) const;
+  // Whether the session's host policy wants matched prefixes touched deepest first.
+  bool PrefixOrdered(SessionCache& s);
 
   // Frees (or starts freeing) the page of the tenant's coldest cached block: a block with
   // an NVMe copy, or with no NVMe tier to go to, is dropped at once (kDropped); one that

@@ -148,7 +148,9 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.host.high_watermark", n), host.high_watermark)},
       {"tiers.host.low_watermark", "0.75", "Eviction stops at this fraction of capacity in use.",
        KVTIER_SET(Fraction("tiers.host.low_watermark", n), host.low_watermark)},
-      {"tiers.host.policy", "lru", "Eviction policy of cached blocks: lru.",
+      {"tiers.host.policy", "adaptive",
+       "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, adaptive (the best "
+       "measured; docs/benchmarks.md).",
        KVTIER_SET(Path("tiers.host.policy", n), host.policy)},
       {"tiers.gpu.enabled", "false",
        "A GPU tier: daemon-owned HBM pages engines lease and share (managed-pool mode); "
@@ -177,7 +179,7 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.gpu.high_watermark", n), gpu.high_watermark)},
       {"tiers.gpu.low_watermark", "0.80", "Demotion stops at this fraction in use.",
        KVTIER_SET(Fraction("tiers.gpu.low_watermark", n), gpu.low_watermark)},
-      {"tiers.gpu.policy", "lru", "Eviction policy of cached GPU blocks: lru.",
+      {"tiers.gpu.policy", "adaptive", "Eviction policy of cached GPU blocks (as tiers.host.policy).",
        KVTIER_SET(Path("tiers.gpu.policy", n), gpu.policy)},
       {"tiers.nvme.files", "[]",
        "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity and "
@@ -250,7 +252,8 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.nvme.high_watermark", n), nvme.high_watermark)},
       {"tiers.nvme.low_watermark", "0.90", "Dropping stops at this fraction of slots in use.",
        KVTIER_SET(Fraction("tiers.nvme.low_watermark", n), nvme.low_watermark)},
-      {"tiers.nvme.policy", "lru", "Eviction policy of NVMe blocks: lru.",
+      {"tiers.nvme.policy", "lru", "Eviction policy of NVMe blocks: lru or arc (no prefix order: "
+       "the NVMe index does not track parents).",
        KVTIER_SET(Path("tiers.nvme.policy", n), nvme.policy)},
       {"tiers.nvme.index_cache", "16MiB",
        "RAM for the RocksDB block index's cache (its files live in data_dir/index).",

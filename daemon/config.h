@@ -25,7 +25,7 @@ struct PoolTierConfig {
   HugePages huge_pages = HugePages::kAuto;
   double high_watermark = 0.85;
   double low_watermark = 0.75;
-  std::string policy = "lru";
+  std::string policy = "adaptive";
 };
 
 struct NvmeTierConfig {

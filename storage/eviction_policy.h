@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "protocol/base/status.h"
@@ -26,8 +27,10 @@ class EvictionPolicy {
   virtual ~EvictionPolicy() = default;
 
   // `id` became resident. `parent` is the resident block of its prefix parent, or
-  // kNoBlock. A new block is evictable until SetEvictable(id, false).
-  virtual void Insert(BlockId id, BlockId parent) = 0;
+  // kNoBlock; `key` is a stable digest of the block's identity (ids are reused, keys are
+  // not), for policies that remember evicted blocks. A new block is evictable until
+  // SetEvictable(id, false).
+  virtual void Insert(BlockId id, BlockId parent, uint64_t key) = 0;
   // `id` was used (acquired, or hit by a lookup).
   virtual void Touch(BlockId id) = 0;
   // Whether Victim() may return `id` (false while sessions reference it).
@@ -41,10 +44,23 @@ class EvictionPolicy {
   virtual size_t size() const = 0;
   virtual size_t evictable() const = 0;
   virtual std::string_view name() const = 0;
+  // Whether the owner should touch a matched prefix deepest block first, so that a prefix
+  // ends up more recently used than its extensions (prefix-aware policies).
+  virtual bool touch_prefix_deepest_first() const { return false; }
 };
 
-// Policy names accepted by MakeEvictionPolicy: "lru". `expected_ids`, when known (the
-// NVMe tier's slot count), sizes the policy's arrays once instead of growing them.
-Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t expected_ids = 0);
+// Policy names accepted by MakeEvictionPolicy:
+//   lru         least recently used (the baseline; what vLLM's prefix cache does)
+//   prefix-lru  LRU in prefix order: a prefix outlives its extensions
+//   arc         ARC (recency and frequency, self-tuning, with ghost history)
+//   prefix-arc  ARC in prefix order
+//   adaptive    set dueling between prefix-lru and prefix-arc (the default: never below
+//               LRU on the traces measured; docs/benchmarks.md)
+// `capacity` is the number of blocks the tier holds (ARC sizes its history by it; arrays
+// are sized once by it where known).
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity = 0);
+// The names above.
+std::span<const std::string_view> EvictionPolicyNames();
+inline constexpr std::string_view kDefaultEvictionPolicy = "adaptive";
 
 }  // namespace kvtier

@@ -1,10 +1,14 @@
 #include "storage/lru_policy.h"
 
+#include <algorithm>
+
 #include "protocol/base/logging.h"
+#include "storage/adaptive_policy.h"
+#include "storage/arc_policy.h"
 
 namespace kvtier {
 
-LruPolicy::LruPolicy(size_t expected_ids) {
+LruPolicy::LruPolicy(size_t expected_ids, bool prefix_order) : prefix_order_(prefix_order) {
   nodes_.resize(expected_ids);
   present_.resize(expected_ids);
   evictable_.resize(expected_ids);
@@ -28,6 +32,16 @@ void LruPolicy::Link(BlockId id) {
   ++linked_;
 }
 
+void LruPolicy::LinkBehind(BlockId at, BlockId id) {
+  Node& n = nodes_[id];
+  Node& a = nodes_[at];
+  n.prev = at;
+  n.next = a.next;
+  if (a.next != kNoBlock) nodes_[a.next].prev = id; else tail_ = id;
+  a.next = id;
+  ++linked_;
+}
+
 void LruPolicy::Unlink(BlockId id) {
   Node& n = nodes_[id];
   if (n.prev != kNoBlock) nodes_[n.prev].next = n.next; else head_ = n.next;
@@ -36,13 +50,17 @@ void LruPolicy::Unlink(BlockId id) {
   --linked_;
 }
 
-void LruPolicy::Insert(BlockId id, BlockId /*parent*/) {
-  Grow(id);
+void LruPolicy::Insert(BlockId id, BlockId parent, uint64_t /*key*/) {
+  Grow(std::max(id, parent == kNoBlock ? 0 : parent));
   KVTIER_CHECK(!present_[id]) << "block " << id << " inserted twice";
   present_[id] = true;
   evictable_[id] = true;
   ++size_;
-  Link(id);
+  if (prefix_order_ && parent != kNoBlock && present_[parent] && evictable_[parent]) {
+    LinkBehind(parent, id);
+  } else {
+    Link(id);
+  }
 }
 
 void LruPolicy::Touch(BlockId id) {
@@ -68,9 +86,19 @@ void LruPolicy::Erase(BlockId id) {
 
 BlockId LruPolicy::Victim() { return tail_; }
 
-Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t expected_ids) {
-  if (name == "lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(expected_ids));
-  return InvalidArgument("unknown eviction policy '" + std::string(name) + "' (known: lru)");
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity) {
+  if (name == "lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(capacity, false));
+  if (name == "prefix-lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(capacity, true));
+  if (name == "arc") return std::unique_ptr<EvictionPolicy>(new ArcPolicy(capacity, false));
+  if (name == "prefix-arc") return std::unique_ptr<EvictionPolicy>(new ArcPolicy(capacity, true));
+  if (name == "adaptive") return std::unique_ptr<EvictionPolicy>(new AdaptivePolicy(capacity));
+  return InvalidArgument("unknown eviction policy '" + std::string(name) +
+                         "' (known: lru, prefix-lru, arc, prefix-arc, adaptive)");
+}
+
+std::span<const std::string_view> EvictionPolicyNames() {
+  static constexpr std::string_view kNames[] = {"lru", "prefix-lru", "arc", "prefix-arc", "adaptive"};
+  return kNames;
 }
 
 }  // namespace kvtier

@@ -13,6 +13,8 @@
 #include <thread>
 #include <unordered_set>
 
+#include <xxhash.h>
+
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
 
@@ -185,7 +187,7 @@ void NvmeTier::OnLoaded(std::vector<uint32_t> last_access,
     if (state_[slot] != SlotState::kUnknown) continue;  // dropped while we were scanning
     state_[slot] = SlotState::kIndexed;
     ++indexed_;
-    policy_->Insert(slot, kNoBlock);  // oldest first: the first victims
+    policy_->Insert(slot, kNoBlock, slot);  // oldest first: the first victims
     if (readers_.count(slot)) policy_->SetEvictable(slot, false);
   }
   std::vector<uint32_t>().swap(order);
@@ -400,7 +402,7 @@ void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
       state_[op.slot] = SlotState::kIndexed;
       --writing_;
       ++indexed_;
-      policy_->Insert(op.slot, kNoBlock);
+      policy_->Insert(op.slot, kNoBlock, XXH3_64bits(op.key.data(), op.key.size()));
       ++counters_.spills;
       counters_.spill_bytes += op.record.length;
       SpillDone done = std::move(op.spill_done);

@@ -27,6 +27,7 @@ class CacheManagerTest : public ::testing::Test {
     h.huge_pages = HugePages::kOff;
     h.high_watermark = high;
     h.low_watermark = low;
+    h.policy = "lru";  // these tests spell out LRU orders
     auto cm = CacheManager::Open(o);
     ASSERT_TRUE(cm.ok()) << cm.status().ToString();
     cm_ = std::move(cm).value();

@@ -1,0 +1,42 @@
+#pragma once
+// Trace-driven cache simulation with the daemon's own EvictionPolicy classes (the same
+// code, no I/O), for kvtier-sim and the policy tests.
+//
+// Per request, as the daemon sees it: a Lookup of the whole chain (block i is a hit only
+// if blocks 0..i all are: prefix hits), touches of the matched blocks (deepest first for
+// prefix-ordered policies), then the engine commits every block it had to compute, each
+// with its parent. A tier that is full asks its policy for a victim first. With an NVMe
+// tier, host victims are demoted into it (optionally only blocks used at least twice) and
+// NVMe hits are promoted back; a hit counts on either tier.
+// Belady's MIN (evict the block used furthest in the future) is the optimum reference.
+
+#include <cstdint>
+#include <string>
+
+#include "engine/trace.h"
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+struct SimConfig {
+  std::string host_policy = "lru";
+  uint64_t host_capacity = 0;  // blocks
+  std::string nvme_policy = "lru";
+  uint64_t nvme_capacity = 0;  // 0: one tier
+  bool nvme_admit_reused_only = false;
+};
+
+struct SimResult {
+  uint64_t blocks = 0;      // looked up
+  uint64_t hits = 0;        // prefix hits, any tier
+  uint64_t host_hits = 0;
+  uint64_t nvme_hits = 0;
+  uint64_t nvme_writes = 0; // blocks written to the NVMe tier (disk wear)
+  double hit_ratio() const { return blocks ? static_cast<double>(hits) / static_cast<double>(blocks) : 0; }
+};
+
+Result<SimResult> Simulate(const Trace& trace, const SimConfig& config);
+// Belady's MIN with prefix hits over `capacity` blocks.
+SimResult SimulateBelady(const Trace& trace, uint64_t capacity);
+
+}  // namespace kvtier

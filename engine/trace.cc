@@ -1,0 +1,53 @@
+#include "engine/trace.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+namespace kvtier {
+namespace {
+
+struct PairHash {
+  size_t operator()(const std::pair<uint32_t, uint64_t>& p) const {
+    return std::hash<uint64_t>()(p.second * 0x9e3779b97f4a7c15ull ^ p.first);
+  }
+};
+
+}  // namespace
+
+Result<Trace> LoadTrace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read trace " + path);
+  Trace t;
+  t.name = path.substr(path.rfind('/') + 1);
+  std::unordered_map<std::pair<uint32_t, uint64_t>, uint32_t, PairHash> ids;
+  std::string line;
+  size_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    TraceRequest r;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      r.timestamp_ms = j.value("timestamp", int64_t{0});
+      r.input_length = j.value("input_length", 0u);
+      r.output_length = j.value("output_length", 0u);
+      for (const auto& h : j.at("hash_ids")) r.hash_ids.push_back(h.get<uint64_t>());
+    } catch (const std::exception& e) {
+      return InvalidArgument(path + ":" + std::to_string(lineno) + ": not a trace request: " + e.what());
+    }
+    uint32_t prev = 0xffffffffu;
+    for (uint64_t h : r.hash_ids) {
+      auto [it, fresh] = ids.try_emplace({prev, h}, static_cast<uint32_t>(ids.size()));
+      r.blocks.push_back(it->second);
+      prev = it->second;
+    }
+    t.total_blocks += r.blocks.size();
+    t.requests.push_back(std::move(r));
+  }
+  t.unique_blocks = static_cast<uint32_t>(ids.size());
+  if (t.requests.empty()) return InvalidArgument(path + " holds no requests");
+  return t;
+}
+
+}  // namespace kvtier
