@@ -97,6 +97,7 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& cfg) {
     }
     r.blocks += b.size();
     r.hits += j;
+    if (cfg.per_request) r.request_hits.push_back(static_cast<uint32_t>(j));
     for (uint32_t x : b) uses[x] = static_cast<uint8_t>(std::min(255, uses[x] + 1));
     // The matched prefix: touched (deepest first for prefix order), NVMe hits promoted.
     for (size_t n = 0; n < j; ++n) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/trace.h"
 #include "protocol/base/status.h"
@@ -24,6 +25,7 @@ struct SimConfig {
   std::string nvme_policy = "lru";
   uint64_t nvme_capacity = 0;  // 0: one tier
   bool nvme_admit_reused_only = false;
+  bool per_request = false;  // fill SimResult::request_hits
 };
 
 struct SimResult {
@@ -32,6 +34,7 @@ struct SimResult {
   uint64_t host_hits = 0;
   uint64_t nvme_hits = 0;
   uint64_t nvme_writes = 0; // blocks written to the NVMe tier (disk wear)
+  std::vector<uint32_t> request_hits;  // with per_request: prefix hits of each request
   double hit_ratio() const { return blocks ? static_cast<double>(hits) / static_cast<double>(blocks) : 0; }
 };
 

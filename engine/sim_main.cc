@@ -2,6 +2,7 @@
 // (host + NVMe), against Belady's MIN; hit ratios at fractions of the trace's unique blocks.
 //
 //   kvtier-sim --trace FILE [--json] [--fractions 0.01,0.05,0.2] [--nvme-factor 4]
+//   kvtier-sim --synthetic SHAPE [--requests N] [--seed S] [--write-trace FILE] ...
 //
 // Hits are prefix hits: block i of a request is a hit only if blocks 0..i all are.
 // Two tiers: the host tier at the fraction, an NVMe tier nvme-factor times larger behind it;
@@ -9,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -18,25 +20,51 @@
 int main(int argc, char** argv) {
   using namespace kvtier;
   CLI::App app{"kvtier-sim: eviction policies over a KV request trace, against Belady's optimum"};
-  std::string path, fractions_arg = "0.01,0.05,0.2";
+  std::string path, shape, write_path, fractions_arg = "0.01,0.05,0.2";
   bool json = false;
   double nvme_factor = 4;
-  app.add_option("--trace", path, "Trace in the Mooncake format (JSON lines with hash_ids)")->required();
+  uint32_t requests = 4000;
+  uint64_t seed = 1;
+  auto* trace_opt = app.add_option("--trace", path, "Trace in the Mooncake format (JSON lines with hash_ids)");
+  auto* shape_opt = app.add_option("--synthetic", shape,
+                                   "A generated trace instead: conversation, conversation-long, recency, zipf, scan");
+  trace_opt->excludes(shape_opt);
+  app.add_option("--requests", requests, "Requests of a --synthetic trace")->check(CLI::Range(1u, 10000000u));
+  app.add_option("--seed", seed, "Seed of a --synthetic trace");
+  app.add_option("--write-trace", write_path, "Also write the trace (Mooncake format) to this file");
   app.add_option("--fractions", fractions_arg, "Host capacities as fractions of the unique blocks");
   app.add_option("--nvme-factor", nvme_factor, "NVMe capacity as a multiple of the host capacity");
   app.add_flag("--json", json, "Print one JSON object");
   CLI11_PARSE(app, argc, argv);
+  if (path.empty() && shape.empty()) {
+    std::fprintf(stderr, "kvtier-sim: give --trace FILE or --synthetic SHAPE\n");
+    return 2;
+  }
   std::vector<double> fractions;
   {
     std::stringstream ss(fractions_arg);
     std::string f;
-    while (std::getline(ss, f, ',')) fractions.push_back(std::stod(f));
+    while (std::getline(ss, f, ',')) {
+      char* end = nullptr;
+      const double v = std::strtod(f.c_str(), &end);
+      if (f.empty() || *end != '\0' || !(v > 0 && v <= 1)) {
+        std::fprintf(stderr, "kvtier-sim: --fractions: '%s' is not a fraction in (0, 1]\n", f.c_str());
+        return 2;
+      }
+      fractions.push_back(v);
+    }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto trace = LoadTrace(path);
+  auto trace = path.empty() ? GenerateTrace(shape, requests, seed) : LoadTrace(path);
   if (!trace.ok()) {
     std::fprintf(stderr, "kvtier-sim: %s\n", trace.status().ToString().c_str());
-    return 1;
+    return path.empty() ? 2 : 1;
+  }
+  if (!write_path.empty()) {
+    if (Status s = WriteTrace(*trace, write_path); !s.ok()) {
+      std::fprintf(stderr, "kvtier-sim: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   struct Row {
     std::string policy;

@@ -1,5 +1,6 @@
 #include "engine/trace.h"
 
+#include <cerrno>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -18,9 +19,7 @@ struct PairHash {
 Result<Trace> LoadTrace(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound("cannot read trace " + path);
-  Trace t;
-  t.name = path.substr(path.rfind('/') + 1);
-  std::unordered_map<std::pair<uint32_t, uint64_t>, uint32_t, PairHash> ids;
+  std::vector<TraceRequest> requests;
   std::string line;
   size_t lineno = 0;
   while (std::getline(in, line)) {
@@ -36,6 +35,18 @@ Result<Trace> LoadTrace(const std::string& path) {
     } catch (const std::exception& e) {
       return InvalidArgument(path + ":" + std::to_string(lineno) + ": not a trace request: " + e.what());
     }
+    requests.push_back(std::move(r));
+  }
+  if (requests.empty()) return InvalidArgument(path + " holds no requests");
+  return MakeTrace(path.substr(path.rfind('/') + 1), std::move(requests));
+}
+
+Trace MakeTrace(std::string name, std::vector<TraceRequest> requests) {
+  Trace t;
+  t.name = std::move(name);
+  std::unordered_map<std::pair<uint32_t, uint64_t>, uint32_t, PairHash> ids;
+  for (TraceRequest& r : requests) {
+    r.blocks.clear();
     uint32_t prev = 0xffffffffu;
     for (uint64_t h : r.hash_ids) {
       auto [it, fresh] = ids.try_emplace({prev, h}, static_cast<uint32_t>(ids.size()));
@@ -43,11 +54,25 @@ Result<Trace> LoadTrace(const std::string& path) {
       prev = it->second;
     }
     t.total_blocks += r.blocks.size();
-    t.requests.push_back(std::move(r));
   }
+  t.requests = std::move(requests);
   t.unique_blocks = static_cast<uint32_t>(ids.size());
-  if (t.requests.empty()) return InvalidArgument(path + " holds no requests");
   return t;
+}
+
+Status WriteTrace(const Trace& trace, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) return ErrnoStatus(errno, "cannot write trace " + path);
+  for (const TraceRequest& r : trace.requests) {
+    nlohmann::json j{{"timestamp", r.timestamp_ms},
+                     {"input_length", r.input_length},
+                     {"output_length", r.output_length},
+                     {"hash_ids", r.hash_ids}};
+    out << j.dump() << "\n";
+  }
+  out.flush();
+  if (!out) return ErrnoStatus(errno, "cannot write trace " + path);
+  return Status::Ok();
 }
 
 }  // namespace kvtier

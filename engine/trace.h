@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "protocol/base/status.h"
@@ -31,5 +32,20 @@ struct Trace {
 
 // kInvalidArgument naming the line of the first record that is not a trace request.
 Result<Trace> LoadTrace(const std::string& path);
+// A trace of these requests (their hash_ids; blocks are filled in by interning chains).
+Trace MakeTrace(std::string name, std::vector<TraceRequest> requests);
+// Writes the trace in the Mooncake format (its hash_ids), one request per line.
+Status WriteTrace(const Trace& trace, const std::string& path);
+
+// Synthetic traces of named shapes, deterministic in `seed`, for policy work and tests:
+//   conversation       multi-turn chats under one shared system prompt; a turn extends its
+//                      chat, mostly a recent one (short reuse distance)
+//   conversation-long  the same with chats revisited long after (long reuse distance)
+//   recency            the same few chains round robin, slowly replaced (LRU's best case)
+//   zipf               Zipf-popular system prompts with unique tails (agents, tools)
+//   scan               nothing repeats
+// kInvalidArgument for another shape.
+Result<Trace> GenerateTrace(std::string_view shape, uint32_t requests, uint64_t seed);
+std::vector<std::string_view> TraceShapes();
 
 }  // namespace kvtier

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -72,6 +74,24 @@ class EngineProcess {
  private:
   pid_t pid_ = -1;
 };
+
+struct CmdResult {
+  int code;
+  std::string out;
+};
+
+// Runs a shell command, capturing stdout and stderr together.
+inline CmdResult Sh(const std::string& cmd) {
+  CmdResult r{-1, ""};
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 inline ClientOptions EngineOptions(const std::string& socket, const std::string& name = "test-engine") {
   ClientOptions o;

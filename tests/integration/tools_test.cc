@@ -12,24 +12,6 @@
 namespace kvtier::testing {
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string out;
-};
-
-// Runs a shell command, capturing stdout and stderr.
-CmdResult Sh(const std::string& cmd) {
-  CmdResult r{-1, ""};
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 TEST(Kvtierd, VersionAndDefaultConfig) {
   CmdResult v = Sh(BinaryPath("kvtierd") + " --version");
   EXPECT_EQ(v.code, 0);
