@@ -46,6 +46,7 @@ struct Args {
   std::string socket, trace, model = "llama3.1-8b", dtype = "bf16", block_bytes_arg, gpu_cache = "40GiB";
   uint32_t tokens_per_block = 512, layers = 0, kv_heads = 0, head_dim = 0;
   int sessions = 4;
+  uint32_t chunk_blocks = 32;
   double speed = 0;
   uint32_t max_requests = 0;
   double params_billion = 0, hidden = 0;
@@ -75,6 +76,12 @@ std::vector<BlockHash> ChainOf(const TraceRequest& r) {
   return out;
 }
 
+// The first few errors of a session go to stderr; the count goes into the report.
+void Report(int session, const char* what, const Status& s) {
+  static int reported = 0;
+  if (reported++ < 3) std::fprintf(stderr, "kvtier-replay: session %d: %s: %s\n", session, what, s.ToString().c_str());
+}
+
 int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout,
                const std::vector<uint32_t>& gpu_hit, int index, int fd) {
   ClientOptions o;
@@ -100,11 +107,13 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout,
     size_t hit = 0;
     auto l = client.Lookup(chain);
     if (!l.ok()) {
+      Report(index, "lookup", l.status());
       ++rec.errors;
     } else if (l->matched > 0) {
       std::span<const BlockHash> prefix(chain.data(), l->matched);
       auto acq = client.Acquire(prefix);
       if (!acq.ok()) {
+        Report(index, "acquire", acq.status());
         ++rec.errors;
       } else {
         std::vector<BlockHash> held;
@@ -133,20 +142,28 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout,
       }
     }
     rec.latency_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    // Prefill what missed: write the pattern of each block and commit it.
-    if (hit < chain.size()) {
-      auto pages = client.Allocate(TierKind::kHost, static_cast<uint32_t>(chain.size() - hit));
+    // Prefill what missed, a chunk at a time as an engine's chunked prefill does: write
+    // the pattern of each block and commit it.
+    for (size_t from = hit; from < chain.size();) {
+      const size_t n_chunk = std::min<size_t>(a.chunk_blocks, chain.size() - from);
+      auto pages = client.Allocate(TierKind::kHost, static_cast<uint32_t>(n_chunk));
       if (!pages.ok()) {
+        Report(index, "allocate", pages.status());
         ++rec.errors;
-      } else {
-        std::vector<CommitEntry> e;
-        for (size_t k = hit; k < chain.size(); ++k) {
-          auto bytes = client.PageBytes(TierKind::kHost, (*pages)[k - hit]);
-          FillBlockPattern(chain[k], bytes.first(layout.block_bytes));
-          e.push_back({(*pages)[k - hit], chain[k], k ? chain[k - 1] : BlockHash()});
-        }
-        if (!client.Commit(TierKind::kHost, e).ok()) ++rec.errors;
+        break;
       }
+      std::vector<CommitEntry> e;
+      for (size_t k = from; k < from + n_chunk; ++k) {
+        auto bytes = client.PageBytes(TierKind::kHost, (*pages)[k - from]);
+        FillBlockPattern(chain[k], bytes.first(layout.block_bytes));
+        e.push_back({(*pages)[k - from], chain[k], k ? chain[k - 1] : BlockHash()});
+      }
+      if (auto c = client.Commit(TierKind::kHost, e); !c.ok()) {
+        Report(index, "commit", c.status());
+        ++rec.errors;
+        break;
+      }
+      from += n_chunk;
     }
     if (::write(fd, &rec, sizeof(rec)) != sizeof(rec)) return 1;
   }
@@ -175,6 +192,8 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", a.dtype, "KV dtype: bf16, fp16, fp8");
   app.add_option("--tokens-per-block", a.tokens_per_block, "Tokens per block (the trace's blocks are 512)");
   app.add_option("--block-bytes", a.block_bytes_arg, "Bytes per block, overriding the layout's (e.g. 64KiB)");
+  app.add_option("--chunk-blocks", a.chunk_blocks, "Blocks a session prefills (leases and commits) at a time")
+      ->check(CLI::Range(1u, 65536u));
   app.add_option("--max-requests", a.max_requests, "Replay only the first N requests");
   app.add_option("--gpu-cache", a.gpu_cache, "HBM for the GPU-only cache baseline (e.g. 40GiB)");
   app.add_option("--params-billion", a.params_billion, "Active parameters for the FLOP model (default: the preset's)");
