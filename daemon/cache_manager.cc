@@ -91,8 +91,23 @@ CacheManager::~CacheManager() {
 
 TenantId CacheManager::InternTenant(std::string_view name) {
   auto [it, inserted] = tenant_ids_.try_emplace(std::string(name), 0);
-  if (inserted) it->second = static_cast<TenantId>(tenant_ids_.size() - 1);
-  return it->second;
+  if (!inserted) return it->second;
+  const TenantId id = static_cast<TenantId>(tenant_ids_.size() - 1);
+  it->second = id;
+  tenant_names_.emplace_back(name);
+  auto lim = options_.tenant_limits.find(it->first);
+  const TenantLimits& l = lim != options_.tenant_limits.end() ? lim->second : options_.unknown_limits;
+  for (Tier& tier : tiers_) {
+    if (!tier.pool) continue;
+    const uint64_t page = tier.pool->page_bytes();
+    // Whole pages; a nonzero limit is at least one page.
+    auto pages = [&](uint64_t bytes) { return bytes ? static_cast<uint32_t>(std::max<uint64_t>(1, bytes / page)) : 0u; };
+    tier.quota_pages.resize(id + 1, 0);
+    tier.reserve_pages.resize(id + 1, 0);
+    tier.quota_pages[id] = pages(l.quota_bytes[TierIndex(tier.kind)]);
+    tier.reserve_pages[id] = pages(l.reserve_bytes[TierIndex(tier.kind)]);
+  }
+  return id;
 }
 
 NamespaceId CacheManager::InternNamespace(const std::string& encoded, const std::string& fingerprint,
@@ -153,8 +168,9 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
   return Status::Ok();
 }
 
-void CacheManager::Detach(SessionCache& s) {
-  if (!s.attached_) return;
+uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
+  if (!s.attached_) return 0;
+  uint64_t quarantine = 0;
   sessions_.erase(s.id_);
   // Its deferred requests are answered to nobody.
   for (auto it = pending_acquires_.begin(); it != pending_acquires_.end();) {
@@ -164,9 +180,16 @@ void CacheManager::Detach(SessionCache& s) {
   for (TierKind kind : kAllTiers) {
     Tier& tier = T(kind);
     for (PageId p : s.leased_[TierIndex(kind)]) {
-      tier.state[p] = PageState::kFree;
       --tier.leased;
-      tier.pool->Free(p);
+      if (quarantine_leases) {
+        if (quarantine == 0) quarantine = next_quarantine_++;
+        tier.state[p] = PageState::kQuarantined;
+        ++tier.quarantined;
+        quarantines_[quarantine].emplace_back(kind, p);
+      } else {
+        tier.state[p] = PageState::kFree;
+        tier.pool->Free(p);
+      }
     }
     s.leased_[TierIndex(kind)].clear();
   }
@@ -177,6 +200,21 @@ void CacheManager::Detach(SessionCache& s) {
   }
   ReleaseNamespace(s.ns_);
   s.attached_ = false;
+  ServePendingAllocates();
+  return quarantine;
+}
+
+void CacheManager::ReleaseQuarantine(uint64_t id) {
+  auto it = quarantines_.find(id);
+  if (it == quarantines_.end()) return;
+  for (auto [kind, p] : it->second) {
+    Tier& tier = T(kind);
+    KVTIER_CHECK(tier.state[p] == PageState::kQuarantined) << "page " << p << " left quarantine twice";
+    tier.state[p] = PageState::kFree;
+    --tier.quarantined;
+    tier.pool->Free(p);
+  }
+  quarantines_.erase(it);
   ServePendingAllocates();
 }
 
@@ -413,11 +451,12 @@ void CacheManager::EnforceWatermark(TierKind kind) {
     tier.draining = true;
   }
   while (projected() > tier.low * cap) {
-    // The tenant with the largest cached footprint gives first.
+    // The tenant with the largest cached footprint gives first; none gives below its
+    // reserve.
     TenantId worst = kNoOwner;
     uint32_t most = 0;
     for (TenantId t = 0; t < tier.cached_by_tenant.size(); ++t) {
-      if (tier.cached_by_tenant[t] > most) {
+      if (tier.cached_by_tenant[t] > most && AboveReserve(tier, t)) {
         most = tier.cached_by_tenant[t];
         worst = t;
       }
@@ -432,6 +471,16 @@ void CacheManager::EnforceWatermark(TierKind kind) {
 
 CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
   Tier& tier = T(kind);
+  // A tenant at its quota makes room among its own blocks, or gets none.
+  if (const uint32_t quota = QuotaPages(tier, tenant); quota > 0) {
+    while (tier.pool->UsedBy(tenant) >= quota) {
+      const Evicted e = EvictOne(kind, tenant);
+      if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+      if (e == Evicted::kNone) {
+        return kind == TierKind::kHost && demotions_in_flight_ > 0 ? Room::kLater : Room::kOverQuota;
+      }
+    }
+  }
   while (tier.pool->AvailableTo(tenant) == 0) {
     Evicted e = EvictOne(kind, tenant);
     if (e == Evicted::kDropped) continue;
@@ -440,7 +489,7 @@ CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
     // empties and can change hands.
     bool progressed = false;
     for (TenantId t = 0; t < tier.cached_by_tenant.size() && !progressed; ++t) {
-      if (t == tenant || tier.cached_by_tenant[t] == 0) continue;
+      if (t == tenant || tier.cached_by_tenant[t] == 0 || !AboveReserve(tier, t)) continue;
       e = EvictOne(kind, t);
       if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
       progressed = e == Evicted::kDropped;
@@ -541,7 +590,9 @@ void CacheManager::OnNvmeDropped(const std::string& key) {
 BlockId CacheManager::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash,
                                      const BlockRecord& rec, bool may_evict) {
   Tier& host = T(TierKind::kHost);
-  if (may_evict ? MakeRoom(TierKind::kHost, tenant) != Room::kNow : host.pool->AvailableTo(tenant) == 0) {
+  if (may_evict ? MakeRoom(TierKind::kHost, tenant) != Room::kNow
+               : host.pool->AvailableTo(tenant) == 0 ||
+                     (QuotaPages(host, tenant) > 0 && host.pool->UsedBy(tenant) >= QuotaPages(host, tenant))) {
     return kNoBlock;
   }
   auto got = host.pool->Allocate(tenant);
@@ -687,6 +738,12 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
     return std::nullopt;
   }
   ++counters_.allocate_failures;
+  if (room == Room::kOverQuota) {
+    ++counters_.quota_refusals;
+    return R(ResourceExhausted("tenant '" + tenant_names_[s.tenant_] + "' is at its " + std::string(TierKindName(kind)) +
+                               " quota of " + std::to_string(QuotaPages(tier, s.tenant_)) +
+                               " pages (the rest of its pages are leased or referenced)"));
+  }
   return R(ResourceExhausted(std::string(TierKindName(kind)) + " tier has no free page for " +
                              std::to_string(count) + " (" + std::to_string(tier.pool->free_count()) +
                              " free, the rest leased, referenced or in flight)"));
@@ -736,6 +793,11 @@ void CacheManager::ServePendingAllocates() {
     if (pages) {
       EnforceWatermark(done.tier);
       done.done(std::move(*pages));
+    } else if (room == Room::kOverQuota) {
+      ++counters_.allocate_failures;
+      ++counters_.quota_refusals;
+      done.done(ResourceExhausted("tenant '" + tenant_names_[s->second->tenant_] + "' is at its " +
+                                  std::string(TierKindName(done.tier)) + " quota"));
     } else {
       ++counters_.allocate_failures;
       done.done(ResourceExhausted(std::string(TierKindName(done.tier)) + " tier could not free " +
@@ -1049,6 +1111,7 @@ TierCounts CacheManager::Counts(TierKind kind) const {
   c.inflight = tier.inflight;
   c.cached = tier.cached;
   c.referenced = tier.referenced;
+  c.quarantined = tier.quarantined;
   c.blocks = tier.blocks;
   c.page_bytes = tier.pool->page_bytes();
   return c;
@@ -1059,15 +1122,16 @@ Status CacheManager::CheckInvariants() const {
     if (!tier_enabled(kind)) continue;
     const TierCounts c = Counts(kind);
     const std::string name(TierKindName(kind));
-    if (uint64_t{c.free} + c.leased + c.inflight + c.cached + c.referenced != c.capacity) {
+    if (uint64_t{c.free} + c.leased + c.inflight + c.cached + c.referenced + c.quarantined != c.capacity) {
       return Internal(name + ": free " + std::to_string(c.free) + " + leased " +
                       std::to_string(c.leased) + " + inflight " + std::to_string(c.inflight) +
                       " + cached " + std::to_string(c.cached) + " + referenced " +
-                      std::to_string(c.referenced) + " != capacity " + std::to_string(c.capacity));
+                      std::to_string(c.referenced) + " + quarantined " + std::to_string(c.quarantined) +
+                      " != capacity " + std::to_string(c.capacity));
     }
     if (kind == TierKind::kNvme) continue;
     const Tier& tier = T(kind);
-    uint32_t by_state[4] = {0, 0, 0, 0};
+    uint32_t by_state[5] = {0, 0, 0, 0, 0};
     uint32_t cached = 0, referenced = 0;
     for (PageId p = 0; p < c.capacity; ++p) {
       ++by_state[static_cast<int>(tier.state[p])];
@@ -1083,7 +1147,7 @@ Status CacheManager::CheckInvariants() const {
       }
     }
     if (by_state[0] != c.free || by_state[1] != c.leased || by_state[2] != c.inflight ||
-        cached != c.cached || referenced != c.referenced) {
+        by_state[4] != c.quarantined || cached != c.cached || referenced != c.referenced) {
       return Internal(name + ": page states disagree with counters");
     }
   }

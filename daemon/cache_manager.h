@@ -6,7 +6,10 @@
 // no session references it, referenced otherwise) -> evicted (free again). A host page is
 // in flight while the NVMe tier reads it (a spill) or fills it (a promotion). Invariant at
 // all times, checked by CheckInvariants():
-//   free + leased + inflight + cached + referenced == capacity.
+//   free + leased + inflight + cached + referenced + quarantined == capacity.
+// Quarantined pages were leased by a session that ended (or expired) while its process
+// still lives: the process may still write through its mapping, which cannot be revoked,
+// so the pages are reused only once the process is gone (ReleaseQuarantine).
 //
 // With an NVMe tier: above the host high watermark cached blocks are demoted (spilled,
 // then their host page freed) down to the low watermark; write_through spills every
@@ -86,6 +89,7 @@ struct SegmentGrant {
 
 struct TierCounts {
   uint32_t capacity = 0, free = 0, leased = 0, inflight = 0, cached = 0, referenced = 0;
+  uint32_t quarantined = 0;  // leased by a session that went away while its process lives
   uint64_t blocks = 0;
   uint64_t page_bytes = 0;
 };
@@ -112,6 +116,7 @@ struct CacheCounters {
   uint64_t acquires = 0;
   uint64_t acquire_misses = 0;
   uint64_t allocate_failures = 0;
+  uint64_t quota_refusals = 0;   // allocations refused by a tenant's quota
 };
 
 // What one session holds. Owned by the session; changed only through CacheManager.
@@ -140,6 +145,15 @@ class SessionCache {
   std::array<std::vector<uint32_t>, kTierCount> sent_gen_;    // segment -> generation sent
 };
 
+// A tenant's share of each tier, in bytes (indexed by TierIndex); 0 = no quota / no
+// reserve. quota: the most it may hold — past it, its own coldest blocks make room, and
+// when it has none an Allocate fails; reserve: what other tenants' pressure (their
+// allocations, the watermark) never pushes it below.
+struct TenantLimits {
+  std::array<uint64_t, kTierCount> quota_bytes{};
+  std::array<uint64_t, kTierCount> reserve_bytes{};
+};
+
 class CacheManager {
  public:
   struct Options {
@@ -152,6 +166,9 @@ class CacheManager {
     // The GPU tier's memory (required when tiers[kGpu].enabled); outlives the manager.
     DeviceBackend* device_backend = nullptr;
     int gpu_device = 0;
+    // Limits of configured tenants by name; every other tenant gets `unknown_limits`.
+    std::unordered_map<std::string, TenantLimits> tenant_limits;
+    TenantLimits unknown_limits;
   };
 
   // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's.
@@ -163,8 +180,12 @@ class CacheManager {
   // Binds a session to tenant x layout. kInvalidArgument for a bad layout or a block that
   // does not fit a page; kFailedPrecondition if already attached.
   Status Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout);
-  // Drops everything the session holds: leased pages return to free, references go.
-  void Detach(SessionCache& s);
+  // Drops everything the session holds: references go, leased pages return to free — or,
+  // with `quarantine_leases`, into quarantine until ReleaseQuarantine(returned id); 0 when
+  // nothing was quarantined.
+  uint64_t Detach(SessionCache& s, bool quarantine_leases = false);
+  // The process behind a quarantine exited: its pages are free again.
+  void ReleaseQuarantine(uint64_t id);
 
   using AllocateDone = std::function<void(Result<std::vector<PageId>>)>;
   using AcquireDone = std::function<void(std::vector<CacheResult>)>;
@@ -235,7 +256,7 @@ class CacheManager {
   Status CheckInvariants() const;
 
  private:
-  enum class PageState : uint8_t { kFree, kLeased, kInFlight, kBlock };
+  enum class PageState : uint8_t { kFree, kLeased, kInFlight, kBlock, kQuarantined };
   struct Tier {
     TierKind kind = TierKind::kHost;
     std::unique_ptr<TierPool> pool;
@@ -245,7 +266,8 @@ class CacheManager {
     std::vector<BlockId> page_block;
     std::vector<std::unique_ptr<EvictionPolicy>> policy;  // by tenant
     std::vector<uint32_t> cached_by_tenant;
-    uint32_t leased = 0, inflight = 0, cached = 0, referenced = 0;
+    std::vector<uint32_t> quota_pages, reserve_pages;  // by tenant; 0: none
+    uint32_t leased = 0, inflight = 0, cached = 0, referenced = 0, quarantined = 0;
     bool draining = false;  // between crossing the high watermark and reaching the low one
     uint64_t blocks = 0;
   };
@@ -304,7 +326,7 @@ class CacheManager {
     int64_t deadline_ns;
     std::vector<std::pair<uint64_t, size_t>> waiters;
   };
-  enum class Room { kNow, kLater, kNone };
+  enum class Room { kNow, kLater, kNone, kOverQuota };
 
   explicit CacheManager(const Options& options) : options_(options) {}
   std::string KeyOf(const Block& b) const;
@@ -359,6 +381,13 @@ class CacheManager {
                               uint64_t block_bytes);
   void ReleaseNamespace(NamespaceId ns);
   TenantId InternTenant(std::string_view name);
+  uint32_t QuotaPages(const Tier& tier, TenantId t) const { return t < tier.quota_pages.size() ? tier.quota_pages[t] : 0; }
+  uint32_t ReservePages(const Tier& tier, TenantId t) const {
+    return t < tier.reserve_pages.size() ? tier.reserve_pages[t] : 0;
+  }
+  // Whether eviction on behalf of someone else (or of the watermark) may take from `t`.
+  bool AboveReserve(const Tier& tier, TenantId t) const { return tier.pool->UsedBy(t) > ReservePages(tier, t); }
+  std::vector<std::string> tenant_names_;  // by TenantId
 
   Options options_;
   std::array<Tier, kTierCount> tiers_;
@@ -381,6 +410,8 @@ class CacheManager {
   std::deque<PendingAllocate> pending_allocates_;
   std::unordered_map<SessionId, SessionCache*> sessions_;
   uint64_t next_pending_ = 1;
+  std::unordered_map<uint64_t, std::vector<std::pair<TierKind, PageId>>> quarantines_;
+  uint64_t next_quarantine_ = 1;
   CacheCounters counters_;
 };
 

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "protocol/base/units.h"
@@ -73,6 +75,41 @@ Result<bool> Boolean(std::string_view path, const YAML::Node& n) {
   return Bad(path, "'" + s + "' is not true or false");
 }
 
+// A list of uids or gids.
+Result<std::vector<uint32_t>> IdList(const std::string& path, const YAML::Node& n) {
+  std::vector<uint32_t> out;
+  if (n.IsNull()) return out;
+  if (!n.IsSequence()) return Bad(path, "expected a list of numeric ids, e.g. [1000, 1001]");
+  for (size_t i = 0; i < n.size(); ++i) {
+    KVTIER_ASSIGN_OR_RETURN(uint32_t id, (Integer<uint32_t>(path + "[" + std::to_string(i) + "]", n[i], 0, 0xfffffffeu)));
+    out.push_back(id);
+  }
+  return out;
+}
+
+// {host: 1GiB, gpu: 0, nvme: 100GiB}
+Status TierBytesMap(const std::string& path, const YAML::Node& n, TierBytes* out) {
+  if (n.IsNull()) return Status::Ok();
+  if (!n.IsMap()) return Bad(path, "expected {host: SIZE, gpu: SIZE, nvme: SIZE}");
+  for (const auto& kv : n) {
+    const std::string tier = kv.first.Scalar();
+    uint64_t* field = tier == "host" ? &out->host : tier == "gpu" ? &out->gpu : tier == "nvme" ? &out->nvme : nullptr;
+    if (!field) return InvalidArgument("config key '" + path + "." + tier + "' is unknown (host, gpu, nvme)");
+    auto b = ParseBytes(kv.second.IsScalar() ? kv.second.Scalar() : std::string());
+    if (!b.ok()) return Bad(path + "." + tier, b.status().message());
+    *field = *b;
+  }
+  return Status::Ok();
+}
+
+bool ValidTenantName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char ch : s) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-' && ch != '.') return false;
+  }
+  return true;
+}
+
 Result<std::string> Path(std::string_view path, const YAML::Node& n) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   if (s.empty()) return Bad(path, "must not be empty");
@@ -90,6 +127,27 @@ const std::vector<Key>& Keys() {
       {"socket.path", "./var/kvtierd.sock",
        "Unix socket that engines and kvctl connect to. Clients use this path by default.",
        KVTIER_SET(Path("socket.path", n), socket_path)},
+      {"socket.group", "\"\"",
+       "Group that owns the socket (and the socket's directory when kvtierd creates it); "
+       "engines of users in it may connect. A name or a number; empty: the daemon's group.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         if (n.IsNull()) return Status::Ok();
+         KVTIER_ASSIGN_OR_RETURN(c->socket_group, Scalar("socket.group", n));
+         return Status::Ok();
+       }},
+      {"socket.mode", "0660",
+       "Permissions of the socket, in octal. Others never get access: the owner and the group "
+       "are who may connect.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("socket.mode", n));
+         char* end = nullptr;
+         const unsigned long v = std::strtoul(s.c_str(), &end, 8);
+         if (s.empty() || *end != '\0' || v > 0777) return Bad("socket.mode", "'" + s + "' is not an octal mode like 0660");
+         if (v & 0007) return Bad("socket.mode", "'" + s + "' gives others access; use the group (socket.group)");
+         if ((v & 0600) != 0600) return Bad("socket.mode", "'" + s + "' does not let the daemon's user connect");
+         c->socket_mode = static_cast<uint32_t>(v);
+         return Status::Ok();
+       }},
       {"data_dir", "./var", "State directory: lock file now; index and slot files with NVMe.",
        KVTIER_SET(Path("data_dir", n), data_dir)},
       {"log_level", "info", "error | warning | notice | info | debug (stderr, journald priorities).",
@@ -115,6 +173,70 @@ const std::vector<Key>& Keys() {
        "Most pages or hashes one request may name.",
        KVTIER_SET((Integer<uint32_t>("protocol.max_entries_per_request", n, 1, 1 << 24)),
                   max_entries_per_request)},
+      {"protocol.heartbeat_ttl", "0",
+       "A session that sends nothing (not even Ping) for this long is expired: its references "
+       "are dropped and its leased pages quarantined until its process exits. 0: never.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("protocol.heartbeat_ttl", n));
+         auto d = ParseDurationNanos(s);
+         if (!d.ok()) return Bad("protocol.heartbeat_ttl", d.status().message());
+         if (*d != 0 && *d < 100'000'000) return Bad("protocol.heartbeat_ttl", "must be 0 or at least 100ms");
+         c->heartbeat_ttl_ns = *d;
+         return Status::Ok();
+       }},
+      {"security.allow_unknown", "true",
+       "A peer whose uid and groups match no tenant in security.tenants: true gives it a "
+       "tenant of its own (uid=U, with security.unknown_quota); false refuses it at Hello.",
+       KVTIER_SET(Boolean("security.allow_unknown", n), security.allow_unknown)},
+      {"security.admin_uids", "[]",
+       "uids allowed admin operations (verify, evict, drain, other sessions' details), "
+       "besides root and the daemon's own uid.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->security.admin_uids, IdList("security.admin_uids", n));
+         return Status::Ok();
+       }},
+      {"security.unknown_quota", "{host: 0, gpu: 0, nvme: 0}",
+       "Most each unknown tenant may hold per tier (0: no limit).",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         return TierBytesMap("security.unknown_quota", n, &c->security.unknown_quota);
+       }},
+      {"security.tenants", "[]",
+       "Tenants by peer identity. Blocks are shared only within a tenant (and model). E.g. "
+       "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, nvme: 200GiB}, "
+       "reserve: {host: 2GiB}}]: quota is the most the tenant may hold per tier; reserve "
+       "is what other tenants can never push it below.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         const std::string key = "security.tenants";
+         if (n.IsNull()) return Status::Ok();
+         if (!n.IsSequence()) return Bad(key, "expected a list of {name, uids, gids, quota, reserve}");
+         c->security.tenants.clear();
+         for (size_t i = 0; i < n.size(); ++i) {
+           const std::string at = key + "[" + std::to_string(i) + "]";
+           if (!n[i].IsMap()) return Bad(at, "expected {name: ..., uids: [...], gids: [...]}");
+           TenantConfig t;
+           for (const auto& kv : n[i]) {
+             const std::string sub = kv.first.Scalar();
+             if (sub == "name") {
+               KVTIER_ASSIGN_OR_RETURN(t.name, Scalar(at + ".name", kv.second));
+               if (!ValidTenantName(t.name)) return Bad(at + ".name", "'" + t.name + "' must be 1-64 of [A-Za-z0-9_.-]");
+             } else if (sub == "uids") {
+               KVTIER_ASSIGN_OR_RETURN(t.uids, IdList(at + ".uids", kv.second));
+             } else if (sub == "gids") {
+               KVTIER_ASSIGN_OR_RETURN(t.gids, IdList(at + ".gids", kv.second));
+             } else if (sub == "quota") {
+               KVTIER_RETURN_IF_ERROR(TierBytesMap(at + ".quota", kv.second, &t.quota));
+             } else if (sub == "reserve") {
+               KVTIER_RETURN_IF_ERROR(TierBytesMap(at + ".reserve", kv.second, &t.reserve));
+             } else {
+               return InvalidArgument("config key '" + at + "." + sub + "' is unknown");
+             }
+           }
+           if (t.name.empty()) return Bad(at, "needs a name");
+           if (t.uids.empty() && t.gids.empty()) return Bad(at, "needs uids or gids: who the tenant is");
+           c->security.tenants.push_back(std::move(t));
+         }
+         return Status::Ok();
+       }},
       {"metrics.listen", "127.0.0.1", "Address of the Prometheus endpoint (GET /metrics).",
        KVTIER_SET(Path("metrics.listen", n), metrics_listen)},
       {"metrics.port", "9490", "TCP port of the Prometheus endpoint; 0 picks a free port "
@@ -341,6 +463,40 @@ Status ValidateConfig(const DaemonConfig& c) {
       if (c.nvme.files[i].capacity_bytes < h.page_bytes) {
         return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) +
                                "].capacity' holds no slot of tiers.host.page_bytes");
+      }
+    }
+  }
+  {
+    const SecurityConfig& s = c.security;
+    std::set<std::string> names;
+    std::set<uint32_t> uids;
+    TierBytes reserved;
+    for (size_t i = 0; i < s.tenants.size(); ++i) {
+      const TenantConfig& t = s.tenants[i];
+      const std::string at = "config key 'security.tenants[" + std::to_string(i) + "]";
+      if (!names.insert(t.name).second) return InvalidArgument(at + ".name': tenant '" + t.name + "' is named twice");
+      for (uint32_t u : t.uids) {
+        if (!uids.insert(u).second) return InvalidArgument(at + ".uids': uid " + std::to_string(u) + " is in two tenants");
+      }
+      for (auto [q, r, tier] : {std::tuple{t.quota.host, t.reserve.host, "host"},
+                                std::tuple{t.quota.gpu, t.reserve.gpu, "gpu"},
+                                std::tuple{t.quota.nvme, t.reserve.nvme, "nvme"}}) {
+        if (q != 0 && r > q) return InvalidArgument(at + ".reserve." + tier + "' is above its quota");
+      }
+      reserved.host += t.reserve.host;
+      reserved.gpu += t.reserve.gpu;
+      reserved.nvme += t.reserve.nvme;
+    }
+    uint64_t nvme_bytes = 0;
+    for (const auto& f : c.nvme.files) nvme_bytes += f.capacity_bytes;
+    // Reserves must fit below the low watermark, or eviction could never honour them.
+    for (auto [r, cap, low, tier] : {std::tuple{reserved.host, h.capacity_bytes, h.low_watermark, "host"},
+                                     std::tuple{reserved.gpu, c.gpu.enabled ? c.gpu.capacity_bytes : 0, c.gpu.low_watermark, "gpu"},
+                                     std::tuple{reserved.nvme, nvme_bytes, c.nvme.low_watermark, "nvme"}}) {
+      if (r > 0 && static_cast<double>(r) > low * static_cast<double>(cap)) {
+        return InvalidArgument("config key 'security.tenants': " + std::string(tier) + " reserves add up to " +
+                               FormatBytes(r) + ", more than the tier's low watermark of " +
+                               FormatBytes(static_cast<uint64_t>(low * static_cast<double>(cap))));
       }
     }
   }

@@ -46,8 +46,37 @@ struct NvmeTierConfig {
   bool enabled() const { return !files.empty(); }
 };
 
+// Bytes per tier; 0 means no limit (quota) or nothing reserved (reserve).
+struct TierBytes {
+  uint64_t host = 0;
+  uint64_t gpu = 0;
+  uint64_t nvme = 0;
+};
+
+// One configured tenant: the peers it covers (by uid, or by any of their groups) and its
+// share of each tier. quota: the most it may hold (enforced when it asks for pages or
+// spills); reserve: what other tenants' pressure can never take from it.
+struct TenantConfig {
+  std::string name;
+  std::vector<uint32_t> uids;
+  std::vector<uint32_t> gids;
+  TierBytes quota;
+  TierBytes reserve;
+};
+
+struct SecurityConfig {
+  std::vector<TenantConfig> tenants;
+  // A peer no tenant covers: its own tenant "uid=U" (true) or refused (false).
+  bool allow_unknown = true;
+  TierBytes unknown_quota;  // per unknown tenant
+  // Besides root and the daemon's own uid.
+  std::vector<uint32_t> admin_uids;
+};
+
 struct DaemonConfig {
   std::string socket_path = "./var/kvtierd.sock";
+  std::string socket_group;  // empty: the daemon's group
+  uint32_t socket_mode = 0660;
   std::string data_dir = "./var";
   LogLevel log_level = LogLevel::kInfo;
 
@@ -55,6 +84,7 @@ struct DaemonConfig {
   uint32_t max_sessions = 1024;
   uint64_t max_pending_output_bytes = 16ull << 20;
   uint32_t max_entries_per_request = 65536;
+  int64_t heartbeat_ttl_ns = 0;  // 0: sessions may stay silent forever
 
   std::string metrics_listen = "127.0.0.1";
   int metrics_port = 9490;  // 0: any free port; -1: no metrics endpoint
@@ -71,6 +101,7 @@ struct DaemonConfig {
   std::string gpu_backend = "auto";
   int gpu_device = 0;
   NvmeTierConfig nvme;
+  SecurityConfig security;
 };
 
 // Parses YAML text. Unknown keys, wrong types and out-of-range values are

@@ -2,19 +2,40 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/file.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
 #include <filesystem>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
 
 namespace kvtier {
+namespace {
+
+// socket.group: a group name or a number.
+Result<gid_t> ResolveGroup(const std::string& name) {
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(name.c_str(), &end, 10);
+  if (!name.empty() && *end == '\0') return static_cast<gid_t>(n);
+  std::vector<char> buf(16384);
+  group g{};
+  group* found = nullptr;
+  const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
+  if (rc != 0 || found == nullptr) {
+    return InvalidArgument("config key 'socket.group': no group '" + name + "'" + (rc ? std::string(": ") + std::strerror(rc) : ""));
+  }
+  return found->gr_gid;
+}
+
+}  // namespace
 
 Daemon::Daemon(const DaemonConfig& config)
     : config_(config), signals_(io_, SIGTERM, SIGINT), tick_(io_) {}
@@ -84,6 +105,19 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   host.low_watermark = config.host.low_watermark;
   host.policy = config.host.policy;
   co.max_entries_per_request = config.max_entries_per_request;
+  auto limits = [](const TierBytes& quota, const TierBytes& reserve) {
+    TenantLimits l;
+    l.quota_bytes[TierIndex(TierKind::kHost)] = quota.host;
+    l.quota_bytes[TierIndex(TierKind::kGpu)] = quota.gpu;
+    l.quota_bytes[TierIndex(TierKind::kNvme)] = quota.nvme;
+    l.reserve_bytes[TierIndex(TierKind::kHost)] = reserve.host;
+    l.reserve_bytes[TierIndex(TierKind::kGpu)] = reserve.gpu;
+    l.reserve_bytes[TierIndex(TierKind::kNvme)] = reserve.nvme;
+    return l;
+  };
+  for (const TenantConfig& t : config.security.tenants) co.tenant_limits[t.name] = limits(t.quota, t.reserve);
+  co.unknown_limits = limits(config.security.unknown_quota, TierBytes{});
+  d->tenants_ = std::make_unique<TenantResolver>(config.security, ::geteuid());
   if (config.gpu.enabled) {
     auto backend = OpenDeviceBackend(config.gpu_backend);
     if (backend.ok()) {
@@ -120,6 +154,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   so.max_sessions = config.max_sessions;
   so.max_frame_bytes = config.max_frame_bytes;
   so.max_pending_output_bytes = config.max_pending_output_bytes;
+  so.socket_mode = config.socket_mode;
+  so.heartbeat_ttl_ns = config.heartbeat_ttl_ns;
+  if (!config.socket_group.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(so.socket_gid, ResolveGroup(config.socket_group));
+  }
   KVTIER_ASSIGN_OR_RETURN(d->server_, Server::Open(d->io_, so, SystemClock::Default()));
 
   if (config.metrics_port >= 0) {
@@ -140,7 +179,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   Server* server = d->server_.get();
   d->dispatcher_ = std::make_unique<Dispatcher>(
       d->cache_.get(), &d->info_, SystemClock::Default(), &d->metrics_,
-      [server](const std::function<void(const SessionContext&)>& fn) { server->ForEachSession(fn); });
+      [server](const std::function<void(const SessionContext&)>& fn) { server->ForEachSession(fn); },
+      d->tenants_.get());
   d->dispatcher_->set_gpu_device(config.gpu_device);
   d->server_->set_dispatcher(d->dispatcher_.get());
   d->RegisterMetrics();
@@ -167,7 +207,7 @@ void Daemon::RegisterMetrics() {
     const std::pair<const char*, uint32_t TierCounts::*> states[] = {
         {"free", &TierCounts::free},       {"leased", &TierCounts::leased},
         {"inflight", &TierCounts::inflight}, {"cached", &TierCounts::cached},
-        {"referenced", &TierCounts::referenced}};
+        {"referenced", &TierCounts::referenced}, {"quarantined", &TierCounts::quarantined}};
     for (const auto& [state, field] : states) {
       m.AddGaugeFn("kvtier_tier_bytes",
                    "Bytes of a tier's pool by page state; the states sum to the capacity.",
@@ -214,12 +254,20 @@ void Daemon::RegisterMetrics() {
   m.AddCounterFn("kvtier_allocate_failures_total",
                  "Allocate requests refused because the tier had no page to give.", {},
                  [cache] { return cache->counters().allocate_failures; });
+  m.AddCounterFn("kvtier_quota_refusals_total",
+                 "Allocate requests refused because the tenant was at its quota of the tier.", {},
+                 [cache] { return cache->counters().quota_refusals; });
   m.AddGaugeFn("kvtier_sessions", "Connected sessions (engines and control clients).", {},
                [server] { return static_cast<double>(server->session_count()); });
   m.AddCounterFn("kvtier_sessions_opened_total", "Connections accepted.", {},
                  [server] { return server->sessions_opened(); });
   m.AddCounterFn("kvtier_sessions_refused_total", "Connections refused at max_sessions.", {},
                  [server] { return server->sessions_refused(); });
+  m.AddCounterFn("kvtier_sessions_expired_total",
+                 "Sessions closed for sending nothing for longer than protocol.heartbeat_ttl.", {},
+                 [server] { return server->sessions_expired(); });
+  m.AddGaugeFn("kvtier_quarantines", "Ended sessions whose leased pages wait for their process to exit.", {},
+               [server] { return static_cast<double>(server->quarantines()); });
   m.AddGaugeFn("kvtier_namespaces", "Namespaces (tenant x model) with blocks or sessions.", {},
                [cache] { return static_cast<double>(cache->namespace_count()); });
   m.AddCounterFn("kvtier_gpu_demotions_total", "GPU blocks copied down to host pages under pressure.", {},
@@ -283,6 +331,13 @@ void Daemon::ScheduleTick() {
   tick_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     cache_->Tick();
+    if (watchdog_usec_ > 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - watchdog_last_ >= std::chrono::microseconds(watchdog_usec_ / 2)) {
+        sd_notify(0, "WATCHDOG=1");
+        watchdog_last_ = now;
+      }
+    }
     ScheduleTick();
   });
 }
@@ -325,6 +380,8 @@ Status Daemon::Run() {
   ScheduleTick();
   KVTIER_LOG(NOTICE) << "kvtierd " << kVersion << " serving on " << config_.socket_path
                      << (http_ ? ", metrics at " + http_->url() : std::string(", no metrics endpoint"));
+  if (sd_watchdog_enabled(0, &watchdog_usec_) <= 0) watchdog_usec_ = 0;
+  watchdog_last_ = std::chrono::steady_clock::now();
   sd_notify(0, "READY=1");
   io_.run();
   sd_notify(0, "STOPPING=1");

@@ -58,6 +58,7 @@ class Daemon {
   int lock_fd_ = -1;
   DaemonInfo info_;
   MetricsRegistry metrics_;
+  std::unique_ptr<TenantResolver> tenants_;
   std::unique_ptr<DeviceBackend> device_;  // before cache_: the GPU pool's memory lives in it
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Server> server_;
@@ -66,6 +67,10 @@ class Daemon {
   std::unique_ptr<boost::asio::posix::stream_descriptor> nvme_events_;
   boost::asio::steady_timer tick_;
   bool stopping_ = false;
+  // systemd's watchdog (WatchdogSec=): pinged from the control loop's tick at half the
+  // interval, so a control thread stuck for longer gets the daemon restarted. 0: off.
+  uint64_t watchdog_usec_ = 0;
+  std::chrono::steady_clock::time_point watchdog_last_;
 };
 
 }  // namespace kvtier

@@ -22,8 +22,8 @@ fb::Tier TierToWire(TierKind t) { return static_cast<fb::Tier>(static_cast<uint8
 }  // namespace
 
 Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock,
-                       MetricsRegistry* metrics, SessionVisitor sessions)
-    : cache_(cache), info_(info), clock_(clock), sessions_(std::move(sessions)) {
+                       MetricsRegistry* metrics, SessionVisitor sessions, const TenantResolver* tenants)
+    : cache_(cache), info_(info), clock_(clock), sessions_(std::move(sessions)), tenants_(tenants) {
   for (int op = 1; op <= static_cast<int>(fb::Op::MAX); ++op) {
     const std::string name(OpName(static_cast<fb::Op>(op)));
     op_metrics_[op].latency = metrics->AddHistogram(
@@ -40,9 +40,6 @@ Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock*
   rejected_truncated_ = metrics->AddCounter("kvtier_frames_rejected_total", help, {{"reason", "truncated"}});
 }
 
-std::string Dispatcher::TenantFor(uid_t uid, gid_t gid) {
-  return "uid=" + std::to_string(uid) + ",gid=" + std::to_string(gid);
-}
 
 void Dispatcher::Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type,
                       BodyOffset body, std::span<const int> fds) {
@@ -78,7 +75,11 @@ void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::str
   ctx.close_after_reply = true;
 }
 
-void Dispatcher::SessionClosed(SessionContext& ctx) { cache_->Detach(ctx.cache); }
+uint64_t Dispatcher::SessionClosed(SessionContext& ctx, bool quarantine_leases) {
+  return cache_->Detach(ctx.cache, quarantine_leases);
+}
+
+void Dispatcher::QuarantineOver(uint64_t id) { cache_->ReleaseQuarantine(id); }
 
 void Dispatcher::HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame, ReplySink& sink) {
   const int64_t start = clock_->NowNanos();
@@ -144,6 +145,10 @@ Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply*
   }
   if (op == fb::Op::VerifyTier) {
     if (ctx.role != fb::Role::Control) return PermissionDenied("verify is for control sessions (kvctl)");
+    if (!ctx.admin) {
+      return PermissionDenied("verify is an admin operation: uid " + std::to_string(ctx.uid) +
+                              " is not root, the daemon's uid or in security.admin_uids");
+    }
     return OnVerify(ctx, req, deferred);
   }
   if (ctx.role != fb::Role::Engine) {
@@ -214,7 +219,14 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
     return InvalidArgument("unknown role");
   }
   ctx.engine_name = m.engine_name() ? m.engine_name()->str().substr(0, 128) : "";
-  ctx.tenant = TenantFor(ctx.uid, ctx.gid);
+  auto grant = tenants_->Resolve(PeerCredentials{ctx.pid, ctx.uid, ctx.gid, ctx.groups});
+  if (!grant.ok()) {
+    ctx.close_after_reply = true;
+    KVTIER_LOG(WARNING) << "session " << ctx.id << " refused: pid " << ctx.pid << ": " << grant.status().message();
+    return grant.status();
+  }
+  ctx.tenant = grant->tenant;
+  ctx.admin = grant->admin;
   if (ctx.role == fb::Role::Engine) {
     if (!BlockHash::ValidSize(m.hash_bytes())) return InvalidArgument("hash_bytes must be 16 or 32");
     if (m.layout() == nullptr) return InvalidArgument("an engine's Hello needs a layout");
@@ -398,7 +410,6 @@ Status Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req, bool* d
 
 Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type,
                            BodyOffset* body) {
-  (void)ctx;
   std::vector<flatbuffers::Offset<fb::TierStats>> tiers;
   const NvmeTier* nvme = cache_->nvme();
   for (TierKind kind : kAllTiers) {
@@ -416,13 +427,15 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
     tiers.push_back(fb::CreateTierStats(builder_, TierToWire(kind), name, c.page_bytes, c.capacity, c.free,
                                         c.leased, c.inflight, c.cached, c.referenced, c.blocks,
                                         static_cast<float>(high), static_cast<float>(low), evictions, be, io,
-                                        index, !is_nvme || nvme->ready()));
+                                        index, !is_nvme || nvme->ready(), c.quarantined));
   }
   auto tiers_vec = builder_.CreateVector(tiers);
   std::vector<flatbuffers::Offset<fb::SessionInfo>> sessions;
   uint32_t session_count = 0;
   const int64_t now = clock_->NowNanos();
   sessions_([&](const SessionContext& s) {
+    // Other tenants' sessions are an admin's to see.
+    if (!ctx.admin && s.tenant != ctx.tenant) return;
     ++session_count;
     if (!m.sessions()) return;
     const bool engine = s.role == fb::Role::Engine && s.hello_done;

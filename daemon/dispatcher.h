@@ -24,6 +24,7 @@
 
 #include "daemon/cache_manager.h"
 #include "daemon/metrics.h"
+#include "daemon/tenants.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/layout.h"
 #include "protocol/codec.h"
@@ -40,7 +41,9 @@ struct SessionContext {
   pid_t pid = 0;
   uid_t uid = 0;
   gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary (SO_PEERGROUPS)
   int64_t connected_ns = 0;
+  bool admin = false;         // decided at Hello by the TenantResolver
 
   bool hello_done = false;
   fb::Role role = fb::Role::Engine;
@@ -78,8 +81,9 @@ class Dispatcher {
   // Calls `fn` for each live session (for Stats).
   using SessionVisitor = std::function<void(const std::function<void(const SessionContext&)>&)>;
 
+  // `tenants` decides who each peer is; it and the rest outlive the dispatcher.
   Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock,
-             MetricsRegistry* metrics, SessionVisitor sessions);
+             MetricsRegistry* metrics, SessionVisitor sessions, const TenantResolver* tenants);
 
   // Verifies and serves one whole frame (prefix included), sending exactly one response.
   void HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame, ReplySink& sink);
@@ -87,11 +91,11 @@ class Dispatcher {
   // request id 0 and `status`, and marks the session for closing.
   void RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason,
                    ReplySink& sink);
-  // The session is gone: drop everything it holds.
-  void SessionClosed(SessionContext& ctx);
-
-  // The tenant of a peer: "uid=U,gid=G".
-  static std::string TenantFor(uid_t uid, gid_t gid);
+  // The session is gone: drop everything it holds. With `quarantine_leases` (its process
+  // still lives) leased pages are quarantined; returns the quarantine's id (0: none) for
+  // QuarantineOver once the process has exited.
+  uint64_t SessionClosed(SessionContext& ctx, bool quarantine_leases);
+  void QuarantineOver(uint64_t id);
 
  private:
   struct OpMetrics {
@@ -137,6 +141,7 @@ class Dispatcher {
   const DaemonInfo* info_;
   const Clock* clock_;
   SessionVisitor sessions_;
+  const TenantResolver* tenants_;
   Builder builder_{4096};
   // Deferred responses are built here: they may be produced while builder_ holds a
   // response half-built (a Release that frees pages completes a waiting Allocate).

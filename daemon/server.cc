@@ -1,7 +1,9 @@
 #include "daemon/server.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,6 +19,12 @@ namespace kvtier {
 
 namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
+
+// A pidfd turns readable when its process exits.
+bool PidfdExited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
 
 // One connection. Lives in Server::sessions_ and in the handlers it has outstanding.
 class Session : public std::enable_shared_from_this<Session>, public ReplySink {
@@ -36,27 +44,52 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   void Start() {
     boost::system::error_code ec;
     socket_.non_blocking(true, ec);
+    const int fd = socket_.native_handle();
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      ctx_.pid = cred.pid;
-      ctx_.uid = cred.uid;
-      ctx_.gid = cred.gid;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
+      KVTIER_LOG(WARNING) << "session " << ctx_.id << ": no peer credentials (" << std::strerror(errno)
+                          << "); closing";
+      Close();
+      return;
     }
+    ctx_.pid = cred.pid;
+    ctx_.uid = cred.uid;
+    ctx_.gid = cred.gid;
+    std::vector<gid_t> groups(64);
+    socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0 && errno == ERANGE) {
+      groups.resize(glen / sizeof(gid_t));
+      (void)::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+    }
+    groups.resize(glen / sizeof(gid_t));
+    ctx_.groups = std::move(groups);
     ctx_.connected_ns = server_->clock_->NowNanos();
+    last_active_ns_ = ctx_.connected_ns;
     ctx_.async_sink = std::static_pointer_cast<ReplySink>(shared_from_this());
+    WatchPeerProcess();
     Read();
   }
 
-  // Idempotent. Drops the session's cache state and forgets it.
+  // Idempotent. Drops the session's cache state and forgets it; leased pages go into
+  // quarantine while the peer's process lives.
   void Close() {
     if (closed_) return;
     closed_ = true;
     boost::system::error_code ec;
     socket_.close(ec);
-    server_->dispatcher_->SessionClosed(ctx_);
+    const bool alive = pidfd_ && !PidfdExited(pidfd_->native_handle());
+    const uint64_t quarantine = server_->dispatcher_->SessionClosed(ctx_, alive);
+    if (quarantine != 0) {
+      KVTIER_LOG(NOTICE) << "session " << ctx_.id << " ended while pid " << ctx_.pid
+                         << " lives: its leased pages are quarantined until it exits";
+      server_->WatchQuarantine(quarantine, ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0));
+    }
+    if (pidfd_) pidfd_->close(ec);
     server_->Remove(ctx_.id);
   }
+
+  int64_t last_active_ns() const { return last_active_ns_; }
 
  private:
   void Read() {
@@ -68,9 +101,35 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
                                                         size_t n) { self->OnRead(ec, n); });
   }
 
+  // The peer's process exiting closes the session even if the socket lives on elsewhere.
+  void WatchPeerProcess() {
+    const int pfd = ctx_.pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, ctx_.pid, 0)) : -1;
+    if (pfd < 0) {
+      KVTIER_LOG(DEBUG) << "session " << ctx_.id << ": no pidfd for pid " << ctx_.pid << " ("
+                        << std::strerror(errno) << "); liveness by socket only";
+      return;
+    }
+    pidfd_ = std::make_unique<asio::posix::stream_descriptor>(socket_.get_executor(), pfd);
+    WaitPeerExit();
+  }
+
+  void WaitPeerExit() {
+    pidfd_->async_wait(asio::posix::stream_descriptor::wait_read,
+                       [self = shared_from_this()](const boost::system::error_code& ec) {
+                         if (ec || self->closed_) return;
+                         if (!PidfdExited(self->pidfd_->native_handle())) {
+                           self->WaitPeerExit();  // a wakeup that was not an exit
+                           return;
+                         }
+                         KVTIER_LOG(INFO) << "session " << self->ctx_.id << ": pid " << self->ctx_.pid << " exited";
+                         self->Close();
+                       });
+  }
+
   void OnRead(const boost::system::error_code& ec, size_t n) {
     reading_ = false;
     if (closed_) return;
+    last_active_ns_ = server_->clock_->NowNanos();
     if (ec) {
       if (ec == asio::error::eof && in_.PendingBytes() > 0) {
         // The peer half-closed in the middle of a frame: say so, then close.
@@ -186,6 +245,8 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   bool paused_ = false;
   bool closed_ = false;
   bool processing_ = false;
+  std::unique_ptr<asio::posix::stream_descriptor> pidfd_;
+  int64_t last_active_ns_ = 0;
 };
 
 Server::Server(asio::io_context& io, const Options& options, const Clock* clock)
@@ -201,9 +262,15 @@ Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options
   }
   std::error_code fec;
   const auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) {
+  if (!parent.empty() && !std::filesystem::exists(parent, fec)) {
     std::filesystem::create_directories(parent, fec);
     if (fec) return Internal("cannot create socket directory " + parent.string() + ": " + fec.message());
+    // Ours: only the daemon's user and the socket's group may enter it.
+    if (::chmod(parent.c_str(), 0750) != 0) return ErrnoStatus(errno, "chmod " + parent.string());
+    if (options.socket_gid != static_cast<gid_t>(-1) &&
+        ::chown(parent.c_str(), static_cast<uid_t>(-1), options.socket_gid) != 0) {
+      return ErrnoStatus(errno, "chown " + parent.string());
+    }
   }
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
@@ -229,12 +296,60 @@ Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options
   if (::chmod(path.c_str(), options.socket_mode) != 0) {
     return ErrnoStatus(errno, "chmod " + path);
   }
+  if (options.socket_gid != static_cast<gid_t>(-1) && ::chown(path.c_str(), static_cast<uid_t>(-1), options.socket_gid) != 0) {
+    return ErrnoStatus(errno, "chown " + path + " to gid " + std::to_string(options.socket_gid));
+  }
   return s;
+}
+
+void Server::WatchQuarantine(uint64_t id, int pidfd) {
+  if (pidfd < 0) {  // cannot watch: free now rather than never
+    dispatcher_->QuarantineOver(id);
+    return;
+  }
+  auto d = std::make_shared<asio::posix::stream_descriptor>(io_, pidfd);
+  quarantines_[id] = d;
+  ArmQuarantine(id, d);
+}
+
+void Server::ArmQuarantine(uint64_t id, std::shared_ptr<asio::posix::stream_descriptor> d) {
+  d->async_wait(asio::posix::stream_descriptor::wait_read, [this, id, d](const boost::system::error_code& ec) {
+    if (ec) return;
+    if (!PidfdExited(d->native_handle())) {  // a wakeup that was not an exit
+      ArmQuarantine(id, d);
+      return;
+    }
+    KVTIER_LOG(INFO) << "quarantine " << id << ": its process exited; pages free again";
+    quarantines_.erase(id);
+    dispatcher_->QuarantineOver(id);
+  });
+}
+
+void Server::ScheduleHeartbeatCheck() {
+  if (options_.heartbeat_ttl_ns <= 0 || stopped_) return;
+  if (!heartbeat_timer_) heartbeat_timer_ = std::make_unique<asio::steady_timer>(io_);
+  heartbeat_timer_->expires_after(std::chrono::nanoseconds(std::max<int64_t>(options_.heartbeat_ttl_ns / 4, 25'000'000)));
+  heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    const int64_t now = clock_->NowNanos();
+    std::vector<std::shared_ptr<Session>> expired;
+    for (auto& [id, s] : sessions_) {
+      if (now - s->last_active_ns() > options_.heartbeat_ttl_ns) expired.push_back(s);
+    }
+    for (auto& s : expired) {
+      ++expired_;
+      KVTIER_LOG(WARNING) << "session " << s->ctx().id << " (pid " << s->ctx().pid << ") sent nothing for "
+                          << (now - s->last_active_ns()) / 1'000'000 << " ms, over protocol.heartbeat_ttl: expired";
+      s->Close();
+    }
+    ScheduleHeartbeatCheck();
+  });
 }
 
 void Server::Start() {
   KVTIER_CHECK(dispatcher_ != nullptr) << "Server started without a dispatcher";
   Accept();
+  ScheduleHeartbeatCheck();
 }
 
 void Server::Accept() {
@@ -279,6 +394,9 @@ void Server::Stop() {
   std::vector<std::shared_ptr<Session>> all;
   for (auto& [id, s] : sessions_) all.push_back(s);
   for (auto& s : all) s->Close();
+  if (heartbeat_timer_) heartbeat_timer_->cancel();
+  for (auto& [id, d] : quarantines_) d->cancel(ec);
+  quarantines_.clear();
   ::unlink(options_.socket_path.c_str());
 }
 

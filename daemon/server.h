@@ -9,12 +9,21 @@
 // a frame cut short by EOF is answered with an error and the connection closed. None of
 // this affects other sessions.
 //
+// Liveness: each session watches its peer's process through a pidfd (pidfd_open of the
+// SO_PEERCRED pid) and closes when it exits, socket open or not; with a heartbeat TTL, a
+// session silent for longer is expired. A session that ends while its process still
+// lives (it closed the socket, or was expired) has its leased pages quarantined until the
+// process exits: its mappings cannot be revoked, so the pages are not reused under it.
+// Peer credentials that cannot be read close the connection (never a default identity).
+//
 // Owned by the control thread; not thread-safe.
 
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,6 +42,10 @@ class Server {
   struct Options {
     std::string socket_path;
     uint32_t socket_mode = 0660;
+    // Group given the socket (and a socket directory Open creates); -1: the daemon's.
+    gid_t socket_gid = static_cast<gid_t>(-1);
+    // A session silent for this long is expired (0: never).
+    int64_t heartbeat_ttl_ns = 0;
     uint32_t max_sessions = 1024;
     uint32_t max_frame_bytes = 1u << 20;
     uint64_t max_pending_output_bytes = 16ull << 20;
@@ -56,12 +69,18 @@ class Server {
   size_t session_count() const { return sessions_.size(); }
   uint64_t sessions_opened() const { return next_id_ - 1; }
   uint64_t sessions_refused() const { return refused_; }
+  uint64_t sessions_expired() const { return expired_; }
+  size_t quarantines() const { return quarantines_.size(); }
 
  private:
   friend class Session;
   Server(boost::asio::io_context& io, const Options& options, const Clock* clock);
   void Accept();
   void Remove(SessionId id);
+  // Frees quarantine `id` once the process behind `pidfd` (owned) exits.
+  void WatchQuarantine(uint64_t id, int pidfd);
+  void ArmQuarantine(uint64_t id, std::shared_ptr<boost::asio::posix::stream_descriptor> d);
+  void ScheduleHeartbeatCheck();
 
   boost::asio::io_context& io_;
   Options options_;
@@ -71,7 +90,10 @@ class Server {
   std::map<SessionId, std::shared_ptr<Session>> sessions_;
   SessionId next_id_ = 1;
   uint64_t refused_ = 0;
+  uint64_t expired_ = 0;
   bool stopped_ = false;
+  std::map<uint64_t, std::shared_ptr<boost::asio::posix::stream_descriptor>> quarantines_;
+  std::unique_ptr<boost::asio::steady_timer> heartbeat_timer_;
 };
 
 }  // namespace kvtier

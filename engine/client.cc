@@ -556,6 +556,7 @@ Result<DaemonStats> Client::Stats(bool with_sessions) {
         i.inflight_pages = t->inflight_pages();
         i.cached_pages = t->cached_pages();
         i.referenced_pages = t->referenced_pages();
+        i.quarantined_pages = t->quarantined_pages();
         i.blocks = t->blocks();
         i.evictions = t->evictions();
         i.high_watermark = t->high_watermark();

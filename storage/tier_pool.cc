@@ -86,6 +86,7 @@ Result<std::optional<PageId>> TierPool::Allocate(OwnerId owner) {
   std::optional<PageId> slot = seg.pages.Allocate();
   KVTIER_CHECK(slot.has_value()) << "segment " << s << " in nonfull set is full";
   if (seg.pages.free_count() == 0) oo.nonfull.Erase(s);
+  ++oo.used;
   --free_pages_;
   return std::optional<PageId>(s * pages_per_segment_ + *slot);
 }
@@ -98,6 +99,7 @@ void TierPool::Free(PageId page) {
   KVTIER_CHECK(st.ok()) << st.ToString();
   ++free_pages_;
   OwnerSegments& o = For(seg.owner);
+  --o.used;
   o.nonfull.Insert(s);
   if (seg.pages.free_count() == pages_per_segment_) {
     // Empty: it no longer belongs to its owner, who may take it back cheaply.

@@ -40,6 +40,8 @@ class TierPool {
 
   // Pages `owner` could get right now without anything being evicted.
   uint32_t AvailableTo(OwnerId owner) const;
+  // Pages `owner` holds (allocated and not freed).
+  uint32_t UsedBy(OwnerId owner) const { return owner < owners_.size() ? owners_[owner].used : 0; }
 
   uint32_t SegmentOf(PageId page) const { return page / pages_per_segment_; }
   uint64_t OffsetInSegment(PageId page) const {
@@ -94,6 +96,7 @@ class TierPool {
     SegmentSet nonfull;   // owned, with free pages
     SegmentSet owned;     // every segment owned
     SegmentSet released;  // emptied by this owner, not renewed yet
+    uint32_t used = 0;    // pages allocated
   };
 
   TierPool(std::unique_ptr<SegmentMemory> memory, uint64_t page_bytes);

@@ -47,12 +47,14 @@ json TierJson(const kvtier::TierStatsInfo& t) {
               {"inflight_bytes", uint64_t{t.inflight_pages} * pb},
               {"cached_bytes", uint64_t{t.cached_pages} * pb},
               {"referenced_bytes", uint64_t{t.referenced_pages} * pb},
+              {"quarantined_bytes", uint64_t{t.quarantined_pages} * pb},
               {"capacity_pages", t.capacity_pages},
               {"free_pages", t.free_pages},
               {"leased_pages", t.leased_pages},
               {"inflight_pages", t.inflight_pages},
               {"cached_pages", t.cached_pages},
               {"referenced_pages", t.referenced_pages},
+              {"quarantined_pages", t.quarantined_pages},
               {"blocks", t.blocks},
               {"evictions", t.evictions},
               {"high_watermark", t.high_watermark},
@@ -114,10 +116,12 @@ int Tiers(const DaemonStats& s, bool as_json) {
     std::printf("%s: %s in pages of %s (%s)\n", t.name.c_str(),
                 kvtier::FormatBytes(t.capacity_bytes()).c_str(), kvtier::FormatBytes(t.page_bytes).c_str(),
                 t.backend.c_str());
-    const uint32_t sum = t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages;
-    std::printf("  pages    free %u + leased %u + inflight %u + cached %u + referenced %u = %u of %u%s\n",
-                t.free_pages, t.leased_pages, t.inflight_pages, t.cached_pages, t.referenced_pages, sum,
-                t.capacity_pages, sum == t.capacity_pages ? "" : "  (MISMATCH)");
+    const uint32_t sum = t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages +
+                         t.quarantined_pages;
+    std::printf("  pages    free %u + leased %u + inflight %u + cached %u + referenced %u", t.free_pages,
+                t.leased_pages, t.inflight_pages, t.cached_pages, t.referenced_pages);
+    if (t.quarantined_pages) std::printf(" + quarantined %u", t.quarantined_pages);
+    std::printf(" = %u of %u%s\n", sum, t.capacity_pages, sum == t.capacity_pages ? "" : "  (MISMATCH)");
     std::printf("  blocks   %llu, evicted %llu\n", static_cast<unsigned long long>(t.blocks),
                 static_cast<unsigned long long>(t.evictions));
     std::printf("  evicts   above %.0f%% used, down to %.0f%%\n", 100 * t.high_watermark,

@@ -82,7 +82,9 @@ Status Populate(const testing::DaemonProcess& d, uint64_t blocks) {
   KVTIER_ASSIGN_OR_RETURN(auto store, OpenRocksDbBlockIndexStore(ro));
   KVTIER_RETURN_IF_ERROR(store->PutMeta(kNvmeGeometryMeta, files->GeometryKey()));
   const ModelLayout layout = RestartLayout();
-  const std::string ns = EncodeNamespace(Dispatcher::TenantFor(::getuid(), ::getgid()), layout.Fingerprint());
+  // The tenant kvtierd's default config gives this user's engines.
+  const std::string tenant = TenantResolver(SecurityConfig{}, ::geteuid()).Resolve({::getpid(), ::getuid(), ::getgid(), {}})->tenant;
+  const std::string ns = EncodeNamespace(tenant, layout.Fingerprint());
   const int fd = ::open(d.slot_file().c_str(), O_WRONLY);
   if (fd < 0) return ErrnoStatus(errno, "open slot file");
   std::vector<uint8_t> data(kPage);

@@ -1,6 +1,7 @@
 #include "daemon/dispatcher.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "tests/support/fake_clock.h"
 #include "tests/support/test_util.h"
@@ -39,7 +40,7 @@ class DispatcherTest : public ::testing::Test {
     cache_ = std::move(CacheManager::Open(o)).value();
     info_.version = "test";
     dispatcher_ = std::make_unique<Dispatcher>(cache_.get(), &info_, &clock_, &metrics_,
-                                               [](const auto&) {});
+                                               [](const auto&) {}, &tenants_);
   }
 
   template <class BuildOp>
@@ -69,6 +70,7 @@ class DispatcherTest : public ::testing::Test {
   FakeClock clock_;
   MetricsRegistry metrics_;
   DaemonInfo info_;
+  TenantResolver tenants_{SecurityConfig{}, ::geteuid()};
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Dispatcher> dispatcher_;
   CaptureSink sink_;
@@ -163,7 +165,7 @@ TEST_F(DispatcherTest, CommitCountMismatchIsInvalid) {
     return std::make_pair(fb::Op::Commit, fb::CreateCommit(b, fb::Tier::Host, pages, hashes).Union());
   });
   EXPECT_EQ(r->status(), fb::Status::InvalidArgument);
-  dispatcher_->SessionClosed(ctx);
+  (void)dispatcher_->SessionClosed(ctx, /*quarantine_leases=*/false);
   EXPECT_TRUE(cache_->CheckInvariants().ok());
 }
 

@@ -78,7 +78,7 @@ class ProtocolAbuse : public ::testing::Test {
     daemon_ = std::make_unique<DaemonProcess>(o);
     ASSERT_TRUE(daemon_->Start().ok()) << daemon_->Log();
     auto c = Client::Connect(EngineOptions(daemon_->socket_path(), "bystander"));
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << daemon_->Log();
     bystander_ = std::move(c).value();
     chain_ = HashChain(1, 4);
     auto pages = bystander_->Allocate(TierKind::kHost, 4);

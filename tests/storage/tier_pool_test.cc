@@ -74,6 +74,14 @@ TEST(TierPool, OwnersNeverShareASegment) {
   EXPECT_EQ(pool->AvailableTo(0), 2u);
   EXPECT_EQ(pool->AvailableTo(2), 0u);
   EXPECT_FALSE(pool->Allocate(2)->has_value());
+  // What each owner holds follows allocations and frees.
+  EXPECT_EQ(pool->UsedBy(0), 6u);
+  EXPECT_EQ(pool->UsedBy(1), 5u);
+  EXPECT_EQ(pool->UsedBy(2), 0u);
+  pool->Free(a[0]);
+  pool->Free(b[4]);
+  EXPECT_EQ(pool->UsedBy(0), 5u);
+  EXPECT_EQ(pool->UsedBy(1), 4u);
 }
 
 TEST(TierPool, ASegmentChangesOwnerOnlyWithFreshMemory) {
