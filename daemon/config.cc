@@ -424,6 +424,12 @@ Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* con
 
 Status ValidateConfig(const DaemonConfig& c) {
   const PoolTierConfig& h = c.host;
+  // A file-system socket only: its directory and mode are the access control (an abstract
+  // socket has neither).
+  if (c.socket_path.empty() || c.socket_path[0] == '@' || c.socket_path.find('\0') != std::string::npos) {
+    return InvalidArgument("config key 'socket.path': '" + c.socket_path +
+                           "' must be a file-system path (abstract sockets have no permissions)");
+  }
   if (h.low_watermark >= h.high_watermark) {
     return InvalidArgument("config key 'tiers.host.low_watermark' must be below high_watermark");
   }

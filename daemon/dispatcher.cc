@@ -299,8 +299,16 @@ Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Request& req, fb::R
   return AllocateReply(builder_, ctx, t, now->value(), type, body, fds);
 }
 
+Status Dispatcher::CheckEpoch(uint64_t epoch) const {
+  if (epoch == 0 || epoch == info_->epoch) return Status::Ok();
+  return FailedPrecondition("page handles from daemon epoch " + std::to_string(epoch) +
+                            " are stale: this kvtierd runs epoch " + std::to_string(info_->epoch) +
+                            " (it restarted); lease pages again");
+}
+
 Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type,
                             BodyOffset* body) {
+  KVTIER_RETURN_IF_ERROR(CheckEpoch(m.daemon_epoch()));
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
@@ -323,6 +331,7 @@ Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply*
 
 Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type,
                              BodyOffset* body) {
+  KVTIER_RETURN_IF_ERROR(CheckEpoch(m.daemon_epoch()));
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));

@@ -115,6 +115,8 @@ class Dispatcher {
                  std::vector<int>* fds);
   Status OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
                     std::vector<int>* fds, bool* deferred);
+  // kFailedPrecondition for handles of another daemon epoch (0: unchecked).
+  Status CheckEpoch(uint64_t epoch) const;
   Status OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type, BodyOffset* body);
   Status OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type, BodyOffset* body);
   Status OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type, BodyOffset* body);

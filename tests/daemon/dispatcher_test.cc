@@ -169,5 +169,73 @@ TEST_F(DispatcherTest, CommitCountMismatchIsInvalid) {
   EXPECT_TRUE(cache_->CheckInvariants().ok());
 }
 
+TEST_F(DispatcherTest, HandlesFromAnotherDaemonEpochAreRefused) {
+  info_.epoch = 0x1234;
+  SessionContext ctx(1);
+  ASSERT_EQ(Hello(ctx, fb::Role::Engine)->status(), fb::Status::Ok);
+  ASSERT_EQ(Allocate(ctx, 1)->status(), fb::Status::Ok);
+  auto commit = [&](uint64_t epoch) {
+    return Call(ctx, [epoch](flatbuffers::FlatBufferBuilder& b) {
+      auto pages = b.CreateVector(std::vector<uint32_t>{0});
+      auto hashes = b.CreateVector(std::vector<uint8_t>(16, 7));
+      return std::make_pair(fb::Op::Commit, fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, epoch).Union());
+    });
+  };
+  const fb::Response* stale = commit(0x9999);  // leased before a restart
+  EXPECT_EQ(stale->status(), fb::Status::FailedPrecondition);
+  ASSERT_NE(stale->message(), nullptr);
+  EXPECT_NE(stale->message()->str().find("stale"), std::string::npos);
+  auto release = Call(ctx, [](flatbuffers::FlatBufferBuilder& b) {
+    auto pages = b.CreateVector(std::vector<uint32_t>{0});
+    return std::make_pair(fb::Op::Release, fb::CreateRelease(b, fb::Tier::Host, pages, 0, 0x9999).Union());
+  });
+  EXPECT_EQ(release->status(), fb::Status::FailedPrecondition);
+  EXPECT_EQ(commit(0x1234)->status(), fb::Status::Ok);
+  (void)dispatcher_->SessionClosed(ctx, false);
+  EXPECT_TRUE(cache_->CheckInvariants().ok());
+}
+
+TEST_F(DispatcherTest, VerifyIsForAdminsAndStatsHidesOtherTenants) {
+  // This process is root or the daemon's uid here, so build a resolver that makes the
+  // peers non-admins: a daemon uid nobody has and no root peers.
+  SecurityConfig sec;
+  TenantResolver strict(sec, 54321);
+  Dispatcher d(cache_.get(), &info_, &clock_, &metrics_,
+               [](const std::function<void(const SessionContext&)>& fn) {
+                 SessionContext a(10), b(11);
+                 a.tenant = "uid=1000";
+                 b.tenant = "uid=2000";
+                 fn(a);
+                 fn(b);
+               },
+               &strict);
+  SessionContext ctx(1);
+  ctx.uid = 1000;
+  auto call = [&](auto build) {
+    flatbuffers::FlatBufferBuilder b;
+    auto [type, op] = build(b);
+    b.FinishSizePrefixed(fb::CreateRequest(b, ++id_, type, op));
+    d.HandleFrame(ctx, {b.GetBufferPointer(), b.GetSize()}, sink_);
+    return sink_.replies.back().response();
+  };
+  auto hello = call([](flatbuffers::FlatBufferBuilder& b) {
+    return std::make_pair(fb::Op::Hello, fb::CreateHello(b, kProtocolMajor, 0, fb::Role::Control, b.CreateString("kvctl")).Union());
+  });
+  ASSERT_EQ(hello->status(), fb::Status::Ok);
+  EXPECT_FALSE(ctx.admin);
+  auto verify = call([](flatbuffers::FlatBufferBuilder& b) {
+    return std::make_pair(fb::Op::VerifyTier, fb::CreateVerifyTier(b).Union());
+  });
+  EXPECT_EQ(verify->status(), fb::Status::PermissionDenied);
+  auto stats = call([](flatbuffers::FlatBufferBuilder& b) {
+    return std::make_pair(fb::Op::Stats, fb::CreateStats(b, true).Union());
+  });
+  ASSERT_EQ(stats->status(), fb::Status::Ok);
+  const auto* sr = stats->reply_as_StatsReply();
+  ASSERT_NE(sr->sessions(), nullptr);
+  ASSERT_EQ(sr->sessions()->size(), 1u);  // its own tenant's session only
+  EXPECT_EQ(sr->sessions()->Get(0)->tenant()->str(), "uid=1000");
+}
+
 }  // namespace
 }  // namespace kvtier
