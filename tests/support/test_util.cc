@@ -73,6 +73,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
   log_ = dir_.File("kvtierd.log");
   std::ofstream c(config_);
   c << "socket:\n  path: " << socket_ << "\n"
+    << options_.socket_yaml
     << "data_dir: " << dir_.File("data") << "\n"
     << "log_level: " << options_.log_level << "\n"
     << "metrics:\n  port: 0\n"

@@ -1,0 +1,366 @@
+// Identity, isolation and liveness through a real kvtierd: engines of different users are
+// different tenants on every tier and across a restart; unknown users are refused when the
+// config says so; the socket is the access control; sessions of live processes that end or
+// go silent leave their leased pages quarantined until the process exits.
+//
+// The multi-user tests run engine processes as other uids (setuid), which needs root; as
+// another user they are skipped.
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "engine/block_pattern.h"
+#include "tests/integration/engine_process.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr gid_t kEngines = 41000;  // the socket's group
+constexpr uid_t kUserA = 41001, kUserB = 41002, kStranger = 41003;
+
+const uint64_t kBlock = TestLayout().block_bytes;  // 64 KiB
+
+// Becomes `uid` (in the engines' group unless `in_group` is false). Child processes only.
+bool BecomeUser(uid_t uid, bool in_group = true) {
+  const gid_t groups[1] = {kEngines};
+  if (::setgroups(in_group ? 1 : 0, groups) != 0) return false;
+  if (::setgid(in_group ? kEngines : uid) != 0) return false;
+  return ::setuid(uid) == 0;
+}
+
+// Each tenant writes its own bytes for the same hashes, so a block served across tenants
+// would show.
+BlockHash Salted(const BlockHash& h, uid_t who) { return ChainHash(h, std::vector<uint32_t>{who}); }
+
+Status Store(Client& c, TierKind tier, const std::vector<BlockHash>& chain, uid_t who) {
+  for (size_t from = 0; from < chain.size(); from += 8) {
+    const size_t n = std::min<size_t>(8, chain.size() - from);
+    KVTIER_ASSIGN_OR_RETURN(auto pages, c.Allocate(tier, static_cast<uint32_t>(n)));
+    std::vector<CommitEntry> e;
+    for (size_t i = 0; i < n; ++i) {
+      auto* p = static_cast<uint8_t*>(c.PageAddress(tier, pages[i]));
+      if (p == nullptr) return Internal("page not mapped");
+      FillBlockPattern(Salted(chain[from + i], who), {p, kBlock});
+      const size_t k = from + i;
+      e.push_back({pages[i], chain[k], k ? chain[k - 1] : BlockHash()});
+    }
+    KVTIER_ASSIGN_OR_RETURN(auto r, c.Commit(tier, e));
+    for (const auto& x : r) KVTIER_RETURN_IF_ERROR(x.status);
+  }
+  return Status::Ok();
+}
+
+// Prefix hits whose bytes are `who`'s, and the tiers they came from (bit per TierIndex);
+// a hit with anyone else's bytes counts in *foreign.
+struct Hits {
+  size_t verified = 0, foreign = 0;
+  unsigned tiers = 0;
+};
+Hits Probe(Client& c, const std::vector<BlockHash>& chain, uid_t who) {
+  Hits h;
+  auto l = c.Lookup(chain);
+  if (!l.ok() || l->matched == 0) return h;
+  for (size_t i = 0; i < l->matched; ++i) h.tiers |= 1u << TierIndex(l->tiers[i]);
+  auto acq = c.Acquire(std::span<const BlockHash>(chain.data(), l->matched));
+  if (!acq.ok()) return h;
+  std::vector<BlockHash> held;
+  for (size_t i = 0; i < acq->size(); ++i) {
+    const BlockResult& r = (*acq)[i];
+    if (!r.status.ok()) continue;
+    held.push_back(chain[i]);
+    auto* p = static_cast<const uint8_t*>(c.PageAddress(r.tier, r.page));
+    if (p && CheckBlockPattern(Salted(chain[i], who), {p, kBlock})) ++h.verified; else ++h.foreign;
+  }
+  (void)c.Release(TierKind::kHost, {}, held);
+  return h;
+}
+
+// Runs `body` as `uid` in a child process; its Hits come back through a pipe.
+Hits RunAs(uid_t uid, const DaemonProcess& d, const std::function<Hits(Client&)>& body, int* exit_code) {
+  int p[2];
+  if (::pipe(p) != 0) return {};
+  EngineProcess child([&]() -> int {
+    ::close(p[0]);
+    if (!BecomeUser(uid)) return 20;
+    ClientOptions o = EngineOptions(d.socket_path(), "engine-" + std::to_string(uid));
+    o.device = "host-emulated";
+    auto c = Client::Connect(o);
+    if (!c.ok()) {
+      std::fprintf(stderr, "uid %u: %s\n", uid, c.status().ToString().c_str());
+      return 21;
+    }
+    Hits h = body(**c);
+    return ::write(p[1], &h, sizeof(h)) == sizeof(h) ? 0 : 22;
+  });
+  ::close(p[1]);
+  Hits h;
+  const bool got = ::read(p[0], &h, sizeof(h)) == sizeof(h);
+  ::close(p[0]);
+  *exit_code = child.Join();
+  return got ? h : Hits{};
+}
+
+class MultiUser : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to run engines as other users";
+  }
+  static DaemonProcess::Options Options(const std::string& security) {
+    DaemonProcess::Options o;
+    o.host_capacity = "4MiB";  // 64 pages of 64 KiB
+    o.page_bytes = "64KiB";
+    o.segment_bytes = "512KiB";
+    o.gpu_capacity = "2MiB";
+    o.gpu_segment_bytes = "512KiB";
+    o.nvme_capacity = "16MiB";
+    o.nvme_yaml = "    write_policy: write_through\n";
+    o.socket_yaml = "  group: " + std::to_string(kEngines) + "\n";
+    o.extra_yaml = "security:\n" + security;
+    o.log_level = "info";
+    return o;
+  }
+  static constexpr const char* kTwoTenants =
+      "  allow_unknown: false\n"
+      "  tenants: [{name: org_a, uids: [41001]}, {name: org_b, uids: [41002]}]\n";
+};
+
+TEST_F(MultiUser, TheSamePromptNeverHitsAcrossTenantsOnAnyTierOrAcrossRestart) {
+  DaemonProcess d(Options(kTwoTenants));
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto prompt = HashChain(11, 12);   // the shared "prompt": host, then NVMe
+  const auto gpu_prompt = HashChain(12, 4);
+  const auto filler = HashChain(13, 80);   // pushes the prompt's host copies out
+  int rc = -1;
+  size_t within = 0, asked = 0, across = 0;
+  unsigned tiers = 0;
+
+  // A stores the prompt on host and GPU and reads it back from GPU and host.
+  Hits a = RunAs(kUserA, d, [&](Client& c) {
+    Hits h;
+    if (!Store(c, TierKind::kHost, prompt, kUserA).ok() || !Store(c, TierKind::kGpu, gpu_prompt, kUserA).ok()) return h;
+    Hits x = Probe(c, prompt, kUserA), y = Probe(c, gpu_prompt, kUserA);
+    return Hits{x.verified + y.verified, x.foreign + y.foreign, x.tiers | y.tiers};
+  }, &rc);
+  ASSERT_EQ(rc, 0) << d.Log();
+  within += a.verified, asked += prompt.size() + gpu_prompt.size(), tiers |= a.tiers;
+  EXPECT_EQ(a.foreign, 0u);
+
+  // B asks for the same hashes: nothing, on any tier; then it caches its own copy.
+  Hits b = RunAs(kUserB, d, [&](Client& c) {
+    Hits x = Probe(c, prompt, kUserB), y = Probe(c, gpu_prompt, kUserB);
+    (void)Store(c, TierKind::kHost, prompt, kUserB);
+    return Hits{x.verified + y.verified, x.foreign + y.foreign, x.tiers | y.tiers};
+  }, &rc);
+  ASSERT_EQ(rc, 0);
+  across += b.verified + b.foreign;
+
+  // A floods its host share: its prompt now comes from NVMe, still its own bytes.
+  a = RunAs(kUserA, d, [&](Client& c) {
+    (void)Store(c, TierKind::kHost, filler, kUserA);
+    return Probe(c, prompt, kUserA);
+  }, &rc);
+  ASSERT_EQ(rc, 0);
+  within += a.verified, asked += prompt.size(), tiers |= a.tiers;
+  EXPECT_EQ(a.foreign, 0u);
+  EXPECT_TRUE(a.tiers & (1u << TierIndex(TierKind::kNvme))) << "expected NVMe hits, tiers " << a.tiers;
+
+  // Across a restart: each tenant finds its own copy on NVMe, never the other's.
+  ASSERT_EQ(d.Stop(), 0) << d.Log();
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  for (uid_t who : {kUserA, kUserB}) {
+    Hits h = RunAs(who, d, [&](Client& c) { return Probe(c, prompt, who); }, &rc);
+    ASSERT_EQ(rc, 0);
+    within += h.verified, asked += prompt.size(), tiers |= h.tiers;
+    EXPECT_EQ(h.foreign, 0u) << "uid " << who << " was served another tenant's bytes";
+  }
+  Hits late = RunAs(kUserB, d, [&](Client& c) { return Probe(c, gpu_prompt, kUserB); }, &rc);
+  across += late.verified + late.foreign;
+
+  EXPECT_EQ(across, 0u);
+  EXPECT_GE(static_cast<double>(within), 0.99 * static_cast<double>(asked)) << within << " of " << asked;
+  for (TierKind t : kAllTiers) EXPECT_TRUE(tiers & (1u << TierIndex(t))) << "no hit on " << TierKindName(t);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_F(MultiUser, UnknownUsersAreRefusedAndTheSocketIsTheGroupsOnly) {
+  DaemonProcess d(Options(kTwoTenants));
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  struct stat st;
+  ASSERT_EQ(::stat(d.socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, kEngines);
+  // In the group but in no tenant: refused at Hello, with the reason.
+  EngineProcess stranger([&]() -> int {
+    if (!BecomeUser(kStranger)) return 20;
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "stranger"));
+    if (c.ok()) return 1;
+    if (c.status().code() != StatusCode::kPermissionDenied) return 2;
+    return c.status().message().find("41003") != std::string::npos ? 0 : 3;
+  });
+  EXPECT_EQ(stranger.Join(), 0);
+  // Not in the group: the socket itself refuses.
+  EngineProcess outsider([&]() -> int {
+    if (!BecomeUser(kUserA, /*in_group=*/false)) return 20;
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "outsider"));
+    return !c.ok() && c.status().message().find("ermission") != std::string::npos ? 0 : 1;
+  });
+  EXPECT_EQ(outsider.Join(), 0);
+  // A tenant's own engine is welcome; root (an admin) still is, as its own tenant.
+  int rc = -1;
+  RunAs(kUserA, d, [](Client&) { return Hits{}; }, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_TRUE(Client::Connect(ControlOptions(d.socket_path())).ok());
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) {
+  DaemonProcess d(Options(
+      "  tenants: [{name: org_a, uids: [41001], quota: {host: 1MiB}},\n"
+      "            {name: org_b, uids: [41002], reserve: {host: 1MiB}}]\n"));
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto kept = HashChain(21, 16);  // 1 MiB: b's reserve
+  int rc = -1;
+  RunAs(kUserB, d, [&](Client& c) { (void)Store(c, TierKind::kHost, kept, kUserB); return Hits{}; }, &rc);
+  ASSERT_EQ(rc, 0);
+  // a writes 4 MiB; it may hold only 1 MiB on the host tier at a time.
+  Hits a = RunAs(kUserA, d, [&](Client& c) {
+    for (int r = 0; r < 4; ++r) (void)Store(c, TierKind::kHost, HashChain(100 + r, 16), kUserA);
+    auto s = c.Stats(true);
+    Hits h;
+    if (s.ok()) {
+      for (const auto& t : s->tiers) {
+        if (t.tier == TierKind::kHost) h.verified = t.capacity_pages - t.free_pages;
+      }
+    }
+    return h;
+  }, &rc);
+  ASSERT_EQ(rc, 0);
+  // Used host pages: b's 16 plus at most a's quota of 16.
+  EXPECT_LE(a.verified, 32u);
+  Hits b = RunAs(kUserB, d, [&](Client& c) { return Probe(c, kept, kUserB); }, &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(b.verified, kept.size());
+  EXPECT_TRUE(b.tiers & (1u << TierIndex(TierKind::kHost))) << "b's reserve kept it on the host tier";
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// ---- liveness (any user) -----------------------------------------------------------
+
+Result<TierStatsInfo> HostStats(const DaemonProcess& d) {
+  KVTIER_ASSIGN_OR_RETURN(auto c, Client::Connect(ControlOptions(d.socket_path())));
+  KVTIER_ASSIGN_OR_RETURN(auto s, c->Stats());
+  for (const auto& t : s.tiers) {
+    if (t.tier == TierKind::kHost) return t;
+  }
+  return NotFound("no host tier");
+}
+
+// Polls until `pred` holds on the host tier's stats (5 s at most).
+bool Eventually(const DaemonProcess& d, const std::function<bool(const TierStatsInfo&)>& pred) {
+  for (int i = 0; i < 250; ++i) {
+    auto t = HostStats(d);
+    if (t.ok() && pred(*t)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST(Liveness, ASilentSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
+  DaemonProcess::Options o;
+  o.extra_yaml = "protocol:\n  heartbeat_ttl: 300ms\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  Pipe leased, go;
+  EngineProcess hung([&]() -> int {
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "hung"));
+    if (!c.ok() || !(*c)->Allocate(TierKind::kHost, 3).ok()) return 10;
+    leased.Signal();
+    go.Wait();  // silent, alive, still mapping its pages
+    return (*c)->Ping().ok() ? 11 : 0;  // expired: the daemon closed it
+  });
+  ASSERT_TRUE(leased.Wait());
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.leased_pages == 0 && t.quarantined_pages == 3; }))
+      << d.Log();
+  go.Signal();
+  EXPECT_EQ(hung.Join(), 0);
+  // The process is gone: the pages are free again.
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0 && t.free_pages == t.capacity_pages; }));
+  EXPECT_NE(d.Log().find("heartbeat_ttl"), std::string::npos);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(Liveness, AProcessThatClosesItsSocketButLivesHasItsLeasesQuarantined) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  Pipe closed, go;
+  EngineProcess engine([&]() -> int {
+    {
+      auto c = Client::Connect(EngineOptions(d.socket_path(), "closer"));
+      if (!c.ok() || !(*c)->Allocate(TierKind::kHost, 2).ok()) return 10;
+    }  // the socket closes here; the process and its mappings live on
+    closed.Signal();
+    go.Wait();
+    return 0;
+  });
+  ASSERT_TRUE(closed.Wait());
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 2 && t.leased_pages == 0; }));
+  go.Signal();
+  EXPECT_EQ(engine.Join(), 0);
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0; }));
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(Liveness, KvtierdTellsSystemdReadyWatchdogAndStopping) {
+  TempDir dir;
+  const std::string path = dir.File("notify");
+  int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  DaemonProcess::Options o;
+  o.env = {"NOTIFY_SOCKET=" + path, "WATCHDOG_USEC=400000"};
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  std::string got;
+  int watchdogs = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < until && watchdogs < 3) {
+    pollfd p{s, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    char buf[512];
+    const ssize_t n = ::recv(s, buf, sizeof(buf), 0);
+    if (n <= 0) continue;
+    const std::string msg(buf, static_cast<size_t>(n));
+    got += msg + "\n";
+    if (msg.find("WATCHDOG=1") != std::string::npos) ++watchdogs;
+  }
+  EXPECT_NE(got.find("READY=1"), std::string::npos) << got;
+  EXPECT_EQ(watchdogs, 3) << got;  // every 200 ms: half the interval
+  EXPECT_EQ(d.Stop(), 0);
+  char buf[512];
+  std::string tail;
+  for (int i = 0; i < 20; ++i) {
+    pollfd p{s, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) break;
+    const ssize_t n = ::recv(s, buf, sizeof(buf), 0);
+    if (n > 0) tail.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_NE(tail.find("STOPPING=1"), std::string::npos) << tail;
+  ::close(s);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
