@@ -188,6 +188,7 @@ TEST_P(NvmeDaemonTest, Kill9DuringSpillsNeverServesWrongBytes) {
   std::mt19937 rng(20261202);
   std::vector<BlockHash> ever;
   size_t total_hits = 0;
+  uint64_t verified_entries = 0;
   // 20 in make test; tests/crash/run.sh runs hundreds.
   const char* env = std::getenv("KVTIER_CRASH_ITERATIONS");
   const int iterations = env ? std::atoi(env) : 20;
@@ -201,21 +202,42 @@ TEST_P(NvmeDaemonTest, Kill9DuringSpillsNeverServesWrongBytes) {
       EXPECT_EQ(s.wrong, 0u) << "iteration " << iteration << ": wrong bytes served";
       total_hits += s.hits;
       ExpectAccountingExact(Stats(d));
+      // Every index entry the crash left verifies (strict: bytes synced before entries).
+      auto control = Client::Connect(ControlOptions(d.socket_path()));
+      ASSERT_TRUE(control.ok());
+      auto v = (*control)->Verify();
+      ASSERT_TRUE(v.ok()) << v.status().ToString();
+      EXPECT_EQ(v->dropped, 0u) << "iteration " << iteration << ": " << v->dropped << " of " << v->checked
+                                << " index entries did not verify";
+      verified_entries += v->checked;
     }
     Pipe ready;
     const uint64_t seed = 1000 + iteration;
+    // Mixed load: stores (spills, with write-through) and reads of earlier chains
+    // (fetches, once the host copies are gone).
     EngineProcess writer([&]() -> int {
       auto c = Client::Connect(EngineOptions(d.socket_path(), "writer"));
       if (!c.ok()) return 10;
       ready.Signal();
       for (int seq = 0;; ++seq) {
         if (!Store(**c, HashChain(seed * 1000 + seq, 4)).ok()) return 0;  // daemon died
+        if (seq % 3 == 2) {
+          const auto old = HashChain(seed * 1000 + seq / 2, 4);
+          auto a = (*c)->Acquire(old);
+          if (!a.ok()) return 0;
+          for (size_t i = 0; i < a->size(); ++i) {
+            if (!(*a)[i].status.ok()) continue;
+            auto bytes = (*c)->PageBytes((*a)[i].tier, (*a)[i].page);
+            if (!CheckBlockPattern(old[i], bytes.first(kBlock))) return 30;  // wrong bytes
+          }
+          if (!(*c)->Release(TierKind::kHost, {}, old).ok()) return 0;
+        }
       }
     });
     ASSERT_TRUE(ready.Wait());
     std::this_thread::sleep_for(std::chrono::milliseconds(30 + rng() % 150));
     d.Kill();
-    writer.Join();
+    EXPECT_NE(writer.Join(), 30) << "iteration " << iteration << ": wrong bytes served during the load";
     // The writer's blocks: 4 per sequence it may have committed.
     for (int seq = 0; seq < 400; ++seq) {
       auto chain = HashChain(seed * 1000 + seq, 4);
@@ -229,6 +251,8 @@ TEST_P(NvmeDaemonTest, Kill9DuringSpillsNeverServesWrongBytes) {
   EXPECT_EQ(s.wrong, 0u);
   total_hits += s.hits;
   EXPECT_GT(total_hits, 0u) << "nothing survived any crash: the test did not exercise the tier";
+  EXPECT_GT(verified_entries, 0u);
+  RecordProperty("verified_entries", std::to_string(verified_entries));
   ExpectAccountingExact(Stats(d));
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }

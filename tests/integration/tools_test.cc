@@ -1,10 +1,13 @@
 // kvtierd and kvctl as an operator runs them: flags, default config, errors, JSON.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/engine_process.h"
@@ -151,6 +154,54 @@ TEST(CApi, CProgramSharesBlocksThroughTheAbi) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("c api ok"), std::string::npos) << r.out;
   EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// The unit as shipped: hardened (systemd's own exposure score), valid, and its sysusers /
+// tmpfiles companions accepted by the real tools.
+TEST(SystemdUnit, ExposureIsAtMostTwoPointFiveAndVerifyIsClean) {
+  const std::string unit = std::string(KVTIER_SOURCE_DIR) + "/systemd/kvtierd.service";
+  CmdResult sec = Sh("systemd-analyze security --offline=true " + unit);
+  ASSERT_EQ(sec.code, 0) << sec.out;
+  const size_t at = sec.out.find("Overall exposure level for kvtierd.service: ");
+  ASSERT_NE(at, std::string::npos) << sec.out;
+  const double score = std::stod(sec.out.substr(at + std::strlen("Overall exposure level for kvtierd.service: ")));
+  EXPECT_LE(score, 2.5) << sec.out;
+  RecordProperty("exposure", std::to_string(score));
+  // verify wants the ExecStart binary to exist: point it at the one just built.
+  TempDir dir;
+  CmdResult cp = Sh("sed 's#/usr/bin/kvtierd#" + BinaryPath("kvtierd") + "#' " + unit + " > " + dir.File("kvtierd.service"));
+  ASSERT_EQ(cp.code, 0) << cp.out;
+  CmdResult verify = Sh("systemd-analyze verify " + dir.File("kvtierd.service"));
+  EXPECT_EQ(verify.code, 0) << verify.out;
+  EXPECT_EQ(verify.out, "") << "systemd-analyze verify has complaints";
+  // The things the daemon needs are still allowed.
+  std::ifstream in(unit);
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* needed : {"io_uring_setup", "io_uring_enter", "io_uring_register", "char-nvidiactl",
+                             "char-nvidia-uvm", "Type=notify", "WatchdogSec=", "Restart=on-failure",
+                             "PrivateUsers=no"}) {
+    EXPECT_NE(text.str().find(needed), std::string::npos) << needed;
+  }
+}
+
+TEST(SystemdUnit, SysusersAndTmpfilesAreAccepted) {
+  const std::string src = std::string(KVTIER_SOURCE_DIR) + "/systemd/";
+  CmdResult users = Sh("systemd-sysusers --dry-run " + src + "kvtier.sysusers");
+  EXPECT_EQ(users.code, 0) << users.out;
+  EXPECT_NE(users.out.find("kvtier"), std::string::npos) << users.out;
+  if (::geteuid() != 0) GTEST_SKIP() << "creating the directories needs root";
+  TempDir root;
+  ASSERT_EQ(Sh("mkdir -p " + root.File("etc")).code, 0);
+  CmdResult made = Sh("systemd-sysusers --root=" + root.path() + " " + src + "kvtier.sysusers && "
+                      "systemd-tmpfiles --root=" + root.path() + " --create " + src + "kvtier.tmpfiles");
+  ASSERT_EQ(made.code, 0) << made.out;
+  struct stat st;
+  ASSERT_EQ(::stat(root.File("run/kvtier").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0750u);
+  ASSERT_EQ(::stat(root.File("var/lib/kvtier").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0750u);
+  EXPECT_NE(st.st_uid, 0u) << "owned by the kvtier user";
 }
 
 }  // namespace
