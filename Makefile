@@ -5,7 +5,9 @@ BUILD_TYPE ?= RelWithDebInfo
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench crash clean
+FUZZ_SECONDS ?= 600
+
+.PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean
 
 all: build
 
@@ -22,6 +24,31 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600 $(CTEST_ARGS)
 
+# The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under
+# ThreadSanitizer, each in its own build tree.
+test-asan: deps
+	@$(MAKE) --no-print-directory sanitized SAN=address SAN_BUILD=$(BUILD)-asan
+
+test-tsan: deps
+	@$(MAKE) --no-print-directory sanitized SAN=thread SAN_BUILD=$(BUILD)-tsan
+
+sanitized:
+	@if [ ! -f $(SAN_BUILD)/build.ninja ]; then \
+	  cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_SANITIZE=$(SAN) \
+	    -DKVTIER_WITH_CUDA=off $(CMAKE_ARGS); fi
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
+	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS) --timeout 900 $(CTEST_ARGS)
+
+# libFuzzer targets (clang), FUZZ_SECONDS each (default 600; CI runs a short pass).
+fuzz: deps
+	@if [ ! -f $(BUILD)-fuzz/build.ninja ]; then \
+	  CC=clang CXX=clang++ cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DKVTIER_SANITIZE=fuzzer -DKVTIER_WITH_CUDA=off; fi
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target frame_fuzzer dispatcher_fuzzer
+	scripts/fuzz.sh $(BUILD)-fuzz/fuzz $(FUZZ_SECONDS)
+
 demo: build
 	scripts/demo.sh $(BUILD)/bin
 
@@ -32,7 +59,7 @@ bench: build
 
 # Long crash campaigns (tests/crash/); make test runs a short version of each.
 crash: build
-	tests/crash/run.sh $(CRASH_ITERATIONS)
+	BUILD=$(BUILD) tests/crash/run.sh $(CRASH_ITERATIONS)
 
 clean:
 	rm -rf $(BUILD)

@@ -14,8 +14,15 @@ elseif(KVTIER_SANITIZE STREQUAL "undefined")
   target_compile_options(kvtier_build_flags INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=undefined -fno-sanitize-recover=undefined>)
   target_link_options(kvtier_build_flags INTERFACE -fsanitize=undefined)
+elseif(KVTIER_SANITIZE STREQUAL "fuzzer")
+  # libFuzzer builds (clang): everything instrumented for coverage, ASan and UBSan; the
+  # fuzz targets link the libFuzzer driver (tests/fuzz).
+  target_compile_options(kvtier_build_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+  target_link_options(kvtier_build_flags INTERFACE -fsanitize=address,undefined)
+  set(KVTIER_FUZZ ON)
 elseif(NOT KVTIER_SANITIZE STREQUAL "")
-  message(FATAL_ERROR "KVTIER_SANITIZE must be address, thread, undefined or empty")
+  message(FATAL_ERROR "KVTIER_SANITIZE must be address, thread, undefined, fuzzer or empty")
 endif()
 
 # kvtier_add_library(NAME SRCS ... DEPS ...)

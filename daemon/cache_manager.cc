@@ -317,7 +317,8 @@ void CacheManager::AddResidency(BlockId id, TierKind kind, PageId page) {
   BlockId parent = kNoBlock;
   if (!b.parent.empty()) {
     BlockId p = FindBlock(b.ns, b.parent);
-    if (p != kNoBlock && blocks_[p].page[TierIndex(kind)] != kNoPage) parent = p;
+    // A block named as its own parent (a client's mistake, found by fuzzing) has none.
+    if (p != kNoBlock && p != id && blocks_[p].page[TierIndex(kind)] != kNoPage) parent = p;
   }
   EvictionPolicy& policy = PolicyFor(tier, b.tenant);
   policy.Insert(id, parent, HashBytes(b.hash.bytes(), b.ns));
@@ -1022,8 +1023,9 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s,
   const uint64_t acq = next_pending_++;
   for (auto [i, id] : waits) promotions_[id].waiters.emplace_back(acq, i);
   for (auto& [i, rec] : queued) {
+    const BlockHash& hash = hashes[i];
     auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(), [&](const QueuedPromotion& q) {
-      return q.ns == s.ns_ && q.hash == hashes[i];
+      return q.ns == s.ns_ && q.hash == hash;
     });
     if (same != queued_promotions_.end()) {
       same->waiters.emplace_back(acq, i);

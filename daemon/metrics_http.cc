@@ -91,7 +91,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 };
 
 MetricsHttpServer::MetricsHttpServer(asio::io_context& io, std::function<std::string()> render)
-    : io_(io), acceptor_(io), render_(std::move(render)) {}
+    : acceptor_(io), render_(std::move(render)) {}
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 

@@ -35,7 +35,6 @@ class MetricsHttpServer {
   MetricsHttpServer(boost::asio::io_context& io, std::function<std::string()> render);
   void Accept();
 
-  boost::asio::io_context& io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> render_;
   std::string address_;

@@ -33,11 +33,21 @@ Result<const Root*> VerifyFrame(std::span<const uint8_t> frame) {
 }  // namespace
 
 Result<const fb::Request*> VerifyRequestFrame(std::span<const uint8_t> frame) {
-  return VerifyFrame<fb::Request>(frame);
+  KVTIER_ASSIGN_OR_RETURN(const fb::Request* r, VerifyFrame<fb::Request>(frame));
+  // The verifier accepts a union type without its table; nothing downstream should have to.
+  const bool known = r->op_type() != fb::Op::NONE && static_cast<int>(r->op_type()) <= static_cast<int>(fb::Op::MAX);
+  if (known && r->op() == nullptr) {
+    return InvalidArgument("malformed frame: operation " + std::string(OpName(r->op_type())) + " has no body");
+  }
+  return r;
 }
 
 Result<const fb::Response*> VerifyResponseFrame(std::span<const uint8_t> frame) {
-  return VerifyFrame<fb::Response>(frame);
+  KVTIER_ASSIGN_OR_RETURN(const fb::Response* r, VerifyFrame<fb::Response>(frame));
+  if (r->reply_type() != fb::Reply::NONE && r->reply() == nullptr) {
+    return InvalidArgument("malformed frame: a reply type without its body");
+  }
+  return r;
 }
 
 StatusCode FromWire(fb::Status s) {

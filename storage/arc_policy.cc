@@ -84,7 +84,7 @@ void ArcPolicy::Insert(BlockId id, BlockId parent, uint64_t key) {
   n.list = list;
   n.evictable = true;
   ++counts_[list];
-  if (prefix_order_ && parent != kNoBlock && nodes_[parent].list == list && nodes_[parent].evictable) {
+  if (prefix_order_ && parent != kNoBlock && parent != id && nodes_[parent].list == list && nodes_[parent].evictable) {
     LinkBehind(parent, id);
   } else {
     Link(id);

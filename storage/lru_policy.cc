@@ -56,7 +56,7 @@ void LruPolicy::Insert(BlockId id, BlockId parent, uint64_t /*key*/) {
   present_[id] = true;
   evictable_[id] = true;
   ++size_;
-  if (prefix_order_ && parent != kNoBlock && present_[parent] && evictable_[parent]) {
+  if (prefix_order_ && parent != kNoBlock && parent != id && present_[parent] && evictable_[parent]) {
     LinkBehind(parent, id);
   } else {
     Link(id);

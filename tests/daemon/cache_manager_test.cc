@@ -340,6 +340,25 @@ TEST_F(CacheManagerTest, AFloodingTenantCannotPushAnotherBelowItsReserve) {
   EXPECT_LT(left, 8u) << "without a reserve the flood should have taken some of b's blocks";
 }
 
+// Found by the dispatcher fuzzer: a commit naming a block as its own parent corrupted the
+// prefix policy's list (and a later eviction found a block that was not resident).
+TEST_F(CacheManagerTest, ABlockNamedAsItsOwnParentHasNoParent) {
+  for (const char* policy : {"prefix-lru", "prefix-arc", "adaptive"}) {
+    Open(8, 4, 0.85, 0.75, [policy](CacheManager::Options& o) { o.tiers[TierIndex(TierKind::kHost)].policy = policy; });
+    auto s = Attach("t");
+    auto h = HashChain(1, 3);
+    auto pages = cm_->Allocate(*s, TierKind::kHost, 3);
+    ASSERT_TRUE(pages.ok());
+    std::vector<BlockHash> hashes = {h[0], h[1], h[1]};
+    std::vector<BlockHash> parents = {h[1], h[1], h[0]};
+    cm_->Commit(*s, TierKind::kHost, *pages, hashes, parents, false);
+    ExpectConsistent();
+    // Filling the tier evicts them; every victim must be a resident block.
+    EXPECT_TRUE(cm_->Allocate(*s, TierKind::kHost, 8).ok()) << policy;
+    ExpectConsistent();
+  }
+}
+
 TEST_F(CacheManagerTest, QuarantinedLeasesAreReusedOnlyAfterRelease) {
   auto s = Attach("t");
   auto pages = cm_->Allocate(*s, TierKind::kHost, 3);

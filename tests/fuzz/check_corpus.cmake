@@ -1,0 +1,16 @@
+# Regenerates the seed corpus into OUT and fails if it differs from the committed CORPUS.
+file(REMOVE_RECURSE ${OUT})
+execute_process(COMMAND ${GEN} ${OUT} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "kvtier-fuzz-corpus failed: ${rc}")
+endif()
+foreach(target frame dispatcher)
+  file(GLOB want RELATIVE ${OUT}/${target} ${OUT}/${target}/*)
+  foreach(name ${want})
+    execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${OUT}/${target}/${name} ${CORPUS}/${target}/${name}
+                    RESULT_VARIABLE diff)
+    if(NOT diff EQUAL 0)
+      message(FATAL_ERROR "tests/fuzz/corpus/${target}/${name} is stale: run kvtier-fuzz-corpus tests/fuzz/corpus")
+    endif()
+  endforeach()
+endforeach()

@@ -1,0 +1,109 @@
+#include "tests/fuzz/seed_frames.h"
+
+#include "protocol/base/block_key.h"
+#include "protocol/base/layout.h"
+#include "protocol/codec.h"
+
+namespace kvtier::fuzz {
+namespace {
+
+using Builder = flatbuffers::FlatBufferBuilder;
+
+ModelLayout FuzzLayout() {
+  ModelLayout l;
+  l.model_id = "fuzz";
+  l.num_layers = 2;
+  l.kv_heads = 2;
+  l.head_dim = 64;
+  l.dtype = DType::kBFloat16;
+  l.tokens_per_block = 16;
+  l.block_bytes = l.NaturalBlockBytes();  // 16 KiB
+  return l;
+}
+
+template <class Fn>
+std::vector<uint8_t> Frame(uint64_t id, fb::Op op, Fn body) {
+  Builder b;
+  auto o = body(b);
+  b.FinishSizePrefixed(fb::CreateRequest(b, id, op, o.Union()));
+  return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
+}
+
+std::vector<BlockHash> Chain(uint8_t seed, int n) {
+  std::vector<BlockHash> v;
+  for (int i = 0; i < n; ++i) {
+    uint8_t bytes[16] = {seed, static_cast<uint8_t>(i), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    v.emplace_back(std::span<const uint8_t>(bytes, 16));
+  }
+  return v;
+}
+
+void Append(std::vector<uint8_t>& s, const std::vector<uint8_t>& f) { s.insert(s.end(), f.begin(), f.end()); }
+
+}  // namespace
+
+std::vector<uint8_t> EngineHelloFrame(uint64_t id) {
+  return Frame(id, fb::Op::Hello, [](Builder& b) {
+    auto layout = LayoutToWire(b, FuzzLayout());
+    return fb::CreateHello(b, kProtocolMajor, 0, fb::Role::Engine, b.CreateString("fuzz-engine"), layout, 16);
+  });
+}
+
+std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedStreams() {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+  const auto chain = Chain(7, 3);
+  auto alloc = [](uint64_t id, uint32_t n) {
+    return Frame(id, fb::Op::Allocate, [n](Builder& b) { return fb::CreateAllocate(b, fb::Tier::Host, n); });
+  };
+  auto commit = [&](uint64_t id) {
+    return Frame(id, fb::Op::Commit, [&](Builder& b) {
+      auto pages = b.CreateVector(std::vector<uint32_t>{0, 1, 2});
+      std::vector<BlockHash> parents = {BlockHash(), chain[0], chain[1]};
+      auto h = HashesToWire(b, chain);
+      auto p = HashesToWire(b, parents);
+      return fb::CreateCommit(b, fb::Tier::Host, pages, h, p, false);
+    });
+  };
+  auto lookup = [&](uint64_t id) {
+    return Frame(id, fb::Op::Lookup, [&](Builder& b) { return fb::CreateLookup(b, HashesToWire(b, chain)); });
+  };
+  auto acquire = [&](uint64_t id) {
+    return Frame(id, fb::Op::Acquire, [&](Builder& b) { return fb::CreateAcquire(b, HashesToWire(b, chain)); });
+  };
+  auto release = [&](uint64_t id) {
+    return Frame(id, fb::Op::Release, [&](Builder& b) {
+      return fb::CreateRelease(b, fb::Tier::Host, 0, HashesToWire(b, chain));
+    });
+  };
+  auto stats = [](uint64_t id) { return Frame(id, fb::Op::Stats, [](Builder& b) { return fb::CreateStats(b, true); }); };
+  auto ping = [](uint64_t id) {
+    return Frame(id, fb::Op::Ping, [](Builder& b) { return fb::CreatePing(b, b.CreateVector(std::vector<uint8_t>(32, 0x5a))); });
+  };
+  {
+    std::vector<uint8_t> s;
+    for (const auto& f : {EngineHelloFrame(1), alloc(2, 3), commit(3), lookup(4), acquire(5), release(6)}) Append(s, f);
+    out.emplace_back("store-and-load", s);
+  }
+  {
+    std::vector<uint8_t> s;
+    for (const auto& f : {EngineHelloFrame(1), stats(2), ping(3), lookup(4)}) Append(s, f);
+    out.emplace_back("stats-ping-miss", s);
+  }
+  {
+    std::vector<uint8_t> s = Frame(1, fb::Op::Hello, [](Builder& b) {
+      return fb::CreateHello(b, kProtocolMajor, 0, fb::Role::Control, b.CreateString("kvctl"));
+    });
+    Append(s, stats(2));
+    Append(s, Frame(3, fb::Op::VerifyTier, [](Builder& b) { return fb::CreateVerifyTier(b); }));
+    out.emplace_back("control", s);
+  }
+  {
+    std::vector<uint8_t> s;
+    for (const auto& f : {EngineHelloFrame(1), alloc(2, 8), alloc(3, 100000), commit(4), commit(5), release(6)}) Append(s, f);
+    out.emplace_back("errors", s);
+  }
+  out.emplace_back("hello-only", EngineHelloFrame(1));
+  return out;
+}
+
+}  // namespace kvtier::fuzz
