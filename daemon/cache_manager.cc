@@ -68,7 +68,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     cm->nvme_ = std::move(nvme);
     cm->registered_segments_.assign(host->segment_count(), false);
     CacheManager* raw = cm.get();
-    cm->nvme_->SetDropListener([raw](const std::string& key) { raw->OnNvmeDropped(key); });
+    cm->nvme_->SetDropListener([raw](const std::string& key, uint32_t slot) { raw->OnNvmeDropped(key, slot); });
     host->SetRenewListener([raw](uint32_t seg) {
       // A renewed segment is new memory: its registration must follow.
       if (raw->registered_segments_[seg]) {
@@ -261,7 +261,8 @@ BlockId CacheManager::NewBlock(NamespaceId ns, TenantId tenant, const BlockHash&
   b.parent = parent;
   b.page.fill(kNoPage);
   b.live = true;
-  index_.emplace(IndexKey{ns, hash}, id);
+  const bool added = index_.emplace(IndexKey{ns, hash}, id).second;
+  KVTIER_CHECK(added) << "a second block for one key";
   ++namespaces_[ns].users;
   return id;
 }
@@ -573,7 +574,7 @@ void CacheManager::PumpWriteThrough() {
   }
 }
 
-void CacheManager::OnNvmeDropped(const std::string& key) {
+void CacheManager::OnNvmeDropped(const std::string& key, uint32_t slot) {
   // The key is namespace ‖ hash, hashes being 16 or 32 bytes.
   for (size_t hash_bytes : {16u, 32u}) {
     if (key.size() <= hash_bytes) continue;
@@ -582,7 +583,10 @@ void CacheManager::OnNvmeDropped(const std::string& key) {
     const BlockHash h(std::span<const uint8_t>(
         reinterpret_cast<const uint8_t*>(key.data()) + key.size() - hash_bytes, hash_bytes));
     const BlockId id = FindBlock(ns->second, h);
-    if (id != kNoBlock) blocks_[id].page[TierIndex(TierKind::kNvme)] = kNoPage;
+    // Only that copy: the block may have been spilled again, to another slot.
+    if (id != kNoBlock && blocks_[id].page[TierIndex(TierKind::kNvme)] == slot) {
+      blocks_[id].page[TierIndex(TierKind::kNvme)] = kNoPage;
+    }
   }
 }
 
@@ -656,7 +660,9 @@ void CacheManager::OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord r
     ++counters_.promotion_failures;
     for (auto [acq, index] : waiters) {
       CacheResult r;
-      r.status = st.code() == StatusCode::kDataLoss ? StatusCode::kDataLoss : StatusCode::kUnavailable;
+      // A block that failed its checksum or left the tier since it was looked up is a miss.
+      r.status = st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ? st.code()
+                                                                                          : StatusCode::kUnavailable;
       FinishAcquireEntry(acq, index, r);
     }
     ServePendingAllocates();
@@ -757,6 +763,31 @@ void CacheManager::ServeQueuedPromotions() {
     std::erase_if(q.waiters, [this](const auto& w) { return !pending_acquires_.count(w.first); });
     if (q.waiters.empty()) {
       queued_promotions_.pop_front();
+      continue;
+    }
+    // While it waited, another session may have committed the block or started reading it.
+    if (const BlockId existing = FindBlock(q.ns, q.hash); existing != kNoBlock) {
+      const auto waiters = std::move(q.waiters);
+      queued_promotions_.pop_front();
+      if (blocks_[existing].promoting) {
+        auto& w = promotions_[existing].waiters;
+        w.insert(w.end(), waiters.begin(), waiters.end());
+      } else {
+        const auto tier = ReadableTier(blocks_[existing]);
+        for (auto [acq, index] : waiters) {
+          auto p = pending_acquires_.find(acq);
+          auto s = p == pending_acquires_.end() ? sessions_.end() : sessions_.find(p->second.session);
+          CacheResult r;
+          if (tier && s != sessions_.end()) {
+            Ref(*s->second, existing);
+            r.tier = *tier;
+            r.page = blocks_[existing].page[TierIndex(*tier)];
+          } else {
+            r.status = StatusCode::kUnavailable;
+          }
+          FinishAcquireEntry(acq, index, r);
+        }
+      }
       continue;
     }
     const BlockId id = StartPromotion(q.ns, q.tenant, q.hash, q.record, true);

@@ -347,7 +347,7 @@ class CacheManager {
   // Starts queued promotions and serves waiting Allocates (in that order) as pages free up.
   void ServePendingAllocates();
   void ServeQueuedPromotions();
-  void OnNvmeDropped(const std::string& key);
+  void OnNvmeDropped(const std::string& key, uint32_t slot);
   std::optional<std::vector<PageId>> TakePages(SessionCache& s, TierKind kind, uint32_t count, Room* room);
   Tier& T(TierKind t) { return tiers_[TierIndex(t)]; }
   const Tier& T(TierKind t) const { return tiers_[TierIndex(t)]; }

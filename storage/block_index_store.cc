@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 namespace kvtier {
 namespace {
@@ -92,6 +93,45 @@ uint64_t BlockChecksum(std::string_view key, std::span<const uint8_t> data) {
   return XXH3_64bits_withSeed(data.data(), data.size(), seed);
 }
 
+Result<std::vector<IndexWrite>> ResolveIndexMutations(
+    std::span<const IndexMutation> batch,
+    const std::function<Result<std::optional<uint32_t>>(const std::string& key)>& slot_of) {
+  std::vector<IndexWrite> out;
+  out.reserve(batch.size() * 2);
+  std::unordered_map<std::string, std::optional<uint32_t>> written;  // this batch's effect
+  auto names_slot = [&](const IndexMutation& m) -> Result<bool> {
+    auto it = written.find(m.key);
+    if (it != written.end()) return it->second == m.record.slot;
+    KVTIER_ASSIGN_OR_RETURN(std::optional<uint32_t> slot, slot_of(m.key));
+    return slot == m.record.slot;
+  };
+  for (const IndexMutation& m : batch) {
+    switch (m.kind) {
+      case IndexMutation::Kind::kPut:
+        out.push_back({IndexWrite::Op::kPutSlot, &m});
+        out.push_back({IndexWrite::Op::kPutRecord, &m});
+        written[m.key] = m.record.slot;
+        break;
+      case IndexMutation::Kind::kPutRecord: {
+        KVTIER_ASSIGN_OR_RETURN(bool same, names_slot(m));
+        if (same) out.push_back({IndexWrite::Op::kPutRecord, &m});
+        break;
+      }
+      case IndexMutation::Kind::kDelete:
+      case IndexMutation::Kind::kDeleteRecord: {
+        if (m.kind == IndexMutation::Kind::kDelete) out.push_back({IndexWrite::Op::kDeleteSlot, &m});
+        KVTIER_ASSIGN_OR_RETURN(bool same, names_slot(m));
+        if (same) {
+          out.push_back({IndexWrite::Op::kDeleteRecord, &m});
+          written[m.key] = std::nullopt;
+        }
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // In-memory store: a map per key space under one mutex.
@@ -125,20 +165,18 @@ class MemBlockIndexStore final : public BlockIndexStore {
 
   Status Apply(std::span<const IndexMutation> batch, bool) override {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const IndexMutation& m : batch) {
-      switch (m.kind) {
-        case IndexMutation::Kind::kPut:
-          slots_[m.record.slot] = m.key;
-          [[fallthrough]];
-        case IndexMutation::Kind::kPutRecord:
-          blocks_[m.key] = m.record;
-          break;
-        case IndexMutation::Kind::kDelete:
-          slots_.erase(m.record.slot);
-          [[fallthrough]];
-        case IndexMutation::Kind::kDeleteRecord:
-          blocks_.erase(m.key);
-          break;
+    KVTIER_ASSIGN_OR_RETURN(auto writes, ResolveIndexMutations(batch, [this](const std::string& key) {
+      auto it = blocks_.find(key);
+      return Result<std::optional<uint32_t>>(it == blocks_.end() ? std::nullopt
+                                                                 : std::optional<uint32_t>(it->second.slot));
+    }));
+    for (const IndexWrite& w : writes) {
+      const IndexMutation& m = *w.mutation;
+      switch (w.op) {
+        case IndexWrite::Op::kPutSlot: slots_[m.record.slot] = m.key; break;
+        case IndexWrite::Op::kDeleteSlot: slots_.erase(m.record.slot); break;
+        case IndexWrite::Op::kPutRecord: blocks_[m.key] = m.record; break;
+        case IndexWrite::Op::kDeleteRecord: blocks_.erase(m.key); break;
       }
     }
     return Status::Ok();

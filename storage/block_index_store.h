@@ -41,17 +41,33 @@ struct BlockRecord {
 // never verifies for the old key.
 uint64_t BlockChecksum(std::string_view key, std::span<const uint8_t> data);
 
+// One change to the index. Everything but kPut is conditional on the entry as it stands
+// when the batch is applied (after the batch's earlier mutations): a mutation about
+// (key, record.slot) leaves alone an entry of `key` that names another slot by then, since
+// that entry is newer (the block was spilled again) and must not lose its data or recency.
 struct IndexMutation {
   enum class Kind : uint8_t {
     kPut,           // block entry and slot -> key
-    kDelete,        // both
-    kPutRecord,     // block entry only (last access, hit count)
-    kDeleteRecord,  // block entry only (its slot belongs to someone else now)
+    kDelete,        // slot -> key; the block entry too if it names record.slot
+    kPutRecord,     // block entry (last access, hit count) if it still names record.slot
+    kDeleteRecord,  // block entry if it names record.slot (the slot is someone else's now)
   };
   Kind kind = Kind::kPut;
   std::string key;
-  BlockRecord record;  // kDelete: only record.slot is used
+  BlockRecord record;  // kDelete, kDeleteRecord: only record.slot is used
 };
+
+// The plain writes a batch comes to, its conditions resolved in order: `slot_of(key)` is
+// the slot the stored entry of `key` names (nullopt: none), shadowed by the batch's own
+// earlier writes. For BlockIndexStore implementations.
+struct IndexWrite {
+  enum class Op : uint8_t { kPutSlot, kDeleteSlot, kPutRecord, kDeleteRecord };
+  Op op;
+  const IndexMutation* mutation;
+};
+Result<std::vector<IndexWrite>> ResolveIndexMutations(
+    std::span<const IndexMutation> batch,
+    const std::function<Result<std::optional<uint32_t>>(const std::string& key)>& slot_of);
 
 class BlockIndexStore {
  public:

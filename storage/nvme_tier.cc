@@ -132,6 +132,8 @@ Status NvmeTier::Start() {
     KVTIER_RETURN_IF_ERROR(store_->PutMeta(kNvmeGeometryMeta, geometry));
   }
   state_.assign(files_->slot_count(), SlotState::kUnknown);
+  owner_tag_.assign(files_->slot_count(), 0);
+  write_gen_.reset(new std::atomic<uint32_t>[files_->slot_count()]());
   writer_ = std::make_unique<IndexWriter>(store_.get());
 
   // Rebuild slot occupancy and recency in the background; lookups work meanwhile.
@@ -143,6 +145,7 @@ Status NvmeTier::Start() {
     // One word per slot (its entry's last access + 1; 0: no entry), not a growing list:
     // this runs once per start over what may be millions of entries.
     std::vector<uint32_t> last(capacity, 0);
+    std::vector<uint64_t> tags(capacity, 0);
     std::vector<std::pair<std::string, uint32_t>> stale;
     std::unordered_set<uint32_t> dup;
     Status st = store->Scan([&](std::string_view key, const BlockRecord& r) {
@@ -152,6 +155,7 @@ Status NvmeTier::Start() {
         dup.insert(r.slot);
       } else {
         last[r.slot] = std::max<uint32_t>(r.last_access, 1);
+        tags[r.slot] = KeyTag(key);
       }
       return true;
     });
@@ -161,20 +165,24 @@ Status NvmeTier::Start() {
       (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
         if (dup.count(r.slot)) {
           auto owner = store->KeyOfSlot(r.slot);
-          if (owner.ok() && (!*owner || **owner != key)) stale.emplace_back(std::string(key), r.slot);
+          if (owner.ok() && (!*owner || **owner != key)) {
+            stale.emplace_back(std::string(key), r.slot);
+          } else {
+            tags[r.slot] = KeyTag(key);
+          }
         }
         return true;
       });
     }
     if (!st.ok()) KVTIER_LOG(ERROR) << "nvme: index scan: " << st.ToString();
-    post([weak, last = std::move(last), stale = std::move(stale)]() mutable {
-      if (auto self = weak.lock()) (*self)->OnLoaded(std::move(last), std::move(stale));
+    post([weak, last = std::move(last), tags = std::move(tags), stale = std::move(stale)]() mutable {
+      if (auto self = weak.lock()) (*self)->OnLoaded(std::move(last), std::move(tags), std::move(stale));
     });
   });
   return Status::Ok();
 }
 
-void NvmeTier::OnLoaded(std::vector<uint32_t> last_access,
+void NvmeTier::OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags,
                         std::vector<std::pair<std::string, uint32_t>> stale) {
   const uint32_t capacity = files_->slot_count();
   std::vector<uint32_t> order;
@@ -186,12 +194,14 @@ void NvmeTier::OnLoaded(std::vector<uint32_t> last_access,
   for (uint32_t slot : order) {
     if (state_[slot] != SlotState::kUnknown) continue;  // dropped while we were scanning
     state_[slot] = SlotState::kIndexed;
+    owner_tag_[slot] = tags[slot];
     ++indexed_;
     policy_->Insert(slot, kNoBlock, slot);  // oldest first: the first victims
     if (readers_.count(slot)) policy_->SetEvictable(slot, false);
   }
   std::vector<uint32_t>().swap(order);
   std::vector<uint32_t>().swap(last_access);
+  std::vector<uint64_t>().swap(tags);
   std::vector<bool> used(capacity, false);
   for (uint32_t s = 0; s < capacity; ++s) {
     if (state_[s] == SlotState::kUnknown) state_[s] = SlotState::kFree;
@@ -205,7 +215,9 @@ void NvmeTier::OnLoaded(std::vector<uint32_t> last_access,
   // Stale entries name a slot past the files' end or one another entry owns: only the
   // entry goes, never the slot.
   for (auto& [key, slot] : stale) {
-    Apply({IndexMutation{IndexMutation::Kind::kDeleteRecord, key, {}}}, false, nullptr);
+    IndexMutation m{IndexMutation::Kind::kDeleteRecord, key, {}};
+    m.record.slot = slot;
+    Apply({std::move(m)}, false, nullptr);
   }
   EnforceWatermark();
 }
@@ -321,6 +333,7 @@ void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t>
     return fail(Unavailable("nvme tier has no free slot yet"));
   }
   state_[*slot] = SlotState::kWriting;
+  write_gen_[*slot].fetch_add(1, std::memory_order_release);
   ++writing_;
   meta.slot = *slot;
   meta.checksum = BlockChecksum(key, data.first(meta.length));
@@ -400,6 +413,7 @@ void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
       }
       consecutive_errors_ = 0;
       state_[op.slot] = SlotState::kIndexed;
+      owner_tag_[op.slot] = KeyTag(op.key);
       --writing_;
       ++indexed_;
       policy_->Insert(op.slot, kNoBlock, XXH3_64bits(op.key.data(), op.key.size()));
@@ -424,6 +438,8 @@ void NvmeTier::Fetch(std::string key, const BlockRecord& record, std::span<uint8
     return fail(DataLoss("index entry names no valid slot"));
   }
   if (IoLength(record.length) > dst.size()) return fail(InvalidArgument("fetch buffer too small"));
+  // A record read a while ago (a queued promotion) may name a slot evicted or reused since.
+  if (!Owns(slot, key)) return fail(NotFound("block left the NVMe tier"));
   if (readers_[slot]++ == 0 && ready_ && state_[slot] == SlotState::kIndexed) policy_->SetEvictable(slot, false);
   const SlotFiles::Location loc = files_->Locate(slot);
   Op op{Op::Kind::kFetch};
@@ -444,6 +460,11 @@ void NvmeTier::OnFetched(uint64_t id, int32_t result) {
   if (r != readers_.end() && --r->second == 0) {
     readers_.erase(r);
     if (ready_ && state_[op.slot] == SlotState::kIndexed) policy_->SetEvictable(op.slot, true);
+    if (state_[op.slot] == SlotState::kRetired) {
+      --retired_;
+      state_[op.slot] = SlotState::kFree;
+      (void)free_->Free(op.slot);
+    }
   }
   if (result >= 0 && static_cast<uint32_t>(result) != IoLength(op.record.length)) result = -ENODATA;  // short
   if (result < 0) {
@@ -474,7 +495,7 @@ void NvmeTier::Touch(uint32_t slot) {
 }
 
 void NvmeTier::RecordHit(const std::string& key, const BlockRecord& record) {
-  if (record.slot >= state_.size() || state_[record.slot] != SlotState::kIndexed) return;
+  if (record.slot >= state_.size() || state_[record.slot] != SlotState::kIndexed || !Owns(record.slot, key)) return;
   Touch(record.slot);
   BlockRecord r = record;
   r.last_access = static_cast<uint32_t>(clock_->WallSeconds());
@@ -482,15 +503,38 @@ void NvmeTier::RecordHit(const std::string& key, const BlockRecord& record) {
   Apply({IndexMutation{IndexMutation::Kind::kPutRecord, key, r}}, false, nullptr);
 }
 
+bool NvmeTier::Owns(uint32_t slot, const std::string& key) const {
+  if (slot >= state_.size()) return false;
+  if (state_[slot] == SlotState::kIndexed) return owner_tag_[slot] == KeyTag(key);
+  return state_[slot] == SlotState::kUnknown;  // still loading: no slot has been reused
+}
+
+uint64_t NvmeTier::KeyTag(std::string_view key) { return XXH3_64bits(key.data(), key.size()) | 1; }
+
+void NvmeTier::FreeSlot(uint32_t slot) {
+  owner_tag_[slot] = 0;
+  if (readers_.count(slot)) {
+    state_[slot] = SlotState::kRetired;
+    ++retired_;
+    return;
+  }
+  state_[slot] = SlotState::kFree;
+  if (ready_) (void)free_->Free(slot);
+}
+
 void NvmeTier::Drop(const std::string& key, uint32_t slot) {
+  // While the index loads, which key a slot holds is known only to the index itself.
   const bool mine = slot < state_.size() &&
-                    (state_[slot] == SlotState::kIndexed || state_[slot] == SlotState::kUnknown) && [&] {
+                    (state_[slot] == SlotState::kUnknown ? [&] {
                       auto owner = store_->KeyOfSlot(slot);
                       return owner.ok() && *owner && **owner == key;
-                    }();
+                    }()
+                                                         : Owns(slot, key));
   if (!mine) {
-    Apply({IndexMutation{IndexMutation::Kind::kDeleteRecord, key, {}}}, false,
-          [this, key](Status) { if (drop_listener_) drop_listener_(key); });
+    // The slot is someone else's (or nobody's): only an entry of `key` naming it goes.
+    IndexMutation m{IndexMutation::Kind::kDeleteRecord, key, {}};
+    m.record.slot = slot;
+    Apply({std::move(m)}, false, [this, key, slot](Status) { if (drop_listener_) drop_listener_(key, slot); });
     return;
   }
   if (state_[slot] == SlotState::kIndexed) {
@@ -509,16 +553,17 @@ void NvmeTier::Drop(const std::string& key, uint32_t slot) {
       // settles it) rather than risk two entries on one slot.
       return;
     }
-    state_[slot] = SlotState::kFree;
-    if (ready_) (void)free_->Free(slot);
-    if (drop_listener_) drop_listener_(key);
+    FreeSlot(slot);
+    if (drop_listener_) drop_listener_(key, slot);
   });
 }
 
 void NvmeTier::EnforceWatermark() {
   if (!ready_) return;
   const double cap = files_->slot_count();
-  auto used = [&] { return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_); };
+  auto used = [&] {
+    return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_ - retired_);
+  };
   if (used() <= options_.high_watermark * cap) return;
   while (used() > options_.low_watermark * cap) {
     const BlockId victim = policy_->Victim();
@@ -528,8 +573,7 @@ void NvmeTier::EnforceWatermark() {
       // No entry names this slot any more: it is simply free.
       policy_->Erase(victim);
       --indexed_;
-      state_[victim] = SlotState::kFree;
-      (void)free_->Free(victim);
+      FreeSlot(victim);
       continue;
     }
     ++counters_.evictions;
@@ -554,39 +598,51 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
   const Clock* clock = clock_;
+  std::shared_ptr<std::atomic<uint32_t>[]> gens = write_gen_;
   std::thread([=, locations = std::move(locations), done = std::move(done)]() mutable {
     VerifyReport report;
+    struct Bad {
+      std::string key;
+      uint32_t slot;
+      uint32_t gen;  // writes into the slot before it was read
+    };
+    std::vector<Bad> bad;
     void* raw = nullptr;
     if (::posix_memalign(&raw, 4096, slot_bytes) != 0) {
       report.status = ResourceExhausted("no memory for the scrub buffer");
     } else {
-      std::vector<std::pair<std::string, uint32_t>> bad;
       report.status = store->Scan([&](std::string_view key, const BlockRecord& r) {
         ++report.checked;
-        bool good = r.slot < locations.size() && r.length > 0 && r.length <= slot_bytes;
+        const bool in_range = r.slot < locations.size();
+        const uint32_t gen = in_range ? gens[r.slot].load(std::memory_order_acquire) : 0;
+        bool good = in_range && r.length > 0 && r.length <= slot_bytes;
         if (good) {
           const uint32_t len = (r.length + block - 1) / block * block;
           ssize_t n = ::pread(locations[r.slot].first, raw, len, static_cast<off_t>(locations[r.slot].second));
           good = n == static_cast<ssize_t>(len) &&
                  BlockChecksum(key, std::span<const uint8_t>(static_cast<uint8_t*>(raw), r.length)) == r.checksum;
         }
-        if (!good) bad.emplace_back(std::string(key), r.slot);
+        if (!good) bad.push_back(Bad{std::string(key), r.slot, gen});
         return true;
       });
       ::free(raw);
-      report.dropped = bad.size();
-      post([weak, bad = std::move(bad)] {
-        if (auto self = weak.lock()) {
-          for (const auto& [key, slot] : bad) {
-            ++(*self)->counters_.checksum_failures;
-            (*self)->Drop(key, slot);
-          }
-        }
-      });
     }
     report.seconds = static_cast<double>(clock->NowNanos() - start) * 1e-9;
-    post([weak, report, done = std::move(done)] {
-      if (weak.lock()) done(report);
+    post([weak, report, bad = std::move(bad), done = std::move(done)]() mutable {
+      auto self = weak.lock();
+      if (!self) return;
+      NvmeTier& t = **self;
+      for (const Bad& b : bad) {
+        // The scan reads a snapshot while spills go on: a block evicted, or its slot
+        // rewritten, since the snapshot was taken is not a bad block.
+        const bool moved = b.slot < t.state_.size() &&
+                           (!t.Owns(b.slot, b.key) || t.write_gen_[b.slot].load(std::memory_order_relaxed) != b.gen);
+        if (moved) continue;
+        ++report.dropped;
+        ++t.counters_.checksum_failures;
+        t.Drop(b.key, b.slot);
+      }
+      done(report);
     });
   }).detach();
 }
@@ -601,15 +657,16 @@ NvmeCounts NvmeTier::Counts() const {
     return c;
   }
   c.free = free_->free_count();
-  c.inflight = writing_ + deleting_;
+  c.inflight = writing_ + deleting_ + retired_;
   c.cached = indexed_;
   return c;
 }
 
 uint64_t NvmeTier::MemoryUsage() const {
   const uint64_t slots = files_->slot_count();
-  // state byte + free list entry + free bit + LRU node (two links) + LRU flag bits.
-  return slots * (1 + 4 + 8) + slots * 3 / 8 + store_->MemoryUsage();
+  // state byte + owner tag + write generation + free list entry + free bit + LRU node (two
+  // links) + LRU flag bits.
+  return slots * (1 + 8 + 4 + 4 + 8) + slots * 3 / 8 + store_->MemoryUsage();
 }
 
 std::string NvmeTier::Describe() const {

@@ -21,6 +21,7 @@
 // thread (grouped: one synced batch covers many blocks), the restart scan on a loader
 // thread; neither ever blocks the control thread.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -106,8 +107,10 @@ class NvmeTier {
   void Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index,
              SpillDone done);
   // Reads the block of `record` into `dst` (at least the slot-aligned length) and verifies
-  // it under `key`. kDataLoss, with the entry dropped, when it does not verify; the I/O
-  // error otherwise.
+  // it under `key`. kNotFound when the record is stale (its slot holds no block of `key`
+  // any more: evicted or reused since the record was read); kDataLoss, with the entry
+  // dropped, when the bytes do not verify; the I/O error otherwise. The slot is not reused
+  // while the read is in flight.
   void Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index,
              Done done);
   // A use of the block in `slot` (a lookup hit): recency for eviction only.
@@ -121,8 +124,9 @@ class NvmeTier {
 
   // Makes [addr, addr + len) registered buffer `index` for zero-copy I/O.
   void RegisterBuffer(uint32_t index, uint8_t* addr, size_t len);
-  // Called (on the control thread) after an entry left the index: evicted or failed.
-  void SetDropListener(std::function<void(const std::string& key)> listener) {
+  // Called (on the control thread) after the entry of `key` in `slot` left the index:
+  // evicted or failed.
+  void SetDropListener(std::function<void(const std::string& key, uint32_t slot)> listener) {
     drop_listener_ = std::move(listener);
   }
 
@@ -150,7 +154,9 @@ class NvmeTier {
 
  private:
   class IndexWriter;
-  enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDeleting, kUnknown };
+  // kRetired: the entry is gone but fetches of the old bytes are still in flight; the slot
+  // is free once the last of them completes.
+  enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDeleting, kRetired, kUnknown };
   struct Op {
     enum class Kind : uint8_t { kSpillWrite, kSync, kFetch } kind;
     uint32_t slot = 0;
@@ -166,7 +172,8 @@ class NvmeTier {
   NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
            std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock);
   Status Start();
-  void OnLoaded(std::vector<uint32_t> last_access, std::vector<std::pair<std::string, uint32_t>> stale);
+  void OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags,
+                std::vector<std::pair<std::string, uint32_t>> stale);
   uint32_t IoLength(uint32_t length) const;
   uint64_t NewOp(Op op);
   // Hands `r` to the engine, or keeps it until the engine has room.
@@ -180,6 +187,12 @@ class NvmeTier {
   void FailSpill(uint64_t id, Status status);
   void NoteIoError();
   void EnforceWatermark();
+  // True when `slot` holds the indexed block of `key` (while the index loads: unless it was
+  // dropped since).
+  bool Owns(uint32_t slot, const std::string& key) const;
+  static uint64_t KeyTag(std::string_view key);
+  // The slot's entry is gone: free it, or retire it until its reads complete.
+  void FreeSlot(uint32_t slot);
   void Apply(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done);
   // Runs `fn` on the control thread unless this tier is gone by then.
   void PostSafe(std::function<void()> fn);
@@ -198,9 +211,12 @@ class NvmeTier {
   std::vector<SlotState> state_;
   std::unique_ptr<PageAllocator> free_;
   std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<uint64_t> owner_tag_;                  // slot -> KeyTag of its block's key
+  // slot -> writes started into it; read by the scrub thread to tell a block that changed
+  // under its read from a bad one.
+  std::shared_ptr<std::atomic<uint32_t>[]> write_gen_;
   std::unordered_map<uint32_t, uint32_t> readers_;   // slot -> fetches in flight
-  std::vector<uint32_t> dropped_while_loading_;
-  uint32_t writing_ = 0, deleting_ = 0, indexed_ = 0;
+  uint32_t writing_ = 0, deleting_ = 0, retired_ = 0, indexed_ = 0;
 
   std::unordered_map<uint64_t, Op> ops_;
   std::deque<IoRequest> backlog_;                    // waiting for engine capacity
@@ -210,7 +226,7 @@ class NvmeTier {
   std::unordered_map<int, bool> sync_in_flight_;
   int64_t backoff_until_ns_ = 0;
   int consecutive_errors_ = 0;
-  std::function<void(const std::string&)> drop_listener_;
+  std::function<void(const std::string&, uint32_t)> drop_listener_;
   NvmeCounters counters_;
 };
 

@@ -19,7 +19,15 @@ int main(int argc, char** argv) {
       "restart", "Seconds from start to the first served hit with 1,000,000 indexed NVMe blocks, "
                  "and RAM per NVMe block");
   restart->add_option("--blocks", args.blocks, "Indexed blocks")->check(CLI::Range(1000, 100'000'000));
-  for (auto* sub : {rpc, nvme, restart}) {
+  auto* soak = app.add_subcommand(
+      "soak", "Engine sessions of mixed operations for a set time: fails unless 0 errors, RSS and fds "
+              "bounded and every page returned; p99 per operation vs a bare echo under the same concurrency");
+  soak->add_option("--sessions", args.sessions, "Engine sessions (threads, one connection each)")
+      ->check(CLI::Range(1, 1000));
+  soak->add_option("--seconds", args.seconds, "How long the sessions run")->check(CLI::Range(1.0, 86400.0));
+  soak->add_option("--host-capacity", args.host_capacity, "Host tier of the daemon it starts (64 KiB pages)");
+  soak->add_option("--nvme-capacity", args.nvme_capacity, "NVMe tier of the daemon it starts");
+  for (auto* sub : {rpc, nvme, restart, soak}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");
   }
@@ -30,5 +38,6 @@ int main(int argc, char** argv) {
   if (rpc->parsed()) return kvtier::bench::RunRpcBench(args);
   if (nvme->parsed()) return kvtier::bench::RunNvmeBench(args);
   if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
+  if (soak->parsed()) return kvtier::bench::RunSoakBench(args);
   return 2;
 }

@@ -12,10 +12,14 @@ struct BenchArgs {
   int iterations = 20000;
   int rounds = 10;
   uint64_t blocks = 1'000'000;  // restart: indexed blocks
+  int sessions = 64;            // soak: engine sessions
+  double seconds = 60;          // soak: duration
+  std::string host_capacity = "64MiB", nvme_capacity = "384MiB";  // soak: its daemon's tiers
 };
 
 int RunRpcBench(const BenchArgs& args);
 int RunNvmeBench(const BenchArgs& args);
 int RunRestartBench(const BenchArgs& args);
+int RunSoakBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench

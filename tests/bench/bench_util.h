@@ -53,6 +53,8 @@ class BenchDaemon {
   const std::string& socket() const { return socket_; }
   // The NVMe slot file of the daemon this started ("" for --socket).
   std::string slot_file() const { return owned_ ? owned_->slot_file() : std::string(); }
+  // The pid of the daemon this started (-1 for --socket).
+  pid_t pid() const { return owned_ ? owned_->pid() : -1; }
 
  private:
   std::unique_ptr<testing::DaemonProcess> owned_;

@@ -36,6 +36,11 @@ class BlockIndexStoreTest : public ::testing::TestWithParam<std::string> {
     store_ = std::move(s).value();
   }
   BlockIndexStore& S() { return store_ ? *store_ : *mem_; }
+  static IndexMutation Mutation(IndexMutation::Kind kind, const std::string& key, uint32_t slot) {
+    IndexMutation m{kind, key, {}};
+    m.record.slot = slot;
+    return m;
+  }
   Status Put(const std::string& key, uint32_t slot) {
     return S().Apply(std::vector<IndexMutation>{{IndexMutation::Kind::kPut, key, Rec(slot)}}, true);
   }
@@ -71,9 +76,40 @@ TEST_P(BlockIndexStoreTest, DeleteRemovesBothDirectionsAndRecordOnlyKeepsTheSlot
   ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{del}, false).ok());
   EXPECT_FALSE(S().Get("a")->has_value());
   EXPECT_FALSE(S().KeyOfSlot(1)->has_value());
-  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{{IndexMutation::Kind::kDeleteRecord, "b", {}}}, false).ok());
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{Mutation(IndexMutation::Kind::kDeleteRecord, "b", 2)}, false).ok());
   EXPECT_FALSE(S().Get("b")->has_value());
   EXPECT_EQ(**S().KeyOfSlot(2), "b") << "a record-only delete must leave the slot map";
+}
+
+// A block spilled again lives in a new slot; what is still done about its old slot (a
+// delete when that slot is evicted, a hit recorded from an old lookup) must not touch the
+// newer entry.
+TEST_P(BlockIndexStoreTest, MutationsAboutAnOldSlotLeaveANewerEntryAlone) {
+  ASSERT_TRUE(Put("k", 1).ok());
+  ASSERT_TRUE(Put("k", 5).ok());  // spilled again
+  BlockRecord stale_hit = Rec(1);
+  stale_hit.hit_count = 99;
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{{IndexMutation::Kind::kPutRecord, "k", stale_hit}}, false).ok());
+  ASSERT_EQ((*S().Get("k"))->slot, 5u) << "a hit recorded for the old slot rewrote the entry";
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{Mutation(IndexMutation::Kind::kDelete, "k", 1)}, false).ok());
+  EXPECT_FALSE(S().KeyOfSlot(1)->has_value()) << "the old slot's map entry goes";
+  ASSERT_TRUE(S().Get("k")->has_value()) << "evicting the old slot deleted the newer entry";
+  EXPECT_EQ((*S().Get("k"))->slot, 5u);
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{Mutation(IndexMutation::Kind::kDeleteRecord, "k", 1)}, false).ok());
+  EXPECT_TRUE(S().Get("k")->has_value());
+  // About the current slot, they apply.
+  BlockRecord hit = Rec(5);
+  hit.hit_count = 7;
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{{IndexMutation::Kind::kPutRecord, "k", hit}}, false).ok());
+  EXPECT_EQ((*S().Get("k"))->hit_count, 7u);
+  // In one batch, later mutations see earlier ones: put at 6, then a delete about 5 keeps it.
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{{IndexMutation::Kind::kPut, "k", Rec(6)},
+                                                   Mutation(IndexMutation::Kind::kDeleteRecord, "k", 5)},
+                        false)
+                  .ok());
+  EXPECT_EQ((*S().Get("k"))->slot, 6u);
+  ASSERT_TRUE(S().Apply(std::vector<IndexMutation>{Mutation(IndexMutation::Kind::kDelete, "k", 6)}, false).ok());
+  EXPECT_FALSE(S().Get("k")->has_value());
 }
 
 TEST_P(BlockIndexStoreTest, MultiGetScanMetaAndClear) {
