@@ -111,7 +111,7 @@ TenantId CacheManager::InternTenant(std::string_view name) {
 }
 
 NamespaceId CacheManager::InternNamespace(const std::string& encoded, const std::string& fingerprint,
-                                          uint64_t block_bytes) {
+                                          uint64_t block_bytes, std::string_view tenant, std::string_view model) {
   auto it = namespace_ids_.find(encoded);
   if (it != namespace_ids_.end()) {
     ++namespaces_[it->second].users;
@@ -125,7 +125,7 @@ NamespaceId CacheManager::InternNamespace(const std::string& encoded, const std:
     id = static_cast<NamespaceId>(namespaces_.size());
     namespaces_.emplace_back();
   }
-  namespaces_[id] = Namespace{encoded, fingerprint, block_bytes, 1};
+  namespaces_[id] = Namespace{encoded, fingerprint, block_bytes, 1, std::string(tenant), std::string(model)};
   namespace_ids_[encoded] = id;
   return id;
 }
@@ -162,7 +162,8 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
   }
   const std::string fingerprint = layout.Fingerprint();
   s.tenant_ = InternTenant(tenant);
-  s.ns_ = InternNamespace(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes);
+  s.ns_ = InternNamespace(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes, tenant,
+                          layout.model_id);
   s.attached_ = true;
   sessions_[s.id_] = &s;
   return Status::Ok();
@@ -424,6 +425,10 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
         }
       }
     }
+    const Block& left = blocks_[victim];
+    if (left.page[TierIndex(TierKind::kHost)] == kNoPage && left.page[TierIndex(TierKind::kNvme)] == kNoPage) {
+      RememberEviction(KeyOf(left), kind);
+    }
     RemoveResidency(victim, kind);  // the host copy, if any, lives on
     ++counters_.evictions[TierIndex(kind)];
     return Evicted::kDropped;
@@ -434,6 +439,10 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     return Evicted::kDemoting;
   }
   // Already on NVMe (so nothing is lost), or nowhere to go: the page is free at once.
+  if (b.page[TierIndex(TierKind::kNvme)] == kNoPage &&
+      b.page[TierIndex(kind == TierKind::kHost ? TierKind::kGpu : TierKind::kHost)] == kNoPage) {
+    RememberEviction(KeyOf(b), kind);
+  }
   RemoveResidency(victim, kind);
   ++counters_.evictions[TierIndex(kind)];
   return Evicted::kDropped;
@@ -587,7 +596,10 @@ void CacheManager::OnNvmeDropped(const std::string& key, uint32_t slot) {
     if (id != kNoBlock && blocks_[id].page[TierIndex(TierKind::kNvme)] == slot) {
       blocks_[id].page[TierIndex(TierKind::kNvme)] = kNoPage;
     }
+    if (id == kNoBlock) RememberEviction(key, TierKind::kNvme);  // its last copy
+    return;
   }
+  RememberEviction(key, TierKind::kNvme);  // no session or block of its namespace here
 }
 
 // ---- promotion ---------------------------------------------------------------------
@@ -722,6 +734,9 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
   if (!s.attached_) return R(FailedPrecondition("session has no namespace"));
   if (kind == TierKind::kNvme) return R(InvalidArgument("nvme pages cannot be leased"));
   if (!tier_enabled(kind)) return R(InvalidArgument(std::string(TierKindName(kind)) + " tier is not enabled"));
+  if (kind == TierKind::kGpu && draining_) {
+    return R(Unavailable("kvtierd is draining for maintenance (kvctl drain): no new GPU leases"));
+  }
   Tier& tier = T(kind);
   if (count == 0) return R(std::vector<PageId>());
   if (count > options_.max_entries_per_request || count > tier.pool->capacity()) {
@@ -888,6 +903,10 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind,
     AddResidency(id, kind, page);
     r.page = page;
     ++(r.duplicate ? counters_.commits_duplicate : counters_.commits_stored);
+    blocks_[id].last_use_ns = clock_->NowNanos();
+    if (!r.duplicate && !evicted_.empty()) {
+      if (evicted_.erase(KeyOf(blocks_[id])) > 0) ++counters_.refetches_after_evict;
+    }
     if (nvme_ && options_.write_policy == WritePolicy::kWriteThrough && kind == TierKind::kHost &&
         blocks_[id].page[TierIndex(TierKind::kNvme)] == kNoPage) {
       write_through_queue_.emplace_back(id, blocks_[id].gen);
@@ -955,7 +974,12 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
     // Prefix-ordered policies see the deepest block first, so the chain's head ends up the
     // most recent.
     if (PrefixOrdered(s)) std::reverse(touched.begin(), touched.end());
-    for (auto [id, tier] : touched) PolicyFor(T(tier), blocks_[id].tenant).Touch(id);
+    const int64_t now = clock_->NowNanos();
+    for (auto [id, tier] : touched) {
+      PolicyFor(T(tier), blocks_[id].tenant).Touch(id);
+      ++blocks_[id].hits;
+      blocks_[id].last_use_ns = now;
+    }
     if (i < hashes.size() && nvme_) {
       const std::string& ns = namespaces_[s.ns_].encoded;
       std::vector<std::string> keys;
@@ -1071,6 +1095,7 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s,
 }
 
 void CacheManager::Tick() {
+  if (draining_) DrainStep();
   PumpWriteThrough();
   ServePendingAllocates();
   EnforceWatermark(TierKind::kHost);

@@ -117,6 +117,53 @@ struct CacheCounters {
   uint64_t acquire_misses = 0;
   uint64_t allocate_failures = 0;
   uint64_t quota_refusals = 0;   // allocations refused by a tenant's quota
+  uint64_t refetches_after_evict = 0;  // blocks committed again that the cache had evicted
+};
+
+// Why a block is or is not a hit (kvctl explain).
+struct BlockExplanation {
+  enum class State : uint8_t {
+    kCached = 0,          // a hit: readable in `tier`
+    kInFlight = 1,        // being read from NVMe into `tier` (host) right now
+    kEvicted = 2,         // it was here and left `tier` (its last copy) seconds_ago
+    kOtherNamespace = 3,  // not in the asked namespace, but stored under another one
+    kNeverStored = 4,     // not known (or evicted before the history remembers)
+  };
+  State state = State::kNeverStored;
+  TierKind tier = TierKind::kHost;
+  bool on_nvme = false;             // kCached: an NVMe copy exists too
+  bool writing = false;             // kCached: its NVMe copy is being written
+  std::string namespace_hex, tenant, model;  // where it was found
+  double seconds_ago = 0;           // kEvicted
+  std::string detail;               // one sentence for people
+};
+
+// One block, for kvctl blocks.
+struct BlockInfo {
+  BlockHash hash;
+  std::string namespace_hex, tenant, model;
+  TierKind tier = TierKind::kHost;  // the fastest tier holding it
+  bool on_nvme = false;
+  uint64_t bytes = 0;
+  uint32_t hits = 0;
+  uint32_t refs = 0;
+  double idle_s = 0;                // since its last hit (or store)
+};
+
+// The state of a maintenance drain (kvctl drain).
+struct DrainStatus {
+  bool draining = false;
+  uint64_t gpu_blocks_left = 0;     // cached GPU blocks not yet demoted to host
+  uint64_t gpu_blocks_pinned = 0;   // GPU blocks referenced by sessions: they stay
+  uint64_t host_blocks_unspilled = 0;  // host blocks with no NVMe copy yet
+  uint32_t spills_in_flight = 0;
+};
+
+// What an operator's evict did.
+struct EvictReport {
+  uint64_t blocks = 0;      // dropped or demoted
+  uint64_t bytes = 0;
+  uint64_t demoting = 0;    // of which still being written to NVMe (pages free after)
 };
 
 // What one session holds. Owned by the session; changed only through CacheManager.
@@ -228,6 +275,29 @@ class CacheManager {
   void Tick();
   // Scrubs the NVMe tier (kvctl verify).
   void VerifyNvme(std::function<void(VerifyReport)> done);
+
+  // ---- operator operations (kvctl) ----
+  // `tenant`: only that tenant's namespaces are visible; null: every namespace (admins).
+  // `ns_hex`: one namespace (NamespaceHex), or empty for every visible one.
+  std::vector<BlockExplanation> Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
+                                        const std::string* tenant);
+  enum class BlockOrder { kHits, kRecent };
+  using BlocksDone = std::function<void(std::vector<BlockInfo>)>;
+  // The top `limit` blocks of a tier (nullopt: the GPU and host tiers) by hits or recency.
+  // For the NVMe tier the index is scanned on a thread and `done` runs later; otherwise
+  // it runs before this returns.
+  void TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant,
+                 BlockOrder order, size_t limit, BlocksDone done);
+  // Evicts cached blocks of `tier` (largest tenants first, reserves kept) until `bytes`
+  // have gone or started going: GPU blocks move to host, host blocks to NVMe when they
+  // have no copy there, the rest are dropped.
+  EvictReport Evict(TierKind tier, uint64_t bytes);
+  // Starts (or stops) a maintenance drain: while it runs, new GPU leases are refused, GPU
+  // blocks are demoted to host, and every host block is written to NVMe so a restart
+  // keeps it.
+  void SetDrain(bool on);
+  DrainStatus Drain() const;
+  bool draining() const { return draining_; }
   NvmeTier* nvme() { return nvme_.get(); }
   const NvmeTier* nvme() const { return nvme_.get(); }
   size_t pending_promotions() const { return promotions_.size() + queued_promotions_.size(); }
@@ -282,6 +352,8 @@ class CacheManager {
     bool live = false;
     bool spilling = false;   // host page being written to NVMe
     bool promoting = false;  // host page being filled from NVMe
+    uint32_t hits = 0;       // lookups and acquires that found it
+    int64_t last_use_ns = 0;
   };
   struct IndexKey {
     NamespaceId ns;
@@ -298,7 +370,19 @@ class CacheManager {
     std::string fingerprint;   // the layout's
     uint64_t block_bytes = 0;  // bytes of block data in a page
     uint32_t users = 0;        // attached sessions + blocks
+    std::string tenant, model;  // for kvctl
   };
+  // Blocks whose last copy left the cache, newest last, bounded: for explain and for
+  // counting blocks committed again after eviction (thrash).
+  struct EvictionRecord {
+    TierKind tier;
+    int64_t at_ns;
+  };
+  static constexpr size_t kEvictionHistory = 16384;
+  void RememberEviction(const std::string& key, TierKind tier);
+  void DrainStep();
+  BlockInfo InfoOf(BlockId id) const;
+  bool Visible(NamespaceId ns, std::string_view ns_hex, const std::string* tenant) const;
   struct PendingAcquire {
     SessionId session;
     std::vector<CacheResult> results;
@@ -378,7 +462,7 @@ class CacheManager {
   Room MakeRoom(TierKind tier, TenantId tenant);
 
   NamespaceId InternNamespace(const std::string& encoded, const std::string& fingerprint,
-                              uint64_t block_bytes);
+                              uint64_t block_bytes, std::string_view tenant = {}, std::string_view model = {});
   void ReleaseNamespace(NamespaceId ns);
   TenantId InternTenant(std::string_view name);
   uint32_t QuotaPages(const Tier& tier, TenantId t) const { return t < tier.quota_pages.size() ? tier.quota_pages[t] : 0; }
@@ -413,6 +497,9 @@ class CacheManager {
   std::unordered_map<uint64_t, std::vector<std::pair<TierKind, PageId>>> quarantines_;
   uint64_t next_quarantine_ = 1;
   CacheCounters counters_;
+  std::unordered_map<std::string, EvictionRecord> evicted_;  // block key -> its eviction
+  std::deque<std::string> evicted_order_;
+  bool draining_ = false;
 };
 
 }  // namespace kvtier

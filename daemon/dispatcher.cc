@@ -108,7 +108,12 @@ void Dispatcher::HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame
 }
 
 void Dispatcher::SendLater(SessionContext* ctx, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build) {
-  auto sink = ctx->async_sink.lock();
+  SendLater(ctx->async_sink, id, op, start_ns, std::move(build));
+}
+
+void Dispatcher::SendLater(const std::weak_ptr<ReplySink>& weak_sink, uint64_t id, fb::Op op, int64_t start_ns,
+                           BuildReply build) {
+  auto sink = weak_sink.lock();
   if (!sink) return;  // the connection is gone
   Builder& b = async_builder_;
   b.Clear();
@@ -143,13 +148,26 @@ Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply*
   if (op == fb::Op::NONE || static_cast<int>(op) > static_cast<int>(fb::Op::MAX)) {
     return Unimplemented("unknown operation " + std::to_string(static_cast<int>(op)));
   }
-  if (op == fb::Op::VerifyTier) {
-    if (ctx.role != fb::Role::Control) return PermissionDenied("verify is for control sessions (kvctl)");
-    if (!ctx.admin) {
-      return PermissionDenied("verify is an admin operation: uid " + std::to_string(ctx.uid) +
+  const bool operator_op = op == fb::Op::VerifyTier || op == fb::Op::Explain || op == fb::Op::Blocks ||
+                           op == fb::Op::Evict || op == fb::Op::Drain;
+  if (operator_op) {
+    if (ctx.role != fb::Role::Control) {
+      return PermissionDenied(std::string(OpName(op)) + " is for control sessions (kvctl)");
+    }
+    // Changing the cache, or reading every block's bytes, is an admin's to do; explain and
+    // blocks answer anyone, about their own tenant's namespaces.
+    const bool admin_only = op == fb::Op::VerifyTier || op == fb::Op::Evict || op == fb::Op::Drain;
+    if (admin_only && !ctx.admin) {
+      return PermissionDenied(std::string(OpName(op)) + " is an admin operation: uid " + std::to_string(ctx.uid) +
                               " is not root, the daemon's uid or in security.admin_uids");
     }
-    return OnVerify(ctx, req, deferred);
+    switch (op) {
+      case fb::Op::VerifyTier: return OnVerify(ctx, req, deferred);
+      case fb::Op::Explain: return OnExplain(ctx, *req.op_as_Explain(), type, body);
+      case fb::Op::Blocks: return OnBlocks(ctx, req, type, body, deferred);
+      case fb::Op::Evict: return OnEvict(ctx, *req.op_as_Evict(), type, body);
+      default: return OnDrain(ctx, *req.op_as_Drain(), type, body);
+    }
   }
   if (ctx.role != fb::Role::Engine) {
     return PermissionDenied("a control session cannot " + std::string(OpName(op)) +
@@ -399,7 +417,7 @@ Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Re
 
 Status Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req, bool* deferred) {
   if (!cache_->tier_enabled(TierKind::kNvme)) return FailedPrecondition("no NVMe tier is configured");
-  SessionContext* c = &ctx;
+  std::weak_ptr<ReplySink> c = ctx.async_sink;  // the session may be gone when it ends
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();
   KVTIER_LOG(NOTICE) << "session " << ctx.id << ": verify of the NVMe tier started";
@@ -462,15 +480,105 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
   uint64_t hits = 0;
   for (uint64_t h : cc.block_hits) hits += h;
   const uint64_t checksum = nvme ? nvme->counters().checksum_failures : 0;
+  uint64_t evictions_total = nvme ? nvme->counters().evictions : 0;
+  for (uint64_t e : cc.evictions) evictions_total += e;
   const uint64_t io_errors = nvme ? nvme->counters().io_errors : 0;
   *body = fb::CreateStatsReply(builder_, builder_.CreateString(info_->version),
                                static_cast<double>(now - info_->started_ns) * 1e-9,
                                builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec,
                                sessions_vec, session_count, cc.lookups, hits, cc.block_misses, checksum,
                                io_errors, cc.demotions, cc.promotions,
-                               static_cast<uint32_t>(cache_->pending_promotions()))
+                               static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions,
+                               cc.refetches_after_evict, nvme ? nvme->counters().spill_bytes : 0,
+                               nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(), evictions_total)
               .Union();
   *type = fb::Reply::StatsReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Reply* type, BodyOffset* body) {
+  KVTIER_ASSIGN_OR_RETURN(auto hashes, Hashes(ctx, m.hashes()));
+  const std::string ns = m.namespace_id() ? m.namespace_id()->str() : std::string();
+  const auto entries = cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant);
+  std::vector<flatbuffers::Offset<fb::Explanation>> out;
+  for (const BlockExplanation& e : entries) {
+    out.push_back(fb::CreateExplanation(builder_, static_cast<fb::BlockState>(e.state), TierToWire(e.tier), e.on_nvme,
+                                        e.writing, builder_.CreateString(e.namespace_hex),
+                                        builder_.CreateString(e.tenant), builder_.CreateString(e.model),
+                                        e.seconds_ago, builder_.CreateString(e.detail)));
+  }
+  *body = fb::CreateExplainReply(builder_, builder_.CreateVector(out)).Union();
+  *type = fb::Reply::ExplainReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+                            bool* deferred) {
+  const fb::Blocks& m = *req.op_as_Blocks();
+  const std::optional<TierKind> tier = TierFromWire(m.tier());
+  if (m.tier() != fb::Tier::None && !tier) return InvalidArgument("unknown tier");
+  if (tier && !cache_->tier_enabled(*tier)) {
+    return FailedPrecondition("the " + std::string(TierKindName(*tier)) + " tier is not configured");
+  }
+  const size_t limit = std::min<uint32_t>(m.limit(), info_->max_entries_per_request);
+  const std::string ns = m.namespace_id() ? m.namespace_id()->str() : std::string();
+  auto build = [](Builder& b, const std::vector<BlockInfo>& blocks, fb::Reply* ty, BodyOffset* bo) {
+    std::vector<flatbuffers::Offset<fb::BlockInfo>> out;
+    for (const BlockInfo& i : blocks) {
+      out.push_back(fb::CreateBlockInfo(b, b.CreateVector(i.hash.bytes().data(), i.hash.size()),
+                                        b.CreateString(i.namespace_hex), b.CreateString(i.tenant),
+                                        b.CreateString(i.model), TierToWire(i.tier), i.on_nvme, i.bytes, i.hits,
+                                        i.refs, i.idle_s));
+    }
+    *bo = fb::CreateBlocksReply(b, b.CreateVector(out)).Union();
+    *ty = fb::Reply::BlocksReply;
+  };
+  const auto order = m.order() == fb::BlockOrder::Recent ? CacheManager::BlockOrder::kRecent
+                                                         : CacheManager::BlockOrder::kHits;
+  bool now = false;
+  std::weak_ptr<ReplySink> sink = ctx.async_sink;
+  const uint64_t id = req.id();
+  const int64_t start = clock_->NowNanos();
+  const bool sync = tier != TierKind::kNvme;  // the NVMe index is scanned on a thread
+  cache_->TopBlocks(tier, ns, ctx.admin ? nullptr : &ctx.tenant, order, limit,
+                    [&, build, sink, id, start, sync](std::vector<BlockInfo> blocks) {
+                      if (sync) {
+                        build(builder_, blocks, type, body);
+                        now = true;
+                        return;
+                      }
+                      SendLater(sink, id, fb::Op::Blocks, start,
+                                [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) {
+                                  build(b, blocks, ty, bo);
+                                  return Status::Ok();
+                                });
+                    });
+  *deferred = !now;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnEvict(SessionContext& ctx, const fb::Evict& m, fb::Reply* type, BodyOffset* body) {
+  const std::optional<TierKind> tier = TierFromWire(m.tier());
+  if (!tier || !cache_->tier_enabled(*tier)) return InvalidArgument("evict needs a configured tier");
+  const EvictReport r = cache_->Evict(*tier, m.bytes());
+  KVTIER_LOG(NOTICE) << "session " << ctx.id << " (uid " << ctx.uid << "): evicted " << r.blocks << " blocks ("
+                     << r.bytes << " bytes) from the " << TierKindName(*tier) << " tier";
+  *body = fb::CreateEvictReply(builder_, r.blocks, r.bytes, r.demoting).Union();
+  *type = fb::Reply::EvictReply;
+  return Status::Ok();
+}
+
+Status Dispatcher::OnDrain(SessionContext& ctx, const fb::Drain& m, fb::Reply* type, BodyOffset* body) {
+  if (!m.query() && m.start() != cache_->draining()) {
+    KVTIER_LOG(NOTICE) << "session " << ctx.id << " (uid " << ctx.uid << "): drain "
+                       << (m.start() ? "started: no new GPU leases, GPU -> host -> NVMe" : "ended");
+    cache_->SetDrain(m.start());
+  }
+  const DrainStatus d = cache_->Drain();
+  *body = fb::CreateDrainReply(builder_, d.draining, d.gpu_blocks_left, d.gpu_blocks_pinned, d.host_blocks_unspilled,
+                               d.spills_in_flight)
+              .Union();
+  *type = fb::Reply::DrainReply;
   return Status::Ok();
 }
 

@@ -111,6 +111,8 @@ class Dispatcher {
   // The deferred response to request `id`: `build` fills it in async_builder_.
   using BuildReply = std::function<Status(Builder&, fb::Reply*, BodyOffset*, std::vector<int>*)>;
   void SendLater(SessionContext* ctx, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
+  // For completions that may outlive the session (a scrub, an index scan): only the sink.
+  void SendLater(const std::weak_ptr<ReplySink>& sink, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
   Status OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body,
                  std::vector<int>* fds);
   Status OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
@@ -128,6 +130,11 @@ class Dispatcher {
   Status AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results,
                       fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
   Status OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type, BodyOffset* body);
+  // Operator requests (control sessions).
+  Status OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Reply* type, BodyOffset* body);
+  Status OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body, bool* deferred);
+  Status OnEvict(SessionContext& ctx, const fb::Evict& m, fb::Reply* type, BodyOffset* body);
+  Status OnDrain(SessionContext& ctx, const fb::Drain& m, fb::Reply* type, BodyOffset* body);
 
   Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx,
                                         const flatbuffers::Vector<uint8_t>* v) const;

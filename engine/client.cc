@@ -544,6 +544,12 @@ Result<DaemonStats> Client::Stats(bool with_sessions) {
     out.demotions = s->demotions();
     out.promotions = s->promotions();
     out.pending_fetches = s->pending_fetches();
+    out.gpu_demotions = s->gpu_demotions();
+    out.refetches_after_evict = s->refetches_after_evict();
+    out.spill_bytes = s->spill_bytes();
+    out.fetch_bytes = s->fetch_bytes();
+    out.draining = s->draining();
+    out.evictions = s->evictions();
     if (s->tiers()) {
       for (const fb::TierStats* t : *s->tiers()) {
         TierStatsInfo i;
@@ -621,6 +627,106 @@ Result<VerifyResult> Client::Verify() {
   });
   impl_->options_.timeout_ms = saved;
   KVTIER_RETURN_IF_ERROR(st);
+  return out;
+}
+
+Result<std::vector<BlockExplanationInfo>> Client::Explain(std::span<const BlockHash> hashes,
+                                                          const std::string& namespace_id) {
+  auto& b = impl_->builder_;
+  b.Clear();
+  auto hv = impl_->Hashes(hashes);
+  auto ns = b.CreateString(namespace_id);
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, impl_->Finish(fb::Op::Explain, fb::CreateExplain(b, hv, ns).Union()));
+  std::vector<BlockExplanationInfo> out;
+  KVTIER_RETURN_IF_ERROR(impl_->Wait(t, fb::Reply::ExplainReply, [&](const fb::Response& r) {
+    auto str = [](const flatbuffers::String* v) { return v ? v->str() : std::string(); };
+    const auto* entries = r.reply_as_ExplainReply()->entries();
+    if (!entries || entries->size() != hashes.size()) return Internal("explain reply has the wrong entry count");
+    for (const fb::Explanation* e : *entries) {
+      BlockExplanationInfo i;
+      i.state = static_cast<BlockExplanationInfo::State>(e->state());
+      i.tier = TierFromWireOr(e->tier(), TierKind::kHost);
+      i.on_nvme = e->on_nvme();
+      i.writing = e->writing();
+      i.namespace_id = str(e->namespace_id());
+      i.tenant = str(e->tenant());
+      i.model = str(e->model());
+      i.seconds_ago = e->seconds_ago();
+      i.detail = str(e->detail());
+      out.push_back(std::move(i));
+    }
+    return Status::Ok();
+  }));
+  return out;
+}
+
+Result<std::vector<BlockInfoEntry>> Client::Blocks(std::optional<TierKind> tier, const std::string& namespace_id,
+                                                   bool by_recent, uint32_t limit) {
+  auto& b = impl_->builder_;
+  b.Clear();
+  auto ns = b.CreateString(namespace_id);
+  const fb::Tier wt = tier ? static_cast<fb::Tier>(static_cast<uint8_t>(*tier)) : fb::Tier::None;
+  KVTIER_ASSIGN_OR_RETURN(
+      Ticket t, impl_->Finish(fb::Op::Blocks,
+                              fb::CreateBlocks(b, wt, ns, by_recent ? fb::BlockOrder::Recent : fb::BlockOrder::Hits, limit)
+                                  .Union()));
+  std::vector<BlockInfoEntry> out;
+  KVTIER_RETURN_IF_ERROR(impl_->Wait(t, fb::Reply::BlocksReply, [&](const fb::Response& r) {
+    auto str = [](const flatbuffers::String* v) { return v ? v->str() : std::string(); };
+    const auto* blocks = r.reply_as_BlocksReply()->blocks();
+    if (!blocks) return Status::Ok();
+    for (const fb::BlockInfo* x : *blocks) {
+      BlockInfoEntry i;
+      if (x->hash() && BlockHash::ValidSize(x->hash()->size())) {
+        i.hash = BlockHash(std::span<const uint8_t>(x->hash()->data(), x->hash()->size()));
+      }
+      i.namespace_id = str(x->namespace_id());
+      i.tenant = str(x->tenant());
+      i.model = str(x->model());
+      i.tier = TierFromWireOr(x->tier(), TierKind::kHost);
+      i.on_nvme = x->on_nvme();
+      i.bytes = x->bytes();
+      i.hits = x->hits();
+      i.refs = x->refs();
+      i.idle_s = x->idle_s();
+      out.push_back(std::move(i));
+    }
+    return Status::Ok();
+  }));
+  return out;
+}
+
+Result<EvictResult> Client::Evict(TierKind tier, uint64_t bytes) {
+  auto& b = impl_->builder_;
+  b.Clear();
+  KVTIER_ASSIGN_OR_RETURN(
+      Ticket t, impl_->Finish(fb::Op::Evict,
+                              fb::CreateEvict(b, static_cast<fb::Tier>(static_cast<uint8_t>(tier)), bytes).Union()));
+  EvictResult out;
+  KVTIER_RETURN_IF_ERROR(impl_->Wait(t, fb::Reply::EvictReply, [&](const fb::Response& r) {
+    const auto* e = r.reply_as_EvictReply();
+    out.blocks = e->blocks();
+    out.bytes = e->bytes();
+    out.demoting = e->demoting();
+    return Status::Ok();
+  }));
+  return out;
+}
+
+Result<DrainResult> Client::Drain(bool start, bool query) {
+  auto& b = impl_->builder_;
+  b.Clear();
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, impl_->Finish(fb::Op::Drain, fb::CreateDrain(b, start, query).Union()));
+  DrainResult out;
+  KVTIER_RETURN_IF_ERROR(impl_->Wait(t, fb::Reply::DrainReply, [&](const fb::Response& r) {
+    const auto* d = r.reply_as_DrainReply();
+    out.draining = d->draining();
+    out.gpu_blocks_left = d->gpu_blocks_left();
+    out.gpu_blocks_pinned = d->gpu_blocks_pinned();
+    out.host_blocks_unspilled = d->host_blocks_unspilled();
+    out.spills_in_flight = d->spills_in_flight();
+    return Status::Ok();
+  }));
   return out;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -120,6 +121,40 @@ struct DaemonStats {
   uint64_t lookups = 0, block_hits = 0, block_misses = 0;
   uint64_t checksum_failures = 0, io_errors = 0, demotions = 0, promotions = 0;
   uint32_t pending_fetches = 0;
+  uint64_t gpu_demotions = 0, refetches_after_evict = 0, spill_bytes = 0, fetch_bytes = 0, evictions = 0;
+  bool draining = false;
+};
+
+// kvctl explain: why a block is or is not a hit.
+struct BlockExplanationInfo {
+  enum class State : uint8_t { kCached = 0, kInFlight = 1, kEvicted = 2, kOtherNamespace = 3, kNeverStored = 4 };
+  State state = State::kNeverStored;
+  TierKind tier = TierKind::kHost;
+  bool on_nvme = false, writing = false;
+  std::string namespace_id, tenant, model;
+  double seconds_ago = 0;
+  std::string detail;
+};
+
+// kvctl blocks: one block.
+struct BlockInfoEntry {
+  BlockHash hash;
+  std::string namespace_id, tenant, model;
+  TierKind tier = TierKind::kHost;
+  bool on_nvme = false;
+  uint64_t bytes = 0;
+  uint32_t hits = 0, refs = 0;
+  double idle_s = 0;
+};
+
+struct EvictResult {
+  uint64_t blocks = 0, bytes = 0, demoting = 0;
+};
+
+struct DrainResult {
+  bool draining = false;
+  uint64_t gpu_blocks_left = 0, gpu_blocks_pinned = 0, host_blocks_unspilled = 0;
+  uint32_t spills_in_flight = 0;
 };
 
 struct VerifyResult {
@@ -161,6 +196,17 @@ class Client {
   // Scrubs the NVMe tier (control sessions): reads and verifies every block, drops the
   // ones that fail. Waits for the scrub (no timeout).
   Result<VerifyResult> Verify();
+  // ---- operator calls (control sessions; Evict and Drain need an admin) ----
+  // One entry per hash: why it is or is not a hit. namespace_id "" asks every namespace
+  // the caller may see.
+  Result<std::vector<BlockExplanationInfo>> Explain(std::span<const BlockHash> hashes,
+                                                    const std::string& namespace_id = "");
+  // The top blocks of a tier (nullopt: GPU and host) by hits, or by recency.
+  Result<std::vector<BlockInfoEntry>> Blocks(std::optional<TierKind> tier, const std::string& namespace_id = "",
+                                             bool by_recent = false, uint32_t limit = 20);
+  Result<EvictResult> Evict(TierKind tier, uint64_t bytes);
+  // Starts (start) or ends a drain; with `query` only reports its progress.
+  Result<DrainResult> Drain(bool start = true, bool query = false);
 
   // ---- pipelined calls ----
   Result<Ticket> StartAllocate(TierKind tier, uint32_t count);

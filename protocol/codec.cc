@@ -73,6 +73,10 @@ std::string_view OpName(fb::Op op) {
     case fb::Op::Stats: return "stats";
     case fb::Op::Ping: return "ping";
     case fb::Op::VerifyTier: return "verify";
+    case fb::Op::Explain: return "explain";
+    case fb::Op::Blocks: return "blocks";
+    case fb::Op::Evict: return "evict";
+    case fb::Op::Drain: return "drain";
     case fb::Op::NONE: return "none";
   }
   return "unknown";

@@ -647,6 +647,57 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
   }).detach();
 }
 
+void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
+  BlockIndexStore* store = store_.get();
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  std::thread([=, done = std::move(done)]() mutable {
+    using Entry = std::pair<std::string, BlockRecord>;
+    auto rank = [by_recent](const Entry& e) {
+      return by_recent ? uint64_t{e.second.last_access} : (uint64_t{e.second.hit_count} << 32) | e.second.last_access;
+    };
+    auto better = [&](const Entry& a, const Entry& b) { return rank(a) > rank(b); };
+    std::vector<Entry> top;  // a min-heap on rank of the best `limit` so far
+    (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
+      Entry e{std::string(key), r};
+      if (top.size() < limit) {
+        top.push_back(std::move(e));
+        std::push_heap(top.begin(), top.end(), better);
+      } else if (limit > 0 && rank(e) > rank(top.front())) {
+        std::pop_heap(top.begin(), top.end(), better);
+        top.back() = std::move(e);
+        std::push_heap(top.begin(), top.end(), better);
+      }
+      return true;
+    });
+    std::sort(top.begin(), top.end(), better);
+    post([weak, top = std::move(top), done = std::move(done)]() mutable {
+      if (weak.lock()) done(std::move(top));
+    });
+  }).detach();
+}
+
+uint32_t NvmeTier::EvictColdest(uint32_t n) {
+  if (!ready_) return 0;
+  uint32_t dropped = 0;
+  while (dropped < n) {
+    const BlockId victim = policy_->Victim();
+    if (victim == kNoBlock) break;
+    auto key = store_->KeyOfSlot(victim);
+    if (!key.ok() || !*key || !Owns(victim, **key)) {
+      // No entry names this slot any more: it is simply free.
+      policy_->Erase(victim);
+      --indexed_;
+      FreeSlot(victim);
+      continue;
+    }
+    ++counters_.evictions;
+    Drop(**key, victim);  // takes it out of the policy
+    ++dropped;
+  }
+  return dropped;
+}
+
 // ---- accounting ----
 
 NvmeCounts NvmeTier::Counts() const {

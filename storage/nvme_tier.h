@@ -121,6 +121,12 @@ class NvmeTier {
   void Drop(const std::string& key, uint32_t slot);
   // Reads and verifies every indexed block, dropping those that fail.
   void Verify(std::function<void(VerifyReport)> done);
+  // The `limit` entries with the most hits (or, with `by_recent`, the latest access), read
+  // from the index on a thread of their own; done(key, record) pairs on the control thread.
+  using ScanDone = std::function<void(std::vector<std::pair<std::string, BlockRecord>>)>;
+  void ScanTop(size_t limit, bool by_recent, ScanDone done);
+  // Drops up to `n` of the coldest blocks (an operator's evict); returns how many.
+  uint32_t EvictColdest(uint32_t n);
 
   // Makes [addr, addr + len) registered buffer `index` for zero-copy I/O.
   void RegisterBuffer(uint32_t index, uint8_t* addr, size_t len);

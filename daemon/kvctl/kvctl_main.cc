@@ -4,16 +4,32 @@
 //   kvctl tiers [--json]      per-tier page states (they sum to capacity)
 //   kvctl sessions [--json]   connected engines and control clients
 //   kvctl verify [--json]     scrub the NVMe tier: verify every block, drop what fails
+//   kvctl blocks              top blocks by hits or recency, per tier, per namespace
+//   kvctl lookup HASH...      which tier holds each block
+//   kvctl explain HASH...     why each block is or is not a hit
+//   kvctl evict --tier T --bytes N   free cache space now (admin)
+//   kvctl drain [--resume]    before maintenance: GPU -> host -> NVMe, no new GPU leases (admin)
+//   kvctl top                 a live view, one 80x24 screen a second
+//   kvctl plan ...            capacity planner (no daemon needed)
 //
 // With no --socket, kvctl uses $KVTIER_SOCKET or kvtierd's default ./var/kvtierd.sock.
 // Exit status: 0 success, 1 the daemon did not answer or refused, 2 usage error.
 #include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+#include <tuple>
 
+#include "daemon/kvctl/plan.h"
 #include "engine/client.h"
 #include "protocol/base/defaults.h"
+#include "protocol/base/block_key.h"
+#include "protocol/base/tier.h"
 #include "protocol/base/units.h"
 
 namespace {
@@ -174,6 +190,376 @@ int Sessions(const DaemonStats& s, bool as_json) {
   return 0;
 }
 
+std::string_view StateName(kvtier::BlockExplanationInfo::State s) {
+  using S = kvtier::BlockExplanationInfo::State;
+  switch (s) {
+    case S::kCached: return "cached";
+    case S::kInFlight: return "in-flight";
+    case S::kEvicted: return "evicted";
+    case S::kOtherNamespace: return "other-namespace";
+    case S::kNeverStored: return "never-stored";
+  }
+  return "unknown";
+}
+
+int Die(const std::string& what, const kvtier::Status& s) {
+  std::fprintf(stderr, "kvctl: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
+
+kvtier::Result<std::vector<kvtier::BlockHash>> ParseHashes(const std::vector<std::string>& hex) {
+  std::vector<kvtier::BlockHash> out;
+  for (const std::string& h : hex) {
+    std::string bytes;
+    if (!kvtier::HexDecode(h, &bytes) || !kvtier::BlockHash::ValidSize(bytes.size())) {
+      return kvtier::InvalidArgument("'" + h + "' is not a block hash (32 or 64 hex digits)");
+    }
+    out.emplace_back(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  }
+  return out;
+}
+
+// lookup: where each block is; explain: and why it is not a hit.
+int Explain(kvtier::Client& c, const std::vector<std::string>& hex, const std::string& ns, bool verbose, bool as_json) {
+  auto hashes = ParseHashes(hex);
+  if (!hashes.ok()) {
+    std::fprintf(stderr, "kvctl: %s\n", hashes.status().message().c_str());
+    return 2;
+  }
+  const bool all_same_size = std::all_of(hashes->begin(), hashes->end(), [&](const kvtier::BlockHash& h) {
+    return h.size() == hashes->front().size();
+  });
+  if (!all_same_size) {
+    std::fprintf(stderr, "kvctl: every hash of one call must have the same size\n");
+    return 2;
+  }
+  auto r = c.Explain(*hashes, ns);
+  if (!r.ok()) return Die(verbose ? "explain" : "lookup", r.status());
+  if (as_json) {
+    json j = json::array();
+    for (size_t i = 0; i < r->size(); ++i) {
+      const auto& e = (*r)[i];
+      j.push_back(json{{"hash", hex[i]},
+                       {"state", std::string(StateName(e.state))},
+                       {"hit", e.state == kvtier::BlockExplanationInfo::State::kCached},
+                       {"tier", std::string(kvtier::TierKindName(e.tier))},
+                       {"on_nvme", e.on_nvme},
+                       {"writing", e.writing},
+                       {"namespace", e.namespace_id},
+                       {"tenant", e.tenant},
+                       {"model", e.model},
+                       {"seconds_ago", e.seconds_ago},
+                       {"detail", e.detail}});
+    }
+    std::cout << json{{"blocks", j}}.dump(2) << "\n";
+    return 0;
+  }
+  for (size_t i = 0; i < r->size(); ++i) {
+    const auto& e = (*r)[i];
+    using S = kvtier::BlockExplanationInfo::State;
+    const bool located = e.state == S::kCached || e.state == S::kInFlight;
+    if (!verbose) {
+      std::printf("%s  %-15s %-5s %s\n", hex[i].c_str(), std::string(StateName(e.state)).c_str(),
+                  located ? std::string(kvtier::TierKindName(e.tier)).c_str() : "-",
+                  e.namespace_id.empty() ? "" : ("namespace " + e.namespace_id + " (" + e.tenant + ")").c_str());
+    } else {
+      std::printf("%s\n  %s\n", hex[i].c_str(), e.detail.c_str());
+      if (!e.namespace_id.empty()) {
+        std::printf("  namespace %s: tenant '%s', model %s\n", e.namespace_id.c_str(), e.tenant.c_str(),
+                    e.model.c_str());
+      }
+    }
+  }
+  return 0;
+}
+
+int Blocks(kvtier::Client& c, const std::string& tier_name, const std::string& ns, bool by_recent, uint32_t limit,
+           bool as_json) {
+  std::optional<kvtier::TierKind> tier;
+  if (!tier_name.empty() && tier_name != "memory") {
+    tier = kvtier::ParseTierKind(tier_name);
+    if (!tier) {
+      std::fprintf(stderr, "kvctl: --tier must be gpu, host, nvme or memory (GPU and host)\n");
+      return 2;
+    }
+  }
+  auto r = c.Blocks(tier, ns, by_recent, limit);
+  if (!r.ok()) return Die("blocks", r.status());
+  if (as_json) {
+    json j = json::array();
+    for (const auto& b : *r) {
+      j.push_back(json{{"hash", b.hash.Hex()},
+                       {"namespace", b.namespace_id},
+                       {"tenant", b.tenant},
+                       {"model", b.model},
+                       {"tier", std::string(kvtier::TierKindName(b.tier))},
+                       {"on_nvme", b.on_nvme},
+                       {"bytes", b.bytes},
+                       {"hits", b.hits},
+                       {"refs", b.refs},
+                       {"idle_s", b.idle_s}});
+    }
+    std::cout << json{{"blocks", j}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-32s %-5s %5s %8s %5s %9s %10s  %-16s %s\n", "HASH", "TIER", "NVME", "HITS", "REFS", "IDLE", "BYTES",
+              "NAMESPACE", "TENANT");
+  for (const auto& b : *r) {
+    std::string h = b.hash.Hex();
+    if (h.size() > 32) h = h.substr(0, 29) + "...";
+    std::printf("%-32s %-5s %5s %8u %5u %9s %10s  %-16s %s\n", h.c_str(),
+                std::string(kvtier::TierKindName(b.tier)).c_str(), b.on_nvme ? "yes" : "-", b.hits, b.refs,
+                Duration(b.idle_s).c_str(), kvtier::FormatBytes(b.bytes).c_str(), b.namespace_id.c_str(),
+                b.tenant.c_str());
+  }
+  return 0;
+}
+
+int Evict(kvtier::Client& c, const std::string& tier_name, const std::string& bytes_text, bool as_json) {
+  auto tier = kvtier::ParseTierKind(tier_name);
+  auto bytes = kvtier::ParseBytes(bytes_text);
+  if (!tier || !bytes.ok()) {
+    std::fprintf(stderr, "kvctl: evict needs --tier gpu|host|nvme and --bytes N (e.g. 4GiB)\n");
+    return 2;
+  }
+  auto r = c.Evict(*tier, *bytes);
+  if (!r.ok()) return Die("evict", r.status());
+  if (as_json) {
+    std::cout << json{{"tier", tier_name}, {"blocks", r->blocks}, {"bytes", r->bytes}, {"demoting", r->demoting}}.dump(2)
+              << "\n";
+    return 0;
+  }
+  std::printf("evicted %llu blocks (%s) from the %s tier", static_cast<unsigned long long>(r->blocks),
+              kvtier::FormatBytes(r->bytes).c_str(), tier_name.c_str());
+  if (r->demoting) std::printf("; %llu still being written to NVMe", static_cast<unsigned long long>(r->demoting));
+  std::printf("\n");
+  if (r->bytes < *bytes) std::printf("(less than asked: the rest is referenced, in flight or reserved)\n");
+  return 0;
+}
+
+int Drain(kvtier::Client& c, bool resume, bool no_wait, double timeout_s, bool as_json) {
+  auto r = c.Drain(!resume);
+  if (!r.ok()) return Die("drain", r.status());
+  const auto start = std::chrono::steady_clock::now();
+  auto done = [](const kvtier::DrainResult& d) {
+    return d.gpu_blocks_left == 0 && d.host_blocks_unspilled == 0 && d.spills_in_flight == 0;
+  };
+  while (!resume && !no_wait && !done(*r) &&
+         std::chrono::steady_clock::now() - start < std::chrono::duration<double>(timeout_s)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    r = c.Drain(true, /*query=*/true);
+    if (!r.ok()) return Die("drain", r.status());
+  }
+  const bool complete = resume || done(*r);
+  if (as_json) {
+    std::cout << json{{"draining", r->draining},
+                      {"complete", complete},
+                      {"gpu_blocks_left", r->gpu_blocks_left},
+                      {"gpu_blocks_pinned", r->gpu_blocks_pinned},
+                      {"host_blocks_unspilled", r->host_blocks_unspilled},
+                      {"spills_in_flight", r->spills_in_flight}}
+                     .dump(2)
+              << "\n";
+  } else if (resume) {
+    std::printf("drain ended: GPU leases are granted again\n");
+  } else {
+    std::printf("draining: new GPU leases refused; %llu GPU blocks left to demote (%llu pinned by sessions), "
+                "%llu host blocks not yet on NVMe, %u writes in flight%s\n",
+                static_cast<unsigned long long>(r->gpu_blocks_left),
+                static_cast<unsigned long long>(r->gpu_blocks_pinned),
+                static_cast<unsigned long long>(r->host_blocks_unspilled), r->spills_in_flight,
+                complete ? "\ndrained: every cached block is on NVMe; a restart keeps them (kvctl drain --resume to undo)"
+                         : "");
+  }
+  return complete || no_wait ? 0 : 1;
+}
+
+// top: one screen of at most 80 x 24, redrawn every `interval_s`.
+std::string Bar(double fraction, int width) {
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  const int full = static_cast<int>(fraction * width + 0.5);
+  return "[" + std::string(static_cast<size_t>(full), '#') + std::string(static_cast<size_t>(width - full), '.') + "]";
+}
+
+std::string Rate(double bytes_per_s) { return kvtier::FormatBytes(static_cast<uint64_t>(bytes_per_s)) + "/s"; }
+
+void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std::string& socket) {
+  std::vector<std::string> lines;
+  char buf[256];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(buf, sizeof(buf), fmt, args...);
+    lines.emplace_back(std::string(buf).substr(0, 80));
+  };
+  auto per_s = [&](uint64_t now, uint64_t before) { return prev && dt > 0 ? static_cast<double>(now - before) / dt : 0.0; };
+  const uint64_t asked = s.block_hits + s.block_misses;
+  double recent = HitRatio(s);
+  if (prev && asked > prev->block_hits + prev->block_misses) {
+    recent = static_cast<double>(s.block_hits - prev->block_hits) /
+             static_cast<double>(asked - prev->block_hits - prev->block_misses);
+  }
+  add("kvtierd %s  up %s  %s", s.version.c_str(), Duration(s.uptime_s).c_str(), socket.c_str());
+  add("hit ratio %5.1f%% (last %.0fs %5.1f%%)  lookups %.0f/s  sessions %u%s", 100 * HitRatio(s), dt > 0 ? dt : 1.0,
+      100 * recent, per_s(s.lookups, prev ? prev->lookups : 0), s.session_count, s.draining ? "  DRAINING" : "");
+  add("%s", "");
+  add("%-5s %-32s %5s %17s %9s", "TIER", "USED", "", "USED / CAPACITY", "BLOCKS");
+  uint64_t gpu_page = 0, host_page = 0;
+  for (const auto& t : s.tiers) {
+    if (t.tier == kvtier::TierKind::kGpu) gpu_page = t.page_bytes;
+    if (t.tier == kvtier::TierKind::kHost) host_page = t.page_bytes;
+    const double used = t.capacity_pages ? static_cast<double>(t.capacity_pages - t.free_pages) / t.capacity_pages : 0;
+    const std::string amounts =
+        kvtier::FormatBytes(t.used_bytes()) + " / " + kvtier::FormatBytes(t.capacity_bytes());
+    add("%-5s %-32s %4.0f%% %17s %9llu", t.name.c_str(), Bar(used, 30).c_str(), 100 * used, amounts.c_str(),
+        static_cast<unsigned long long>(t.blocks));
+  }
+  add("%s", "");
+  add("%-14s %14s   %-14s %14s", "PATH", "RATE", "", "");
+  add("%-14s %14s   %-14s %10.1f/s", "gpu -> host", Rate(per_s(s.gpu_demotions, prev ? prev->gpu_demotions : 0) * gpu_page).c_str(),
+      "evictions", per_s(s.evictions, prev ? prev->evictions : 0));
+  add("%-14s %14s   %-14s %10.1f/s", "host -> nvme", Rate(per_s(s.spill_bytes, prev ? prev->spill_bytes : 0)).c_str(),
+      "refetch/evict", per_s(s.refetches_after_evict, prev ? prev->refetches_after_evict : 0));
+  add("%-14s %14s   %-14s %12u", "nvme -> host", Rate(per_s(s.fetch_bytes, prev ? prev->fetch_bytes : 0)).c_str(),
+      "fetch queue", s.pending_fetches);
+  add("checksum failures %llu   I/O errors %llu", static_cast<unsigned long long>(s.checksum_failures),
+      static_cast<unsigned long long>(s.io_errors));
+  (void)host_page;
+  add("%s", "");
+  add("%-5s %-14s %8s %-14s %7s %6s %9s", "ID", "ENGINE", "PID", "TENANT", "LEASED", "REFS", "REQ");
+  for (const auto& x : s.sessions) {
+    if (lines.size() >= 23) break;
+    add("%-5llu %-14s %8d %-14s %7u %6u %9llu", static_cast<unsigned long long>(x.id),
+        (x.control ? "(" + x.engine_name + ")" : x.engine_name).substr(0, 14).c_str(), x.pid,
+        x.tenant.substr(0, 14).c_str(), x.leased_pages, x.referenced_blocks,
+        static_cast<unsigned long long>(x.requests));
+  }
+  if (s.sessions.size() + 1 < s.session_count || lines.size() >= 23) add("  ... %u sessions in all", s.session_count);
+  std::string screen = "\x1b[H\x1b[2J";
+  for (size_t i = 0; i < lines.size() && i < 24; ++i) screen += lines[i] + (i + 1 < lines.size() ? "\n" : "");
+  std::fwrite(screen.data(), 1, screen.size(), stdout);
+  std::fflush(stdout);
+}
+
+int Top(kvtier::Client& c, const std::string& socket, double interval_s, int iterations, bool as_json) {
+  std::optional<DaemonStats> prev;
+  auto last = std::chrono::steady_clock::now();
+  for (int i = 0; iterations <= 0 || i < iterations; ++i) {
+    auto s = c.Stats(true);
+    if (!s.ok()) return Die("top", s.status());
+    const auto now = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(now - last).count();
+    last = now;
+    if (as_json) {
+      json j{{"hit_ratio", HitRatio(*s)}, {"sessions", s->session_count}, {"draining", s->draining},
+             {"pending_fetches", s->pending_fetches}, {"tiers", json::array()}};
+      if (prev && dt > 0) {
+        j["spill_bytes_per_s"] = static_cast<double>(s->spill_bytes - prev->spill_bytes) / dt;
+        j["fetch_bytes_per_s"] = static_cast<double>(s->fetch_bytes - prev->fetch_bytes) / dt;
+        j["lookups_per_s"] = static_cast<double>(s->lookups - prev->lookups) / dt;
+      }
+      for (const auto& t : s->tiers) j["tiers"].push_back(TierJson(t));
+      std::cout << j.dump() << "\n" << std::flush;
+    } else {
+      DrawTop(*s, prev ? &*prev : nullptr, prev ? dt : 0, socket);
+    }
+    prev = std::move(*s);
+    if (iterations <= 0 || i + 1 < iterations) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(interval_s));
+    }
+  }
+  if (!as_json) std::printf("\n");
+  return 0;
+}
+
+struct PlanFlags {
+  kvtier::PlanInput in;
+  std::string kv_dtype = "bf16", gpu_mem, host_mem, nvme, activation;
+};
+
+int Plan(PlanFlags f, bool as_json) {
+  using kvtier::FormatBytes;
+  for (auto [text, out, name] : {std::tuple{&f.gpu_mem, &f.in.gpu_mem_bytes, "--gpu-mem"},
+                                 std::tuple{&f.host_mem, &f.in.host_mem_bytes, "--host-mem"},
+                                 std::tuple{&f.nvme, &f.in.nvme_bytes, "--nvme"},
+                                 std::tuple{&f.activation, &f.in.activation_bytes, "--activation-reserve"}}) {
+    if (text->empty()) continue;
+    auto b = kvtier::ParseBytes(*text);
+    if (!b.ok()) {
+      std::fprintf(stderr, "kvctl plan: %s: %s\n", name, b.status().message().c_str());
+      return 2;
+    }
+    *out = *b;
+  }
+  if (!kvtier::ParseDType(f.kv_dtype, &f.in.kv_dtype)) {
+    std::fprintf(stderr, "kvctl plan: --kv-dtype: unknown dtype '%s' (bf16, fp16, fp8)\n", f.kv_dtype.c_str());
+    return 2;
+  }
+  auto r = kvtier::MakePlan(f.in);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvctl plan: %s\n", r.status().message().c_str());
+    return 2;
+  }
+  const kvtier::Plan& p = *r;
+  const auto& l = p.layout;
+  if (as_json) {
+    json j{{"model", l.model_id},
+           {"layout", l.ToString()},
+           {"num_layers", l.num_layers},
+           {"kv_heads", l.kv_heads},
+           {"head_dim", l.head_dim},
+           {"kv_dtype", std::string(kvtier::DTypeName(l.dtype))},
+           {"params_billion", p.params_billion},
+           {"weights", f.in.weights},
+           {"context_tokens", f.in.context_tokens},
+           {"concurrency", f.in.concurrency},
+           {"gpus", f.in.gpus},
+           {"kv_bytes_per_token", p.kv_bytes_per_token},
+           {"kv_bytes_per_sequence", p.kv_bytes_per_sequence},
+           {"kv_bytes_total", p.kv_bytes_total},
+           {"block_bytes", p.block_bytes},
+           {"weights_bytes", p.weights_bytes},
+           {"activation_bytes", p.activation_bytes},
+           {"gpu_usable_bytes", p.gpu_usable_bytes},
+           {"weights_fit", p.weights_fit},
+           {"gpu_kv_budget_bytes", p.gpu_kv_budget_bytes},
+           {"gpu_fraction", p.gpu_fraction},
+           {"offload_bytes", p.offload_bytes},
+           {"host_tier_bytes", p.host_tier_bytes},
+           {"nvme_tier_bytes", p.nvme_tier_bytes},
+           {"sequences_gpu", p.sequences_gpu},
+           {"sequences_gpu_host", p.sequences_gpu_host},
+           {"sequences_gpu_host_nvme", p.sequences_gpu_host_nvme},
+           {"kvtierd_config", p.kvtierd_config}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("model          %s\n", l.ToString().c_str());
+  std::printf("KV per token   %s = 2 x %u layers x %u KV heads x %u dims x %zu bytes (%s)\n",
+              FormatBytes(p.kv_bytes_per_token).c_str(), l.num_layers, l.kv_heads, l.head_dim,
+              kvtier::DTypeBytes(l.dtype), std::string(kvtier::DTypeName(l.dtype)).c_str());
+  std::printf("KV per seq     %s (%llu tokens)\n", FormatBytes(p.kv_bytes_per_sequence).c_str(),
+              static_cast<unsigned long long>(f.in.context_tokens));
+  std::printf("KV total       %s (%llu sequences)\n", FormatBytes(p.kv_bytes_total).c_str(),
+              static_cast<unsigned long long>(f.in.concurrency));
+  std::printf("GPU            %u x %s at %.0f%% = %s; weights %s (%s), activations %s\n", f.in.gpus,
+              FormatBytes(f.in.gpu_mem_bytes).c_str(), 100 * f.in.gpu_utilization,
+              FormatBytes(p.gpu_usable_bytes).c_str(), FormatBytes(p.weights_bytes).c_str(), f.in.weights.c_str(),
+              FormatBytes(p.activation_bytes).c_str());
+  if (!p.weights_fit) {
+    std::printf("               the weights do not fit: add GPUs (--gpus) or quantize them (--weights fp8)\n");
+  }
+  std::printf("GPU KV budget  %s: %llu of %llu sequences fit in GPU memory alone (%.1f%% of the KV)\n",
+              FormatBytes(p.gpu_kv_budget_bytes).c_str(), static_cast<unsigned long long>(p.sequences_gpu),
+              static_cast<unsigned long long>(f.in.concurrency), 100 * p.gpu_fraction);
+  std::printf("below the GPU  %s must live in host RAM or on NVMe: host %s, NVMe %s\n",
+              FormatBytes(p.offload_bytes).c_str(), FormatBytes(p.host_tier_bytes).c_str(),
+              FormatBytes(p.nvme_tier_bytes).c_str());
+  std::printf("sequences      GPU %llu, GPU + host %llu, GPU + host + NVMe %llu\n",
+              static_cast<unsigned long long>(p.sequences_gpu), static_cast<unsigned long long>(p.sequences_gpu_host),
+              static_cast<unsigned long long>(p.sequences_gpu_host_nvme));
+  std::printf("\n%s", p.kvtierd_config.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,7 +579,70 @@ int main(int argc, char** argv) {
   auto* sessions = app.add_subcommand("sessions", "Connected engines and control clients");
   auto* verify = app.add_subcommand(
       "verify", "Scrub the NVMe tier: read every indexed block, verify its checksum, drop those that fail");
-  for (auto* sub : {status, tiers, sessions, verify}) {
+  PlanFlags pf;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "Capacity planner (no daemon needed): KV bytes per token = 2 x layers x KV heads x head dim x\n"
+      "dtype bytes; the KV a load needs (context x concurrency), how much of it fits in GPU memory\n"
+      "beside the weights, how much must live in host RAM and on NVMe, and the kvtierd tiers for it.\n"
+      "Example: kvctl plan --model llama3.1-8b --context 131072 --concurrency 32 --gpu-mem 141GiB");
+  plan->add_option("--model", pf.in.model,
+                   "Preset: llama3.1-8b, llama3.1-70b, qwen2.5-7b, qwen2.5-72b, mistral-7b, mixtral-8x7b");
+  plan->add_option("--layers", pf.in.num_layers, "Explicit geometry: transformer layers");
+  plan->add_option("--kv-heads", pf.in.kv_heads, "Explicit geometry: KV heads (GQA/MQA: fewer than attention heads)");
+  plan->add_option("--head-dim", pf.in.head_dim, "Explicit geometry: head dimension");
+  plan->add_option("--params", pf.in.params_billion, "Weights, in billions of parameters (default: the preset's)");
+  plan->add_option("--kv-dtype", pf.kv_dtype, "KV cache element type: bf16 (default), fp16, fp8");
+  plan->add_option("--weights", pf.in.weights, "Weight precision: bf16 (default), fp16, fp8, int8, int4");
+  plan->add_option("--gpu-mem", pf.gpu_mem, "Memory of one GPU, e.g. 80GiB or 141GiB")->required();
+  plan->add_option("--gpus", pf.in.gpus, "GPUs the model is split over (tensor parallel); default 1");
+  plan->add_option("--gpu-utilization", pf.in.gpu_utilization,
+                   "Fraction of GPU memory the engine may use (vLLM's gpu_memory_utilization); default 0.90");
+  plan->add_option("--activation-reserve", pf.activation, "GPU memory kept for activations; default 5% (>= 1 GiB)");
+  plan->add_option("--context", pf.in.context_tokens, "Context length per sequence, tokens")->required();
+  plan->add_option("--concurrency", pf.in.concurrency, "Sequences in flight at once; default 1");
+  plan->add_option("--tokens-per-block", pf.in.tokens_per_block, "Tokens per KV block (kvtierd page); default 16");
+  plan->add_option("--host-mem", pf.host_mem, "Host RAM for the host tier; default: as much as needed");
+  plan->add_option("--nvme", pf.nvme, "NVMe for the NVMe tier; default: the rest");
+  plan->add_flag("--json", as_json, "Print JSON");
+  std::vector<std::string> hashes;
+  std::string ns, tier_name, bytes_text;
+  auto* lookup = app.add_subcommand("lookup", "Which tier holds each block (hashes in hex, as engines hash them)");
+  auto* explain = app.add_subcommand(
+      "explain",
+      "Why each block is or is not a hit: cached (where), being read from NVMe, evicted (from which tier\n"
+      "and when), stored under another namespace (another tenant, model or layout), or never stored");
+  for (auto* sub : {lookup, explain}) {
+    sub->add_option("hashes", hashes, "Block hashes, 32 or 64 hex digits each")->required();
+    sub->add_option("-n,--namespace", ns, "Only this namespace (the id kvctl sessions shows); default: all you may see");
+  }
+  auto* blocks = app.add_subcommand("blocks", "Top blocks by hits (or --recent) in a tier, optionally one namespace");
+  bool by_recent = false;
+  uint32_t limit = 20;
+  blocks->add_option("-t,--tier", tier_name, "gpu, host, nvme, or memory (GPU and host; the default)");
+  blocks->add_option("-n,--namespace", ns, "Only this namespace");
+  blocks->add_flag("--recent", by_recent, "Order by last use instead of hits");
+  blocks->add_option("--limit", limit, "How many (default 20)")->check(CLI::Range(1u, 65536u));
+  auto* evict = app.add_subcommand(
+      "evict", "Admin: evict cached blocks of a tier until N bytes are gone (GPU -> host -> NVMe as under\n"
+               "pressure; blocks with nowhere to go are dropped; referenced blocks and reserves stay)");
+  evict->add_option("-t,--tier", tier_name, "gpu, host or nvme")->required();
+  evict->add_option("-b,--bytes", bytes_text, "How much, e.g. 8GiB")->required();
+  auto* drain = app.add_subcommand(
+      "drain", "Admin, before maintenance: refuse new GPU leases, demote GPU blocks to host and write every\n"
+               "host block to NVMe, so a restart keeps the cache; waits until done. --resume ends it");
+  bool resume = false, no_wait = false;
+  double drain_timeout = 600;
+  drain->add_flag("--resume", resume, "End the drain: grant GPU leases again");
+  drain->add_flag("--no-wait", no_wait, "Start it and return");
+  drain->add_option("--timeout", drain_timeout, "Seconds to wait for it (default 600); exit 1 if not done");
+  auto* top = app.add_subcommand("top", "A live view (80x24, once a second): tier usage, hit ratio, bytes/s per path, "
+                                        "sessions, fetch queue. q or Ctrl-C quits");
+  double interval = 1.0;
+  int iterations = 0;
+  top->add_option("--interval", interval, "Seconds between screens (default 1)")->check(CLI::Range(0.05, 3600.0));
+  top->add_option("--iterations", iterations, "Screens to draw, then exit (default: until interrupted)");
+  for (auto* sub : {status, tiers, sessions, verify, lookup, explain, blocks, evict, drain, top}) {
     sub->add_option("-s,--socket", socket, "kvtierd's Unix socket");
     sub->add_flag("--json", as_json, "Print JSON");
   }
@@ -202,6 +651,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (plan->parsed()) return Plan(pf, as_json);
 
   kvtier::ClientOptions o;
   o.control = true;
@@ -213,6 +663,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvctl: %s\n", client.status().message().c_str());
     return 1;
   }
+  kvtier::Client& c = **client;
+  if (lookup->parsed() || explain->parsed()) return Explain(c, hashes, ns, explain->parsed(), as_json);
+  if (blocks->parsed()) return Blocks(c, tier_name, ns, by_recent, limit, as_json);
+  if (evict->parsed()) return Evict(c, tier_name, bytes_text, as_json);
+  if (drain->parsed()) return Drain(c, resume, no_wait, drain_timeout, as_json);
+  if (top->parsed()) return Top(c, o.socket_path, interval, iterations, as_json);
   if (verify->parsed()) {
     auto v = (*client)->Verify();
     if (!v.ok()) {

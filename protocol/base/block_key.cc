@@ -48,6 +48,37 @@ std::string EncodeNamespace(std::string_view tenant, std::string_view model_fing
   return out;
 }
 
+namespace {
+bool GetVarint(std::string_view* in, uint64_t* v) {
+  *v = 0;
+  for (int shift = 0; shift < 64 && !in->empty(); shift += 7) {
+    const auto byte = static_cast<uint8_t>(in->front());
+    in->remove_prefix(1);
+    *v |= uint64_t{byte & 0x7fu} << shift;
+    if ((byte & 0x80) == 0) return true;
+  }
+  return false;
+}
+bool GetField(std::string_view* in, std::string_view* field) {
+  uint64_t n = 0;
+  if (!GetVarint(in, &n) || n > in->size()) return false;
+  *field = in->substr(0, n);
+  in->remove_prefix(n);
+  return true;
+}
+}  // namespace
+
+bool DecodeBlockKey(std::string_view key, std::string* tenant, std::string* model_fingerprint,
+                    std::string* encoded_namespace, BlockHash* hash) {
+  std::string_view rest = key, t, m;
+  if (!GetField(&rest, &t) || !GetField(&rest, &m) || !BlockHash::ValidSize(rest.size())) return false;
+  if (tenant) *tenant = std::string(t);
+  if (model_fingerprint) *model_fingerprint = std::string(m);
+  if (encoded_namespace) *encoded_namespace = std::string(key.substr(0, key.size() - rest.size()));
+  if (hash) *hash = BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(rest.data()), rest.size()));
+  return true;
+}
+
 std::string EncodeBlockKey(std::string_view encoded_namespace, const BlockHash& hash) {
   std::string out(encoded_namespace);
   auto b = hash.bytes();

@@ -56,6 +56,10 @@ std::string EncodeNamespace(std::string_view tenant, std::string_view model_fing
 
 // Index key: namespace ‖ hash (the namespace is self-delimiting).
 std::string EncodeBlockKey(std::string_view encoded_namespace, const BlockHash& hash);
+// The inverse: false unless `key` is an encoded namespace followed by a 16- or 32-byte
+// hash. Outputs may be null.
+bool DecodeBlockKey(std::string_view key, std::string* tenant, std::string* model_fingerprint,
+                    std::string* encoded_namespace, BlockHash* hash);
 
 // Lower-case hex of bytes; HexDecode accepts either case. HexDecode returns false on odd
 // length or a non-hex digit.

@@ -73,7 +73,9 @@ TEST(Trace, GeneratedShapesAreDeterministicPerSeed) {
       differs = differs || a->requests[i].hash_ids != c->requests[i].hash_ids;
     }
     EXPECT_TRUE(same) << shape;
-    if (shape != "scan") EXPECT_TRUE(differs) << shape;  // a scan has no randomness
+    if (shape != "scan") {
+      EXPECT_TRUE(differs) << shape;  // a scan has no randomness
+    }
     // Shapes with reuse reuse; a scan never does.
     EXPECT_EQ(a->unique_blocks == a->total_blocks, shape == "scan") << shape;
   }
