@@ -257,6 +257,13 @@ void Daemon::RegisterMetrics() {
   m.AddCounterFn("kvtier_quota_refusals_total",
                  "Allocate requests refused because the tenant was at its quota of the tier.", {},
                  [cache] { return cache->counters().quota_refusals; });
+  m.AddCounterFn("kvtier_refetches_after_evict_total",
+                 "Blocks committed again while the eviction history (the last 16384 blocks whose last copy "
+                 "left the cache) remembered them: engines recomputed what the cache had evicted. Its rate over "
+                 "kvtier_lookup_blocks_total is the thrash ratio.",
+                 {}, [cache] { return cache->counters().refetches_after_evict; });
+  m.AddGaugeFn("kvtier_draining", "1 while a maintenance drain (kvctl drain) refuses new GPU leases.", {},
+               [cache] { return cache->draining() ? 1.0 : 0.0; });
   m.AddGaugeFn("kvtier_sessions", "Connected sessions (engines and control clients).", {},
                [server] { return static_cast<double>(server->session_count()); });
   m.AddCounterFn("kvtier_sessions_opened_total", "Connections accepted.", {},
