@@ -133,11 +133,11 @@ TEST_P(IoEngineTest, FaultInjectionFailsExactlyTheNthRequest) {
   auto faults = ParseIoFaults("write:2:enospc,read:1:short");
   ASSERT_TRUE(faults.ok());
   FaultInjectionIoEngine f(std::move(engine_), *faults);
-  AlignedBuffer buf(4096 * 4);
+  AlignedBuffer buf(4096 * 4), into(4096 * 4);  // the read must not land in what is being written
   for (uint64_t i = 0; i < 3; ++i) {
     ASSERT_TRUE(f.Enqueue({IoOp::kWrite, fd_, i * 4096, buf.data, 4096, -1, i}).ok());
   }
-  ASSERT_TRUE(f.Enqueue({IoOp::kRead, fd_, 0, buf.data, 8192, -1, 10}).ok());
+  ASSERT_TRUE(f.Enqueue({IoOp::kRead, fd_, 0, into.data, 8192, -1, 10}).ok());
   ASSERT_TRUE(f.Submit().ok());
   std::vector<IoCompletion> c;
   for (int i = 0; i < 500 && c.size() < 4; ++i) {
