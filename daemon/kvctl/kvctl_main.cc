@@ -417,7 +417,7 @@ void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std
   add("%-14s %14s   %-14s %10.1f/s", "gpu -> host", Rate(per_s(s.gpu_demotions, prev ? prev->gpu_demotions : 0) * gpu_page).c_str(),
       "evictions", per_s(s.evictions, prev ? prev->evictions : 0));
   add("%-14s %14s   %-14s %10.1f/s", "host -> nvme", Rate(per_s(s.spill_bytes, prev ? prev->spill_bytes : 0)).c_str(),
-      "refetch/evict", per_s(s.refetches_after_evict, prev ? prev->refetches_after_evict : 0));
+      "refetched", per_s(s.refetches_after_evict, prev ? prev->refetches_after_evict : 0));
   add("%-14s %14s   %-14s %12u", "nvme -> host", Rate(per_s(s.fetch_bytes, prev ? prev->fetch_bytes : 0)).c_str(),
       "fetch queue", s.pending_fetches);
   add("checksum failures %llu   I/O errors %llu", static_cast<unsigned long long>(s.checksum_failures),
@@ -425,14 +425,16 @@ void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std
   (void)host_page;
   add("%s", "");
   add("%-5s %-14s %8s %-14s %7s %6s %9s", "ID", "ENGINE", "PID", "TENANT", "LEASED", "REFS", "REQ");
+  size_t drawn = 0;
   for (const auto& x : s.sessions) {
     if (lines.size() >= 23) break;
+    ++drawn;
     add("%-5llu %-14s %8d %-14s %7u %6u %9llu", static_cast<unsigned long long>(x.id),
         (x.control ? "(" + x.engine_name + ")" : x.engine_name).substr(0, 14).c_str(), x.pid,
         x.tenant.substr(0, 14).c_str(), x.leased_pages, x.referenced_blocks,
         static_cast<unsigned long long>(x.requests));
   }
-  if (s.sessions.size() + 1 < s.session_count || lines.size() >= 23) add("  ... %u sessions in all", s.session_count);
+  if (drawn < s.sessions.size()) add("  ... %u sessions in all", s.session_count);
   std::string screen = "\x1b[H\x1b[2J";
   for (size_t i = 0; i < lines.size() && i < 24; ++i) screen += lines[i] + (i + 1 < lines.size() ? "\n" : "");
   std::fwrite(screen.data(), 1, screen.size(), stdout);

@@ -24,7 +24,14 @@ const char* const kLayout[] = {
     "/usr/share/doc/kvtier/monitoring/alerts.yml", "/usr/share/doc/kvtier/monitoring/grafana-kvtier.json",
 };
 
+// The layout above is the packaged one, with the project's default prefix /usr.
+#define KVTIER_SKIP_UNLESS_PREFIX_USR()                                                   \
+  if (std::string(KVTIER_INSTALL_PREFIX) != "/usr") {                                     \
+    GTEST_SKIP() << "configured with CMAKE_INSTALL_PREFIX=" KVTIER_INSTALL_PREFIX ", not /usr"; \
+  }
+
 TEST(Packaging, CmakeInstallLaysOutBinariesUnitConfigAndDocs) {
+  KVTIER_SKIP_UNLESS_PREFIX_USR();
   TempDir root;
   CmdResult r = Sh("DESTDIR=" + root.path() + " cmake --install " + kBuild);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -38,6 +45,7 @@ TEST(Packaging, CmakeInstallLaysOutBinariesUnitConfigAndDocs) {
 }
 
 TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
+  KVTIER_SKIP_UNLESS_PREFIX_USR();
   TempDir out, root;
   CmdResult p = Sh("cd " + kBuild + " && cpack -G DEB -B " + out.path());
   ASSERT_EQ(p.code, 0) << p.out;
@@ -50,6 +58,8 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
   }
   CmdResult conf = Sh("dpkg-deb --ctrl-tarfile " + deb + " | tar -xO ./conffiles");
   EXPECT_NE(conf.out.find("/etc/kvtier/kvtierd.yaml"), std::string::npos) << "the config must survive upgrades";
+  CmdResult post = Sh("dpkg-deb --ctrl-tarfile " + deb + " | tar -xO ./postinst");
+  EXPECT_NE(post.out.find("systemd-sysusers kvtier.conf"), std::string::npos) << post.out;
   // dpkg --root would also run maintainer scripts against that root; unpacking is the same
   // file layout without needing a dpkg database there.
   CmdResult x = Sh("dpkg-deb -x " + deb + " " + root.path());

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -27,6 +28,54 @@ TEST(Kvtierd, VersionAndDefaultConfig) {
   std::ofstream(dir.File("d.yaml")) << d.out;
   CmdResult c = Sh(BinaryPath("kvtierd") + " --check-config --config " + dir.File("d.yaml"));
   EXPECT_EQ(c.code, 0) << c.out;
+}
+
+// docs/operations.md's config reference is --print-default-config, key for key: every key
+// with its default, and no key the daemon does not have.
+TEST(Kvtierd, TheOperationsGuideDocumentsEveryConfigKeyWithItsDefault) {
+  CmdResult d = Sh(BinaryPath("kvtierd") + " --print-default-config");
+  ASSERT_EQ(d.code, 0);
+  std::map<std::string, std::string> keys;  // dotted path -> default as printed
+  std::vector<std::pair<size_t, std::string>> stack;  // (indent, section)
+  std::istringstream in(d.out);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos || line[indent] == '#') continue;
+    const size_t colon = line.find(':', indent);
+    if (colon == std::string::npos) continue;
+    while (!stack.empty() && stack.back().first >= indent) stack.pop_back();
+    const std::string key = line.substr(indent, colon - indent);
+    const std::string value = colon + 1 < line.size() ? line.substr(line.find_first_not_of(' ', colon + 1)) : "";
+    if (value.empty()) {
+      stack.emplace_back(indent, key);
+      continue;
+    }
+    std::string path;
+    for (const auto& [i, s] : stack) path += s + ".";
+    keys[path + key] = value;
+  }
+  ASSERT_GE(keys.size(), 30u);
+  std::ifstream f(std::string(KVTIER_SOURCE_DIR) + "/docs/operations.md");
+  std::stringstream doc;
+  doc << f.rdbuf();
+  const std::string text = doc.str();
+  for (const auto& [k, v] : keys) {
+    EXPECT_NE(text.find("| `" + k + "` | `" + v + "` |"), std::string::npos)
+        << "docs/operations.md lacks the row for " << k << " (default " << v << ")";
+  }
+  // Rows for keys that no longer exist.
+  std::istringstream rows(text);
+  int documented = 0;
+  while (std::getline(rows, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const std::string k = line.substr(3, line.find('`', 3) - 3);
+    if (k.find('.') == std::string::npos && k != "data_dir" && k != "log_level") continue;  // other tables
+    if (k.find(' ') != std::string::npos) continue;
+    ++documented;
+    EXPECT_TRUE(keys.count(k)) << "docs/operations.md documents '" << k << "', which kvtierd does not have";
+  }
+  EXPECT_EQ(documented, static_cast<int>(keys.size()));
 }
 
 TEST(Kvtierd, BadConfigIsRefusedAtStartNamingTheKey) {
