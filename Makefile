@@ -35,7 +35,7 @@ test-tsan: deps
 sanitized:
 	@if [ ! -f $(SAN_BUILD)/build.ninja ]; then \
 	  cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_SANITIZE=$(SAN) \
-	    -DKVTIER_WITH_CUDA=off $(CMAKE_ARGS); fi
+	    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DKVTIER_WITH_CUDA=off $(CMAKE_ARGS); fi
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \

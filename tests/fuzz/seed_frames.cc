@@ -98,6 +98,26 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedStreams() {
     out.emplace_back("control", s);
   }
   {
+    // The operator requests of kvctl: explain, blocks, evict, drain.
+    std::vector<uint8_t> s = Frame(1, fb::Op::Hello, [](Builder& b) {
+      return fb::CreateHello(b, kProtocolMajor, 0, fb::Role::Control, b.CreateString("kvctl"));
+    });
+    Append(s, Frame(2, fb::Op::Explain, [&](Builder& b) {
+      return fb::CreateExplain(b, HashesToWire(b, chain), b.CreateString(""));
+    }));
+    Append(s, Frame(3, fb::Op::Blocks, [](Builder& b) {
+      return fb::CreateBlocks(b, fb::Tier::None, b.CreateString(""), fb::BlockOrder::Hits, 20);
+    }));
+    Append(s, Frame(4, fb::Op::Blocks, [](Builder& b) {
+      return fb::CreateBlocks(b, fb::Tier::Host, b.CreateString("0123456789abcdef"), fb::BlockOrder::Recent, 5);
+    }));
+    Append(s, Frame(5, fb::Op::Evict, [](Builder& b) { return fb::CreateEvict(b, fb::Tier::Host, 1 << 20); }));
+    Append(s, Frame(6, fb::Op::Drain, [](Builder& b) { return fb::CreateDrain(b, true, false); }));
+    Append(s, Frame(7, fb::Op::Drain, [](Builder& b) { return fb::CreateDrain(b, true, true); }));
+    Append(s, Frame(8, fb::Op::Drain, [](Builder& b) { return fb::CreateDrain(b, false, false); }));
+    out.emplace_back("operator", s);
+  }
+  {
     std::vector<uint8_t> s;
     for (const auto& f : {EngineHelloFrame(1), alloc(2, 8), alloc(3, 100000), commit(4), commit(5), release(6)}) Append(s, f);
     out.emplace_back("errors", s);
