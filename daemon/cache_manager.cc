@@ -448,6 +448,18 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
   return Evicted::kDropped;
 }
 
+TenantId CacheManager::LargestCachedTenant(const Tier& tier) const {
+  TenantId worst = kNoOwner;
+  uint32_t most = 0;
+  for (TenantId t = 0; t < tier.cached_by_tenant.size(); ++t) {
+    if (tier.cached_by_tenant[t] > most && AboveReserve(tier, t)) {
+      most = tier.cached_by_tenant[t];
+      worst = t;
+    }
+  }
+  return worst;
+}
+
 void CacheManager::EnforceWatermark(TierKind kind) {
   Tier& tier = T(kind);
   if (!tier.pool) return;
@@ -462,16 +474,7 @@ void CacheManager::EnforceWatermark(TierKind kind) {
     tier.draining = true;
   }
   while (projected() > tier.low * cap) {
-    // The tenant with the largest cached footprint gives first; none gives below its
-    // reserve.
-    TenantId worst = kNoOwner;
-    uint32_t most = 0;
-    for (TenantId t = 0; t < tier.cached_by_tenant.size(); ++t) {
-      if (tier.cached_by_tenant[t] > most && AboveReserve(tier, t)) {
-        most = tier.cached_by_tenant[t];
-        worst = t;
-      }
-    }
+    const TenantId worst = LargestCachedTenant(tier);
     if (worst == kNoOwner) break;
     const Evicted e = EvictOne(kind, worst);
     if (e == Evicted::kBusy) return;  // resumes as spills complete

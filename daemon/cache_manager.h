@@ -471,6 +471,9 @@ class CacheManager {
   }
   // Whether eviction on behalf of someone else (or of the watermark) may take from `t`.
   bool AboveReserve(const Tier& tier, TenantId t) const { return tier.pool->UsedBy(t) > ReservePages(tier, t); }
+  // The tenant with the most cached pages that is above its reserve (who gives first
+  // under pressure), or kNoOwner.
+  TenantId LargestCachedTenant(const Tier& tier) const;
   std::vector<std::string> tenant_names_;  // by TenantId
 
   Options options_;

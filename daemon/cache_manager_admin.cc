@@ -224,15 +224,7 @@ EvictReport CacheManager::Evict(TierKind kind, uint64_t bytes) {
   Tier& tier = T(kind);
   const uint64_t page = tier.pool->page_bytes();
   while (r.bytes < bytes) {
-    // The tenant with the most cached pages gives first; none below its reserve.
-    TenantId worst = kNoOwner;
-    uint32_t most = 0;
-    for (TenantId t = 0; t < tier.cached_by_tenant.size(); ++t) {
-      if (tier.cached_by_tenant[t] > most && AboveReserve(tier, t)) {
-        most = tier.cached_by_tenant[t];
-        worst = t;
-      }
-    }
+    const TenantId worst = LargestCachedTenant(tier);
     if (worst == kNoOwner) break;
     const Evicted e = EvictOne(kind, worst);
     if (e == Evicted::kNone || e == Evicted::kBusy) break;

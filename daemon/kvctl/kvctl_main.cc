@@ -571,6 +571,23 @@ int main(int argc, char** argv) {
       "$KVTIER_SOCKET, else ./var/kvtierd.sock (kvtierd's embedded default), so both work\n"
       "from the same directory with no flags. Exit status: 0 on success, 1 when the daemon\n"
       "does not answer or refuses, 2 on a usage error."};
+  app.footer(
+      "\nEXAMPLES\n"
+      "  kvctl status                         is it up, how full, is it hitting\n"
+      "  kvctl top                            watch it live (Ctrl-C quits)\n"
+      "  kvctl sessions                       which engines, tenants and namespaces\n"
+      "  kvctl explain --namespace NS HASH    why this prompt's first block misses\n"
+      "  kvctl blocks --tier nvme --limit 10  the hottest blocks on NVMe\n"
+      "  kvctl drain && systemctl restart kvtierd   upgrade keeping the cache\n"
+      "  kvctl plan --model llama3.1-70b --gpus 4 --gpu-mem 80GiB --context 32768 --concurrency 64\n"
+      "\nENVIRONMENT\n"
+      "  KVTIER_SOCKET   the socket when --socket is not given\n"
+      "\nPERMISSIONS\n"
+      "  Anyone who may open the socket reads status, tiers, top, blocks, lookup and explain for\n"
+      "  their own tenant. verify, evict, drain and other tenants' sessions need root, the\n"
+      "  daemon's uid or a uid in security.admin_uids.\n"
+      "\nSEE ALSO\n"
+      "  kvtierd --help, /usr/share/doc/kvtier/operations.md");
   app.require_subcommand(1);
   std::string socket;
   bool as_json = false;
@@ -639,7 +656,7 @@ int main(int argc, char** argv) {
   drain->add_flag("--no-wait", no_wait, "Start it and return");
   drain->add_option("--timeout", drain_timeout, "Seconds to wait for it (default 600); exit 1 if not done");
   auto* top = app.add_subcommand("top", "A live view (80x24, once a second): tier usage, hit ratio, bytes/s per path, "
-                                        "sessions, fetch queue. q or Ctrl-C quits");
+                                        "sessions, fetch queue. Ctrl-C quits");
   double interval = 1.0;
   int iterations = 0;
   top->add_option("--interval", interval, "Seconds between screens (default 1)")->check(CLI::Range(0.05, 3600.0));
