@@ -97,6 +97,11 @@ Status TierBytesMap(const std::string& path, const YAML::Node& n, TierBytes* out
     if (!field) return InvalidArgument("config key '" + path + "." + tier + "' is unknown (host, gpu, nvme)");
     auto b = ParseBytes(kv.second.IsScalar() ? kv.second.Scalar() : std::string());
     if (!b.ok()) return Bad(path + "." + tier, b.status().message());
+    if (tier == "nvme" && *b != 0) {
+      // Refused rather than ignored: a limit the daemon does not keep would be a lie.
+      return Bad(path + ".nvme", "per-tenant NVMe quotas and reserves are not enforced yet (the NVMe tier is "
+                                 "one LRU shared by all tenants; namespaces still keep them apart); leave it 0");
+    }
     *field = *b;
   }
   return Status::Ok();
@@ -202,9 +207,9 @@ const std::vector<Key>& Keys() {
        }},
       {"security.tenants", "[]",
        "Tenants by peer identity. Blocks are shared only within a tenant (and model). E.g. "
-       "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, nvme: 200GiB}, "
+       "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, gpu: 20GiB}, "
        "reserve: {host: 2GiB}}]: quota is the most the tenant may hold per tier; reserve "
-       "is what other tenants can never push it below.",
+       "is what other tenants can never push it below (host and GPU; NVMe: not yet).",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          const std::string key = "security.tenants";
          if (n.IsNull()) return Status::Ok();

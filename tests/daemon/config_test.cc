@@ -90,6 +90,9 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"security:\n  tenants: [{name: a, uids: [1], reserve: {host: 512MiB}}, {name: b, uids: [2], reserve: {host: 512MiB}}]\n",
        "security.tenants"},
       {"security:\n  unknown_quota: {host: 1GiB, ssd: 1}\n", "security.unknown_quota.ssd"},
+      // NVMe limits are refused, not silently ignored: the NVMe tier does not keep them.
+      {"security:\n  tenants: [{name: a, uids: [1], quota: {nvme: 10GiB}}]\n", "security.tenants[0].quota.nvme"},
+      {"security:\n  unknown_quota: {nvme: 1GiB}\n", "security.unknown_quota.nvme"},
   };
   for (const Case& c : cases) {
     auto r = ParseConfig(c.yaml);
@@ -122,7 +125,7 @@ TEST(Config, SecurityKeysParse) {
       "security:\n  allow_unknown: false\n  admin_uids: [1000, 1001]\n"
       "  unknown_quota: {host: 64MiB}\n"
       "  tenants:\n"
-      "    - {name: org_a, uids: [2000, 2001], quota: {host: 256MiB, nvme: 10GiB}, reserve: {host: 64MiB}}\n"
+      "    - {name: org_a, uids: [2000, 2001], quota: {host: 256MiB, gpu: 1GiB}, reserve: {host: 64MiB}}\n"
       "    - {name: org-b.prod, gids: [3000]}\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->socket_group, "kvtier");
@@ -136,8 +139,8 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_EQ(a.name, "org_a");
   EXPECT_EQ(a.uids, (std::vector<uint32_t>{2000, 2001}));
   EXPECT_EQ(a.quota.host, 256ull << 20);
-  EXPECT_EQ(a.quota.nvme, 10ull << 30);
-  EXPECT_EQ(a.quota.gpu, 0u);
+  EXPECT_EQ(a.quota.gpu, 1ull << 30);
+  EXPECT_EQ(a.quota.nvme, 0u);
   EXPECT_EQ(a.reserve.host, 64ull << 20);
   EXPECT_EQ(c->security.tenants[1].gids, (std::vector<uint32_t>{3000}));
   // The defaults: anyone may connect, as their own tenant; no TTL.
