@@ -504,7 +504,17 @@ int RunSoakBench(const BenchArgs& args) {
       metrics_url = s->metrics_url;
     }
   }
-  const int fds_before = OpenNonFileFds(pid);
+  // The daemon closes a finished connection's socket and pidfd when it reads the EOF, a
+  // moment after the client has gone: count once the number settles.
+  auto settled_fds = [pid](int at_most) {
+    int n = OpenNonFileFds(pid);
+    for (int i = 0; i < 60 && (n > at_most || n != OpenNonFileFds(pid)); ++i) {
+      ::usleep(50'000);
+      n = OpenNonFileFds(pid);
+    }
+    return n;
+  };
+  const int fds_before = settled_fds(INT32_MAX);
 
   // Engine processes, forked while this process is single-threaded; one that died by
   // SIGKILL (with pages leased) is replaced by a new one until the deadline. Memory is
@@ -620,7 +630,7 @@ int RunSoakBench(const BenchArgs& args) {
       if (!drained) ::usleep(10'000);
     }
   }
-  const int fds_after = OpenNonFileFds(pid);
+  const int fds_after = settled_fds(fds_before);
 
   // RSS bounded: the peak of the last quarter of the run against the peak of its second
   // quarter (after warm-up: pools touched), not counting the index's caches and memtables,
