@@ -140,13 +140,15 @@ void CacheManager::ReleaseNamespace(NamespaceId ns) {
   }
 }
 
-std::string CacheManager::NamespaceHex(NamespaceId ns) const {
-  if (ns >= namespaces_.size()) return "";
-  const std::string& e = namespaces_[ns].encoded;
-  uint64_t h = XXH3_64bits(e.data(), e.size());
+std::string CacheManager::NamespaceHexOf(std::string_view encoded) {
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(encoded.data(), encoded.size())));
   return buf;
+}
+
+std::string CacheManager::NamespaceHex(NamespaceId ns) const {
+  return ns < namespaces_.size() ? NamespaceHexOf(namespaces_[ns].encoded) : std::string();
 }
 
 Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout) {
@@ -587,22 +589,17 @@ void CacheManager::PumpWriteThrough() {
 }
 
 void CacheManager::OnNvmeDropped(const std::string& key, uint32_t slot) {
-  // The key is namespace ‖ hash, hashes being 16 or 32 bytes.
-  for (size_t hash_bytes : {16u, 32u}) {
-    if (key.size() <= hash_bytes) continue;
-    auto ns = namespace_ids_.find(key.substr(0, key.size() - hash_bytes));
-    if (ns == namespace_ids_.end()) continue;
-    const BlockHash h(std::span<const uint8_t>(
-        reinterpret_cast<const uint8_t*>(key.data()) + key.size() - hash_bytes, hash_bytes));
-    const BlockId id = FindBlock(ns->second, h);
-    // Only that copy: the block may have been spilled again, to another slot.
-    if (id != kNoBlock && blocks_[id].page[TierIndex(TierKind::kNvme)] == slot) {
-      blocks_[id].page[TierIndex(TierKind::kNvme)] = kNoPage;
-    }
-    if (id == kNoBlock) RememberEviction(key, TierKind::kNvme);  // its last copy
+  std::string encoded;
+  BlockHash h;
+  const auto ns = DecodeBlockKey(key, nullptr, nullptr, &encoded, &h) ? namespace_ids_.find(encoded)
+                                                                       : namespace_ids_.end();
+  const BlockId id = ns == namespace_ids_.end() ? kNoBlock : FindBlock(ns->second, h);
+  if (id == kNoBlock) {
+    RememberEviction(key, TierKind::kNvme);  // that was its last copy
     return;
   }
-  RememberEviction(key, TierKind::kNvme);  // no session or block of its namespace here
+  // Only that copy: the block may have been spilled again, to another slot.
+  if (blocks_[id].page[TierIndex(TierKind::kNvme)] == slot) blocks_[id].page[TierIndex(TierKind::kNvme)] = kNoPage;
 }
 
 // ---- promotion ---------------------------------------------------------------------

@@ -318,8 +318,9 @@ class CacheManager {
   const CacheCounters& counters() const { return counters_; }
   double high_watermark(TierKind t) const { return tiers_[TierIndex(t)].high; }
   double low_watermark(TierKind t) const { return tiers_[TierIndex(t)].low; }
-  // Hex id of a namespace, for display.
+  // Hex id of a namespace, for display (of an encoded namespace: NamespaceHexOf).
   std::string NamespaceHex(NamespaceId ns) const;
+  static std::string NamespaceHexOf(std::string_view encoded);
   size_t namespace_count() const { return namespaces_.size(); }
 
   // kInternal describing the first broken accounting identity, if any.
@@ -377,6 +378,7 @@ class CacheManager {
   struct EvictionRecord {
     TierKind tier;
     int64_t at_ns;
+    uint64_t seq;  // its place in evicted_order_
   };
   static constexpr size_t kEvictionHistory = 16384;
   void RememberEviction(const std::string& key, TierKind tier);
@@ -501,7 +503,8 @@ class CacheManager {
   uint64_t next_quarantine_ = 1;
   CacheCounters counters_;
   std::unordered_map<std::string, EvictionRecord> evicted_;  // block key -> its eviction
-  std::deque<std::string> evicted_order_;
+  std::deque<std::pair<std::string, uint64_t>> evicted_order_;  // oldest first; stale entries skipped
+  uint64_t next_eviction_seq_ = 0;
   bool draining_ = false;
 };
 

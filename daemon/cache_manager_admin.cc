@@ -1,7 +1,6 @@
 // CacheManager's operator operations (kvctl explain, blocks, evict, drain) and the
 // eviction history they and the thrash counter read. Same class as cache_manager.cc, same
 // rules: control thread only, nothing blocks.
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -10,13 +9,6 @@
 
 namespace kvtier {
 namespace {
-
-std::string NamespaceHexOf(std::string_view encoded) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(encoded.data(), encoded.size())));
-  return buf;
-}
 
 std::string Ago(double s) {
   char buf[64];
@@ -29,14 +21,17 @@ std::string Ago(double s) {
 }  // namespace
 
 void CacheManager::RememberEviction(const std::string& key, TierKind tier) {
-  auto [it, added] = evicted_.insert_or_assign(key, EvictionRecord{tier, clock_->NowNanos()});
-  if (!added) return;  // already queued; its time and tier are updated in place
-  evicted_order_.push_back(key);
-  while (evicted_order_.size() > kEvictionHistory) {
-    evicted_.erase(evicted_order_.front());
+  // A key evicted again (or refetched and dropped from the map) gets a new place; its old
+  // place in the order is skipped when it comes up.
+  const uint64_t seq = next_eviction_seq_++;
+  evicted_.insert_or_assign(key, EvictionRecord{tier, clock_->NowNanos(), seq});
+  evicted_order_.emplace_back(key, seq);
+  while (evicted_.size() > kEvictionHistory || evicted_order_.size() > 2 * kEvictionHistory) {
+    auto& [old, old_seq] = evicted_order_.front();
+    auto it = evicted_.find(old);
+    if (it != evicted_.end() && it->second.seq == old_seq) evicted_.erase(it);
     evicted_order_.pop_front();
   }
-  (void)it;
 }
 
 bool CacheManager::Visible(NamespaceId ns, std::string_view ns_hex, const std::string* tenant) const {
@@ -239,17 +234,7 @@ EvictReport CacheManager::Evict(TierKind kind, uint64_t bytes) {
 void CacheManager::SetDrain(bool on) {
   if (draining_ == on) return;
   draining_ = on;
-  if (!on) return;
-  // Every host block without an NVMe copy gets one (kept in host: it is still served).
-  if (nvme_) {
-    for (BlockId id = 0; id < blocks_.size(); ++id) {
-      const Block& b = blocks_[id];
-      if (b.live && b.page[TierIndex(TierKind::kHost)] != kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
-        write_through_queue_.emplace_back(id, b.gen);
-      }
-    }
-  }
-  DrainStep();
+  if (on) DrainStep();
 }
 
 void CacheManager::DrainStep() {
@@ -265,7 +250,8 @@ void CacheManager::DrainStep() {
       }
     }
   }
-  // Host blocks that arrived since (from the GPU, or new commits) are written to NVMe too.
+  // Every host block without an NVMe copy gets one (kept in host: it is still served);
+  // once the queue is through, blocks that arrived since (from the GPU, new commits).
   if (nvme_ && write_through_queue_.empty()) {
     for (BlockId id = 0; id < blocks_.size(); ++id) {
       const Block& b = blocks_[id];

@@ -94,16 +94,21 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     KVTIER_LOG(WARNING) << "cannot write pid to " << lock_path;
   }
 
+  // A pool tier as configured; GPU pages have the host tier's size (a block moves between them).
+  auto tier_options = [&config](const PoolTierConfig& c) {
+    TierOptions t;
+    t.enabled = c.enabled;
+    t.capacity_bytes = c.capacity_bytes;
+    t.page_bytes = config.host.page_bytes;
+    t.segment_bytes = c.segment_bytes;
+    t.huge_pages = c.huge_pages;
+    t.high_watermark = c.high_watermark;
+    t.low_watermark = c.low_watermark;
+    t.policy = c.policy;
+    return t;
+  };
   CacheManager::Options co;
-  TierOptions& host = co.tiers[TierIndex(TierKind::kHost)];
-  host.enabled = config.host.enabled;
-  host.capacity_bytes = config.host.capacity_bytes;
-  host.page_bytes = config.host.page_bytes;
-  host.segment_bytes = config.host.segment_bytes;
-  host.huge_pages = config.host.huge_pages;
-  host.high_watermark = config.host.high_watermark;
-  host.low_watermark = config.host.low_watermark;
-  host.policy = config.host.policy;
+  co.tiers[TierIndex(TierKind::kHost)] = tier_options(config.host);
   co.max_entries_per_request = config.max_entries_per_request;
   auto limits = [](const TierBytes& quota, const TierBytes& reserve) {
     TenantLimits l;
@@ -122,14 +127,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     auto backend = OpenDeviceBackend(config.gpu_backend);
     if (backend.ok()) {
       d->device_ = std::move(backend).value();
-      TierOptions& gpu = co.tiers[TierIndex(TierKind::kGpu)];
-      gpu.enabled = true;
-      gpu.capacity_bytes = config.gpu.capacity_bytes;
-      gpu.page_bytes = config.host.page_bytes;
-      gpu.segment_bytes = config.gpu.segment_bytes;
-      gpu.high_watermark = config.gpu.high_watermark;
-      gpu.low_watermark = config.gpu.low_watermark;
-      gpu.policy = config.gpu.policy;
+      co.tiers[TierIndex(TierKind::kGpu)] = tier_options(config.gpu);
       co.device_backend = d->device_.get();
       co.gpu_device = config.gpu_device;
       KVTIER_LOG(NOTICE) << "gpu tier: backend " << d->device_->name();

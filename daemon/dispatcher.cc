@@ -535,25 +535,20 @@ Status Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Rep
   };
   const auto order = m.order() == fb::BlockOrder::Recent ? CacheManager::BlockOrder::kRecent
                                                          : CacheManager::BlockOrder::kHits;
-  bool now = false;
   std::weak_ptr<ReplySink> sink = ctx.async_sink;
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();
   const bool sync = tier != TierKind::kNvme;  // the NVMe index is scanned on a thread
   cache_->TopBlocks(tier, ns, ctx.admin ? nullptr : &ctx.tenant, order, limit,
                     [&, build, sink, id, start, sync](std::vector<BlockInfo> blocks) {
-                      if (sync) {
-                        build(builder_, blocks, type, body);
-                        now = true;
-                        return;
-                      }
+                      if (sync) return build(builder_, blocks, type, body);
                       SendLater(sink, id, fb::Op::Blocks, start,
                                 [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) {
                                   build(b, blocks, ty, bo);
                                   return Status::Ok();
                                 });
                     });
-  *deferred = !now;
+  *deferred = !sync;
   return Status::Ok();
 }
 

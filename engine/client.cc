@@ -125,6 +125,17 @@ class Client::Impl {
       return Parse(frame, expected, parse);
     }
     for (;;) {
+      KVTIER_ASSIGN_OR_RETURN(auto next, NextResponse());
+      if (next.first == t) return Parse(next.second, expected, parse);
+      stash_[next.first].assign(next.second.begin(), next.second.end());
+    }
+  }
+
+  // The next response frame off the socket, verified, its segments taken: (request id,
+  // bytes valid until the next read). A response with id 0 — the daemon refused something
+  // it could not attribute — breaks the connection.
+  Result<std::pair<uint64_t, std::span<const uint8_t>>> NextResponse() {
+    for (;;) {
       auto frame = in_.Next();
       if (!frame.ok()) return Internal("daemon sent an oversized frame");
       if (!frame->has_value()) {
@@ -136,13 +147,11 @@ class Client::Impl {
       if (!resp.ok()) return Internal("daemon sent a malformed frame: " + resp.status().message());
       KVTIER_RETURN_IF_ERROR(TakeSegments(**resp));
       const uint64_t id = (*resp)->id();
-      if (id == t) return Parse(bytes, expected, parse);
       if (id == 0) {
-        // The daemon refused something it could not attribute; the connection is done.
         broken_ = StatusFromResponse(**resp);
         return broken_;
       }
-      stash_[id].assign(bytes.begin(), bytes.end());
+      return std::make_pair(id, bytes);
     }
   }
 
@@ -152,21 +161,8 @@ class Client::Impl {
       for (Ticket t : tickets) {
         if (stash_.count(t)) return t;
       }
-      auto frame = in_.Next();
-      if (!frame.ok()) return Internal("daemon sent an oversized frame");
-      if (!frame->has_value()) {
-        KVTIER_RETURN_IF_ERROR(ReadMore());
-        continue;
-      }
-      std::span<const uint8_t> bytes = (*frame)->frame;
-      auto resp = VerifyResponseFrame(bytes);
-      if (!resp.ok()) return Internal("daemon sent a malformed frame: " + resp.status().message());
-      KVTIER_RETURN_IF_ERROR(TakeSegments(**resp));
-      if ((*resp)->id() == 0) {
-        broken_ = StatusFromResponse(**resp);
-        return broken_;
-      }
-      stash_[(*resp)->id()].assign(bytes.begin(), bytes.end());
+      KVTIER_ASSIGN_OR_RETURN(auto next, NextResponse());
+      stash_[next.first].assign(next.second.begin(), next.second.end());
     }
   }
 

@@ -565,20 +565,24 @@ void NvmeTier::EnforceWatermark() {
     return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_ - retired_);
   };
   if (used() <= options_.high_watermark * cap) return;
-  while (used() > options_.low_watermark * cap) {
-    const BlockId victim = policy_->Victim();
-    if (victim == kNoBlock) break;
-    auto key = store_->KeyOfSlot(victim);
-    if (!key.ok() || !*key) {
-      // No entry names this slot any more: it is simply free.
-      policy_->Erase(victim);
-      --indexed_;
-      FreeSlot(victim);
-      continue;
-    }
-    ++counters_.evictions;
-    Drop(**key, victim);
+  while (used() > options_.low_watermark * cap && EvictVictim() != Victim::kNone) {
   }
+}
+
+NvmeTier::Victim NvmeTier::EvictVictim() {
+  const BlockId victim = policy_->Victim();
+  if (victim == kNoBlock) return Victim::kNone;
+  auto key = store_->KeyOfSlot(victim);
+  if (!key.ok() || !*key || !Owns(victim, **key)) {
+    // No entry names this slot any more: it is simply free.
+    policy_->Erase(victim);
+    --indexed_;
+    FreeSlot(victim);
+    return Victim::kFreed;
+  }
+  ++counters_.evictions;
+  Drop(**key, victim);  // takes it out of the policy
+  return Victim::kDropped;
 }
 
 // ---- scrub ----
@@ -680,21 +684,7 @@ void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
 uint32_t NvmeTier::EvictColdest(uint32_t n) {
   if (!ready_) return 0;
   uint32_t dropped = 0;
-  while (dropped < n) {
-    const BlockId victim = policy_->Victim();
-    if (victim == kNoBlock) break;
-    auto key = store_->KeyOfSlot(victim);
-    if (!key.ok() || !*key || !Owns(victim, **key)) {
-      // No entry names this slot any more: it is simply free.
-      policy_->Erase(victim);
-      --indexed_;
-      FreeSlot(victim);
-      continue;
-    }
-    ++counters_.evictions;
-    Drop(**key, victim);  // takes it out of the policy
-    ++dropped;
-  }
+  for (Victim v; dropped < n && (v = EvictVictim()) != Victim::kNone;) dropped += v == Victim::kDropped;
   return dropped;
 }
 

@@ -193,6 +193,10 @@ class NvmeTier {
   void FailSpill(uint64_t id, Status status);
   void NoteIoError();
   void EnforceWatermark();
+  // Evicts the policy's coldest slot: its block dropped, or the slot freed when no entry
+  // names it any more; kNone when nothing is evictable.
+  enum class Victim { kNone, kDropped, kFreed };
+  Victim EvictVictim();
   // True when `slot` holds the indexed block of `key` (while the index loads: unless it was
   // dropped since).
   bool Owns(uint32_t slot, const std::string& key) const;

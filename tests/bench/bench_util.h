@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <sys/types.h>
 #include <vector>
 
 #include "engine/client.h"
@@ -27,6 +29,9 @@ class Latencies {
 
 // The 16-byte hash of block `i` of benchmark data set `seed` (independent blocks).
 BlockHash IndexHash(uint64_t seed, uint64_t i);
+
+// A "kB" field of /proc/PID/status ("RssAnon", "VmRSS", ...); 0 when absent.
+uint64_t ProcStatusKb(pid_t pid, std::string_view field);
 
 // Microseconds on the monotonic clock.
 double NowUs();

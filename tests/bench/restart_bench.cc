@@ -47,18 +47,7 @@ ModelLayout RestartLayout() {
 
 BlockHash HashOf(uint64_t i) { return IndexHash(77, i); }
 
-uint64_t RssKb(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  uint64_t v = 0;
-  while (in >> key) {
-    if (key == "RssAnon:") {
-      in >> v;
-      return v;
-    }
-  }
-  return 0;
-}
+uint64_t RssKb(pid_t pid) { return ProcStatusKb(pid, "RssAnon"); }
 
 // Slots for `blocks` below the NVMe high watermark (0.95), so the restart evicts nothing.
 uint64_t SlotsFor(uint64_t blocks) { return blocks + blocks / 8 + 1024; }

@@ -110,15 +110,10 @@ struct Memory {
 };
 
 Memory ReadMemory(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   Memory m;
-  std::string key;
-  uint64_t v;
-  while (in >> key) {
-    if (key == "RssAnon:" && in >> v) m.rss_anon_kb = v;
-    else if (key == "RssShmem:" && in >> v) m.rss_shmem_kb = v;
-    else if (key == "VmRSS:" && in >> v) m.vm_rss_kb = v;
-  }
+  m.rss_anon_kb = ProcStatusKb(pid, "RssAnon");
+  m.rss_shmem_kb = ProcStatusKb(pid, "RssShmem");
+  m.vm_rss_kb = ProcStatusKb(pid, "VmRSS");
   return m;
 }
 
