@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   soak->add_option("--seconds", args.seconds, "How long the sessions run")->check(CLI::Range(1.0, 86400.0));
   soak->add_option("--host-capacity", args.host_capacity, "Host tier of the daemon it starts (64 KiB pages)");
   soak->add_option("--nvme-capacity", args.nvme_capacity, "NVMe tier of the daemon it starts");
+  soak->add_option("--check-rss", args.check_rss,
+                   "Fail when the daemon's RSS grows (default true; sanitizer builds say false: their shadow "
+                   "memory and freed-memory quarantine grow with the run)");
   for (auto* sub : {rpc, nvme, restart, soak}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");

@@ -15,6 +15,7 @@ struct BenchArgs {
   int sessions = 64;            // soak: engine sessions
   double seconds = 60;          // soak: duration
   std::string host_capacity = "64MiB", nvme_capacity = "384MiB";  // soak: its daemon's tiers
+  bool check_rss = true;        // soak: fail when the daemon's RSS grows
 };
 
 int RunRpcBench(const BenchArgs& args);
