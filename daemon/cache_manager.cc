@@ -493,7 +493,7 @@ CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
       const Evicted e = EvictOne(kind, tenant);
       if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
       if (e == Evicted::kNone) {
-        return kind == TierKind::kHost && demotions_in_flight_ > 0 ? Room::kLater : Room::kOverQuota;
+        return kind == TierKind::kHost && spills_in_flight_ > 0 ? Room::kLater : Room::kOverQuota;
       }
     }
   }
@@ -511,7 +511,7 @@ CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
       progressed = e == Evicted::kDropped;
     }
     if (!progressed) {
-      return kind == TierKind::kHost && demotions_in_flight_ > 0 ? Room::kLater : Room::kNone;
+      return kind == TierKind::kHost && spills_in_flight_ > 0 ? Room::kLater : Room::kNone;
     }
   }
   return Room::kNow;

@@ -385,6 +385,10 @@ const std::vector<Key>& Keys() {
       {"tiers.nvme.index_cache", "16MiB",
        "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
        KVTIER_SET((Bytes("tiers.nvme.index_cache", n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
+      {"tiers.nvme.verify_rate", "0",
+       "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
+       "of a large tier leaves the disk to fetches and spills; 0: as fast as the disk goes.",
+       KVTIER_SET((Bytes("tiers.nvme.verify_rate", n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
   };
   return keys;
 }

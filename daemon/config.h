@@ -43,6 +43,7 @@ struct NvmeTierConfig {
   double low_watermark = 0.90;
   std::string policy = "lru";
   uint64_t index_cache_bytes = 16ull << 20;
+  uint64_t verify_bytes_per_s = 0;  // 0: the scrub reads as fast as the disk goes
   bool enabled() const { return !files.empty(); }
 };
 

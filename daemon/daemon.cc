@@ -70,6 +70,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
   o.high_watermark = c.high_watermark;
   o.low_watermark = c.low_watermark;
   o.policy = c.policy;
+  o.verify_bytes_per_s = c.verify_bytes_per_s;
   boost::asio::io_context* io_ctx = &io_;
   return NvmeTier::Open(o, std::move(engine), std::move(store),
                         [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); },
@@ -347,11 +348,13 @@ void Daemon::ScheduleTick() {
   });
 }
 
-void Daemon::Drain() {
+void Daemon::FinishInFlightIo() {
   NvmeTier* nvme = cache_->nvme();
   if (!nvme) return;
-  // Spills and index writes already started are worth finishing: they are what a warm
-  // restart finds. Bounded, so a hung device cannot hold the shutdown.
+  // A scrub or index scan is not worth finishing (its client is gone): it stops at its
+  // next entry. Spills and index writes already started are worth finishing: they are
+  // what a warm restart finds. Bounded, so a hung device cannot hold the shutdown.
+  nvme->CancelScans();
   io_.restart();  // the wait on the NVMe eventfd is still armed
   stopping_ = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -394,7 +397,7 @@ Status Daemon::Run() {
   tick_.cancel();
   if (http_) http_->Stop();
   server_->Stop();
-  Drain();
+  FinishInFlightIo();
   Status inv = cache_->CheckInvariants();
   if (!inv.ok()) KVTIER_LOG(ERROR) << "accounting at shutdown: " << inv.ToString();
   KVTIER_LOG(NOTICE) << "kvtierd stopped";

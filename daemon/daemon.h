@@ -49,8 +49,9 @@ class Daemon {
   void RegisterMetrics();
   void WatchNvme();
   void ScheduleTick();
-  // After the loop stops: lets spills, fetches and index writes in flight finish (bounded).
-  void Drain();
+  // After the loop stops: stops scans, lets spills, fetches and index writes in flight
+  // finish (bounded). Not `kvctl drain` (CacheManager::SetDrain), which runs while serving.
+  void FinishInFlightIo();
 
   DaemonConfig config_;
   boost::asio::io_context io_;

@@ -89,10 +89,11 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
       store_(std::move(store)),
       post_(std::move(post)),
       clock_(clock),
-      self_(std::make_shared<NvmeTier*>(this)) {}
+      self_(std::make_shared<NvmeTier*>(this)),
+      scans_(std::make_unique<WorkerThread>()) {}
 
 NvmeTier::~NvmeTier() {
-  if (loader_) loader_->join();
+  scans_->Stop();   // the scans read store_ and files_: they end first
   writer_.reset();  // applies what is queued
   self_.reset();    // callbacks still queued on the control thread become no-ops
   if (store_) {
@@ -141,7 +142,7 @@ Status NvmeTier::Start() {
   BlockIndexStore* store = store_.get();
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
-  loader_ = std::make_unique<std::thread>([store, capacity, weak, post] {
+  scans_->Submit([store, capacity, weak, post](std::stop_token stop) {
     // One word per slot (its entry's last access + 1; 0: no entry), not a growing list:
     // this runs once per start over what may be millions of entries.
     std::vector<uint32_t> last(capacity, 0);
@@ -157,7 +158,7 @@ Status NvmeTier::Start() {
         last[r.slot] = std::max<uint32_t>(r.last_access, 1);
         tags[r.slot] = KeyTag(key);
       }
-      return true;
+      return !stop.stop_requested();
     });
     if (!dup.empty()) {
       // Two entries claim a slot (a crash between a delete and a reuse): the slot map says
@@ -171,9 +172,10 @@ Status NvmeTier::Start() {
             tags[r.slot] = KeyTag(key);
           }
         }
-        return true;
+        return !stop.stop_requested();
       });
     }
+    if (stop.stop_requested()) return;  // shutting down: a partial view must not be used
     if (!st.ok()) KVTIER_LOG(ERROR) << "nvme: index scan: " << st.ToString();
     post([weak, last = std::move(last), tags = std::move(tags), stale = std::move(stale)]() mutable {
       if (auto self = weak.lock()) (*self)->OnLoaded(std::move(last), std::move(tags), std::move(stale));
@@ -588,22 +590,17 @@ NvmeTier::Victim NvmeTier::EvictVictim() {
 // ---- scrub ----
 
 void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
-  // The scrub reads on its own thread with blocking I/O into its own buffer, so the control
-  // thread never waits; bad entries are dropped through the control thread.
+  // The scrub reads on the scan thread with blocking I/O into its own buffer, so the
+  // control thread never waits; bad entries are dropped through the control thread.
   const int64_t start = clock_->NowNanos();
   BlockIndexStore* store = store_.get();
-  std::vector<std::pair<int, uint64_t>> locations;  // by slot
-  for (uint32_t s = 0; s < files_->slot_count(); ++s) {
-    auto loc = files_->Locate(s);
-    locations.emplace_back(loc.fd, loc.offset);
-  }
-  const uint32_t block = files_->logical_block_bytes();
-  const uint64_t slot_bytes = files_->slot_bytes();
+  const SlotFiles* files = files_.get();
+  const uint64_t rate = options_.verify_bytes_per_s;
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
   const Clock* clock = clock_;
   std::shared_ptr<std::atomic<uint32_t>[]> gens = write_gen_;
-  std::thread([=, locations = std::move(locations), done = std::move(done)]() mutable {
+  scans_->Submit([=, done = std::move(done)](std::stop_token stop) mutable {
     VerifyReport report;
     struct Bad {
       std::string key;
@@ -611,18 +608,30 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
       uint32_t gen;  // writes into the slot before it was read
     };
     std::vector<Bad> bad;
+    const uint32_t block = files->logical_block_bytes();
+    const uint64_t slot_bytes = files->slot_bytes();
+    uint64_t bytes_read = 0;
     void* raw = nullptr;
     if (::posix_memalign(&raw, 4096, slot_bytes) != 0) {
       report.status = ResourceExhausted("no memory for the scrub buffer");
     } else {
       report.status = store->Scan([&](std::string_view key, const BlockRecord& r) {
+        if (rate > 0) {
+          // Paced: the next read waits until the bytes so far fit the rate.
+          const int64_t due = start + static_cast<int64_t>(static_cast<double>(bytes_read) * 1e9 / rate);
+          const int64_t now = clock->NowNanos();
+          if (due > now && !WorkerThread::Sleep(stop, std::chrono::nanoseconds(due - now))) return false;
+        }
+        if (stop.stop_requested()) return false;
         ++report.checked;
-        const bool in_range = r.slot < locations.size();
+        const bool in_range = r.slot < files->slot_count();
         const uint32_t gen = in_range ? gens[r.slot].load(std::memory_order_acquire) : 0;
         bool good = in_range && r.length > 0 && r.length <= slot_bytes;
         if (good) {
           const uint32_t len = (r.length + block - 1) / block * block;
-          ssize_t n = ::pread(locations[r.slot].first, raw, len, static_cast<off_t>(locations[r.slot].second));
+          const SlotFiles::Location loc = files->Locate(r.slot);
+          ssize_t n = ::pread(loc.fd, raw, len, static_cast<off_t>(loc.offset));
+          bytes_read += len;
           good = n == static_cast<ssize_t>(len) &&
                  BlockChecksum(key, std::span<const uint8_t>(static_cast<uint8_t*>(raw), r.length)) == r.checksum;
         }
@@ -630,6 +639,10 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
         return true;
       });
       ::free(raw);
+      if (report.status.ok() && stop.stop_requested()) {
+        report.status = Aborted("scrub stopped after " + std::to_string(report.checked) +
+                                " blocks: kvtierd is shutting down");
+      }
     }
     report.seconds = static_cast<double>(clock->NowNanos() - start) * 1e-9;
     post([weak, report, bad = std::move(bad), done = std::move(done)]() mutable {
@@ -648,14 +661,14 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
       }
       done(report);
     });
-  }).detach();
+  });
 }
 
 void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
   BlockIndexStore* store = store_.get();
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
-  std::thread([=, done = std::move(done)]() mutable {
+  scans_->Submit([=, done = std::move(done)](std::stop_token stop) mutable {
     using Entry = std::pair<std::string, BlockRecord>;
     auto rank = [by_recent](const Entry& e) {
       return by_recent ? uint64_t{e.second.last_access} : (uint64_t{e.second.hit_count} << 32) | e.second.last_access;
@@ -672,13 +685,14 @@ void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
         top.back() = std::move(e);
         std::push_heap(top.begin(), top.end(), better);
       }
-      return true;
+      return !stop.stop_requested();
     });
+    if (stop.stop_requested()) return;
     std::sort(top.begin(), top.end(), better);
     post([weak, top = std::move(top), done = std::move(done)]() mutable {
       if (weak.lock()) done(std::move(top));
     });
-  }).detach();
+  });
 }
 
 uint32_t NvmeTier::EvictColdest(uint32_t n) {

@@ -12,14 +12,18 @@
 //
 // RAM per block stays small: keys live only in the index; the tier keeps a state byte, a
 // free-list slot and an eviction-policy node per slot. At Open the index is usable at once
-// (Find and Fetch work); a loader thread scans it to rebuild which slots are taken and
+// (Find and Fetch work); a load on the scan thread rebuilds which slots are taken and
 // their recency, and only then does the tier accept spills (ready()).
 //
 // Threads: every method runs on the owner's (control) thread, and callbacks are delivered
 // there through the `post` executor given to Open — never from inside the call that
-// takes them, so a caller may finish its bookkeeping after starting an operation. Index writes run on an internal writer
-// thread (grouped: one synced batch covers many blocks), the restart scan on a loader
-// thread; neither ever blocks the control thread.
+// takes them, so a caller may finish its bookkeeping after starting an operation. Index
+// writes run on an internal writer thread (grouped: one synced batch covers many blocks);
+// long reads of the whole index (the restart load, the scrub, the top-N scan) run in turn
+// on one scan thread (WorkerThread) that the tier owns, stops and joins before anything
+// those reads use goes away. Find and FindMany read the index on the caller's thread
+// (RocksDB Get/MultiGet: served from the memtable and block cache when hot, from the
+// index's files when cold); nothing else waits for I/O.
 
 #include <atomic>
 #include <cstdint>
@@ -28,7 +32,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +42,7 @@
 #include "storage/io_engine.h"
 #include "storage/page_allocator.h"
 #include "storage/slot_files.h"
+#include "storage/worker_thread.h"
 
 namespace kvtier {
 
@@ -58,6 +62,9 @@ struct NvmeTierOptions {
   double high_watermark = 0.95;
   double low_watermark = 0.90;
   std::string policy = "lru";
+  // Most bytes per second the scrub (Verify) reads, so a scrub of a large tier leaves the
+  // disk to fetches and spills. 0: as fast as the disk goes. Default: 0.
+  uint64_t verify_bytes_per_s = 0;
 };
 
 struct NvmeCounts {
@@ -91,8 +98,9 @@ class NvmeTier {
                                                 std::unique_ptr<IoEngine> io,
                                                 std::unique_ptr<BlockIndexStore> store, Post post,
                                                 const Clock* clock);
-  // Waits for the writer and loader threads and flushes the index (a clean restart then
-  // replays nothing). Callbacks not delivered yet are dropped.
+  // Stops the scan thread (a scrub or scan in progress stops at its next entry), waits for
+  // the index writer and flushes the index (a clean restart then replays nothing).
+  // Callbacks not delivered yet are dropped.
   ~NvmeTier();
 
   // ---- index (synchronous reads; absent keys are cheap) ----
@@ -119,10 +127,12 @@ class NvmeTier {
   void RecordHit(const std::string& key, const BlockRecord& record);
   // Deletes the entry; the slot is freed once the delete is applied.
   void Drop(const std::string& key, uint32_t slot);
-  // Reads and verifies every indexed block, dropping those that fail.
+  // Reads and verifies every indexed block (at most verify_bytes_per_s), dropping those
+  // that fail; on the scan thread, after the scans queued before it. A scrub stopped by
+  // CancelScans() reports kAborted with what it checked so far.
   void Verify(std::function<void(VerifyReport)> done);
   // The `limit` entries with the most hits (or, with `by_recent`, the latest access), read
-  // from the index on a thread of their own; done(key, record) pairs on the control thread.
+  // from the index on the scan thread; done(key, record) pairs on the control thread.
   using ScanDone = std::function<void(std::vector<std::pair<std::string, BlockRecord>>)>;
   void ScanTop(size_t limit, bool by_recent, ScanDone done);
   // Drops up to `n` of the coldest blocks (an operator's evict); returns how many.
@@ -153,8 +163,12 @@ class NvmeTier {
   double low_watermark() const { return options_.low_watermark; }
   // Bytes of RAM the tier's own per-slot structures and the index store hold (estimate).
   uint64_t MemoryUsage() const;
-  // Blocks a drain of in-flight work would still deliver.
-  size_t pending_operations() const { return ops_.size() + writes_outstanding_; }
+  // Stops the scrub or scan in progress at its next entry and drops those queued (kvtierd
+  // shutting down). The restart load, if still running, stops too and the tier stays not
+  // ready.
+  void CancelScans() { scans_->Cancel(); }
+  // Work a shutdown waits for: I/O and index writes in flight, scans not yet returned.
+  size_t pending_operations() const { return ops_.size() + writes_outstanding_ + scans_->pending(); }
   // Spills started and not finished.
   uint32_t spills_in_flight() const { return writing_; }
 
@@ -215,7 +229,7 @@ class NvmeTier {
   const Clock* clock_;
   std::shared_ptr<NvmeTier*> self_;  // expires with this object (see PostSafe)
   std::unique_ptr<IndexWriter> writer_;
-  std::unique_ptr<std::thread> loader_;
+  std::unique_ptr<WorkerThread> scans_;  // the restart load, scrubs, top-N scans
   bool ready_ = false;
 
   std::vector<SlotState> state_;

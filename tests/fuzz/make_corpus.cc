@@ -1,16 +1,25 @@
 // Writes the fuzz seed corpus: tests/fuzz/corpus/{frame,dispatcher}/NAME, valid request
 // streams from seed_frames.cc. The dispatcher seeds start with a 0 byte (no canned Hello:
 // the stream has its own). Usage: kvtier-fuzz-corpus DIR
+//
+// DIR must not look like a flag: `kvtier-fuzz-corpus --help` prints the usage and writes
+// nothing (it once created a directory named "--help" in the checkout).
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "tests/fuzz/seed_frames.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
-    return 2;
+  const bool help = argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+  if (argc != 2 || help || argv[1][0] == '-' || argv[1][0] == '\0') {
+    std::fprintf(help ? stdout : stderr,
+                 "usage: %s CORPUS_DIR\n"
+                 "Writes the seed corpus of the frame and dispatcher fuzzers into CORPUS_DIR/{frame,dispatcher}.\n"
+                 "CORPUS_DIR may not begin with '-' (write ./-name for such a directory).\n",
+                 argv[0]);
+    return help ? 0 : 2;
   }
   const std::filesystem::path dir = argv[1];
   for (const char* target : {"frame", "dispatcher"}) std::filesystem::create_directories(dir / target);
