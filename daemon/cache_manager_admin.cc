@@ -1,6 +1,5 @@
-// CacheManager's operator operations (kvctl explain, blocks, evict, drain) and the
-// eviction history they and the thrash counter read. Same class as cache_manager.cc, same
-// rules: control thread only, nothing blocks.
+// CacheManager's operator operations (kvctl explain, blocks, evict, drain). Same class as
+// cache_manager.cc, same rules: control thread only.
 
 #include <algorithm>
 #include <cstdio>
@@ -20,23 +19,9 @@ std::string Ago(double s) {
 
 }  // namespace
 
-void CacheManager::RememberEviction(const std::string& key, TierKind tier) {
-  // A key evicted again (or refetched and dropped from the map) gets a new place; its old
-  // place in the order is skipped when it comes up.
-  const uint64_t seq = next_eviction_seq_++;
-  evicted_.insert_or_assign(key, EvictionRecord{tier, clock_->NowNanos(), seq});
-  evicted_order_.emplace_back(key, seq);
-  while (evicted_.size() > kEvictionHistory || evicted_order_.size() > 2 * kEvictionHistory) {
-    auto& [old, old_seq] = evicted_order_.front();
-    auto it = evicted_.find(old);
-    if (it != evicted_.end() && it->second.seq == old_seq) evicted_.erase(it);
-    evicted_order_.pop_front();
-  }
-}
-
 bool CacheManager::Visible(NamespaceId ns, std::string_view ns_hex, const std::string* tenant) const {
-  const Namespace& n = namespaces_[ns];
-  if (n.users == 0) return false;
+  if (!namespaces_.live(ns)) return false;
+  const NamespaceTable::Namespace& n = namespaces_.Get(ns);
   if (tenant && n.tenant != *tenant) return false;
   return ns_hex.empty() || NamespaceHex(ns) == ns_hex;
 }
@@ -49,21 +34,21 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
     BlockExplanation e;
     auto found_in = [&](NamespaceId ns) {
       e.namespace_hex = NamespaceHex(ns);
-      e.tenant = namespaces_[ns].tenant;
-      e.model = namespaces_[ns].model;
+      e.tenant = namespaces_.Get(ns).tenant;
+      e.model = namespaces_.Get(ns).model;
     };
     // 1. Cached (or on its way up) in an asked namespace.
-    for (NamespaceId ns = 0; ns < namespaces_.size() && e.state == BlockExplanation::State::kNeverStored; ++ns) {
+    for (NamespaceId ns = 0; ns < namespaces_.id_limit() && e.state == BlockExplanation::State::kNeverStored; ++ns) {
       if (!Visible(ns, ns_hex, tenant)) continue;
-      const BlockId id = FindBlock(ns, h);
+      const BlockId id = blocks_->Find(ns, h);
       std::optional<BlockRecord> rec;
-      if (id == kNoBlock && nvme_) {
-        auto r = nvme_->Find(EncodeBlockKey(namespaces_[ns].encoded, h));
+      if (id == kNoBlock && mover_) {
+        auto r = mover_->Find(ns, h);
         if (r.ok() && r->has_value()) rec = **r;
       }
       if (id == kNoBlock && !rec) continue;
       found_in(ns);
-      if (id != kNoBlock && blocks_[id].promoting) {
+      if (id != kNoBlock && blocks_->block(id).promoting) {
         e.state = BlockExplanation::State::kInFlight;
         e.tier = TierKind::kHost;
         e.on_nvme = true;
@@ -72,8 +57,8 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
       }
       e.state = BlockExplanation::State::kCached;
       if (id != kNoBlock) {
-        const Block& b = blocks_[id];
-        e.tier = *ReadableTier(b);
+        const Block& b = blocks_->block(id);
+        e.tier = *blocks_->ReadableTier(b);
         e.on_nvme = b.page[TierIndex(TierKind::kNvme)] != kNoPage;
         e.writing = b.spilling;
       } else {
@@ -89,18 +74,18 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
       continue;
     }
     // 2. Evicted from an asked namespace, while the history remembers it.
-    for (NamespaceId ns = 0; ns < namespaces_.size(); ++ns) {
+    for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
       if (!Visible(ns, ns_hex, tenant)) continue;
-      auto it = evicted_.find(EncodeBlockKey(namespaces_[ns].encoded, h));
-      if (it == evicted_.end()) continue;
+      const EvictionHistory::Record* rec = history_.Find(namespaces_.BlockKey(ns, h));
+      if (rec == nullptr) continue;
       found_in(ns);
       e.state = BlockExplanation::State::kEvicted;
-      e.tier = it->second.tier;
-      e.seconds_ago = static_cast<double>(now - it->second.at_ns) * 1e-9;
+      e.tier = rec->tier;
+      e.seconds_ago = static_cast<double>(now - rec->at_ns) * 1e-9;
       e.detail = "evicted: its last copy left the " + std::string(TierKindName(e.tier)) + " tier " +
                  Ago(e.seconds_ago) +
                  (e.tier == TierKind::kNvme ? " (the NVMe tier was full)"
-                  : nvme_                    ? " (not demoted: the NVMe tier was backing off or busy)"
+                  : mover_                   ? " (not demoted: the NVMe tier was backing off or busy)"
                                              : " (no NVMe tier to demote it to)");
       break;
     }
@@ -110,12 +95,12 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
     }
     // 3. Stored under another namespace the caller may see: another model or layout (its
     // fingerprint differs), or another tenant (admins only see those).
-    for (NamespaceId ns = 0; ns < namespaces_.size(); ++ns) {
-      if (namespaces_[ns].users == 0 || (tenant && namespaces_[ns].tenant != *tenant)) continue;
+    for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
+      if (!namespaces_.live(ns) || (tenant && namespaces_.Get(ns).tenant != *tenant)) continue;
       if (Visible(ns, ns_hex, tenant)) continue;  // asked already
-      bool there = FindBlock(ns, h) != kNoBlock;
-      if (!there && nvme_) {
-        auto r = nvme_->Find(EncodeBlockKey(namespaces_[ns].encoded, h));
+      bool there = blocks_->Find(ns, h) != kNoBlock;
+      if (!there && mover_) {
+        auto r = mover_->Find(ns, h);
         there = r.ok() && r->has_value();
       }
       if (!there) continue;
@@ -128,7 +113,7 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
       break;
     }
     if (e.state == BlockExplanation::State::kNeverStored) {
-      e.detail = "never stored (or evicted more than " + std::to_string(kEvictionHistory) +
+      e.detail = "never stored (or evicted more than " + std::to_string(EvictionHistory::kCapacity) +
                  " evictions ago): no engine committed it, or it went before the history remembers";
     }
     out.push_back(std::move(e));
@@ -137,15 +122,16 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
 }
 
 BlockInfo CacheManager::InfoOf(BlockId id) const {
-  const Block& b = blocks_[id];
+  const Block& b = blocks_->block(id);
+  const NamespaceTable::Namespace& n = namespaces_.Get(b.ns);
   BlockInfo i;
   i.hash = b.hash;
   i.namespace_hex = NamespaceHex(b.ns);
-  i.tenant = namespaces_[b.ns].tenant;
-  i.model = namespaces_[b.ns].model;
-  i.tier = ReadableTier(b).value_or(TierKind::kNvme);
+  i.tenant = n.tenant;
+  i.model = n.model;
+  i.tier = blocks_->ReadableTier(b).value_or(TierKind::kNvme);
   i.on_nvme = b.page[TierIndex(TierKind::kNvme)] != kNoPage;
-  i.bytes = namespaces_[b.ns].block_bytes;
+  i.bytes = n.block_bytes;
   i.hits = b.hits;
   i.refs = b.refs;
   i.idle_s = static_cast<double>(clock_->NowNanos() - b.last_use_ns) * 1e-9;
@@ -159,14 +145,14 @@ void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_h
     return a.idle_s < b.idle_s;
   };
   if (tier == TierKind::kNvme) {
-    if (!nvme_) return done({});
+    if (!mover_) return done({});
     // Only what the index knows: hit counts recorded when blocks were served from NVMe.
     const std::string want_ns(ns_hex);
     const std::optional<std::string> want_tenant = tenant ? std::optional<std::string>(*tenant) : std::nullopt;
     const double now_s = clock_->WallSeconds();
     // Ask for more than `limit`: filtering by namespace happens after the scan.
     const size_t scan_limit = want_ns.empty() && !want_tenant ? limit : std::max<size_t>(limit * 64, 4096);
-    nvme_->ScanTop(scan_limit, order == BlockOrder::kRecent,
+    mover_->nvme().ScanTop(scan_limit, order == BlockOrder::kRecent,
                    [this, want_ns, want_tenant, limit, now_s, done = std::move(done)](
                        std::vector<std::pair<std::string, BlockRecord>> entries) {
                      std::vector<BlockInfo> out;
@@ -175,11 +161,9 @@ void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_h
                        std::string encoded;
                        if (!DecodeBlockKey(key, &i.tenant, nullptr, &encoded, &i.hash)) continue;
                        if (want_tenant && i.tenant != *want_tenant) continue;
-                       i.namespace_hex = NamespaceHexOf(encoded);
+                       i.namespace_hex = NamespaceTable::HexOf(encoded);
                        if (!want_ns.empty() && i.namespace_hex != want_ns) continue;
-                       if (auto ns = namespace_ids_.find(encoded); ns != namespace_ids_.end()) {
-                         i.model = namespaces_[ns->second].model;
-                       }
+                       if (auto ns = namespaces_.Find(encoded)) i.model = namespaces_.Get(*ns).model;
                        i.tier = TierKind::kNvme;
                        i.on_nvme = true;
                        i.bytes = rec.length;
@@ -193,8 +177,8 @@ void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_h
     return;
   }
   std::vector<BlockInfo> all;
-  for (BlockId id = 0; id < blocks_.size(); ++id) {
-    const Block& b = blocks_[id];
+  for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
+    const Block& b = blocks_->block(id);
     if (!b.live || b.promoting || !Visible(b.ns, ns_hex, tenant)) continue;
     if (tier && b.page[TierIndex(*tier)] == kNoPage) continue;
     all.push_back(InfoOf(id));
@@ -209,17 +193,16 @@ void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_h
 EvictReport CacheManager::Evict(TierKind kind, uint64_t bytes) {
   EvictReport r;
   if (kind == TierKind::kNvme) {
-    if (!nvme_) return r;
-    const uint64_t slot = nvme_->slot_bytes();
-    r.blocks = nvme_->EvictColdest(static_cast<uint32_t>(std::min<uint64_t>((bytes + slot - 1) / slot, UINT32_MAX)));
+    if (!mover_) return r;
+    const uint64_t slot = mover_->nvme().slot_bytes();
+    r.blocks = mover_->nvme().EvictColdest(static_cast<uint32_t>(std::min<uint64_t>((bytes + slot - 1) / slot, UINT32_MAX)));
     r.bytes = r.blocks * slot;
     return r;
   }
   if (!tier_enabled(kind)) return r;
-  Tier& tier = T(kind);
-  const uint64_t page = tier.pool->page_bytes();
+  const uint64_t page = blocks_->pool(kind)->page_bytes();
   while (r.bytes < bytes) {
-    const TenantId worst = LargestCachedTenant(tier);
+    const TenantId worst = LargestCachedTenant(kind);
     if (worst == kNoOwner) break;
     const Evicted e = EvictOne(kind, worst);
     if (e == Evicted::kNone || e == Evicted::kBusy) break;
@@ -242,36 +225,36 @@ void CacheManager::DrainStep() {
   // tier has a page at hand: without one EvictOne would drop the block. When it has none,
   // host blocks are demoted to make room and the next tick goes on.
   if (tier_enabled(TierKind::kGpu) && tier_enabled(TierKind::kHost)) {
-    Tier& gpu = T(TierKind::kGpu);
-    for (TenantId t = 0; t < gpu.cached_by_tenant.size(); ++t) {
-      while (gpu.cached_by_tenant[t] > 0) {
-        if (T(TierKind::kHost).pool->AvailableTo(t) == 0 && MakeRoom(TierKind::kHost, t) != Room::kNow) break;
+    for (TenantId t = 0; t < blocks_->tenant_limit(TierKind::kGpu); ++t) {
+      while (blocks_->cached_of(TierKind::kGpu, t) > 0) {
+        if (blocks_->pool(TierKind::kHost)->AvailableTo(t) == 0 && MakeRoom(TierKind::kHost, t) != Room::kNow) break;
         if (EvictOne(TierKind::kGpu, t) != Evicted::kDropped) break;
       }
     }
   }
   // Every host block without an NVMe copy gets one (kept in host: it is still served);
   // once the queue is through, blocks that arrived since (from the GPU, new commits).
-  if (nvme_ && write_through_queue_.empty()) {
-    for (BlockId id = 0; id < blocks_.size(); ++id) {
-      const Block& b = blocks_[id];
+  if (mover_ && mover_->write_through_idle()) {
+    for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
+      const Block& b = blocks_->block(id);
       if (b.live && !b.spilling && !b.promoting && b.page[TierIndex(TierKind::kHost)] != kNoPage &&
           b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
-        write_through_queue_.emplace_back(id, b.gen);
+        mover_->QueueWriteThrough(id);
       }
     }
   }
-  PumpWriteThrough();
+  if (mover_) mover_->PumpWriteThrough();
 }
 
 DrainStatus CacheManager::Drain() const {
   DrainStatus d;
   d.draining = draining_;
-  d.spills_in_flight = spills_in_flight_;
-  for (const Block& b : blocks_) {
+  d.spills_in_flight = mover_ ? mover_->spills_in_flight() : 0;
+  for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
+    const Block& b = blocks_->block(id);
     if (!b.live) continue;
     if (b.page[TierIndex(TierKind::kGpu)] != kNoPage) ++(b.refs > 0 ? d.gpu_blocks_pinned : d.gpu_blocks_left);
-    if (nvme_ && b.page[TierIndex(TierKind::kHost)] != kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
+    if (mover_ && b.page[TierIndex(TierKind::kHost)] != kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
       ++d.host_blocks_unspilled;
     }
   }

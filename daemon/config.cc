@@ -432,7 +432,7 @@ Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* con
 }  // namespace
 
 Status ValidateConfig(const DaemonConfig& c) {
-  const PoolTierConfig& h = c.host;
+  const TierOptions& h = c.host;
   // A file-system socket only: its directory and mode are the access control (an abstract
   // socket has neither).
   if (c.socket_path.empty() || c.socket_path[0] == '@' || c.socket_path.find('\0') != std::string::npos) {
@@ -458,7 +458,7 @@ Status ValidateConfig(const DaemonConfig& c) {
     return InvalidArgument("config key 'tiers.host.capacity' has too many pages");
   }
   if (c.gpu.enabled) {
-    const PoolTierConfig& g = c.gpu;
+    const TierOptions& g = c.gpu;
     if (g.low_watermark >= g.high_watermark) {
       return InvalidArgument("config key 'tiers.gpu.low_watermark' must be below high_watermark");
     }

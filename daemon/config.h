@@ -11,22 +11,15 @@
 #include <string_view>
 #include <vector>
 
+#include "daemon/cache_types.h"
+#include "protocol/base/defaults.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/status.h"
+#include "protocol/framing.h"
+#include "storage/nvme_tier.h"
 #include "storage/segment_memory.h"
 
 namespace kvtier {
-
-struct PoolTierConfig {
-  bool enabled = true;
-  uint64_t capacity_bytes = 1ull << 30;
-  uint64_t page_bytes = 2ull << 20;
-  uint64_t segment_bytes = 256ull << 20;
-  HugePages huge_pages = HugePages::kAuto;
-  double high_watermark = 0.85;
-  double low_watermark = 0.75;
-  std::string policy = "adaptive";
-};
 
 struct NvmeTierConfig {
   struct File {
@@ -34,16 +27,16 @@ struct NvmeTierConfig {
     uint64_t capacity_bytes = 0;
   };
   std::vector<File> files;  // none: no NVMe tier
-  std::string io_backend = "auto";
-  uint32_t queue_depth = 64;
+  std::string io_backend = IoEngineOptions{}.backend;
+  uint32_t queue_depth = IoEngineOptions{}.queue_depth;
   std::string durability = "strict";
   std::string write_policy = "write_back";
   bool prefetch = false;
-  double high_watermark = 0.95;
-  double low_watermark = 0.90;
-  std::string policy = "lru";
+  double high_watermark = NvmeTierOptions{}.high_watermark;
+  double low_watermark = NvmeTierOptions{}.low_watermark;
+  std::string policy = NvmeTierOptions{}.policy;
   uint64_t index_cache_bytes = 16ull << 20;
-  uint64_t verify_bytes_per_s = 0;  // 0: the scrub reads as fast as the disk goes
+  uint64_t verify_bytes_per_s = NvmeTierOptions{}.verify_bytes_per_s;
   bool enabled() const { return !files.empty(); }
 };
 
@@ -75,26 +68,30 @@ struct SecurityConfig {
 };
 
 struct DaemonConfig {
-  std::string socket_path = "./var/kvtierd.sock";
+  std::string socket_path = kDefaultSocketPath;
   std::string socket_group;  // empty: the daemon's group
   uint32_t socket_mode = 0660;
   std::string data_dir = "./var";
   LogLevel log_level = LogLevel::kInfo;
 
-  uint32_t max_frame_bytes = 1u << 20;
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t max_sessions = 1024;
   uint64_t max_pending_output_bytes = 16ull << 20;
-  uint32_t max_entries_per_request = 65536;
+  uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
   int64_t heartbeat_ttl_ns = 0;  // 0: sessions may stay silent forever
 
   std::string metrics_listen = "127.0.0.1";
   int metrics_port = 9490;  // 0: any free port; -1: no metrics endpoint
 
-  PoolTierConfig host;
-  // The GPU tier: disabled by default; page_bytes is the host tier's.
-  PoolTierConfig gpu = [] {
-    PoolTierConfig g;
-    g.enabled = false;
+  // The host tier, on by default.
+  TierOptions host = [] {
+    TierOptions h;
+    h.enabled = true;
+    return h;
+  }();
+  // The GPU tier: off by default; its page_bytes is the host tier's.
+  TierOptions gpu = [] {
+    TierOptions g;
     g.high_watermark = 0.90;
     g.low_watermark = 0.80;
     return g;

@@ -95,21 +95,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     KVTIER_LOG(WARNING) << "cannot write pid to " << lock_path;
   }
 
-  // A pool tier as configured; GPU pages have the host tier's size (a block moves between them).
-  auto tier_options = [&config](const PoolTierConfig& c) {
-    TierOptions t;
-    t.enabled = c.enabled;
-    t.capacity_bytes = c.capacity_bytes;
-    t.page_bytes = config.host.page_bytes;
-    t.segment_bytes = c.segment_bytes;
-    t.huge_pages = c.huge_pages;
-    t.high_watermark = c.high_watermark;
-    t.low_watermark = c.low_watermark;
-    t.policy = c.policy;
-    return t;
-  };
   CacheManager::Options co;
-  co.tiers[TierIndex(TierKind::kHost)] = tier_options(config.host);
+  co.tiers[TierIndex(TierKind::kHost)] = config.host;
   co.max_entries_per_request = config.max_entries_per_request;
   auto limits = [](const TierBytes& quota, const TierBytes& reserve) {
     TenantLimits l;
@@ -128,7 +115,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     auto backend = OpenDeviceBackend(config.gpu_backend);
     if (backend.ok()) {
       d->device_ = std::move(backend).value();
-      co.tiers[TierIndex(TierKind::kGpu)] = tier_options(config.gpu);
+      co.tiers[TierIndex(TierKind::kGpu)] = config.gpu;
+      co.tiers[TierIndex(TierKind::kGpu)].page_bytes = config.host.page_bytes;  // a block moves between them
       co.device_backend = d->device_.get();
       co.gpu_device = config.gpu_device;
       KVTIER_LOG(NOTICE) << "gpu tier: backend " << d->device_->name();

@@ -18,10 +18,9 @@
 #include "daemon/metrics.h"
 #include "daemon/metrics_http.h"
 #include "daemon/server.h"
+#include "kvtier_version.h"  // generated: kVersion from project(VERSION)
 
 namespace kvtier {
-
-inline constexpr const char* kVersion = "0.1.0";
 
 class Daemon {
  public:

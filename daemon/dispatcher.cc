@@ -6,20 +6,6 @@
 #include "protocol/base/tier.h"
 
 namespace kvtier {
-namespace {
-
-std::optional<TierKind> TierFromWire(fb::Tier t) {
-  switch (t) {
-    case fb::Tier::Gpu: return TierKind::kGpu;
-    case fb::Tier::Host: return TierKind::kHost;
-    case fb::Tier::Nvme: return TierKind::kNvme;
-    default: return std::nullopt;
-  }
-}
-
-fb::Tier TierToWire(TierKind t) { return static_cast<fb::Tier>(static_cast<uint8_t>(t)); }
-
-}  // namespace
 
 Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock,
                        MetricsRegistry* metrics, SessionVisitor sessions, const TenantResolver* tenants)
@@ -502,7 +488,7 @@ Status Dispatcher::OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Repl
   const auto entries = cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant);
   std::vector<flatbuffers::Offset<fb::Explanation>> out;
   for (const BlockExplanation& e : entries) {
-    out.push_back(fb::CreateExplanation(builder_, static_cast<fb::BlockState>(e.state), TierToWire(e.tier), e.on_nvme,
+    out.push_back(fb::CreateExplanation(builder_, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme,
                                         e.writing, builder_.CreateString(e.namespace_hex),
                                         builder_.CreateString(e.tenant), builder_.CreateString(e.model),
                                         e.seconds_ago, builder_.CreateString(e.detail)));

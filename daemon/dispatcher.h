@@ -28,6 +28,7 @@
 #include "protocol/base/clock.h"
 #include "protocol/base/layout.h"
 #include "protocol/codec.h"
+#include "protocol/framing.h"
 
 namespace kvtier {
 
@@ -72,8 +73,8 @@ struct DaemonInfo {
   std::string metrics_url;
   uint64_t epoch = 0;          // random per start; handles from another epoch are stale
   int64_t started_ns = 0;      // Clock::NowNanos() at start
-  uint32_t max_frame_bytes = 1u << 20;
-  uint32_t max_entries_per_request = 65536;
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
 };
 
 class Dispatcher {

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "daemon/dispatcher.h"
+#include "protocol/framing.h"
 #include "protocol/base/status.h"
 
 namespace kvtier {
@@ -47,7 +48,7 @@ class Server {
     // A session silent for this long is expired (0: never).
     int64_t heartbeat_ttl_ns = 0;
     uint32_t max_sessions = 1024;
-    uint32_t max_frame_bytes = 1u << 20;
+    uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
     uint64_t max_pending_output_bytes = 16ull << 20;
   };
   static constexpr int kFramesPerTurn = 64;

@@ -1,14 +1,27 @@
 #pragma once
-// kvtier::Client: an engine's (or kvctl's) connection to kvtierd.
+// kvtier::Client: an engine's connection to kvtierd.
 //
 // One Client is one session: it says Hello with the engine's layout, maps the pool
 // segments the daemon grants (host pages are then plain memory: PageBytes()), and issues
-// requests. Every call returns a Status or Result; per-block outcomes are typed
-// (BlockResult::status) and the client never aborts the host process.
+// requests. Operators' calls (stats, explain, blocks, evict, drain, verify) are on
+// ControlClient (engine/control_client.h), a session of its own.
+//
+// Errors. Every call returns a Status or Result and the client never aborts the host
+// process. A call fails as a whole with:
+//   kUnavailable         no daemon at the socket, the daemon closed the connection, or no
+//                        response within ClientOptions::timeout_ms (the session is then
+//                        unusable: connect again)
+//   kInvalidArgument     a bad argument found before sending (wrong hash size, more
+//                        entries than the daemon takes, an unknown ticket)
+//   kFailedPrecondition  page handles from before a daemon restart (another epoch)
+//   kPermissionDenied    the daemon refused this peer (security.tenants)
+//   kInternal            the daemon sent something this client cannot read
+// and per entry (BlockResult::status, Release's statuses) with the codes each call lists.
 //
 // Blocking calls (Lookup, Acquire, ...) send one request and wait for its response.
 // Pipelined use: StartX() sends and returns a Ticket at once; WaitX(ticket) waits for that
-// response. Any number may be in flight; they may be waited for in any order.
+// response. Any number may be in flight; they may be waited for in any order; each ticket
+// is waited for once.
 //
 // Closing the client (or the process dying) ends the session: the daemon returns its
 // leased pages to free and drops its references.
@@ -20,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/kv_layout.h"
@@ -30,16 +44,13 @@
 
 namespace kvtier {
 
-using PageId = uint32_t;
 using Ticket = uint64_t;
 
 struct ClientOptions {
   // Empty: $KVTIER_SOCKET, else kvtierd's default ./var/kvtierd.sock.
   std::string socket_path;
   std::string engine_name = "engine";
-  // A control session (kvctl, monitoring): no layout, no pools, Stats and Ping only.
-  bool control = false;
-  // Required unless control.
+  // The engine's model layout: the namespace its blocks live in. Required.
   ModelLayout layout;
   // Size of every block hash this session sends: 16 or 32.
   size_t hash_bytes = 16;
@@ -80,135 +91,57 @@ struct CommitEntry {
   BlockHash parent;            // empty: no parent (first block of a sequence)
 };
 
-struct TierStatsInfo {
-  TierKind tier = TierKind::kHost;
-  std::string name;
-  uint64_t page_bytes = 0;
-  uint32_t capacity_pages = 0, free_pages = 0, leased_pages = 0, inflight_pages = 0,
-           cached_pages = 0, referenced_pages = 0, quarantined_pages = 0;
-  uint64_t blocks = 0;
-  uint64_t evictions = 0;
-  double high_watermark = 0, low_watermark = 0;
-  std::string backend;
-  std::string io_backend;     // nvme: io_uring | threads
-  std::string index_backend;  // nvme: rocksdb | memory
-  bool ready = true;          // nvme: index loaded
-
-  uint64_t capacity_bytes() const { return uint64_t{capacity_pages} * page_bytes; }
-  uint64_t used_bytes() const { return uint64_t{capacity_pages - free_pages} * page_bytes; }
-};
-
-struct SessionStatsInfo {
-  uint64_t id = 0;
-  bool control = false;
-  std::string engine_name;
-  int pid = 0;
-  uint32_t uid = 0, gid = 0;
-  std::string tenant, namespace_id, model;
-  uint32_t leased_pages = 0, referenced_blocks = 0;
-  uint64_t requests = 0;
-  double connected_s = 0;
-};
-
-struct DaemonStats {
-  std::string version;
-  double uptime_s = 0;
-  std::string metrics_url;
-  uint64_t epoch = 0;
-  std::vector<TierStatsInfo> tiers;
-  std::vector<SessionStatsInfo> sessions;  // when asked for
-  uint32_t session_count = 0;
-  uint64_t lookups = 0, block_hits = 0, block_misses = 0;
-  uint64_t checksum_failures = 0, io_errors = 0, demotions = 0, promotions = 0;
-  uint32_t pending_fetches = 0;
-  uint64_t gpu_demotions = 0, refetches_after_evict = 0, spill_bytes = 0, fetch_bytes = 0, evictions = 0;
-  bool draining = false;
-};
-
-// kvctl explain: why a block is or is not a hit.
-struct BlockExplanationInfo {
-  enum class State : uint8_t { kCached = 0, kInFlight = 1, kEvicted = 2, kOtherNamespace = 3, kNeverStored = 4 };
-  State state = State::kNeverStored;
-  TierKind tier = TierKind::kHost;
-  bool on_nvme = false, writing = false;
-  std::string namespace_id, tenant, model;
-  double seconds_ago = 0;
-  std::string detail;
-};
-
-// kvctl blocks: one block.
-struct BlockInfoEntry {
-  BlockHash hash;
-  std::string namespace_id, tenant, model;
-  TierKind tier = TierKind::kHost;
-  bool on_nvme = false;
-  uint64_t bytes = 0;
-  uint32_t hits = 0, refs = 0;
-  double idle_s = 0;
-};
-
-struct EvictResult {
-  uint64_t blocks = 0, bytes = 0, demoting = 0;
-};
-
-struct DrainResult {
-  bool draining = false;
-  uint64_t gpu_blocks_left = 0, gpu_blocks_pinned = 0, host_blocks_unspilled = 0;
-  uint32_t spills_in_flight = 0;
-};
-
-struct VerifyResult {
-  uint64_t checked = 0;
-  uint64_t dropped = 0;
-  double seconds = 0;
-};
-
+// A tier the daemon offers (from Welcome).
 struct TierInfo {
   TierKind tier = TierKind::kHost;
   uint64_t page_bytes = 0;
   uint32_t capacity_pages = 0;
 };
 
+class SegmentMap;
+class Connection;
+
 class Client {
  public:
-  // Connects and says Hello. kUnavailable when no daemon answers at the socket.
+  // Connects and says Hello. kUnavailable when no daemon answers at the socket;
+  // kInvalidArgument for a layout the daemon or this client refuses (bad geometry, a block
+  // larger than a page, hash_bytes not 16 or 32); kPermissionDenied for a refused peer.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
   // ---- blocking calls ----
-  // Leases `count` writable pages (all or nothing).
+  // Leases `count` writable pages of `tier` (all or nothing). kResourceExhausted when the
+  // tier cannot supply them (full of referenced or leased pages, or the tenant's quota)
+  // — possibly after waiting for demotions; kUnavailable for GPU pages while the daemon is
+  // draining; kInvalidArgument for a tier that is not enabled or a count over the tier.
   Result<std::vector<PageId>> Allocate(TierKind tier, uint32_t count);
   // Turns leased pages into blocks. With `retain`, the session keeps a reference to each.
+  // Per entry: OK (duplicate when the key existed: the page was freed and the existing
+  // copy kept), kFailedPrecondition (not a page this session leased), kUnavailable (the
+  // block is being read from NVMe right now: retry).
   Result<std::vector<BlockResult>> Commit(TierKind tier, std::span<const CommitEntry> entries,
                                           bool retain = false);
-  // Releases leased pages or references: one status per page, then one per hash.
+  // Releases leased pages or references: one status per page, then one per hash; OK, or
+  // kFailedPrecondition where the session held nothing.
   Result<std::vector<Status>> Release(TierKind tier, std::span<const PageId> pages,
                                       std::span<const BlockHash> hashes = {});
-  // The longest cached prefix of a hash chain.
+  // The longest cached prefix of a hash chain (in this session's namespace), with the tier
+  // of each matched block (kNvme: it must be read back first, which Acquire does).
   Result<LookupResult> Lookup(std::span<const BlockHash> chain);
-  // References cached blocks until Release; per block its page (or NOT_FOUND).
+  // References cached blocks until Release; per block its page. Blocks on NVMe are read
+  // into host pages first (the response waits for them). Per entry: OK, kNotFound (not
+  // cached), kDataLoss (its NVMe copy failed its checksum: a miss), kResourceExhausted (no
+  // host page freed up in time), kUnavailable (retry).
   Result<std::vector<BlockResult>> Acquire(std::span<const BlockHash> hashes);
-  Result<DaemonStats> Stats(bool with_sessions = false);
   // Round trip with `payload_bytes` of payload each way.
   Status Ping(size_t payload_bytes = 0);
-  // Scrubs the NVMe tier (control sessions): reads and verifies every block, drops the
-  // ones that fail. Waits for the scrub (no timeout).
-  Result<VerifyResult> Verify();
-  // ---- operator calls (control sessions; Evict and Drain need an admin) ----
-  // One entry per hash: why it is or is not a hit. namespace_id "" asks every namespace
-  // the caller may see.
-  Result<std::vector<BlockExplanationInfo>> Explain(std::span<const BlockHash> hashes,
-                                                    const std::string& namespace_id = "");
-  // The top blocks of a tier (nullopt: GPU and host) by hits, or by recency.
-  Result<std::vector<BlockInfoEntry>> Blocks(std::optional<TierKind> tier, const std::string& namespace_id = "",
-                                             bool by_recent = false, uint32_t limit = 20);
-  Result<EvictResult> Evict(TierKind tier, uint64_t bytes);
-  // Starts (start) or ends a drain; with `query` only reports its progress.
-  Result<DrainResult> Drain(bool start = true, bool query = false);
 
   // ---- pipelined calls ----
+  // StartX sends the request (errors: those found before sending, or kUnavailable);
+  // WaitX(t) returns what X would. A ticket not outstanding — never issued by this client,
+  // or already waited for — is kInvalidArgument at once.
   Result<Ticket> StartAllocate(TierKind tier, uint32_t count);
   Result<std::vector<PageId>> WaitAllocate(Ticket t);
   Result<Ticket> StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false);
@@ -228,27 +161,33 @@ class Client {
   // ---- KV transfer helpers (offload-connector mode) ----
   // Store: leases host pages, gathers engine blocks engine_blocks[i] into them on the
   // engine's stream (all layers, one launch), waits for the copy, and commits them as
-  // hashes[i] (parents[i], when given). Per-block results as Commit's.
+  // hashes[i] (parents[i], when given). Per-block results as Commit's; Allocate's errors.
   Result<std::vector<BlockResult>> StoreBlocks(const EngineKv& kv, std::span<const uint32_t> engine_blocks,
                                                std::span<const BlockHash> hashes,
                                                std::span<const BlockHash> parents = {});
   // Load: looks up the chain, acquires the cached prefix (NVMe blocks are promoted first),
   // scatters it into engine blocks engine_blocks[0..n), waits, releases. Returns n, the
-  // number of leading blocks loaded. REQUIRES: engine_blocks.size() >= chain.size().
+  // number of leading blocks loaded (0 on a miss). REQUIRES: engine_blocks.size() >=
+  // chain.size().
   Result<size_t> LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,
                             std::span<const uint32_t> engine_blocks);
 
   // ---- memory ----
-  // The bytes of a page this session may address (host tier), or an empty span when its
-  // segment is not mapped here.
+  // The bytes of a page this session may address (host tier; the GPU tier when it is
+  // host-emulated), or an empty span when its segment is not mapped here. Lifetime: the
+  // span stays valid while this session holds the page (leased, or acquired and not
+  // released) and the Client lives. A page the session holds keeps its segment owned by
+  // the session's tenant, so the daemon never renews that memory under it; after Release,
+  // the segment may be renewed and re-granted, and the old span must not be used.
   std::span<uint8_t> PageBytes(TierKind tier, PageId page) const;
   // Tiers the daemon offers, from Welcome.
   const std::vector<TierInfo>& tiers() const;
   uint64_t page_bytes(TierKind tier) const;
   // Address of a page this session may address: host memory for the host tier, device
   // memory for the GPU tier (host memory when emulated); nullptr when not mapped here.
+  // Same lifetime as PageBytes.
   void* PageAddress(TierKind tier, PageId page) const;
-  // "cuda" or "host-emulated".
+  // "cuda", "host-emulated", or "none" before the device is first needed.
   std::string_view device_backend() const;
 
   uint64_t session_id() const;
@@ -259,9 +198,12 @@ class Client {
   int fd() const;
 
  private:
-  class Impl;
-  explicit Client(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  Client(const ClientOptions& options, std::unique_ptr<SegmentMap> segments);
+  Status CheckHashes(std::span<const BlockHash> hs) const;
+
+  ClientOptions options_;
+  std::unique_ptr<SegmentMap> segments_;
+  std::unique_ptr<Connection> conn_;
 };
 
 }  // namespace kvtier

@@ -94,10 +94,4 @@ Result<std::unique_ptr<DeviceBackend>> OpenHostDeviceBackend() {
   return std::unique_ptr<DeviceBackend>(new HostDeviceBackend());
 }
 
-Result<std::unique_ptr<DeviceBackend>> OpenDeviceBackend(std::string_view name) {
-  if (name == "host-emulated") return OpenHostDeviceBackend();
-  if (name == "cuda" || name == "auto") return OpenCudaDeviceBackend();
-  return InvalidArgument("device backend '" + std::string(name) + "' is not auto, cuda or host-emulated");
-}
-
 }  // namespace kvtier

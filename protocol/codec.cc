@@ -56,6 +56,11 @@ StatusCode FromWire(fb::Status s) {
   return static_cast<StatusCode>(v);
 }
 
+Status StatusFromWire(fb::Status s) {
+  const StatusCode c = FromWire(s);
+  return c == StatusCode::kOk ? Status::Ok() : Status(c, std::string(StatusCodeName(c)));
+}
+
 Status StatusFromResponse(const fb::Response& r) {
   const StatusCode code = FromWire(r.status());
   if (code == StatusCode::kOk) return Status::Ok();
@@ -82,24 +87,18 @@ std::string_view OpName(fb::Op op) {
   return "unknown";
 }
 
-std::string_view TierName(fb::Tier tier) {
-  switch (tier) {
-    case fb::Tier::Gpu: return "gpu";
-    case fb::Tier::Host: return "host";
-    case fb::Tier::Nvme: return "nvme";
-    case fb::Tier::None: return "none";
+std::optional<TierKind> TierFromWire(fb::Tier t) {
+  switch (t) {
+    case fb::Tier::Gpu: return TierKind::kGpu;
+    case fb::Tier::Host: return TierKind::kHost;
+    case fb::Tier::Nvme: return TierKind::kNvme;
+    default: return std::nullopt;  // None, or a tier of a newer peer
   }
-  return "unknown";
 }
 
-bool ParseTier(std::string_view name, fb::Tier* tier) {
-  for (fb::Tier t : {fb::Tier::Gpu, fb::Tier::Host, fb::Tier::Nvme}) {
-    if (TierName(t) == name) {
-      *tier = t;
-      return true;
-    }
-  }
-  return false;
+BlockState BlockStateFromWire(fb::BlockState s) {
+  const auto v = static_cast<uint8_t>(s);
+  return v <= static_cast<uint8_t>(BlockState::kNeverStored) ? static_cast<BlockState>(v) : BlockState::kNeverStored;
 }
 
 ModelLayout LayoutFromWire(const fb::Layout& l) {

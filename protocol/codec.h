@@ -6,13 +6,16 @@
 // field is read; the returned pointer aliases the frame bytes and lives as long as they do.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
 #include "kvtier_generated.h"  // generated from protocol/kvtier.fbs at build time
 #include "protocol/base/block_key.h"
+#include "protocol/base/block_state.h"
 #include "protocol/base/layout.h"
 #include "protocol/base/status.h"
+#include "protocol/base/tier.h"
 
 namespace kvtier {
 
@@ -31,13 +34,23 @@ Result<const fb::Response*> VerifyResponseFrame(std::span<const uint8_t> frame);
 inline fb::Status ToWire(StatusCode c) { return static_cast<fb::Status>(c); }
 // Unknown wire values (a newer peer) become kInternal.
 StatusCode FromWire(fb::Status s);
+// A per-entry status: OK, or the code with its name as message.
+Status StatusFromWire(fb::Status s);
 Status StatusFromResponse(const fb::Response& r);
 
 // The name of a request op for logs and metrics labels ("lookup", "acquire", ...).
 std::string_view OpName(fb::Op op);
-std::string_view TierName(fb::Tier tier);
-// "gpu" | "host" | "nvme".
-bool ParseTier(std::string_view name, fb::Tier* tier);
+
+// Tiers: enum Tier in kvtier.fbs has TierKind's numbers, plus None.
+inline fb::Tier TierToWire(TierKind t) { return static_cast<fb::Tier>(static_cast<uint8_t>(t)); }
+inline fb::Tier TierToWire(std::optional<TierKind> t) { return t ? TierToWire(*t) : fb::Tier::None; }
+// nullopt for None and for values only a newer peer knows.
+std::optional<TierKind> TierFromWire(fb::Tier t);
+
+// Block states (kvctl explain): enum BlockState has BlockState's numbers.
+inline fb::BlockState BlockStateToWire(BlockState s) { return static_cast<fb::BlockState>(s); }
+// A value only a newer peer knows reads as kNeverStored.
+BlockState BlockStateFromWire(fb::BlockState s);
 
 ModelLayout LayoutFromWire(const fb::Layout& l);
 flatbuffers::Offset<fb::Layout> LayoutToWire(flatbuffers::FlatBufferBuilder& b, const ModelLayout& l);

@@ -21,6 +21,11 @@
 namespace kvtier {
 
 inline constexpr size_t kFramePrefixBytes = 4;
+// The daemon's default protocol.max_frame_bytes (a client reads frames up to 64 MiB).
+inline constexpr uint32_t kDefaultMaxFrameBytes = 1u << 20;
+// The daemon's default protocol.max_entries_per_request: most pages or hashes one request
+// may name.
+inline constexpr uint32_t kDefaultMaxEntriesPerRequest = 65536;
 // The most descriptors one frame may carry (a kernel SCM_MAX_FD is 253).
 inline constexpr size_t kMaxFdsPerFrame = 64;
 
@@ -28,7 +33,12 @@ inline constexpr size_t kMaxFdsPerFrame = 64;
 //
 //   auto space = a.WritableSpace();          // read(2) into it
 //   a.Produced(n);
-//   while (auto f = a.Next()) { ... }        // f->frame is prefix + payload
+//   for (;;) {
+//     auto f = a.Next();                      // Result<std::optional<Frame>>
+//     if (!f.ok()) { /* oversized: close */ }
+//     if (!f->has_value()) break;             // need more bytes
+//     Use((*f)->frame);                       // prefix + payload
+//   }
 //
 // A frame whose declared payload exceeds max_frame_bytes is an error (kInvalidArgument);
 // after it the assembler is poisoned: the connection must be closed. Frames returned by
@@ -68,9 +78,9 @@ class FrameAssembler {
 
 // Writes as much of `bytes` as the socket takes without blocking (the socket must be
 // O_NONBLOCK, or the call blocks). `fds` are attached to the first byte written, so pass
-// them only with a frame's first chunk. Returns bytes written (0 when the socket is full),
-// kUnavailable never; any other errno is converted (EPIPE/ECONNRESET -> kUnavailable with
-// "peer closed"). MSG_NOSIGNAL: never raises SIGPIPE.
+// them only with a frame's first chunk. Returns bytes written; a full socket (EAGAIN) is 0,
+// not an error. EPIPE/ECONNRESET are kUnavailable ("peer closed the connection"); any other
+// errno is converted by ErrnoStatus. MSG_NOSIGNAL: never raises SIGPIPE.
 Result<size_t> SendSome(int fd, std::span<const uint8_t> bytes, std::span<const int> fds);
 
 // Blocking send of one whole frame with its descriptors (client side). Retries EINTR and

@@ -3,8 +3,6 @@
 #include <algorithm>
 
 #include "protocol/base/logging.h"
-#include "storage/adaptive_policy.h"
-#include "storage/arc_policy.h"
 
 namespace kvtier {
 
@@ -85,20 +83,5 @@ void LruPolicy::Erase(BlockId id) {
 }
 
 BlockId LruPolicy::Victim() { return tail_; }
-
-Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity) {
-  if (name == "lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(capacity, false));
-  if (name == "prefix-lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(capacity, true));
-  if (name == "arc") return std::unique_ptr<EvictionPolicy>(new ArcPolicy(capacity, false));
-  if (name == "prefix-arc") return std::unique_ptr<EvictionPolicy>(new ArcPolicy(capacity, true));
-  if (name == "adaptive") return std::unique_ptr<EvictionPolicy>(new AdaptivePolicy(capacity));
-  return InvalidArgument("unknown eviction policy '" + std::string(name) +
-                         "' (known: lru, prefix-lru, arc, prefix-arc, adaptive)");
-}
-
-std::span<const std::string_view> EvictionPolicyNames() {
-  static constexpr std::string_view kNames[] = {"lru", "prefix-lru", "arc", "prefix-arc", "adaptive"};
-  return kNames;
-}
 
 }  // namespace kvtier

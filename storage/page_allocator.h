@@ -10,11 +10,9 @@
 #include <vector>
 
 #include "protocol/base/status.h"
+#include "protocol/base/tier.h"  // PageId, kNoPage
 
 namespace kvtier {
-
-using PageId = uint32_t;
-inline constexpr PageId kNoPage = 0xffffffffu;
 
 class PageAllocator {
  public:

@@ -196,17 +196,4 @@ Result<std::unique_ptr<IoEngine>> OpenUringIoEngine(const IoEngineOptions& optio
   return UringIoEngine::Open(options);
 }
 
-Result<std::unique_ptr<IoEngine>> OpenIoEngine(const IoEngineOptions& options) {
-  if (options.backend == "io_uring") return OpenUringIoEngine(options);
-  if (options.backend == "threads") return OpenThreadIoEngine(options);
-  if (options.backend != "auto") {
-    return InvalidArgument("io_backend '" + options.backend + "' is not auto, io_uring or threads");
-  }
-  auto uring = OpenUringIoEngine(options);
-  if (uring.ok()) return uring;
-  KVTIER_LOG(WARNING) << "io_backend auto: " << uring.status().ToString()
-                      << "; falling back to the threads backend (pread/pwrite workers)";
-  return OpenThreadIoEngine(options);
-}
-
 }  // namespace kvtier

@@ -26,7 +26,7 @@
 #include <tuple>
 
 #include "daemon/kvctl/plan.h"
-#include "engine/client.h"
+#include "engine/control_client.h"
 #include "protocol/base/defaults.h"
 #include "protocol/base/block_key.h"
 #include "protocol/base/tier.h"
@@ -190,18 +190,6 @@ int Sessions(const DaemonStats& s, bool as_json) {
   return 0;
 }
 
-std::string_view StateName(kvtier::BlockExplanationInfo::State s) {
-  using S = kvtier::BlockExplanationInfo::State;
-  switch (s) {
-    case S::kCached: return "cached";
-    case S::kInFlight: return "in-flight";
-    case S::kEvicted: return "evicted";
-    case S::kOtherNamespace: return "other-namespace";
-    case S::kNeverStored: return "never-stored";
-  }
-  return "unknown";
-}
-
 int Die(const std::string& what, const kvtier::Status& s) {
   std::fprintf(stderr, "kvctl: %s: %s\n", what.c_str(), s.ToString().c_str());
   return 1;
@@ -220,7 +208,7 @@ kvtier::Result<std::vector<kvtier::BlockHash>> ParseHashes(const std::vector<std
 }
 
 // lookup: where each block is; explain: and why it is not a hit.
-int Explain(kvtier::Client& c, const std::vector<std::string>& hex, const std::string& ns, bool verbose, bool as_json) {
+int Explain(kvtier::ControlClient& c, const std::vector<std::string>& hex, const std::string& ns, bool verbose, bool as_json) {
   auto hashes = ParseHashes(hex);
   if (!hashes.ok()) {
     std::fprintf(stderr, "kvctl: %s\n", hashes.status().message().c_str());
@@ -240,7 +228,7 @@ int Explain(kvtier::Client& c, const std::vector<std::string>& hex, const std::s
     for (size_t i = 0; i < r->size(); ++i) {
       const auto& e = (*r)[i];
       j.push_back(json{{"hash", hex[i]},
-                       {"state", std::string(StateName(e.state))},
+                       {"state", std::string(kvtier::BlockStateName(e.state))},
                        {"hit", e.state == kvtier::BlockExplanationInfo::State::kCached},
                        {"tier", std::string(kvtier::TierKindName(e.tier))},
                        {"on_nvme", e.on_nvme},
@@ -259,7 +247,7 @@ int Explain(kvtier::Client& c, const std::vector<std::string>& hex, const std::s
     using S = kvtier::BlockExplanationInfo::State;
     const bool located = e.state == S::kCached || e.state == S::kInFlight;
     if (!verbose) {
-      std::printf("%s  %-15s %-5s %s\n", hex[i].c_str(), std::string(StateName(e.state)).c_str(),
+      std::printf("%s  %-15s %-5s %s\n", hex[i].c_str(), std::string(kvtier::BlockStateName(e.state)).c_str(),
                   located ? std::string(kvtier::TierKindName(e.tier)).c_str() : "-",
                   e.namespace_id.empty() ? "" : ("namespace " + e.namespace_id + " (" + e.tenant + ")").c_str());
     } else {
@@ -273,7 +261,7 @@ int Explain(kvtier::Client& c, const std::vector<std::string>& hex, const std::s
   return 0;
 }
 
-int Blocks(kvtier::Client& c, const std::string& tier_name, const std::string& ns, bool by_recent, uint32_t limit,
+int Blocks(kvtier::ControlClient& c, const std::string& tier_name, const std::string& ns, bool by_recent, uint32_t limit,
            bool as_json) {
   std::optional<kvtier::TierKind> tier;
   if (!tier_name.empty() && tier_name != "memory") {
@@ -315,7 +303,7 @@ int Blocks(kvtier::Client& c, const std::string& tier_name, const std::string& n
   return 0;
 }
 
-int Evict(kvtier::Client& c, const std::string& tier_name, const std::string& bytes_text, bool as_json) {
+int Evict(kvtier::ControlClient& c, const std::string& tier_name, const std::string& bytes_text, bool as_json) {
   auto tier = kvtier::ParseTierKind(tier_name);
   auto bytes = kvtier::ParseBytes(bytes_text);
   if (!tier || !bytes.ok()) {
@@ -337,7 +325,7 @@ int Evict(kvtier::Client& c, const std::string& tier_name, const std::string& by
   return 0;
 }
 
-int Drain(kvtier::Client& c, bool resume, bool no_wait, double timeout_s, bool as_json) {
+int Drain(kvtier::ControlClient& c, bool resume, bool no_wait, double timeout_s, bool as_json) {
   auto r = c.Drain(!resume);
   if (!r.ok()) return Die("drain", r.status());
   const auto start = std::chrono::steady_clock::now();
@@ -441,7 +429,7 @@ void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std
   std::fflush(stdout);
 }
 
-int Top(kvtier::Client& c, const std::string& socket, double interval_s, int iterations, bool as_json) {
+int Top(kvtier::ControlClient& c, const std::string& socket, double interval_s, int iterations, bool as_json) {
   std::optional<DaemonStats> prev;
   auto last = std::chrono::steady_clock::now();
   for (int i = 0; iterations <= 0 || i < iterations; ++i) {
@@ -672,17 +660,18 @@ int main(int argc, char** argv) {
   }
   if (plan->parsed()) return Plan(pf, as_json);
 
-  kvtier::ClientOptions o;
-  o.control = true;
-  o.engine_name = "kvctl";
+  kvtier::ControlClientOptions o;
+  o.name = "kvctl";
   o.socket_path = kvtier::ResolveSocketPath(socket.c_str());
   o.timeout_ms = 10'000;
-  auto client = kvtier::Client::Connect(o);
+  // The session's hash size is the size of the hashes asked about (32 hex digits: 16 bytes).
+  if ((lookup->parsed() || explain->parsed()) && !hashes.empty() && hashes.front().size() == 64) o.hash_bytes = 32;
+  auto client = kvtier::ControlClient::Connect(o);
   if (!client.ok()) {
     std::fprintf(stderr, "kvctl: %s\n", client.status().message().c_str());
     return 1;
   }
-  kvtier::Client& c = **client;
+  kvtier::ControlClient& c = **client;
   if (lookup->parsed() || explain->parsed()) return Explain(c, hashes, ns, explain->parsed(), as_json);
   if (blocks->parsed()) return Blocks(c, tier_name, ns, by_recent, limit, as_json);
   if (evict->parsed()) return Evict(c, tier_name, bytes_text, as_json);

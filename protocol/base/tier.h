@@ -9,6 +9,11 @@
 namespace kvtier {
 
 enum class TierKind : uint8_t { kGpu = 0, kHost = 1, kNvme = 2 };
+
+// A page of a tier's pool (an NVMe slot for the NVMe tier), numbered from 0 across the
+// pool's segments; the numbers travel in Allocate, Commit, Acquire and Release.
+using PageId = uint32_t;
+inline constexpr PageId kNoPage = 0xffffffffu;
 inline constexpr int kTierCount = 3;
 inline constexpr TierKind kAllTiers[kTierCount] = {TierKind::kGpu, TierKind::kHost, TierKind::kNvme};
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/client.h"
+#include "engine/control_client.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier::bench {

@@ -82,7 +82,7 @@ ModelLayout LayoutFor(uint64_t page_bytes) {
 }
 
 // Polls Stats until `n` demotions more than `before` are done and nothing is in flight.
-Status WaitSpilled(Client& control, uint64_t before, uint64_t n) {
+Status WaitSpilled(ControlClient& control, uint64_t before, uint64_t n) {
   for (int i = 0; i < 120'000; ++i) {
     KVTIER_ASSIGN_OR_RETURN(DaemonStats s, control.Stats());
     bool idle = true;
@@ -102,9 +102,9 @@ Result<double> KvtierWrite(const std::string& socket, const ModelLayout& layout,
   o.engine_name = "bench-nvme-writer";
   o.layout = layout;
   KVTIER_ASSIGN_OR_RETURN(auto c, Client::Connect(o));
-  ClientOptions co = o;
-  co.control = true;
-  KVTIER_ASSIGN_OR_RETURN(auto control, Client::Connect(co));
+  ControlClientOptions co;
+  co.socket_path = o.socket_path;
+  KVTIER_ASSIGN_OR_RETURN(auto control, ControlClient::Connect(co));
   KVTIER_ASSIGN_OR_RETURN(DaemonStats before, control->Stats());
   const double t0 = NowUs();
   uint64_t done = 0;
@@ -173,9 +173,9 @@ Result<double> KvtierRead(const std::string& socket, const ModelLayout& layout, 
     releases.push_back(rt);
     return Status::Ok();
   };
-  ClientOptions co = o;
-  co.control = true;
-  KVTIER_ASSIGN_OR_RETURN(auto control, Client::Connect(co));
+  ControlClientOptions co;
+  co.socket_path = o.socket_path;
+  KVTIER_ASSIGN_OR_RETURN(auto control, ControlClient::Connect(co));
   KVTIER_ASSIGN_OR_RETURN(DaemonStats before, control->Stats());
   const double t0 = NowUs();
   for (size_t i = 0; NowUs() - t0 < seconds * 1e6; i = (i + 1) % hashes.size()) {

@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "daemon/dispatcher.h"
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "storage/block_index_store.h"
 #include "storage/nvme_tier.h"
 #include "storage/slot_files.h"
@@ -179,10 +179,9 @@ int RunRestartBench(const BenchArgs& args) {
   double ready_s = 0;
   uint64_t nvme_memory = 0;
   {
-    ClientOptions o;
+    ControlClientOptions o;
     o.socket_path = d.socket_path();
-    o.control = true;
-    auto c = Client::Connect(o);
+    auto c = ControlClient::Connect(o);
     if (!c.ok()) std::fprintf(stderr, "kvtier-bench restart: %s\n", c.status().ToString().c_str());
     for (int i = 0; c.ok() && i < 60'000; ++i) {
       auto s = (*c)->Stats();

@@ -38,7 +38,7 @@
 #include <random>
 #include <thread>
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/bench/bench_main.h"
 #include "tests/bench/bench_util.h"
 
@@ -193,11 +193,11 @@ class Session {
       }
       const uint32_t dice = rng_() % 100;
       if (dice < 6) {
-        Timed(kStats, [&] { return client_->Stats().status(); });
+        Timed(kStats, [&] { return Stats(false); });
       } else if (dice < 12) {
         Timed(kPing, [&] { return client_->Ping(); });
       } else if (dice < 13) {
-        Timed(kStats, [&] { return client_->Stats(/*with_sessions=*/true).status(); });
+        Timed(kStats, [&] { return Stats(/*with_sessions=*/true); });
       } else if (dice < 14 && rng_() % 8 == 0) {
         if (LeaseSome()) {
           *die = true;
@@ -205,6 +205,7 @@ class Session {
         }
       } else if (dice < 15) {
         client_.reset();  // a clean disconnect
+        control_.reset();
         ++r_.n.reconnects;
       } else {
         Request();
@@ -215,6 +216,20 @@ class Session {
   }
 
  private:
+  // Stats from a control session of this engine process (engines' sessions have none).
+  Status Stats(bool with_sessions) {
+    if (!control_) {
+      ControlClientOptions o;
+      o.socket_path = socket_;
+      o.name = "soak-stats";
+      o.timeout_ms = 30'000;
+      KVTIER_ASSIGN_OR_RETURN(control_, ControlClient::Connect(o));
+    }
+    Status st = control_->Stats(with_sessions).status();
+    if (!st.ok()) control_.reset();
+    return st;
+  }
+
   bool Connect() {
     ClientOptions o;
     o.socket_path = socket_;
@@ -360,6 +375,7 @@ class Session {
   double deadline_us_;
   std::mt19937_64 rng_;
   std::unique_ptr<Client> client_;
+  std::unique_ptr<ControlClient> control_;
   uint64_t block_bytes_ = 0;
   SessionResult r_;
 };
@@ -485,10 +501,9 @@ int RunSoakBench(const BenchArgs& args) {
   bool gpu = false;
   std::string metrics_url;
   {
-    ClientOptions o;
+    ControlClientOptions o;
     o.socket_path = socket;
-    o.control = true;
-    auto c = Client::Connect(o);
+    auto c = ControlClient::Connect(o);
     if (!c.ok()) {
       std::fprintf(stderr, "kvtier-bench soak: %s\n", c.status().ToString().c_str());
       return 1;
@@ -603,10 +618,9 @@ int RunSoakBench(const BenchArgs& args) {
   uint64_t checksum_failures = 0, io_errors = 0;
   json tiers = json::array();
   {
-    ClientOptions o;
+    ControlClientOptions o;
     o.socket_path = socket;
-    o.control = true;
-    auto c = Client::Connect(o);
+    auto c = ControlClient::Connect(o);
     for (int i = 0; c.ok() && i < 500 && !drained; ++i) {
       auto s = (*c)->Stats();
       if (!s.ok()) break;

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "daemon/cache_manager.h"
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {

@@ -1,6 +1,6 @@
 // The trace simulator (engine/cache_sim.h) over the daemon's policy classes: prefix-hit
 // accounting, Belady as a bound, the default policy against LRU, two tiers.
-#include "engine/cache_sim.h"
+#include "engine/tools/cache_sim.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Trace loading, writing and generation (engine/trace.h).
-#include "engine/trace.h"
+#include "engine/tools/trace.h"
 
 #include <gtest/gtest.h>
 

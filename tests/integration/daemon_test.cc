@@ -7,7 +7,7 @@
 #include <random>
 #include <thread>
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -16,7 +16,7 @@ namespace {
 constexpr int kBlocks = 6;
 
 DaemonStats StatsOf(const std::string& socket) {
-  auto c = Client::Connect(ControlOptions(socket));
+  auto c = ControlClient::Connect(ControlOptions(socket));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   auto s = (*c)->Stats(true);
   EXPECT_TRUE(s.ok()) << s.status().ToString();

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine/client.h"
+#include "engine/control_client.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier::testing {
@@ -102,13 +103,18 @@ inline ClientOptions EngineOptions(const std::string& socket, const std::string&
   return o;
 }
 
-inline ClientOptions ControlOptions(const std::string& socket) {
-  ClientOptions o;
+inline ControlClientOptions ControlOptions(const std::string& socket) {
+  ControlClientOptions o;
   o.socket_path = socket;
-  o.engine_name = "test-control";
-  o.control = true;
+  o.name = "test-control";
   o.timeout_ms = 10'000;
   return o;
+}
+
+// Stats through a control session of its own (engines' sessions have no Stats).
+inline Result<DaemonStats> StatsOf(const std::string& socket, bool with_sessions = false) {
+  KVTIER_ASSIGN_OR_RETURN(auto c, ControlClient::Connect(ControlOptions(socket)));
+  return c->Stats(with_sessions);
 }
 
 }  // namespace kvtier::testing

@@ -11,7 +11,7 @@
 
 #include "kernels/device_backend.h"
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -119,7 +119,7 @@ TEST(GpuTier, DemotionFromGpuToHostKeepsTheBytes) {
   }
   EXPECT_GT(on_host, 0u);
   EXPECT_GT(on_gpu, 0u);
-  auto stats = (*c)->Stats();
+  auto stats = StatsOf(d.socket_path());
   ASSERT_TRUE(stats.ok());
   for (const auto& t : stats->tiers) {
     EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages,
@@ -174,7 +174,7 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
                             dst[0].begin() + g.EngineSlabOffset(5, 0) + g.SlabBytes(),
                             [](uint8_t v) { return v == 0; }));
     // Nothing stays referenced after the helpers.
-    auto s = (*b)->Stats();
+    auto s = StatsOf(d.socket_path());
     ASSERT_TRUE(s.ok());
     for (const auto& t : s->tiers) EXPECT_EQ(t.referenced_pages, 0u) << t.name;
   }

@@ -17,7 +17,7 @@
 #include <set>
 #include <sstream>
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -127,7 +127,7 @@ class LiveDaemon : public ::testing::Test {
     auto l = engine_->Lookup(chain);
     ASSERT_TRUE(l.ok());
     ASSERT_EQ(l->matched, 3u);
-    auto s = engine_->Stats();
+    auto s = StatsOf(daemon_->socket_path());
     ASSERT_TRUE(s.ok());
     metrics_url_ = s->metrics_url;
   }

@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -74,7 +74,7 @@ Served ReadBack(Client& c, const std::vector<BlockHash>& hashes) {
 }
 
 DaemonStats Stats(const DaemonProcess& d) {
-  auto c = Client::Connect(ControlOptions(d.socket_path()));
+  auto c = ControlClient::Connect(ControlOptions(d.socket_path()));
   EXPECT_TRUE(c.ok());
   auto s = (*c)->Stats();
   EXPECT_TRUE(s.ok());
@@ -203,7 +203,7 @@ TEST_P(NvmeDaemonTest, Kill9DuringSpillsNeverServesWrongBytes) {
       total_hits += s.hits;
       ExpectAccountingExact(Stats(d));
       // Every index entry the crash left verifies (strict: bytes synced before entries).
-      auto control = Client::Connect(ControlOptions(d.socket_path()));
+      auto control = ControlClient::Connect(ControlOptions(d.socket_path()));
       ASSERT_TRUE(control.ok());
       auto v = (*control)->Verify();
       ASSERT_TRUE(v.ok()) << v.status().ToString();
@@ -370,7 +370,7 @@ TEST_P(NvmeDaemonTest, StopDuringALongVerifyAndAQueuedScanShutsDownCleanly) {
   }
   ASSERT_TRUE(WaitForNvmeBlocks(d, 48));
   EngineProcess verify([&]() -> int {
-    auto control = Client::Connect(ControlOptions(d.socket_path()));
+    auto control = ControlClient::Connect(ControlOptions(d.socket_path()));
     if (!control.ok()) return 10;
     auto v = (*control)->Verify();
     return v.ok() ? 11 : 0;  // the daemon went away first: an error, not a hang or a report

@@ -8,7 +8,7 @@
 #include <regex>
 #include <sstream>
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -61,7 +61,7 @@ TEST(KvctlExplain, SaysWhereABlockIsAndWhyItIsNotAHit) {
   ASSERT_TRUE(StoreChain(**a, TierKind::kHost, first).ok());
   ASSERT_TRUE(StoreChain(**b, TierKind::kHost, other).ok());
   std::string ns_a;
-  auto stats = (*a)->Stats(true);
+  auto stats = StatsOf(d.socket_path(), true);
   ASSERT_TRUE(stats.ok());
   for (const auto& s : stats->sessions) {
     if (s.engine_name == "test-engine") ns_a = s.namespace_id;
@@ -91,9 +91,9 @@ TEST(KvctlExplain, SaysWhereABlockIsAndWhyItIsNotAHit) {
   EXPECT_NE(ev["blocks"][0]["detail"].get<std::string>().find("no NVMe tier"), std::string::npos);
 
   // Committed again after that eviction: the thrash counter moves, and it is a hit again.
-  const uint64_t before = (*a)->Stats()->refetches_after_evict;
+  const uint64_t before = StatsOf(d.socket_path())->refetches_after_evict;
   ASSERT_TRUE(StoreChain(**a, TierKind::kHost, first).ok());
-  EXPECT_EQ((*a)->Stats()->refetches_after_evict, before + first.size());
+  EXPECT_EQ(StatsOf(d.socket_path())->refetches_after_evict, before + first.size());
   EXPECT_EQ(Kvctl(d, "lookup " + Hex(first[0]))["blocks"][0]["state"], "cached");
 
   // Bad input is a usage error, not a daemon error.

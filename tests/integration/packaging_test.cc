@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "kvtier_version.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -49,7 +50,7 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
   TempDir out, root;
   CmdResult p = Sh("cd " + kBuild + " && cpack -G DEB -B " + out.path());
   ASSERT_EQ(p.code, 0) << p.out;
-  const std::string deb = out.path() + "/kvtier_0.1.0_amd64.deb";
+  const std::string deb = out.path() + "/kvtier_" + std::string(kVersion) + "_amd64.deb";
   ASSERT_TRUE(Exists(deb)) << p.out;
   CmdResult info = Sh("dpkg-deb -f " + deb + " Package Depends");
   EXPECT_NE(info.out.find("Package: kvtier"), std::string::npos) << info.out;
@@ -67,7 +68,7 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
   for (const char* f : kLayout) EXPECT_TRUE(Exists(root.path() + f)) << f;
   CmdResult v = Sh(root.path() + "/usr/bin/kvtierd --version");
   EXPECT_EQ(v.code, 0) << v.out;
-  EXPECT_NE(v.out.find("kvtierd 0.1.0"), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("kvtierd " + std::string(kVersion)), std::string::npos) << v.out;
   EXPECT_EQ(Sh(root.path() + "/usr/bin/kvctl --help").code, 0);
 }
 

@@ -6,8 +6,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "engine/block_pattern.h"
-#include "engine/trace.h"
+#include "engine/tools/block_pattern.h"
+#include "engine/tools/trace.h"
 #include "protocol/base/model_presets.h"
 #include "tests/integration/engine_process.h"
 

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <thread>
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -219,7 +219,7 @@ TEST_F(MultiUser, UnknownUsersAreRefusedAndTheSocketIsTheGroupsOnly) {
   int rc = -1;
   RunAs(kUserA, d, [](Client&) { return Hits{}; }, &rc);
   EXPECT_EQ(rc, 0);
-  EXPECT_TRUE(Client::Connect(ControlOptions(d.socket_path())).ok());
+  EXPECT_TRUE(ControlClient::Connect(ControlOptions(d.socket_path())).ok());
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
@@ -236,7 +236,7 @@ TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) 
   // a writes 4 MiB; it may hold only 1 MiB on the host tier at a time.
   Hits a = RunAs(kUserA, d, [&](Client& c) {
     for (int r = 0; r < 4; ++r) (void)Store(c, TierKind::kHost, HashChain(100 + r, 16), kUserA);
-    auto s = c.Stats(true);
+    auto s = StatsOf(d.socket_path(), true);
     Hits h;
     if (s.ok()) {
       for (const auto& t : s->tiers) {
@@ -258,7 +258,7 @@ TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) 
 // ---- liveness (any user) -----------------------------------------------------------
 
 Result<TierStatsInfo> HostStats(const DaemonProcess& d) {
-  KVTIER_ASSIGN_OR_RETURN(auto c, Client::Connect(ControlOptions(d.socket_path())));
+  KVTIER_ASSIGN_OR_RETURN(auto c, ControlClient::Connect(ControlOptions(d.socket_path())));
   KVTIER_ASSIGN_OR_RETURN(auto s, c->Stats());
   for (const auto& t : s.tiers) {
     if (t.tier == TierKind::kHost) return t;

@@ -97,7 +97,7 @@ TEST(Kvtierd, SecondDaemonOnTheSameSocketIsRefused) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("another kvtierd"), std::string::npos) << r.out;
   // The first one still serves.
-  auto c = Client::Connect(ControlOptions(first.socket_path()));
+  auto c = ControlClient::Connect(ControlOptions(first.socket_path()));
   EXPECT_TRUE(c.ok());
   EXPECT_EQ(first.Stop(), 0);
 }
@@ -180,7 +180,7 @@ TEST(Metrics, EndpointServesPrometheusText) {
   auto c = Client::Connect(EngineOptions(daemon.socket_path()));
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE((*c)->Lookup(HashChain(3, 2)).ok());
-  auto stats = (*c)->Stats();
+  auto stats = StatsOf(daemon.socket_path());
   ASSERT_TRUE(stats.ok());
   CmdResult r = Sh("curl -fsS " + stats->metrics_url);
   ASSERT_EQ(r.code, 0) << r.out;

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 #include "engine/client.h"
 #include "protocol/base/model_presets.h"
 

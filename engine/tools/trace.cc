@@ -1,4 +1,4 @@
-#include "engine/trace.h"
+#include "engine/tools/trace.h"
 
 #include <cerrno>
 #include <fstream>

@@ -31,10 +31,10 @@
 #include <list>
 #include <thread>
 
-#include "engine/block_pattern.h"
-#include "engine/cache_sim.h"
+#include "engine/tools/block_pattern.h"
+#include "engine/tools/cache_sim.h"
 #include "engine/client.h"
-#include "engine/trace.h"
+#include "engine/tools/trace.h"
 #include "protocol/base/model_presets.h"
 #include "protocol/base/units.h"
 

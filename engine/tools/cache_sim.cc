@@ -1,4 +1,4 @@
-#include "engine/cache_sim.h"
+#include "engine/tools/cache_sim.h"
 
 #include <algorithm>
 #include <memory>

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "engine/cache_sim.h"
+#include "engine/tools/cache_sim.h"
 #include "storage/eviction_policy.h"
 
 int main(int argc, char** argv) {

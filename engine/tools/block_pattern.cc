@@ -1,4 +1,4 @@
-#include "engine/block_pattern.h"
+#include "engine/tools/block_pattern.h"
 
 #include <xxhash.h>
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/trace.h"
+#include "engine/tools/trace.h"
 
 namespace kvtier {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/trace.h"
+#include "engine/tools/trace.h"
 #include "protocol/base/status.h"
 
 namespace kvtier {

@@ -1,0 +1,154 @@
+// CacheManager under pressure: which cached block gives way (EvictOne), the watermarks,
+// making room for an allocation, and tenants' quotas and reserves. Same class as
+// cache_manager.cc, same rules: control thread only.
+#include <algorithm>
+
+#include "daemon/cache_manager.h"
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+namespace {
+
+// Whole pages; a nonzero limit is at least one page.
+uint32_t LimitPages(uint64_t bytes, uint64_t page_bytes) {
+  return bytes ? static_cast<uint32_t>(std::max<uint64_t>(1, bytes / page_bytes)) : 0u;
+}
+
+}  // namespace
+
+uint32_t CacheManager::QuotaPages(TierKind tier, TenantId t) const {
+  if (t >= namespaces_.tenant_count() || !blocks_->enabled(tier)) return 0;
+  return LimitPages(namespaces_.limits(t).quota_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
+}
+
+uint32_t CacheManager::ReservePages(TierKind tier, TenantId t) const {
+  if (t >= namespaces_.tenant_count() || !blocks_->enabled(tier)) return 0;
+  return LimitPages(namespaces_.limits(t).reserve_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
+}
+
+bool CacheManager::AtQuota(TierKind tier, TenantId t) const {
+  const uint32_t quota = QuotaPages(tier, t);
+  return quota > 0 && blocks_->pool(tier)->UsedBy(t) >= quota;
+}
+
+bool CacheManager::AboveReserve(TierKind tier, TenantId t) const {
+  return blocks_->pool(tier)->UsedBy(t) > ReservePages(tier, t);
+}
+
+TenantId CacheManager::LargestCachedTenant(TierKind tier) const {
+  TenantId worst = kNoOwner;
+  uint32_t most = 0;
+  for (TenantId t = 0; t < blocks_->tenant_limit(tier); ++t) {
+    const uint32_t cached = blocks_->cached_of(tier, t);
+    if (cached > most && AboveReserve(tier, t)) {
+      most = cached;
+      worst = t;
+    }
+  }
+  return worst;
+}
+
+void CacheManager::DemoteToHost(BlockId id) {
+  const Block& b = blocks_->block(id);
+  if (b.page[TierIndex(TierKind::kHost)] != kNoPage || MakeRoom(TierKind::kHost, b.tenant) != Room::kNow) return;
+  const std::optional<PageId> hp = blocks_->Take(TierKind::kHost, b.tenant);
+  if (!hp) return;
+  TierPool* gpu = blocks_->pool(TierKind::kGpu);
+  TierPool* host = blocks_->pool(TierKind::kHost);
+  const PageId gp = b.page[TierIndex(TierKind::kGpu)];
+  Status st = gpu->memory().CopyToHost(gpu->SegmentOf(gp), gpu->OffsetInSegment(gp), host->PageAddress(*hp),
+                                       host->page_bytes());
+  if (st.ok()) {
+    blocks_->Reside(id, TierKind::kHost, *hp);
+    ++counters_.gpu_demotions;
+  } else {
+    KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
+    blocks_->Free(TierKind::kHost, *hp);
+  }
+}
+
+CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
+  const BlockId victim = blocks_->Victim(kind, tenant);
+  if (victim == kNoBlock) return Evicted::kNone;
+  if (kind == TierKind::kGpu && tier_enabled(TierKind::kHost)) {
+    // GPU -> host: the block keeps living one tier down.
+    DemoteToHost(victim);
+    const Block& left = blocks_->block(victim);
+    if (left.page[TierIndex(TierKind::kHost)] == kNoPage && left.page[TierIndex(TierKind::kNvme)] == kNoPage) {
+      RememberEviction(KeyOf(left), kind);
+    }
+    blocks_->RemoveResidency(victim, kind);  // the host copy, if any, lives on
+    ++counters_.evictions[TierIndex(kind)];
+    return Evicted::kDropped;
+  }
+  const Block& b = blocks_->block(victim);
+  if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable()) {
+    if (mover_->busy()) return Evicted::kBusy;
+    mover_->StartSpill(victim, /*keep_host=*/false);
+    return Evicted::kDemoting;
+  }
+  // Already on NVMe (so nothing is lost), or nowhere to go: the page is free at once.
+  const TierKind other = kind == TierKind::kHost ? TierKind::kGpu : TierKind::kHost;
+  if (b.page[TierIndex(TierKind::kNvme)] == kNoPage && b.page[TierIndex(other)] == kNoPage) {
+    RememberEviction(KeyOf(b), kind);
+  }
+  blocks_->RemoveResidency(victim, kind);
+  ++counters_.evictions[TierIndex(kind)];
+  return Evicted::kDropped;
+}
+
+void CacheManager::EnforceWatermark(TierKind kind) {
+  if (!blocks_->enabled(kind)) return;
+  const TierPool& pool = *blocks_->pool(kind);
+  const double cap = pool.capacity();
+  const TierOptions& o = options_.tiers[TierIndex(kind)];
+  // Pages being demoted are as good as free for this purpose.
+  auto projected = [&] {
+    const double used = pool.capacity() - pool.free_count();
+    return used - (kind == TierKind::kHost && mover_ ? mover_->demotions_in_flight() : 0);
+  };
+  bool& evicting = evicting_[TierIndex(kind)];
+  if (!evicting) {
+    if (projected() <= o.high_watermark * cap) return;
+    evicting = true;
+  }
+  while (projected() > o.low_watermark * cap) {
+    const TenantId worst = LargestCachedTenant(kind);
+    if (worst == kNoOwner) break;
+    const Evicted e = EvictOne(kind, worst);
+    if (e == Evicted::kBusy) return;  // resumes as spills complete
+    if (e == Evicted::kNone) break;
+  }
+  evicting = false;
+}
+
+CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
+  const TierPool& pool = *blocks_->pool(kind);
+  // Spills in flight will make room: a demotion frees its page, a write-through makes its
+  // block droppable.
+  auto spills_will_help = [&] { return kind == TierKind::kHost && mover_ && mover_->spills_in_flight() > 0; };
+  // A tenant at its quota makes room among its own blocks, or gets none.
+  while (AtQuota(kind, tenant)) {
+    const Evicted e = EvictOne(kind, tenant);
+    if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+    if (e == Evicted::kNone) return spills_will_help() ? Room::kLater : Room::kOverQuota;
+  }
+  while (pool.AvailableTo(tenant) == 0) {
+    Evicted e = EvictOne(kind, tenant);
+    if (e == Evicted::kDropped) continue;
+    if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+    // Nothing of ours left to evict: free other tenants' cached blocks until a segment
+    // empties and can change hands.
+    bool progressed = false;
+    for (TenantId t = 0; t < blocks_->tenant_limit(kind) && !progressed; ++t) {
+      if (t == tenant || blocks_->cached_of(kind, t) == 0 || !AboveReserve(kind, t)) continue;
+      e = EvictOne(kind, t);
+      if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+      progressed = e == Evicted::kDropped;
+    }
+    if (!progressed) return spills_will_help() ? Room::kLater : Room::kNone;
+  }
+  return Room::kNow;
+}
+
+}  // namespace kvtier

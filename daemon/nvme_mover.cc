@@ -1,0 +1,171 @@
+#include "daemon/nvme_mover.h"
+
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+
+NvmeMover::NvmeMover(std::unique_ptr<NvmeTier> nvme, const Options& options, BlockTable* blocks,
+                     NamespaceTable* namespaces, CacheCounters* counters, Hooks hooks)
+    : nvme_(std::move(nvme)),
+      options_(options),
+      blocks_(blocks),
+      namespaces_(namespaces),
+      counters_(counters),
+      hooks_(std::move(hooks)) {}
+
+NvmeMover::~NvmeMover() { nvme_.reset(); }
+
+Result<std::unique_ptr<NvmeMover>> NvmeMover::Open(std::unique_ptr<NvmeTier> nvme, const Options& options,
+                                                   BlockTable* blocks, NamespaceTable* namespaces,
+                                                   CacheCounters* counters, Hooks hooks) {
+  TierPool* host = blocks->pool(TierKind::kHost);
+  if (host == nullptr) return InvalidArgument("the NVMe tier needs the host tier");
+  if (nvme->slot_bytes() != host->page_bytes()) return InvalidArgument("NVMe slots must be the size of host pages");
+  std::unique_ptr<NvmeMover> m(
+      new NvmeMover(std::move(nvme), options, blocks, namespaces, counters, std::move(hooks)));
+  m->registered_segments_.assign(host->segment_count(), false);
+  NvmeMover* raw = m.get();
+  m->nvme_->SetDropListener([raw](const std::string& key, uint32_t slot) { raw->OnDropped(key, slot); });
+  host->SetRenewListener([raw, host](uint32_t seg) {
+    // A renewed segment is new memory: its registration must follow.
+    if (raw->registered_segments_[seg]) {
+      raw->nvme_->RegisterBuffer(seg, host->memory().HostAddress(seg), host->memory().segment_bytes());
+    }
+  });
+  KVTIER_LOG(INFO) << "nvme tier: " << m->nvme_->Describe() << ", "
+                   << (options.write_policy == WritePolicy::kWriteThrough ? "write_through" : "write_back");
+  return m;
+}
+
+int NvmeMover::BufferIndex(PageId page) {
+  TierPool* pool = blocks_->pool(TierKind::kHost);
+  const uint32_t seg = pool->SegmentOf(page);
+  if (!registered_segments_[seg]) {
+    nvme_->RegisterBuffer(seg, pool->memory().HostAddress(seg), pool->memory().segment_bytes());
+    registered_segments_[seg] = true;
+  }
+  return static_cast<int>(seg);
+}
+
+Result<std::optional<BlockRecord>> NvmeMover::Find(NamespaceId ns, const BlockHash& hash) {
+  return nvme_->Find(namespaces_->BlockKey(ns, hash));
+}
+
+Result<std::vector<std::optional<BlockRecord>>> NvmeMover::FindMany(NamespaceId ns,
+                                                                    std::span<const BlockHash> hashes) {
+  std::vector<std::string> keys;
+  keys.reserve(hashes.size());
+  for (const BlockHash& h : hashes) keys.push_back(namespaces_->BlockKey(ns, h));
+  return nvme_->FindMany(keys);
+}
+
+// ---- spills ----------------------------------------------------------------------------
+
+void NvmeMover::StartSpill(BlockId id, bool keep_host) {
+  blocks_->BeginSpill(id);
+  const BlockTable::Block& b = blocks_->block(id);
+  ++spills_in_flight_;
+  if (!keep_host) ++demotions_in_flight_;
+  const PageId page = b.page[TierIndex(TierKind::kHost)];
+  TierPool* pool = blocks_->pool(TierKind::kHost);
+  const NamespaceTable::Namespace& n = namespaces_->Get(b.ns);
+  BlockRecord meta;
+  meta.length = static_cast<uint32_t>(n.block_bytes);
+  meta.layout_fingerprint = n.fingerprint;
+  meta.parent.assign(reinterpret_cast<const char*>(b.parent.bytes().data()), b.parent.size());
+  const int buf = BufferIndex(page);
+  nvme_->Spill(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), pool->page_bytes()},
+               buf, [this, id, gen = b.gen, keep_host](Status st, uint32_t slot) {
+                 OnSpilled(id, gen, keep_host, std::move(st), slot);
+               });
+}
+
+void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, uint32_t slot) {
+  --spills_in_flight_;
+  if (!keep_host) --demotions_in_flight_;
+  const BlockTable::Block& b = blocks_->block(id);
+  KVTIER_CHECK(b.live && b.gen == gen && b.spilling) << "spill completion for a block that moved";
+  blocks_->EndSpill(id);
+  if (st.ok()) {
+    blocks_->SetNvmeSlot(id, slot);
+    ++(keep_host ? counters_->write_throughs : counters_->demotions);
+    // Demoted: the host copy goes unless someone took a reference meanwhile.
+    if (!keep_host && b.refs == 0) blocks_->RemoveResidency(id, TierKind::kHost);
+  } else {
+    ++counters_->spill_failures;
+    KVTIER_LOG(DEBUG) << "spill failed: " << st.ToString();
+  }
+  hooks_.after_spill();
+  PumpWriteThrough();
+}
+
+void NvmeMover::QueueWriteThrough(BlockId id) { write_through_queue_.emplace_back(id, blocks_->block(id).gen); }
+
+void NvmeMover::PumpWriteThrough() {
+  while (!write_through_queue_.empty() && !busy() && spillable()) {
+    const auto [id, gen] = write_through_queue_.front();
+    write_through_queue_.pop_front();
+    const BlockTable::Block& b = blocks_->block(id);
+    const PageId host = b.page[TierIndex(TierKind::kHost)];
+    if (!b.live || b.gen != gen || b.spilling || b.promoting || host == kNoPage ||
+        b.page[TierIndex(TierKind::kNvme)] != kNoPage ||
+        blocks_->state(TierKind::kHost, host) != BlockTable::PageState::kBlock) {
+      continue;  // gone, or already on NVMe
+    }
+    StartSpill(id, /*keep_host=*/true);
+  }
+}
+
+void NvmeMover::OnDropped(const std::string& key, uint32_t slot) {
+  std::string encoded;
+  BlockHash h;
+  std::optional<NamespaceId> ns;
+  if (DecodeBlockKey(key, nullptr, nullptr, &encoded, &h)) ns = namespaces_->Find(encoded);
+  const BlockId id = ns ? blocks_->Find(*ns, h) : kNoBlock;
+  if (id == kNoBlock) {
+    if (hooks_.last_copy_dropped) hooks_.last_copy_dropped(key);
+    return;
+  }
+  // Only that copy: the block may have been spilled again, to another slot.
+  if (blocks_->block(id).page[TierIndex(TierKind::kNvme)] == slot) blocks_->SetNvmeSlot(id, kNoPage);
+}
+
+// ---- promotions ------------------------------------------------------------------------
+
+BlockId NvmeMover::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& rec) {
+  const std::optional<PageId> page = blocks_->Take(TierKind::kHost, tenant);
+  if (!page) return kNoBlock;
+  BlockHash parent;
+  if (BlockHash::ValidSize(rec.parent.size())) {
+    parent = BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(rec.parent.data()), rec.parent.size()));
+  }
+  const BlockId id = blocks_->Create(ns, tenant, hash, parent);
+  blocks_->SetNvmeSlot(id, rec.slot);
+  blocks_->BeginFill(id, *page);
+  const uint32_t gen = blocks_->block(id).gen;
+  promotions_[id] = Promotion{gen, {}};
+  TierPool* pool = blocks_->pool(TierKind::kHost);
+  const int buf = BufferIndex(*page);
+  nvme_->Fetch(namespaces_->BlockKey(ns, hash), rec, {pool->PageAddress(*page), pool->page_bytes()}, buf,
+               [this, id, gen, rec](Status st) { OnPromoted(id, gen, std::move(st), rec); });
+  return id;
+}
+
+void NvmeMover::OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord rec) {
+  const BlockTable::Block& b = blocks_->block(id);
+  KVTIER_CHECK(b.live && b.gen == gen && b.promoting) << "promotion completion for a block that moved";
+  auto node = promotions_.extract(id);
+  std::vector<Waiter> waiters = std::move(node.mapped().waiters);
+  if (st.ok()) {
+    const std::string key = namespaces_->BlockKey(b.ns, b.hash);
+    blocks_->EndFill(id, true);
+    nvme_->RecordHit(key, rec);
+    ++counters_->promotions;
+  } else {
+    blocks_->EndFill(id, false);
+    ++counters_->promotion_failures;
+  }
+  hooks_.after_promotion(id, st, std::move(waiters));
+}
+
+}  // namespace kvtier

@@ -1,0 +1,117 @@
+#pragma once
+// NvmeMover: the moves between the host tier and the NVMe tier, and what is in flight.
+//
+// Spills: a demotion writes a cached host block to NVMe, then frees its host page (unless
+// a session took a reference meanwhile); a write-through copies a committed block and
+// keeps the host copy. Promotions: an NVMe-only block is read into a fresh host page and
+// verified, then becomes a host block; whoever waited for it is told through a hook.
+// Copies the NVMe tier drops (eviction, failed checksums) are forgotten by their blocks.
+//
+// Owns the NvmeTier and the registration of host segments as its I/O buffers. Owned by
+// the control thread; not thread-safe. NvmeTier delivers completions on the control
+// thread and never inside the call that started them, so every hook runs from the event
+// loop, after the caller's bookkeeping is done.
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/block_table.h"
+#include "daemon/cache_types.h"
+#include "daemon/namespace_table.h"
+#include "storage/nvme_tier.h"
+
+namespace kvtier {
+
+class NvmeMover {
+ public:
+  // Who waits for a promotion: (the cache manager's pending request id, entry index).
+  using Waiter = std::pair<uint64_t, size_t>;
+  struct Hooks {
+    // A spill ended, well or not: pages may be free and blocks droppable now.
+    std::function<void()> after_spill;
+    // A promotion ended. OK: block `id` is readable in host; otherwise it is gone.
+    std::function<void(BlockId id, const Status& status, std::vector<Waiter> waiters)> after_promotion;
+    // The NVMe copy of `key` went and no block holds the key: its last copy left the cache.
+    std::function<void(const std::string& key)> last_copy_dropped;
+  };
+  struct Options {
+    WritePolicy write_policy = WritePolicy::kWriteBack;
+    uint32_t max_spills_in_flight = 32;
+  };
+
+  // kInvalidArgument unless the host tier is enabled with pages the size of the NVMe
+  // tier's slots. The tables and counters outlive the mover.
+  static Result<std::unique_ptr<NvmeMover>> Open(std::unique_ptr<NvmeTier> nvme, const Options& options,
+                                                 BlockTable* blocks, NamespaceTable* namespaces,
+                                                 CacheCounters* counters, Hooks hooks);
+  // Stops the NVMe tier's threads before the state its callbacks touch goes.
+  ~NvmeMover();
+
+  NvmeTier& nvme() { return *nvme_; }
+  const NvmeTier& nvme() const { return *nvme_; }
+
+  // ---- spills ----
+  // Whether a spill may start now: the tier is loaded, not backing off, has a slot.
+  bool spillable() const { return nvme_->spill_available(); }
+  // Whether max_spills_in_flight spills are in flight.
+  bool busy() const { return spills_in_flight_ >= options_.max_spills_in_flight; }
+  uint32_t spills_in_flight() const { return spills_in_flight_; }
+  // Spills that free their host page when done.
+  uint32_t demotions_in_flight() const { return demotions_in_flight_; }
+  // Writes host block `id` to NVMe; with keep_host false its host page is freed after.
+  // REQUIRES: resident in host, not spilling, no NVMe copy.
+  void StartSpill(BlockId id, bool keep_host);
+  // Queues a spill that keeps the host copy (write-through, or a drain), started by
+  // PumpWriteThrough while spills are allowed. A block that moved or got an NVMe copy
+  // meanwhile is skipped.
+  void QueueWriteThrough(BlockId id);
+  void PumpWriteThrough();
+  bool write_through_idle() const { return write_through_queue_.empty(); }
+  bool write_through() const { return options_.write_policy == WritePolicy::kWriteThrough; }
+
+  // ---- promotions ----
+  // Reads `record` (the index entry of `hash` in `ns`) into a new host block of `tenant`;
+  // kNoBlock when the host tier has no page for the tenant now (the caller makes room
+  // first and checks quotas).
+  BlockId StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& record);
+  // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
+  void AddWaiter(BlockId id, Waiter w) { promotions_.at(id).waiters.push_back(w); }
+  size_t promotions_in_flight() const { return promotions_.size(); }
+
+  // ---- the index (read on the control thread: see NvmeTier) ----
+  Result<std::optional<BlockRecord>> Find(NamespaceId ns, const BlockHash& hash);
+  Result<std::vector<std::optional<BlockRecord>>> FindMany(NamespaceId ns, std::span<const BlockHash> hashes);
+
+ private:
+  NvmeMover(std::unique_ptr<NvmeTier> nvme, const Options& options, BlockTable* blocks,
+            NamespaceTable* namespaces, CacheCounters* counters, Hooks hooks);
+  // The registered-buffer index of the host segment holding `page` (registered on first
+  // use: registration pins, and so faults in, the whole segment).
+  int BufferIndex(PageId page);
+  void OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, uint32_t slot);
+  void OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord record);
+  void OnDropped(const std::string& key, uint32_t slot);
+
+  struct Promotion {
+    uint32_t gen;
+    std::vector<Waiter> waiters;
+  };
+
+  std::unique_ptr<NvmeTier> nvme_;
+  Options options_;
+  BlockTable* blocks_;
+  NamespaceTable* namespaces_;
+  CacheCounters* counters_;
+  Hooks hooks_;
+  std::vector<bool> registered_segments_;
+  uint32_t spills_in_flight_ = 0;
+  uint32_t demotions_in_flight_ = 0;
+  std::deque<std::pair<BlockId, uint32_t>> write_through_queue_;  // (block, gen)
+  std::unordered_map<BlockId, Promotion> promotions_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,221 @@
+#include "engine/connection.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "protocol/base/defaults.h"
+
+namespace kvtier {
+
+Result<std::unique_ptr<Connection>> Connection::Open(const std::string& socket_path, int timeout_ms,
+                                                     const HelloArgs& hello, WelcomeHandler on_welcome,
+                                                     SegmentHandler on_segment) {
+  std::unique_ptr<Connection> c(new Connection(timeout_ms, std::move(on_segment)));
+  KVTIER_RETURN_IF_ERROR(c->Dial(ResolveSocketPath(socket_path.c_str())));
+  KVTIER_RETURN_IF_ERROR(c->Hello(hello, std::move(on_welcome)));
+  return c;
+}
+
+Connection::~Connection() {
+  for (int fd : fds_) ::close(fd);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status Connection::Dial(const std::string& path) {
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) return InvalidArgument("socket path too long: " + path);
+  fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) return ErrnoStatus(errno, "socket");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ECONNREFUSED) {
+      return Unavailable("no kvtierd answers at " + path + " (" + std::strerror(err) +
+                         "); start it or pass --socket / $KVTIER_SOCKET");
+    }
+    return ErrnoStatus(err, "connect " + path);
+  }
+  return Status::Ok();
+}
+
+Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
+  on_welcome_ = std::move(on_welcome);
+  auto& b = builder();
+  auto name = b.CreateString(args.engine_name);
+  flatbuffers::Offset<fb::Layout> layout;
+  if (args.layout) layout = LayoutToWire(b, *args.layout);
+  fb::HelloBuilder h(b);
+  h.add_major(kProtocolMajor);
+  h.add_minor(kProtocolMinor);
+  h.add_role(args.role);
+  h.add_engine_name(name);
+  if (args.layout) h.add_layout(layout);
+  h.add_hash_bytes(static_cast<uint8_t>(args.hash_bytes));
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, Send(fb::Op::Hello, h.Finish().Union()));
+  return Wait(t, fb::Reply::Welcome, [this](const fb::Response& r) -> Status {
+    const fb::Welcome* w = r.reply_as_Welcome();
+    session_.id = w->session_id();
+    session_.epoch = w->daemon_epoch();
+    if (w->namespace_id()) session_.namespace_id = w->namespace_id()->str();
+    return Status::Ok();
+  });
+}
+
+Result<Ticket> Connection::Send(fb::Op type, flatbuffers::Offset<void> op) {
+  if (!broken_.ok()) return broken_;
+  const Ticket id = next_id_++;
+  builder_.FinishSizePrefixed(fb::CreateRequest(builder_, id, type, op));
+  Status st = SendFrame(fd_, {builder_.GetBufferPointer(), builder_.GetSize()}, {});
+  builder_.Clear();
+  if (!st.ok()) {
+    broken_ = st.code() == StatusCode::kUnavailable ? st : Unavailable("kvtierd connection: " + st.message());
+    return broken_;
+  }
+  outstanding_.insert(id);
+  return id;
+}
+
+Status Connection::Wait(Ticket t, fb::Reply expected, const std::function<Status(const fb::Response&)>& parse) {
+  if (!outstanding_.count(t)) {
+    return InvalidArgument("ticket " + std::to_string(t) + " is not outstanding (never issued, or already waited for)");
+  }
+  if (auto it = stash_.find(t); it != stash_.end()) {
+    std::vector<uint8_t> frame = std::move(it->second);
+    stash_.erase(it);
+    outstanding_.erase(t);
+    return Parse(frame, expected, parse);
+  }
+  for (;;) {
+    auto next = NextResponse();
+    if (!next.ok()) return next.status();
+    if (next->first == t) {
+      outstanding_.erase(t);
+      return Parse(next->second, expected, parse);
+    }
+    if (outstanding_.count(next->first)) stash_[next->first].assign(next->second.begin(), next->second.end());
+  }
+}
+
+Result<Ticket> Connection::WaitAny(std::span<const Ticket> tickets) {
+  if (tickets.empty()) return InvalidArgument("WaitAny of no tickets");
+  for (Ticket t : tickets) {
+    if (!outstanding_.count(t)) return InvalidArgument("ticket " + std::to_string(t) + " is not outstanding");
+  }
+  for (;;) {
+    for (Ticket t : tickets) {
+      if (stash_.count(t)) return t;
+    }
+    KVTIER_ASSIGN_OR_RETURN(auto next, NextResponse());
+    if (outstanding_.count(next.first)) stash_[next.first].assign(next.second.begin(), next.second.end());
+  }
+}
+
+Status Connection::Ping(size_t payload_bytes) {
+  auto& b = builder();
+  std::vector<uint8_t> payload(payload_bytes, 0x5a);
+  auto pv = b.CreateVector(payload);
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, Send(fb::Op::Ping, fb::CreatePing(b, pv).Union()));
+  return Wait(t, fb::Reply::Pong, [&](const fb::Response& r) -> Status {
+    const auto* p = r.reply_as_Pong()->payload();
+    if ((p ? p->size() : 0) != payload_bytes) return Internal("pong payload differs");
+    return Status::Ok();
+  });
+}
+
+Result<std::pair<uint64_t, std::span<const uint8_t>>> Connection::NextResponse() {
+  for (;;) {
+    auto frame = in_.Next();
+    if (!frame.ok()) return Internal("daemon sent an oversized frame");
+    if (!frame->has_value()) {
+      KVTIER_RETURN_IF_ERROR(ReadMore());
+      continue;
+    }
+    std::span<const uint8_t> bytes = (*frame)->frame;
+    auto resp = VerifyResponseFrame(bytes);
+    if (!resp.ok()) return Internal("daemon sent a malformed frame: " + resp.status().message());
+    KVTIER_RETURN_IF_ERROR(TakeSegments(**resp));
+    const uint64_t id = (*resp)->id();
+    if (id == 0) {
+      broken_ = StatusFromResponse(**resp);
+      return broken_;
+    }
+    return std::make_pair(id, bytes);
+  }
+}
+
+Status Connection::Parse(std::span<const uint8_t> bytes, fb::Reply expected,
+                         const std::function<Status(const fb::Response&)>& parse) {
+  const fb::Response* r = flatbuffers::GetSizePrefixedRoot<fb::Response>(bytes.data());
+  Status st = StatusFromResponse(*r);
+  if (!st.ok()) return st;
+  if (r->reply_type() != expected) return Internal("daemon answered with an unexpected reply type");
+  return parse(*r);
+}
+
+Status Connection::ReadMore() {
+  if (!broken_.ok()) return broken_;
+  if (timeout_ms_ > 0) {
+    pollfd p{fd_, POLLIN, 0};
+    int n;
+    do n = ::poll(&p, 1, timeout_ms_);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) return Unavailable("no response from kvtierd within " + std::to_string(timeout_ms_) + " ms");
+    if (n < 0) return ErrnoStatus(errno, "poll");
+  }
+  auto space = in_.WritableSpace(64 * 1024);
+  KVTIER_ASSIGN_OR_RETURN(size_t n, RecvSome(fd_, space, &fds_));
+  if (n == 0) {
+    broken_ = Unavailable("kvtierd closed the connection");
+    return broken_;
+  }
+  in_.Produced(n);
+  return Status::Ok();
+}
+
+Status Connection::TakeSegments(const fb::Response& r) {
+  const flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>* segs = nullptr;
+  switch (r.reply_type()) {
+    case fb::Reply::Welcome:
+      if (on_welcome_) on_welcome_(*r.reply_as_Welcome());  // how to map each tier, before mapping
+      segs = r.reply_as_Welcome()->segments();
+      break;
+    case fb::Reply::AllocateReply: segs = r.reply_as_AllocateReply()->segments(); break;
+    case fb::Reply::AcquireReply: segs = r.reply_as_AcquireReply()->segments(); break;
+    default: break;
+  }
+  if (!segs || segs->size() == 0) return Status::Ok();
+  size_t with_fd = 0;
+  for (const fb::Segment* s : *segs) with_fd += s->fd_slot() != 255;
+  if (fds_.size() < with_fd) return Internal("segment descriptors missing from the stream");
+  std::vector<int> mine(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(with_fd));
+  fds_.erase(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(with_fd));
+  Status result;
+  for (const fb::Segment* s : *segs) {
+    const int fd = s->fd_slot() == 255 ? -1 : (s->fd_slot() < mine.size() ? mine[s->fd_slot()] : -2);
+    const auto tier = TierFromWire(s->tier());
+    if (fd == -2 || !tier) {
+      result = Internal("segment names a descriptor that was not sent, or no tier");
+      continue;
+    }
+    SegmentGrantView g;
+    g.tier = *tier;
+    g.index = s->index();
+    g.first_page = s->first_page();
+    g.num_pages = s->num_pages();
+    g.bytes = s->bytes();
+    g.fd = fd;
+    if (s->ipc_handle()) g.ipc_handle = {s->ipc_handle()->data(), s->ipc_handle()->size()};
+    Status st = on_segment_ ? on_segment_(g) : Status::Ok();
+    if (!st.ok()) result = st;
+  }
+  for (int fd : mine) ::close(fd);  // the mappings keep the memory
+  return result;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,116 @@
+#pragma once
+// Connection: one session's socket to kvtierd. Says Hello, sends request frames, reads
+// response frames and matches them to tickets; responses that arrive for other tickets
+// are kept until their Wait. Internal to the client library (Client and ControlClient are
+// built on it); the only place the client meets FlatBuffers.
+//
+// Descriptors arrive in stream order, one per granted segment that has one, always with
+// or before the first byte of their frame; each response's are handed to the segment
+// handler with it and closed after (the mappings keep the memory). A response with id 0
+// (the daemon refused something it could not attribute) breaks the connection: every
+// later call returns that status.
+//
+// Thread-compatible: one thread at a time.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/segment_map.h"
+#include "protocol/base/layout.h"
+#include "protocol/base/status.h"
+#include "protocol/codec.h"
+#include "protocol/framing.h"
+
+namespace kvtier {
+
+using Ticket = uint64_t;
+
+class Connection {
+ public:
+  // Called for every segment a response grants, before the response is parsed.
+  using SegmentHandler = std::function<Status(const SegmentGrantView&)>;
+  // Called with a Welcome before its segments are handed to the segment handler.
+  using WelcomeHandler = std::function<void(const fb::Welcome&)>;
+
+  struct HelloArgs {
+    fb::Role role = fb::Role::Engine;
+    std::string engine_name;
+    const ModelLayout* layout = nullptr;  // engines only
+    size_t hash_bytes = 16;
+  };
+  struct Session {
+    uint64_t id = 0;
+    uint64_t epoch = 0;
+    std::string namespace_id;
+  };
+
+  // Connects to `socket_path` (empty: $KVTIER_SOCKET, else the default) and says Hello.
+  // kUnavailable when no daemon answers there; the daemon's refusal otherwise.
+  static Result<std::unique_ptr<Connection>> Open(const std::string& socket_path, int timeout_ms,
+                                                  const HelloArgs& hello, WelcomeHandler on_welcome,
+                                                  SegmentHandler on_segment);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // The builder for the next request, cleared.
+  flatbuffers::FlatBufferBuilder& builder() {
+    builder_.Clear();
+    return builder_;
+  }
+  // Finishes the request being built and sends it; its ticket.
+  Result<Ticket> Send(fb::Op type, flatbuffers::Offset<void> op);
+
+  // Waits for the response to `t`, then runs `parse` on it unless the request failed as a
+  // whole (its status is returned then). kInvalidArgument at once for a ticket that is not
+  // outstanding (never sent, or already waited for); kUnavailable when no response comes
+  // within the timeout or the daemon closed the connection.
+  Status Wait(Ticket t, fb::Reply expected, const std::function<Status(const fb::Response&)>& parse);
+  // Blocks until one of `tickets` has its response; returns that ticket (its Wait then
+  // returns at once). kInvalidArgument for an empty list or a ticket not outstanding.
+  Result<Ticket> WaitAny(std::span<const Ticket> tickets);
+
+  // Round trip with `payload_bytes` of payload each way (any session may Ping).
+  Status Ping(size_t payload_bytes);
+
+  const Session& session() const { return session_; }
+  int timeout_ms() const { return timeout_ms_; }
+  // 0: wait forever.
+  void set_timeout_ms(int ms) { timeout_ms_ = ms; }
+  int fd() const { return fd_; }
+
+ private:
+  Connection(int timeout_ms, SegmentHandler on_segment)
+      : timeout_ms_(timeout_ms), on_segment_(std::move(on_segment)), in_(64u << 20) {}
+  Status Dial(const std::string& socket_path);
+  Status Hello(const HelloArgs& hello, WelcomeHandler on_welcome);
+  // The next response frame off the socket, verified and its segments handed over:
+  // (request id, frame bytes valid until the next read).
+  Result<std::pair<uint64_t, std::span<const uint8_t>>> NextResponse();
+  Status TakeSegments(const fb::Response& r);
+  Status ReadMore();
+  Status Parse(std::span<const uint8_t> frame, fb::Reply expected,
+               const std::function<Status(const fb::Response&)>& parse);
+
+  int fd_ = -1;
+  int timeout_ms_;
+  SegmentHandler on_segment_;
+  WelcomeHandler on_welcome_;
+  FrameAssembler in_;
+  std::deque<int> fds_;
+  flatbuffers::FlatBufferBuilder builder_{1024};
+  Ticket next_id_ = 1;
+  std::unordered_set<Ticket> outstanding_;  // sent, not yet waited for
+  std::unordered_map<Ticket, std::vector<uint8_t>> stash_;
+  Status broken_;
+  Session session_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,160 @@
+#pragma once
+// kvtier::ControlClient: an operator's (or monitor's) session with kvtierd — what kvctl
+// speaks. No layout and no pools: stats, explain, blocks, and the admin operations evict,
+// drain and verify. Engines use Client (engine/client.h).
+//
+// Errors: as Client's (kUnavailable for a daemon that is gone or silent past the timeout,
+// kInvalidArgument for bad arguments), plus kPermissionDenied for an admin operation from
+// a uid that is not root, the daemon's own or in security.admin_uids.
+//
+// Thread-compatible: one thread at a time.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "protocol/base/block_key.h"
+#include "protocol/base/block_state.h"
+#include "protocol/base/status.h"
+#include "protocol/base/tier.h"
+
+namespace kvtier {
+
+struct ControlClientOptions {
+  // Empty: $KVTIER_SOCKET, else kvtierd's default ./var/kvtierd.sock.
+  std::string socket_path;
+  std::string name = "kvctl";
+  // Size of the hashes Explain sends: 16 or 32.
+  size_t hash_bytes = 16;
+  // Longest wait for one response (Verify waits as long as the scrub takes); 0 waits
+  // forever. Default: 60 s.
+  int timeout_ms = 60'000;
+};
+
+struct TierStatsInfo {
+  TierKind tier = TierKind::kHost;
+  std::string name;
+  uint64_t page_bytes = 0;
+  uint32_t capacity_pages = 0, free_pages = 0, leased_pages = 0, inflight_pages = 0,
+           cached_pages = 0, referenced_pages = 0, quarantined_pages = 0;
+  uint64_t blocks = 0;
+  uint64_t evictions = 0;
+  double high_watermark = 0, low_watermark = 0;
+  std::string backend;
+  std::string io_backend;     // nvme: io_uring | threads
+  std::string index_backend;  // nvme: rocksdb | memory
+  bool ready = true;          // nvme: index loaded
+
+  uint64_t capacity_bytes() const { return uint64_t{capacity_pages} * page_bytes; }
+  uint64_t used_bytes() const { return uint64_t{capacity_pages - free_pages} * page_bytes; }
+};
+
+struct SessionStatsInfo {
+  uint64_t id = 0;
+  bool control = false;
+  std::string engine_name;
+  int pid = 0;
+  uint32_t uid = 0, gid = 0;
+  std::string tenant, namespace_id, model;
+  uint32_t leased_pages = 0, referenced_blocks = 0;
+  uint64_t requests = 0;
+  double connected_s = 0;
+};
+
+struct DaemonStats {
+  std::string version;
+  double uptime_s = 0;
+  std::string metrics_url;
+  uint64_t epoch = 0;
+  std::vector<TierStatsInfo> tiers;
+  std::vector<SessionStatsInfo> sessions;  // when asked for
+  uint32_t session_count = 0;
+  uint64_t lookups = 0, block_hits = 0, block_misses = 0;
+  uint64_t checksum_failures = 0, io_errors = 0, demotions = 0, promotions = 0;
+  uint32_t pending_fetches = 0;
+  uint64_t gpu_demotions = 0, refetches_after_evict = 0, spill_bytes = 0, fetch_bytes = 0, evictions = 0;
+  bool draining = false;
+};
+
+// kvctl explain: why a block is or is not a hit.
+struct BlockExplanationInfo {
+  using State = BlockState;
+  State state = State::kNeverStored;
+  TierKind tier = TierKind::kHost;
+  bool on_nvme = false, writing = false;
+  std::string namespace_id, tenant, model;
+  double seconds_ago = 0;
+  std::string detail;
+};
+
+// kvctl blocks: one block.
+struct BlockInfoEntry {
+  BlockHash hash;
+  std::string namespace_id, tenant, model;
+  TierKind tier = TierKind::kHost;
+  bool on_nvme = false;
+  uint64_t bytes = 0;
+  uint32_t hits = 0, refs = 0;
+  double idle_s = 0;
+};
+
+struct EvictResult {
+  uint64_t blocks = 0, bytes = 0, demoting = 0;
+};
+
+struct DrainResult {
+  bool draining = false;
+  uint64_t gpu_blocks_left = 0, gpu_blocks_pinned = 0, host_blocks_unspilled = 0;
+  uint32_t spills_in_flight = 0;
+};
+
+struct VerifyResult {
+  uint64_t checked = 0;
+  uint64_t dropped = 0;
+  double seconds = 0;
+};
+
+class Connection;
+
+class ControlClient {
+ public:
+  // Connects and says Hello as a control session. kUnavailable when no daemon answers.
+  static Result<std::unique_ptr<ControlClient>> Connect(const ControlClientOptions& options);
+  ~ControlClient();
+  ControlClient(const ControlClient&) = delete;
+  ControlClient& operator=(const ControlClient&) = delete;
+
+  // Tiers, counters and (with `with_sessions`) sessions: a non-admin sees only its own
+  // tenant's sessions.
+  Result<DaemonStats> Stats(bool with_sessions = false);
+  // Round trip with `payload_bytes` of payload each way.
+  Status Ping(size_t payload_bytes = 0);
+  // One entry per hash: why it is or is not a hit. `namespace_id` "" asks every namespace
+  // the caller may see (a non-admin: its own tenant's).
+  Result<std::vector<BlockExplanationInfo>> Explain(std::span<const BlockHash> hashes,
+                                                    const std::string& namespace_id = "");
+  // The top blocks of a tier (nullopt: GPU and host) by hits, or by recency.
+  // kFailedPrecondition for a tier that is not configured.
+  Result<std::vector<BlockInfoEntry>> Blocks(std::optional<TierKind> tier, const std::string& namespace_id = "",
+                                             bool by_recent = false, uint32_t limit = 20);
+  // Admin: evicts `bytes` of cached blocks from `tier` (kInvalidArgument: not configured).
+  Result<EvictResult> Evict(TierKind tier, uint64_t bytes);
+  // Admin: starts (start) or ends a drain; with `query` only reports its progress.
+  Result<DrainResult> Drain(bool start = true, bool query = false);
+  // Admin: scrubs the NVMe tier — reads and verifies every block, drops the ones that fail
+  // — and waits for it, however long it takes (no timeout). kFailedPrecondition without an
+  // NVMe tier; kAborted when the daemon stopped the scrub (it is shutting down).
+  Result<VerifyResult> Verify();
+
+  uint64_t session_id() const;
+  int fd() const;
+
+ private:
+  explicit ControlClient(std::unique_ptr<Connection> conn);
+  std::unique_ptr<Connection> conn_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,83 @@
+#include "engine/segment_map.h"
+
+#include <errno.h>
+#include <sys/mman.h>
+
+namespace kvtier {
+
+SegmentMap::~SegmentMap() {
+  for (auto& [key, m] : mappings_) Unmap(m);
+}
+
+void SegmentMap::SetTiers(std::vector<TierInfo> tiers, std::string gpu_backend) {
+  tiers_ = std::move(tiers);
+  gpu_backend_ = std::move(gpu_backend);
+}
+
+Status SegmentMap::EnsureDevice() {
+  if (device_) return Status::Ok();
+  KVTIER_ASSIGN_OR_RETURN(device_, OpenDeviceBackend(device_name_, WithoutDevice::kHostEmulated));
+  return Status::Ok();
+}
+
+Status SegmentMap::Map(const SegmentGrantView& g) {
+  Mapping m{nullptr, g.bytes, g.first_page, g.num_pages, false, false};
+  if (g.tier == TierKind::kGpu && gpu_backend_ == "cuda") {
+    KVTIER_RETURN_IF_ERROR(EnsureDevice());
+    if (device_->name() != "cuda") return FailedPrecondition("the daemon's GPU tier is CUDA; this client has no CUDA");
+    const uint8_t* handle = g.ipc_handle.size() >= kIpcHandleBytes ? g.ipc_handle.data() : nullptr;
+    if (g.fd < 0 && handle == nullptr) return Internal("GPU segment with neither descriptor nor handle");
+    KVTIER_ASSIGN_OR_RETURN(m.addr, device_->Import(cuda_device_, g.fd, handle, g.bytes));
+    m.device = true;
+  } else {
+    if (g.fd < 0) return Internal("segment without a descriptor");
+    void* addr = ::mmap(nullptr, g.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0);
+    if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap of a pool segment");
+    m.addr = static_cast<uint8_t*>(addr);
+    if (g.tier == TierKind::kHost && EnsureDevice().ok() && device_->name() == "cuda") {
+      // Pinned and mapped for the device: the gather kernel writes it over the bus.
+      m.registered = device_->RegisterHost(m.addr, m.bytes).ok();
+    }
+  }
+  const auto key = std::make_pair(static_cast<int>(g.tier), g.index);
+  if (auto old = mappings_.find(key); old != mappings_.end()) Unmap(old->second);
+  mappings_[key] = m;
+  return Status::Ok();
+}
+
+void SegmentMap::Unmap(const Mapping& m) {
+  if (m.device) {
+    device_->Unimport(m.addr, m.bytes);
+    return;
+  }
+  if (m.registered) device_->UnregisterHost(m.addr);
+  ::munmap(m.addr, m.bytes);
+}
+
+uint64_t SegmentMap::page_bytes(TierKind tier) const {
+  for (const TierInfo& t : tiers_) {
+    if (t.tier == tier) return t.page_bytes;
+  }
+  return 0;
+}
+
+void* SegmentMap::PageAddress(TierKind tier, PageId page) const {
+  const uint64_t pb = page_bytes(tier);
+  if (pb == 0) return nullptr;
+  for (const auto& [key, m] : mappings_) {
+    if (key.first != static_cast<int>(tier)) continue;
+    if (page >= m.first_page && page < m.first_page + m.num_pages) {
+      const uint64_t off = uint64_t{page - m.first_page} * pb;
+      return off + pb > m.bytes ? nullptr : m.addr + off;
+    }
+  }
+  return nullptr;
+}
+
+std::span<uint8_t> SegmentMap::PageBytes(TierKind tier, PageId page) const {
+  if (tier == TierKind::kGpu && gpu_backend_ == "cuda") return {};
+  uint8_t* p = static_cast<uint8_t*>(PageAddress(tier, page));
+  return p ? std::span<uint8_t>(p, page_bytes(tier)) : std::span<uint8_t>();
+}
+
+}  // namespace kvtier
