@@ -275,6 +275,11 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.host.high_watermark", n), host.high_watermark)},
       {"tiers.host.low_watermark", "0.75", "Eviction stops at this fraction of capacity in use.",
        KVTIER_SET(Fraction("tiers.host.low_watermark", n), host.low_watermark)},
+      {"tiers.host.overcommit", "false",
+       "Start even when the host pool (plus a host-emulated GPU pool) is larger than the "
+       "machine's memory (MemTotal, or the cgroup's memory limit when lower); without it such "
+       "a config is refused, since the pool would be OOM-killed once it fills.",
+       KVTIER_SET(Boolean("tiers.host.overcommit", n), host_overcommit)},
       {"tiers.host.policy", "adaptive",
        "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, adaptive (the best "
        "measured; docs/benchmarks.md).",

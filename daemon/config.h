@@ -96,6 +96,9 @@ struct DaemonConfig {
     g.low_watermark = 0.80;
     return g;
   }();
+  // Start even when the host pool (with a host-emulated GPU pool) is larger than the
+  // machine's memory or the cgroup's limit.
+  bool host_overcommit = false;
   std::string gpu_backend = "auto";
   int gpu_device = 0;
   NvmeTierConfig nvme;

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "daemon/config_host.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
@@ -80,6 +81,10 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
 Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngineWrapper wrap_io) {
   std::unique_ptr<Daemon> d(new Daemon(config));
   SetLogLevel(config.log_level);
+  // What this machine can hold and which files the config names, before anything exists.
+  std::vector<std::string> warnings;
+  KVTIER_RETURN_IF_ERROR(CheckConfigOnHost(config, ReadHostMemory(), &warnings));
+  for (const std::string& w : warnings) KVTIER_LOG(WARNING) << w;
 
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir, ec);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "daemon/config.h"
+#include "daemon/config_host.h"
 #include "protocol/base/logging.h"
 
 namespace kvtier {
@@ -35,6 +36,13 @@ int DaemonMain(int argc, char** argv, Daemon::IoEngineWrapper wrap_io) {
     return 2;
   }
   if (check) {
+    std::vector<std::string> warnings;
+    Status st = CheckConfigOnHost(*config, ReadHostMemory(), &warnings);
+    for (const std::string& w : warnings) KVTIER_LOG(WARNING) << w;
+    if (!st.ok()) {
+      KVTIER_LOG(ERROR) << st.message();
+      return 2;
+    }
     std::printf("config OK\n");
     return 0;
   }

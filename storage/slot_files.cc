@@ -35,14 +35,12 @@ Result<std::unique_ptr<SlotFiles>> SlotFiles::Open(const std::vector<SlotFileSpe
   s->slot_bytes_ = slot_bytes;
   uint64_t total = 0;
   for (const SlotFileSpec& spec : specs) {
-    std::error_code ec;
-    const auto parent = std::filesystem::path(spec.path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     File f;
     f.path = spec.path;
     f.fd = ::open(spec.path.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
     if (f.fd < 0) {
       Status st = ErrnoStatus(errno, "open " + spec.path + " O_DIRECT");
+      if (errno == ENOENT) st = NotFound(spec.path + ": its directory does not exist");
       if (errno == EINVAL) st = InvalidArgument(spec.path + ": this file system does not support O_DIRECT");
       return st;
     }

@@ -1,7 +1,7 @@
 #pragma once
 // SlotFiles: the NVMe tier's backing files, cut into fixed-size slots.
 //
-// Each file is created if missing, preallocated with fallocate to its capacity (so a
+// Each file is created if missing (its directory must exist), preallocated with fallocate to its capacity (so a
 // spill never fails for lack of space the filesystem promised) and opened O_DIRECT. The
 // logical block size is read at open (statx STATX_DIOALIGN, else 4096) and slot size and
 // offsets must be multiples of it. Slots are numbered across files in order.

@@ -1,4 +1,5 @@
 #include "daemon/config.h"
+#include "daemon/config_host.h"
 
 #include <gtest/gtest.h>
 
@@ -160,6 +161,46 @@ TEST(Config, MissingFileNamesThePath) {
   auto c = LoadConfigFile("/nonexistent/kvtierd.yaml");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("/nonexistent/kvtierd.yaml"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(ConfigOnHost, APoolOverTheMemoryLimitIsRefusedNamingTheLimitUnlessOvercommitted) {
+  DaemonConfig c;
+  c.host.capacity_bytes = 2ull << 30;
+  HostMemory m;
+  m.limit_bytes = 1ull << 30;
+  m.limit_source = "/sys/fs/cgroup/kvtier.slice/memory.max";
+  m.available_bytes = 512ull << 20;
+  std::vector<std::string> warnings;
+  Status st = CheckConfigOnHost(c, m, &warnings);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tiers.host.capacity"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("memory.max"), std::string::npos) << st.message();
+  c.host_overcommit = true;
+  EXPECT_TRUE(CheckConfigOnHost(c, m, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("available"), std::string::npos);
+  // Within both: no error, no warning.
+  c.host_overcommit = false;
+  c.host.capacity_bytes = 256ull << 20;
+  warnings.clear();
+  EXPECT_TRUE(CheckConfigOnHost(c, m, &warnings).ok());
+  EXPECT_TRUE(warnings.empty());
+  // Unknown memory (no /proc): nothing to compare against.
+  c.host.capacity_bytes = 1ull << 44;
+  EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, nullptr).ok());
+}
+
+TEST(ConfigOnHost, ReadsAMemoryLimitOnThisMachine) {
+  const HostMemory m = ReadHostMemory();
+  ASSERT_TRUE(m.limit_bytes.has_value());
+  EXPECT_GT(*m.limit_bytes, 0u);
+  EXPECT_FALSE(m.limit_source.empty());
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ namespace {
 
 constexpr int kBlocks = 6;
 
-DaemonStats StatsOf(const std::string& socket) {
+DaemonStats MustStats(const std::string& socket) {
   auto c = ControlClient::Connect(ControlOptions(socket));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   auto s = (*c)->Stats(true);
@@ -91,7 +91,7 @@ TEST(TwoEngines, OneWritesAndCommitsTheOtherReadsTheSameBytes) {
   EXPECT_EQ(writer.Join(), 0) << daemon.Log();
 
   // Both sessions are gone; the blocks stay cached for the next engine.
-  DaemonStats s = StatsOf(daemon.socket_path());
+  DaemonStats s = MustStats(daemon.socket_path());
   EXPECT_EQ(Host(s).cached_pages, static_cast<uint32_t>(kBlocks));
   EXPECT_EQ(Host(s).leased_pages, 0u);
   EXPECT_EQ(Host(s).referenced_pages, 0u);
@@ -125,7 +125,7 @@ TEST(EngineKill, Kill9ReturnsEveryLeasedPageAndReference) {
       return 0;
     });
     ASSERT_TRUE(ready.Wait());
-    DaemonStats before = StatsOf(daemon.socket_path());
+    DaemonStats before = MustStats(daemon.socket_path());
     EXPECT_EQ(Host(before).leased_pages, 20u);
     EXPECT_EQ(Host(before).referenced_pages, 4u);
     victim.Kill9();
@@ -133,7 +133,7 @@ TEST(EngineKill, Kill9ReturnsEveryLeasedPageAndReference) {
     // The daemon sees EOF and reclaims; poll briefly for it.
     DaemonStats after;
     for (int i = 0; i < 200; ++i) {
-      after = StatsOf(daemon.socket_path());
+      after = MustStats(daemon.socket_path());
       if (Host(after).leased_pages == 0 && Host(after).referenced_pages == 0) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -186,7 +186,7 @@ TEST(EngineKill, Kill9MidTransferAtRandomMomentsReclaimsEveryPage) {
     EXPECT_EQ(victim.Join(), 128 + SIGKILL);
     DaemonStats after;
     for (int i = 0; i < 500; ++i) {
-      after = StatsOf(daemon.socket_path());
+      after = MustStats(daemon.socket_path());
       const auto& h = Host(after);
       if (h.leased_pages == 0 && h.referenced_pages == 0 && h.quarantined_pages == 0 && after.session_count == 1) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -247,6 +247,39 @@ TEST(Errors, PerBlockErrorsAreTypedAndTheSessionGoesOn) {
   ASSERT_TRUE(rel.ok());
   EXPECT_EQ((*rel)[0].code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE((*c)->Ping().ok());
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing
+
+namespace kvtier::testing {
+namespace {
+
+TEST(Client, WaitingOnATicketNotOutstandingFailsAtOnce) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  ClientOptions o = EngineOptions(daemon.socket_path());
+  o.timeout_ms = 0;  // wait forever: a hang would hang the test, not time out
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const auto chain = HashChain(7, 2);
+  auto t = (*c)->StartLookup(chain);
+  ASSERT_TRUE(t.ok());
+  const auto start = std::chrono::steady_clock::now();
+  // Never issued.
+  auto never = (*c)->WaitLookup(*t + 1000);
+  EXPECT_EQ(never.status().code(), StatusCode::kInvalidArgument) << never.status().ToString();
+  std::vector<Ticket> mixed = {*t, *t + 1000};
+  EXPECT_EQ((*c)->WaitAny(mixed).status().code(), StatusCode::kInvalidArgument);
+  // Issued, waited for once: fine; a second wait is an error, not a hang.
+  auto first = (*c)->WaitLookup(*t);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto again = (*c)->WaitLookup(*t);
+  EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // The session still works.
+  EXPECT_TRUE((*c)->Lookup(chain).ok());
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 

@@ -1,11 +1,13 @@
 // kvtierd and kvctl as an operator runs them: flags, default config, errors, JSON.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -88,6 +90,91 @@ TEST(Kvtierd, BadConfigIsRefusedAtStartNamingTheKey) {
   r = Sh(BinaryPath("kvtierd") + " --config " + dir.File("bad2.yaml"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("metrics.port"), std::string::npos) << r.out;
+}
+
+// Configs that parse but cannot work on this machine are refused before anything is
+// created, at start and by --check-config alike, naming the key.
+struct Refused {
+  std::string yaml;
+  std::string key;   // named in the message
+  std::string why;   // a phrase of the message
+};
+
+void ExpectRefusedAtStartAndByCheck(const TempDir& dir, const Refused& r) {
+  std::ofstream(dir.File("c.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
+                                    << "\nmetrics: {port: -1}\n" << r.yaml;
+  for (const std::string flags : {"", "--check-config "}) {
+    CmdResult c = Sh("timeout 20 " + BinaryPath("kvtierd") + " " + flags + "--config " + dir.File("c.yaml"));
+    EXPECT_NE(c.code, 0) << flags << r.yaml << c.out;
+    EXPECT_NE(c.code, 124) << "it started: " << r.yaml;
+    EXPECT_NE(c.out.find(r.key), std::string::npos) << c.out;
+    EXPECT_NE(c.out.find(r.why), std::string::npos) << c.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.File("var"))) << "a refused config created data_dir";
+}
+
+TEST(Kvtierd, TheSameNvmeFileTwiceIsRefusedHoweverItIsSpelled) {
+  TempDir dir;
+  const std::string a = dir.File("slots0");
+  ASSERT_EQ(::symlink(a.c_str(), dir.File("link").c_str()), 0);
+  const std::string rel = std::filesystem::relative(a).string();  // the cwd's spelling
+  for (const std::string& second : {a, dir.path() + "/./slots0", dir.File("link"), rel}) {
+    ExpectRefusedAtStartAndByCheck(
+        dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
+              "  nvme:\n    files: [{path: " + a + ", capacity: 16MiB}, {path: " + second + ", capacity: 16MiB}]\n",
+              "tiers.nvme.files[1].path", "same file"});
+  }
+  std::ofstream(a) << "";  // an existing file, by inode
+  ExpectRefusedAtStartAndByCheck(
+      dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
+            "  nvme:\n    files: [{path: " + dir.File("link") + ", capacity: 16MiB}, {path: " + a +
+            ", capacity: 16MiB}]\n",
+            "tiers.nvme.files[1].path", "same file"});
+}
+
+TEST(Kvtierd, AnNvmeFileInADirectoryThatDoesNotExistIsRefused) {
+  TempDir dir;
+  ExpectRefusedAtStartAndByCheck(
+      dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
+            "  nvme:\n    files: [{path: " + dir.File("no/such/dir/slots0") + ", capacity: 16MiB}]\n",
+            "tiers.nvme.files[0].path", dir.File("no/such/dir")});
+  EXPECT_FALSE(std::filesystem::exists(dir.File("no"))) << "the daemon created the missing directory";
+}
+
+uint64_t MemTotalBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+TEST(Kvtierd, AHostPoolLargerThanMemoryIsRefusedUnlessOvercommitted) {
+  const uint64_t total = MemTotalBytes();
+  ASSERT_GT(total, 0u);
+  // The next whole GiB above the machine's memory, in 1 GiB segments (sparse memfds).
+  const uint64_t gib = (total >> 30) + 1;
+  const std::string pool = "tiers:\n  host: {capacity: " + std::to_string(gib) + "GiB, segment_bytes: 1GiB, huge_pages: off";
+  TempDir dir;
+  ExpectRefusedAtStartAndByCheck(dir, {pool + "}\n", "tiers.host.capacity", "OOM"});
+  // A host-emulated GPU pool lives in RAM too: the two together count.
+  const uint64_t half = gib / 2 + 1;
+  ExpectRefusedAtStartAndByCheck(
+      dir, {"tiers:\n  host: {capacity: " + std::to_string(half) + "GiB, segment_bytes: 1GiB, huge_pages: off}\n"
+            "  gpu: {enabled: true, backend: host-emulated, capacity: " + std::to_string(half) + "GiB, segment_bytes: 1GiB}\n",
+            "tiers.host.capacity", "host-emulated"});
+  // With the operator's say-so it starts (and warns).
+  DaemonProcess::Options o;
+  o.host_capacity = std::to_string(gib) + "GiB";
+  o.segment_bytes = "1GiB";
+  o.host_yaml = "    huge_pages: off\n    overcommit: true\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  EXPECT_NE(d.Log().find("more than is available"), std::string::npos) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
 TEST(Kvtierd, SecondDaemonOnTheSameSocketIsRefused) {

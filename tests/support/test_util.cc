@@ -80,7 +80,8 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
     << "tiers:\n  host:\n"
     << "    capacity: " << options_.host_capacity << "\n"
     << "    page_bytes: " << options_.page_bytes << "\n"
-    << "    segment_bytes: " << options_.segment_bytes << "\n";
+    << "    segment_bytes: " << options_.segment_bytes << "\n"
+    << options_.host_yaml;
   if (!options_.gpu_capacity.empty()) {
     c << "  gpu:\n    enabled: true\n    backend: host-emulated\n    capacity: " << options_.gpu_capacity
       << "\n    segment_bytes: " << options_.gpu_segment_bytes << "\n";

@@ -46,6 +46,7 @@ class DaemonProcess {
     std::string page_bytes = "1MiB";
     std::string segment_bytes = "16MiB";
     std::string extra_yaml;
+    std::string host_yaml;    // more keys under tiers.host:, indented, e.g. "    overcommit: true\n"
     std::string socket_yaml;  // more keys under socket:, indented, e.g. "  group: 4000\n"
     std::string kvtierd;  // binary; empty: BinaryPath("kvtierd")
     std::string log_level = "debug";

@@ -1,0 +1,150 @@
+#include "daemon/config_host.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "protocol/base/units.h"
+
+namespace kvtier {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::optional<uint64_t> MeminfoKb(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) != 0) continue;
+    std::istringstream ss(line.substr(field.size() + 1));
+    uint64_t kb = 0;
+    if (ss >> kb) return kb;
+  }
+  return std::nullopt;
+}
+
+// A cgroup memory limit file's value ("max" or a number of bytes).
+std::optional<uint64_t> ReadLimit(const fs::path& p) {
+  std::ifstream in(p);
+  std::string v;
+  if (!(in >> v) || v == "max") return std::nullopt;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  if (*end != '\0' || n == 0 || n >= (1ull << 62)) return std::nullopt;  // v1's "unlimited" is near 2^63
+  return n;
+}
+
+// The lowest memory limit on the way from this process's cgroup up to the root.
+std::optional<std::pair<uint64_t, std::string>> CgroupLimit() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  std::optional<std::pair<uint64_t, std::string>> best;
+  auto consider = [&](const fs::path& file) {
+    if (auto v = ReadLimit(file); v && (!best || *v < best->first)) best = {{*v, file.string()}};
+  };
+  while (std::getline(in, line)) {
+    // v2: "0::/path"; v1: "N:memory:/path".
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    fs::path rel = line.substr(b + 1);
+    fs::path root;
+    std::string file;
+    if (controllers.empty()) {
+      root = "/sys/fs/cgroup";
+      file = "memory.max";
+    } else if (controllers.find("memory") != std::string::npos) {
+      root = "/sys/fs/cgroup/memory";
+      file = "memory.limit_in_bytes";
+    } else {
+      continue;
+    }
+    for (fs::path p = rel; ; p = p.parent_path()) {
+      consider(root / p.relative_path() / file);
+      if (p == p.parent_path() || p.empty()) break;
+    }
+  }
+  return best;
+}
+
+// `p` with its symlinks followed, also a last one that dangles (a slot file not created
+// yet behind a link), and `.`/`..` resolved.
+fs::path Resolve(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  const fs::path c = fs::weakly_canonical(p, ec);
+  return ec ? p.lexically_normal() : c;
+}
+
+// Same file: equal after resolving symlinks, or equal device and inode.
+bool SameFile(const std::string& a, const std::string& b) {
+  if (Resolve(a) == Resolve(b)) return true;
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
+HostMemory ReadHostMemory() {
+  HostMemory m;
+  if (auto kb = MeminfoKb("MemTotal")) {
+    m.limit_bytes = *kb * 1024;
+    m.limit_source = "MemTotal";
+  }
+  if (auto cg = CgroupLimit(); cg && (!m.limit_bytes || cg->first < *m.limit_bytes)) {
+    m.limit_bytes = cg->first;
+    m.limit_source = cg->second;
+  }
+  if (auto kb = MeminfoKb("MemAvailable")) m.available_bytes = *kb * 1024;
+  return m;
+}
+
+Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::vector<std::string>* warnings) {
+  // Memory: the host pool, and a GPU pool emulated in host RAM.
+  uint64_t pool = c.host.enabled ? c.host.capacity_bytes : 0;
+  const bool gpu_in_ram = c.gpu.enabled && c.gpu_backend == "host-emulated";
+  if (gpu_in_ram) pool += c.gpu.capacity_bytes;
+  const std::string what = gpu_in_ram ? "tiers.host.capacity + tiers.gpu.capacity (host-emulated)"
+                                      : "tiers.host.capacity";
+  if (memory.limit_bytes && pool > *memory.limit_bytes && !c.host_overcommit) {
+    return InvalidArgument("config key 'tiers.host.capacity': " + what + " is " + FormatBytes(pool) + ", more than this machine's memory (" +
+                           FormatBytes(*memory.limit_bytes) + ", " + memory.limit_source +
+                           "); a pool that large is killed by the OOM killer once it fills. Lower it, or set "
+                           "tiers.host.overcommit: true if the memory will be there");
+  }
+  if (warnings && memory.available_bytes && pool > *memory.available_bytes) {
+    warnings->push_back(what + " is " + FormatBytes(pool) + ", more than is available now (" +
+                        FormatBytes(*memory.available_bytes) + " MemAvailable): the pool fills only as blocks "
+                        "arrive, but other processes may have to give memory back by then");
+  }
+  // NVMe files: each once, in a directory that exists.
+  const auto& files = c.nvme.files;
+  std::error_code ec;
+  const fs::path data_dir = fs::absolute(c.data_dir, ec).lexically_normal();
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string key = "config key 'tiers.nvme.files[" + std::to_string(i) + "].path'";
+    for (size_t j = 0; j < i; ++j) {
+      if (SameFile(files[i].path, files[j].path)) {
+        return InvalidArgument(key + ": '" + files[i].path + "' is the same file as tiers.nvme.files[" +
+                               std::to_string(j) + "] ('" + files[j].path +
+                               "'); the two entries' slots would overwrite each other");
+      }
+    }
+    fs::path dir = fs::absolute(files[i].path, ec).lexically_normal().parent_path();
+    if (dir != data_dir && !fs::is_directory(dir, ec)) {
+      return InvalidArgument(key + ": directory '" + dir.string() + "' of '" + files[i].path +
+                             "' does not exist (kvtierd creates slot files, not directories)");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier

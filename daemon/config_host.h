@@ -1,0 +1,36 @@
+#pragma once
+// Checks of a config against the machine it is to run on — what ParseConfig cannot know
+// from the text alone: the memory the pools would take, the NVMe files named. kvtierd runs
+// them at start, before it creates anything, and `kvtierd --check-config` runs the same.
+// Thread-compatible (reads /proc, /sys and the file system).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/config.h"
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+// Memory this process may use: MemTotal, or the cgroup's memory limit when lower; and
+// MemAvailable. nullopt where unknown.
+struct HostMemory {
+  std::optional<uint64_t> limit_bytes;
+  std::string limit_source;  // "MemTotal" or the cgroup file that set the limit
+  std::optional<uint64_t> available_bytes;
+};
+HostMemory ReadHostMemory();
+
+// kInvalidArgument naming the key when:
+//  - the host pool (plus a host-emulated GPU pool) is larger than the memory limit and
+//    tiers.host.overcommit is off (a pool that big is OOM-killed once it fills);
+//  - two tiers.nvme.files entries are the same file (by path after symlinks, or by device
+//    and inode when they exist): their slots would alias;
+//  - an NVMe file's directory does not exist (kvtierd creates files, not directories;
+//    data_dir itself is the exception: kvtierd creates it).
+// Appends to `warnings` what does not stop the start (a pool above what is available now).
+Status CheckConfigOnHost(const DaemonConfig& config, const HostMemory& memory, std::vector<std::string>* warnings);
+
+}  // namespace kvtier
