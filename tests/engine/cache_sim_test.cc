@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "storage/eviction_policy.h"
@@ -103,26 +104,50 @@ TEST(CacheSim, DefaultPolicyIsNeverWorseThanLruOnGeneratedShapes) {
   }
 }
 
-TEST(CacheSim, DefaultPolicyBeatsLruOnTheSharedTraces) {
-  const std::filesystem::path dir = KVTIER_SHARED_TRACES;
-  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << "no shared traces at " << dir;
-  int traces = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().extension() != ".jsonl") continue;
-    auto t = LoadTrace(e.path().string());
-    ASSERT_TRUE(t.ok()) << t.status().ToString();
-    ++traces;
-    ExpectDefaultAtLeastLru(*t);
-    // And clearly better somewhere (>= 1.1x at one capacity).
-    double best_gain = 0;
-    for (double f : {0.01, 0.05, 0.2}) {
-      const uint64_t cap = static_cast<uint64_t>(f * t->unique_blocks);
-      const double lru = Sim(*t, "lru", cap).hit_ratio();
-      if (lru > 0) best_gain = std::max(best_gain, Sim(*t, kDefaultEvictionPolicy, cap).hit_ratio() / lru);
+// The project's shared traces: $KVTIER_SHARED_TRACES, else ../shared/traces beside the
+// checkout (where CI and sessions have them); empty when neither exists.
+std::vector<std::filesystem::path> SharedTraces() {
+  std::vector<std::filesystem::path> out;
+  const char* const dirs[] = {std::getenv("KVTIER_SHARED_TRACES"), KVTIER_SHARED_TRACES};
+  for (const char* dir : dirs) {
+    if (dir == nullptr || !std::filesystem::is_directory(dir)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (e.path().extension() == ".jsonl") out.push_back(e.path());
     }
-    EXPECT_GE(best_gain, 1.1) << t->name;
+    if (!out.empty()) break;
   }
-  EXPECT_GT(traces, 0);
+  return out;
+}
+
+// The best ratio of the default policy's hit ratio to LRU's over a few capacities.
+double BestGainOverLru(const Trace& t) {
+  double best = 0;
+  for (double f : {0.01, 0.05, 0.2}) {
+    const uint64_t cap = static_cast<uint64_t>(f * t.unique_blocks);
+    const double lru = Sim(t, "lru", cap).hit_ratio();
+    if (lru > 0) best = std::max(best, Sim(t, kDefaultEvictionPolicy, cap).hit_ratio() / lru);
+  }
+  return best;
+}
+
+TEST(CacheSim, DefaultPolicyBeatsLruOnTheSharedTraces) {
+  // Runs on every checkout: with the shared traces (1.1x LRU somewhere, as measured in
+  // docs/benchmarks.md), and without them on the generated Zipf shape, where the margin
+  // measured is smaller (1.07x at 1%).
+  const auto files = SharedTraces();
+  if (files.empty()) {
+    auto t = GenerateTrace("zipf", 4000, 1);
+    ASSERT_TRUE(t.ok());
+    ExpectDefaultAtLeastLru(*t);
+    EXPECT_GE(BestGainOverLru(*t), 1.05) << "generated zipf (no shared traces here)";
+    return;
+  }
+  for (const auto& f : files) {
+    auto t = LoadTrace(f.string());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ExpectDefaultAtLeastLru(*t);
+    EXPECT_GE(BestGainOverLru(*t), 1.1) << t->name;
+  }
 }
 
 TEST(CacheSim, AnNvmeTierBehindTheHostAddsHitsAndAdmissionSavesWrites) {

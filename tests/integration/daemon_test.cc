@@ -132,11 +132,10 @@ TEST(EngineKill, Kill9ReturnsEveryLeasedPageAndReference) {
     EXPECT_EQ(victim.Join(), 128 + SIGKILL);
     // The daemon sees EOF and reclaims; poll briefly for it.
     DaemonStats after;
-    for (int i = 0; i < 200; ++i) {
+    WaitUntil([&] {
       after = MustStats(daemon.socket_path());
-      if (Host(after).leased_pages == 0 && Host(after).referenced_pages == 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+      return Host(after).leased_pages == 0 && Host(after).referenced_pages == 0;
+    }, std::chrono::seconds(2));
     EXPECT_EQ(Host(after).leased_pages, 0u);
     EXPECT_EQ(Host(after).referenced_pages, 0u);
     EXPECT_EQ(Host(after).cached_pages, 4u);
@@ -185,12 +184,11 @@ TEST(EngineKill, Kill9MidTransferAtRandomMomentsReclaimsEveryPage) {
     victim.Kill9();
     EXPECT_EQ(victim.Join(), 128 + SIGKILL);
     DaemonStats after;
-    for (int i = 0; i < 500; ++i) {
+    WaitUntil([&] {
       after = MustStats(daemon.socket_path());
       const auto& h = Host(after);
-      if (h.leased_pages == 0 && h.referenced_pages == 0 && h.quarantined_pages == 0 && after.session_count == 1) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+      return h.leased_pages == 0 && h.referenced_pages == 0 && h.quarantined_pages == 0 && after.session_count == 1;
+    }, std::chrono::seconds(5));
     const auto& h = Host(after);
     ASSERT_EQ(h.leased_pages, 0u) << "kill " << k;
     ASSERT_EQ(h.referenced_pages, 0u) << "kill " << k;

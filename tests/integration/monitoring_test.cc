@@ -210,12 +210,12 @@ TEST_F(LiveDaemon, ARealPrometheusScrapesItAndAnswersTheHitRatio) {
   // The hit-ratio expression of the metrics' help text: 3 hits of 4 blocks looked up.
   const std::string ratio = "sum(kvtier_block_hits_total) / sum(kvtier_lookup_blocks_total)";
   std::string value, up, used;
-  for (int i = 0; i < 300 && (value.empty() || used.empty()); ++i) {
-    ::usleep(100'000);
+  WaitUntil([&] {
     value = Query(port, ratio);
     up = Query(port, "up{job=\"kvtier\"}");
     used = Query(port, "kvtier:tier_used_ratio{tier=\"host\"}");  // a recording rule of alerts.yml
-  }
+    return !value.empty() && !used.empty();
+  }, std::chrono::seconds(30), std::chrono::milliseconds(100));
   ::kill(pid, SIGTERM);
   ::waitpid(pid, nullptr, 0);
   EXPECT_EQ(up, "1") << ReadFile(dir.File("prometheus.log"));

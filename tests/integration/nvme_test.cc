@@ -98,13 +98,11 @@ void ExpectAccountingExact(const DaemonStats& s) {
 
 // Polls until the NVMe tier holds `n` blocks with nothing in flight (or 10 s).
 bool WaitForNvmeBlocks(const DaemonProcess& d, uint64_t n) {
-  for (int i = 0; i < 500; ++i) {
+  return WaitUntil([&] {
     DaemonStats s = Stats(d);
     const TierStatsInfo* nv = Tier(s, TierKind::kNvme);
-    if (nv && nv->ready && nv->blocks >= n && nv->inflight_pages == 0) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+    return nv && nv->ready && nv->blocks >= n && nv->inflight_pages == 0;
+  });
 }
 
 uint64_t Metric(const std::string& url, const std::string& name) {
@@ -285,11 +283,10 @@ TEST_P(NvmeDaemonTest, BytesCorruptedOnDiskAreAMissAndCounted) {
   EXPECT_EQ(s.checksum_failures, 10u);
   EXPECT_EQ(Metric(s.metrics_url, "kvtier_checksum_failures_total"), 10u);
   // Dropped: a plain miss from now on.
-  for (int i = 0; i < 50; ++i) {
+  WaitUntil([&] {
     auto again = c->Lookup(chain);
-    if (again.ok() && again->matched == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+    return again.ok() && again->matched == 0;
+  }, std::chrono::seconds(1));
   EXPECT_EQ(c->Lookup(chain)->matched, 0u);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
@@ -307,12 +304,11 @@ TEST_P(NvmeDaemonTest, InjectedIoErrorsRefuseTheSpillAndTheDaemonKeepsServing) {
     // Each block is spilled once: wait until every attempt has an outcome.
     const std::string url = Stats(d).metrics_url;
     uint64_t ok = 0, failed = 0;
-    for (int i = 0; i < 500; ++i) {
+    WaitUntil([&] {
       ok = Metric(url, "kvtier_write_throughs_total");
       failed = Metric(url, "kvtier_spill_failures_total");
-      if (ok + failed >= 6) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+      return ok + failed >= 6;
+    });
     ASSERT_EQ(ok + failed, 6u) << fault << ": " << d.Log();
     EXPECT_GE(failed, 1u) << fault << ": the injected error did not fail a spill";
     DaemonStats s = Stats(d);

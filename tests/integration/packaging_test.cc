@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "kvtier_version.h"
 #include "tests/integration/engine_process.h"
@@ -19,7 +20,8 @@ bool Exists(const std::string& p) {
 }
 
 const char* const kLayout[] = {
-    "/usr/bin/kvtierd", "/usr/bin/kvctl", "/usr/bin/kvtier-replay", "/usr/bin/kvtier-sim",
+    "/usr/bin/kvtierd", "/usr/bin/kvctl", "/usr/libexec/kvtier/kvtier-replay", "/usr/libexec/kvtier/kvtier-sim",
+    "/usr/libexec/kvtier/kvtier-load", "/usr/include/kvtier/engine/client.h", "/usr/include/kvtier/engine/kvtier.h",
     "/usr/lib/systemd/system/kvtierd.service", "/usr/lib/sysusers.d/kvtier.conf",
     "/usr/lib/tmpfiles.d/kvtier.conf", "/etc/kvtier/kvtierd.yaml", "/usr/share/doc/kvtier/operations.md",
     "/usr/share/doc/kvtier/monitoring/alerts.yml", "/usr/share/doc/kvtier/monitoring/grafana-kvtier.json",
@@ -70,6 +72,76 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
   EXPECT_EQ(v.code, 0) << v.out;
   EXPECT_NE(v.out.find("kvtierd " + std::string(kVersion)), std::string::npos) << v.out;
   EXPECT_EQ(Sh(root.path() + "/usr/bin/kvctl --help").code, 0);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
+
+namespace kvtier::testing {
+namespace {
+
+// An engine as its developers would build one against an installed kvtier: a few lines of
+// CMake (find_package) or one pkg-config line, then a session that stores and finds a block.
+constexpr const char* kConsumerMain = R"(#include <cstdio>
+#include <cstring>
+#include "engine/client.h"
+int main(int argc, char** argv) {
+  kvtier::ClientOptions o;
+  o.socket_path = argv[1];
+  o.engine_name = "out-of-tree";
+  o.layout.model_id = "consumer-model";
+  o.layout.num_layers = 2; o.layout.kv_heads = 2; o.layout.head_dim = 64;
+  o.layout.dtype = kvtier::DType::kBFloat16; o.layout.tokens_per_block = 16;
+  o.layout.block_bytes = o.layout.NaturalBlockBytes();
+  auto c = kvtier::Client::Connect(o);
+  if (!c.ok()) { std::printf("connect: %s\n", c.status().ToString().c_str()); return 1; }
+  auto pages = (*c)->Allocate(kvtier::TierKind::kHost, 1);
+  if (!pages.ok()) return 2;
+  std::memset((*c)->PageBytes(kvtier::TierKind::kHost, (*pages)[0]).data(), 7, 64);
+  const uint8_t raw[16] = {1, 2, 3};
+  kvtier::BlockHash h(std::span<const uint8_t>(raw, 16));
+  kvtier::CommitEntry e{(*pages)[0], h, {}};
+  if (!(*c)->Commit(kvtier::TierKind::kHost, {&e, 1}).ok()) return 3;
+  auto l = (*c)->Lookup({&h, 1});
+  if (!l.ok() || l->matched != 1) return 4;
+  std::printf("out-of-tree engine: stored and found 1 block\n");
+  return 0;
+}
+)";
+
+TEST(Packaging, AnOutOfTreeEngineLinksTheInstalledClientAndTalksToADaemon) {
+  TempDir prefix, project;
+  CmdResult inst = Sh("cmake --install " + kBuild + " --prefix " + prefix.path() + " --component dev && cmake --install " +
+                      kBuild + " --prefix " + prefix.path() + " --component runtime");
+  ASSERT_EQ(inst.code, 0) << inst.out;
+  std::ofstream(project.File("main.cc")) << kConsumerMain;
+  std::ofstream(project.File("CMakeLists.txt")) << "cmake_minimum_required(VERSION 3.25)\n"
+                                                   "project(consumer CXX)\n"
+                                                   "find_package(kvtier 0.1 REQUIRED)\n"
+                                                   "add_executable(consumer main.cc)\n"
+                                                   "target_link_libraries(consumer PRIVATE kvtier::client)\n";
+  CmdResult build = Sh("cmake -S " + project.path() + " -B " + project.File("build") +
+                       " -DCMAKE_PREFIX_PATH=" + prefix.path() + " && cmake --build " + project.File("build"));
+  ASSERT_EQ(build.code, 0) << build.out;
+  // The same program with pkg-config and a plain compiler line.
+  CmdResult pc = Sh("PKG_CONFIG_PATH=$(dirname $(find " + prefix.path() + " -name kvtier.pc)) sh -c 'g++ -std=c++20 " +
+                    project.File("main.cc") + " -o " + project.File("consumer-pc") +
+                    " $(pkg-config --cflags --libs kvtier)'");
+  ASSERT_EQ(pc.code, 0) << pc.out;
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  CmdResult run = Sh(project.File("build/consumer") + " " + d.socket_path());
+  EXPECT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("stored and found 1 block"), std::string::npos) << run.out;
+  const std::string libdir = Sh("dirname $(find " + prefix.path() + " -name 'libkvtier.so.0')").out;
+  CmdResult run_pc = Sh("LD_LIBRARY_PATH=" + libdir.substr(0, libdir.find('\n')) + " " + project.File("consumer-pc") +
+                        " " + d.socket_path());
+  EXPECT_EQ(run_pc.code, 0) << run_pc.out;
+  // What an engine links pulls in no storage code and no test patterns.
+  CmdResult syms = Sh("nm -DC --defined-only $(find " + prefix.path() + " -name 'libkvtier.so.0') | grep -c -E "
+                      "'kvtier::(NvmeTier|TierPool|FillBlockPattern|CacheManager|RocksDb)' || true");
+  EXPECT_EQ(syms.out.substr(0, syms.out.find('\n')), "0") << syms.out;
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
 }  // namespace

@@ -268,12 +268,10 @@ Result<TierStatsInfo> HostStats(const DaemonProcess& d) {
 
 // Polls until `pred` holds on the host tier's stats (5 s at most).
 bool Eventually(const DaemonProcess& d, const std::function<bool(const TierStatsInfo&)>& pred) {
-  for (int i = 0; i < 250; ++i) {
+  return WaitUntil([&] {
     auto t = HostStats(d);
-    if (t.ok() && pred(*t)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+    return t.ok() && pred(*t);
+  }, std::chrono::seconds(5));
 }
 
 TEST(Liveness, ASilentSessionExpiresAndItsLeasesWaitForItsProcessToExit) {

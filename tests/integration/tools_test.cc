@@ -251,14 +251,14 @@ TEST(Kvctl, EmbeddedDefaultsAgreeFromTheSameDirectory) {
                    " --config cfg.yaml >d.log 2>&1 & echo $! > pid)");
   ASSERT_EQ(started.code, 0);
   CmdResult r{-1, ""};
-  for (int i = 0; i < 100 && r.code != 0; ++i) {
+  WaitUntil([&] {
     r = Sh("cd " + dir.path() + " && " + BinaryPath("kvctl") + " status");
-    if (r.code != 0) ::usleep(50'000);
-  }
+    return r.code == 0;
+  }, std::chrono::seconds(5), std::chrono::milliseconds(50));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("./var/kvtierd.sock"), std::string::npos) << r.out;
   Sh("kill $(cat " + dir.File("pid") + ")");
-  for (int i = 0; i < 100 && Sh("kill -0 $(cat " + dir.File("pid") + ")").code == 0; ++i) ::usleep(20'000);
+  WaitUntil([&] { return Sh("kill -0 $(cat " + dir.File("pid") + ")").code != 0; }, std::chrono::seconds(2));
 }
 
 TEST(Metrics, EndpointServesPrometheusText) {

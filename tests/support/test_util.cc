@@ -63,6 +63,16 @@ ModelLayout TestLayout(const std::string& model, uint32_t tokens_per_block) {
   return l;
 }
 
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout,
+               std::chrono::milliseconds interval) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(interval);
+  }
+}
+
 std::string BinaryPath(const std::string& name) { return std::string(KVTIER_BIN_DIR) + "/" + name; }
 
 DaemonProcess::DaemonProcess() : DaemonProcess(Options{}) {}
@@ -118,22 +128,23 @@ Status DaemonProcess::Start() {
     ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
+  bool exited = false, up = false;
+  WaitUntil([&] {
     int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return Internal("kvtierd exited during start: " + Log());
-    }
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) return exited = true;
     int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-    const bool up = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    up = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     ::close(s);
-    if (up) return Status::Ok();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return up;
+  }, std::chrono::seconds(10), std::chrono::milliseconds(20));
+  if (exited) {
+    pid_ = -1;
+    return Internal("kvtierd exited during start: " + Log());
   }
+  if (up) return Status::Ok();
   return Internal("kvtierd did not answer within 10 s: " + Log());
 }
 

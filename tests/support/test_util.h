@@ -4,7 +4,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -14,6 +16,12 @@
 #include "protocol/base/status.h"
 
 namespace kvtier::testing {
+
+// The tests' one bounded wait: polls `done` every `interval` until it returns true or
+// `timeout` has passed; returns whether it did. Every loop that waits for a daemon, a
+// process or a file ends in bounded time this way.
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout = std::chrono::seconds(10),
+               std::chrono::milliseconds interval = std::chrono::milliseconds(10));
 
 // A fresh directory under $TMPDIR (short, so socket paths fit), removed on destruction.
 class TempDir {
