@@ -38,8 +38,8 @@ Result<std::unique_ptr<BlockTable>> BlockTable::Open(const std::array<TierOption
       }
       KVTIER_ASSIGN_OR_RETURN(memory, DeviceSegmentMemory::Open(device, gpu_device, o.segment_bytes, segments));
     }
-    KVTIER_LOG(INFO) << TierKindName(kind) << " tier: " << FormatBytes(o.capacity_bytes) << " in "
-                     << memory->Describe() << ", pages of " << FormatBytes(o.page_bytes);
+    KVTIER_LOG(INFO) << TierKindName(kind) << " tier: " << FormatBytes(o.capacity_bytes) << " in " << memory->Describe()
+                     << ", pages of " << FormatBytes(o.page_bytes);
     KVTIER_ASSIGN_OR_RETURN(tier.pool, TierPool::Open(std::move(memory), o.page_bytes));
     tier.policy_name = o.policy;
     tier.state.assign(tier.pool->capacity(), PageState::kFree);
@@ -53,10 +53,14 @@ Result<std::unique_ptr<BlockTable>> BlockTable::Open(const std::array<TierOption
 void BlockTable::SetState(Tier& t, PageId p, PageState to) {
   auto counter = [&t](PageState s) -> uint32_t* {
     switch (s) {
-      case PageState::kLeased: return &t.leased;
-      case PageState::kInFlight: return &t.inflight;
-      case PageState::kQuarantined: return &t.quarantined;
-      default: return nullptr;  // free: the pool counts; block: Count() does
+      case PageState::kLeased:
+        return &t.leased;
+      case PageState::kInFlight:
+        return &t.inflight;
+      case PageState::kQuarantined:
+        return &t.quarantined;
+      default:
+        return nullptr;  // free: the pool counts; block: Count() does
     }
   };
   if (uint32_t* c = counter(t.state[p])) --*c;

@@ -48,7 +48,7 @@ class BlockTable {
     BlockHash parent;
     std::array<PageId, kTierCount> page;  // kNoPage where not resident; [kNvme] = slot
     uint32_t refs = 0;
-    uint32_t gen = 0;        // bumped on reuse of the id; async completions check it
+    uint32_t gen = 0;  // bumped on reuse of the id; async completions check it
     bool live = false;
     bool spilling = false;   // host page being written to NVMe
     bool promoting = false;  // host page being filled from NVMe
@@ -78,8 +78,8 @@ class BlockTable {
   std::optional<PageId> Take(TierKind t, TenantId tenant);
   // A leased or in-flight page without a block goes back to the pool.
   void Free(TierKind t, PageId p);
-  void Quarantine(TierKind t, PageId p);      // leased -> quarantined
-  void EndQuarantine(TierKind t, PageId p);   // quarantined -> free
+  void Quarantine(TierKind t, PageId p);     // leased -> quarantined
+  void EndQuarantine(TierKind t, PageId p);  // quarantined -> free
 
   // ---- blocks ----
   BlockId Find(NamespaceId ns, const BlockHash& hash) const;

@@ -22,8 +22,8 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
                                                          const Clock* clock) {
   std::unique_ptr<CacheManager> cm(new CacheManager(options));
   cm->clock_ = clock ? clock : SystemClock::Default();
-  KVTIER_ASSIGN_OR_RETURN(cm->blocks_,
-                          BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
+  KVTIER_ASSIGN_OR_RETURN(
+      cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
   if (nvme) {
     CacheManager* raw = cm.get();
     NvmeMover::Hooks hooks;
@@ -124,8 +124,7 @@ bool CacheManager::Unref(SessionCache& s, BlockId id) {
 
 // ---- requests ------------------------------------------------------------------------
 
-std::optional<std::vector<PageId>> CacheManager::TakePages(SessionCache& s, TierKind kind, uint32_t count,
-                                                           Room* room) {
+std::optional<std::vector<PageId>> CacheManager::TakePages(SessionCache& s, TierKind kind, uint32_t count, Room* room) {
   std::vector<PageId> pages;
   pages.reserve(count);
   *room = Room::kNow;
@@ -268,8 +267,8 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind, st
       out.push_back(StatusCode::kOk);
       continue;
     }
-    const BlockId id = blocks_->state(kind, page) != BlockTable::PageState::kFree ? blocks_->block_on(kind, page)
-                                                                                 : kNoBlock;
+    const BlockId id =
+        blocks_->state(kind, page) != BlockTable::PageState::kFree ? blocks_->block_on(kind, page) : kNoBlock;
     out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
   }
   for (const BlockHash& h : hashes) {
@@ -339,9 +338,9 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
 std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, std::span<const BlockHash> hashes,
                                                               AcquireDone done) {
   std::vector<CacheResult> out(hashes.size());
-  std::vector<std::pair<size_t, BlockId>> waits;       // entry, promoting block
-  std::vector<size_t> on_nvme;                         // entries to look for in the NVMe index
-  std::vector<std::pair<size_t, BlockRecord>> queued;  // entries waiting for a host page
+  std::vector<std::pair<size_t, BlockId>> waits;                          // entry, promoting block
+  std::vector<size_t> on_nvme;                                            // entries to look for in the NVMe index
+  std::vector<std::pair<size_t, BlockRecord>> queued;                     // entries waiting for a host page
   const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
   for (size_t n = 0; n < hashes.size(); ++n) {
     const size_t i = reverse ? hashes.size() - 1 - n : n;
@@ -408,8 +407,8 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
     if (same != queued_promotions_.end()) {
       same->waiters.emplace_back(acq, i);
     } else {
-      queued_promotions_.push_back(QueuedPromotion{s.ns_, s.tenant_, hashes[i], std::move(rec),
-                                                   clock_->NowNanos() + options_.allocate_wait_ns, {{acq, i}}});
+      queued_promotions_.push_back(QueuedPromotion{
+          s.ns_, s.tenant_, hashes[i], std::move(rec), clock_->NowNanos() + options_.allocate_wait_ns, {{acq, i}}});
     }
   }
   pending_acquires_[acq] = PendingAcquire{s.id_, std::move(out), waits.size() + queued.size(), std::move(done)};
@@ -421,9 +420,9 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
 
 BlockId CacheManager::Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& rec,
                               bool may_evict) {
-  const bool room = may_evict ? MakeRoom(TierKind::kHost, tenant) == Room::kNow
-                              : blocks_->pool(TierKind::kHost)->AvailableTo(tenant) > 0 &&
-                                    !AtQuota(TierKind::kHost, tenant);
+  const bool room = may_evict
+                        ? MakeRoom(TierKind::kHost, tenant) == Room::kNow
+                        : blocks_->pool(TierKind::kHost)->AvailableTo(tenant) > 0 && !AtQuota(TierKind::kHost, tenant);
   return room ? mover_->StartPromotion(ns, tenant, hash, rec) : kNoBlock;
 }
 
@@ -452,8 +451,8 @@ void CacheManager::OnPromoted(BlockId id, const Status& st, std::vector<NvmeMove
   for (const auto& w : waiters) {
     CacheResult r;
     // A block that failed its checksum or left the tier since it was looked up is a miss.
-    r.status = st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ? st.code()
-                                                                                        : StatusCode::kUnavailable;
+    r.status =
+        st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ? st.code() : StatusCode::kUnavailable;
     FinishAcquireEntry(w.first, w.second, r);
   }
   ServePendingAllocates();

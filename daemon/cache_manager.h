@@ -83,9 +83,9 @@ class SessionCache {
   TenantId tenant_ = kNoOwner;
   NamespaceId ns_ = 0;
   std::array<std::unordered_set<PageId>, kTierCount> leased_;
-  std::unordered_map<BlockId, uint32_t> refs_;                // block -> references held
-  uint64_t pending_ = 0;                                      // deferred requests
-  std::array<std::vector<uint32_t>, kTierCount> sent_gen_;    // segment -> generation sent
+  std::unordered_map<BlockId, uint32_t> refs_;              // block -> references held
+  uint64_t pending_ = 0;                                    // deferred requests
+  std::array<std::vector<uint32_t>, kTierCount> sent_gen_;  // segment -> generation sent
 };
 
 class CacheManager {
@@ -94,7 +94,7 @@ class CacheManager {
     std::array<TierOptions, kTierCount> tiers;  // indexed by TierIndex (host, GPU)
     uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
     WritePolicy write_policy = WritePolicy::kWriteBack;
-    bool prefetch = false;               // Lookup starts promoting NVMe hits
+    bool prefetch = false;  // Lookup starts promoting NVMe hits
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
     // The GPU tier's memory (required when tiers[kGpu].enabled); outlives the manager.
@@ -106,8 +106,7 @@ class CacheManager {
   };
 
   // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's.
-  static Result<std::unique_ptr<CacheManager>> Open(const Options& options,
-                                                    std::unique_ptr<NvmeTier> nvme = nullptr,
+  static Result<std::unique_ptr<CacheManager>> Open(const Options& options, std::unique_ptr<NvmeTier> nvme = nullptr,
                                                     const Clock* clock = nullptr);
   ~CacheManager();
 
@@ -139,8 +138,7 @@ class CacheManager {
   // leased by this session; duplicate=true when the key existed (the page is freed, or
   // with `retain` the existing block is referenced instead).
   std::vector<CacheResult> Commit(SessionCache& s, TierKind tier, std::span<const PageId> pages,
-                                  std::span<const BlockHash> hashes,
-                                  std::span<const BlockHash> parents, bool retain);
+                                  std::span<const BlockHash> hashes, std::span<const BlockHash> parents, bool retain);
   // Per page then per hash: kOk, or kFailedPrecondition when the session holds nothing
   // there.
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
@@ -151,8 +149,7 @@ class CacheManager {
   // promoted into host pages first: then the results come later through `done` (nullopt
   // now), once every entry is settled; an entry whose bytes fail verification is
   // kDataLoss. With a null `done`, NVMe-only blocks are kUnavailable.
-  std::optional<std::vector<CacheResult>> Acquire(SessionCache& s, std::span<const BlockHash> hashes,
-                                                  AcquireDone done);
+  std::optional<std::vector<CacheResult>> Acquire(SessionCache& s, std::span<const BlockHash> hashes, AcquireDone done);
   std::vector<CacheResult> Acquire(SessionCache& s, std::span<const BlockHash> hashes) {
     return *Acquire(s, hashes, nullptr);
   }
@@ -173,8 +170,8 @@ class CacheManager {
   // The top `limit` blocks of a tier (nullopt: the GPU and host tiers) by hits or recency.
   // For the NVMe tier the index is scanned on its scan thread and `done` runs later;
   // otherwise it runs before this returns.
-  void TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant,
-                 BlockOrder order, size_t limit, BlocksDone done);
+  void TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant, BlockOrder order,
+                 size_t limit, BlocksDone done);
   // Evicts cached blocks of `tier` (largest tenants first, reserves kept) until `bytes`
   // have gone or started going: GPU blocks move to host, host blocks to NVMe when they
   // have no copy there, the rest are dropped.
@@ -194,8 +191,7 @@ class CacheManager {
 
   // Segments the session has not been sent (in their current generation) among those
   // holding `pages`; marks them sent.
-  std::vector<SegmentGrant> TakeSegmentGrants(SessionCache& s, TierKind tier,
-                                              std::span<const PageId> pages);
+  std::vector<SegmentGrant> TakeSegmentGrants(SessionCache& s, TierKind tier, std::span<const PageId> pages);
   // Every segment of every tier its tenant owns now; marks them sent.
   std::vector<SegmentGrant> TakeAllSegmentGrants(SessionCache& s);
 

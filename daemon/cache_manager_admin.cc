@@ -11,9 +11,12 @@ namespace {
 
 std::string Ago(double s) {
   char buf[64];
-  if (s < 120) std::snprintf(buf, sizeof(buf), "%.1f s ago", s);
-  else if (s < 7200) std::snprintf(buf, sizeof(buf), "%.0f min ago", s / 60);
-  else std::snprintf(buf, sizeof(buf), "%.1f h ago", s / 3600);
+  if (s < 120)
+    std::snprintf(buf, sizeof(buf), "%.1f s ago", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof(buf), "%.0f min ago", s / 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f h ago", s / 3600);
   return buf;
 }
 
@@ -85,8 +88,8 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
       e.detail = "evicted: its last copy left the " + std::string(TierKindName(e.tier)) + " tier " +
                  Ago(e.seconds_ago) +
                  (e.tier == TierKind::kNvme ? " (the NVMe tier was full)"
-                  : mover_                   ? " (not demoted: the NVMe tier was backing off or busy)"
-                                             : " (no NVMe tier to demote it to)");
+                  : mover_                  ? " (not demoted: the NVMe tier was backing off or busy)"
+                                            : " (no NVMe tier to demote it to)");
       break;
     }
     if (e.state != BlockExplanation::State::kNeverStored) {
@@ -153,27 +156,27 @@ void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_h
     // Ask for more than `limit`: filtering by namespace happens after the scan.
     const size_t scan_limit = want_ns.empty() && !want_tenant ? limit : std::max<size_t>(limit * 64, 4096);
     mover_->nvme().ScanTop(scan_limit, order == BlockOrder::kRecent,
-                   [this, want_ns, want_tenant, limit, now_s, done = std::move(done)](
-                       std::vector<std::pair<std::string, BlockRecord>> entries) {
-                     std::vector<BlockInfo> out;
-                     for (const auto& [key, rec] : entries) {
-                       BlockInfo i;
-                       std::string encoded;
-                       if (!DecodeBlockKey(key, &i.tenant, nullptr, &encoded, &i.hash)) continue;
-                       if (want_tenant && i.tenant != *want_tenant) continue;
-                       i.namespace_hex = NamespaceTable::HexOf(encoded);
-                       if (!want_ns.empty() && i.namespace_hex != want_ns) continue;
-                       if (auto ns = namespaces_.Find(encoded)) i.model = namespaces_.Get(*ns).model;
-                       i.tier = TierKind::kNvme;
-                       i.on_nvme = true;
-                       i.bytes = rec.length;
-                       i.hits = rec.hit_count;
-                       i.idle_s = std::max(0.0, now_s - rec.last_access);
-                       out.push_back(std::move(i));
-                       if (out.size() == limit) break;
-                     }
-                     done(std::move(out));
-                   });
+                           [this, want_ns, want_tenant, limit, now_s,
+                            done = std::move(done)](std::vector<std::pair<std::string, BlockRecord>> entries) {
+                             std::vector<BlockInfo> out;
+                             for (const auto& [key, rec] : entries) {
+                               BlockInfo i;
+                               std::string encoded;
+                               if (!DecodeBlockKey(key, &i.tenant, nullptr, &encoded, &i.hash)) continue;
+                               if (want_tenant && i.tenant != *want_tenant) continue;
+                               i.namespace_hex = NamespaceTable::HexOf(encoded);
+                               if (!want_ns.empty() && i.namespace_hex != want_ns) continue;
+                               if (auto ns = namespaces_.Find(encoded)) i.model = namespaces_.Get(*ns).model;
+                               i.tier = TierKind::kNvme;
+                               i.on_nvme = true;
+                               i.bytes = rec.length;
+                               i.hits = rec.hit_count;
+                               i.idle_s = std::max(0.0, now_s - rec.last_access);
+                               out.push_back(std::move(i));
+                               if (out.size() == limit) break;
+                             }
+                             done(std::move(out));
+                           });
     return;
   }
   std::vector<BlockInfo> all;
@@ -195,7 +198,8 @@ EvictReport CacheManager::Evict(TierKind kind, uint64_t bytes) {
   if (kind == TierKind::kNvme) {
     if (!mover_) return r;
     const uint64_t slot = mover_->nvme().slot_bytes();
-    r.blocks = mover_->nvme().EvictColdest(static_cast<uint32_t>(std::min<uint64_t>((bytes + slot - 1) / slot, UINT32_MAX)));
+    r.blocks =
+        mover_->nvme().EvictColdest(static_cast<uint32_t>(std::min<uint64_t>((bytes + slot - 1) / slot, UINT32_MAX)));
     r.bytes = r.blocks * slot;
     return r;
   }

@@ -19,8 +19,8 @@ namespace {
 // One config key: where it lives, its default (as YAML text), what it means, and how to
 // store a parsed value.
 struct Key {
-  std::string_view path;     // "tiers.host.capacity"
-  std::string_view fallback; // default, as written in the YAML
+  std::string_view path;      // "tiers.host.capacity"
+  std::string_view fallback;  // default, as written in the YAML
   std::string_view comment;
   std::function<Status(const YAML::Node&, DaemonConfig*)> set;
 };
@@ -42,8 +42,7 @@ Result<T> Integer(std::string_view path, const YAML::Node& n, long long lo, long
   long long v = std::strtoll(s.c_str(), &end, 0);
   if (s.empty() || *end != '\0' || errno != 0) return Bad(path, "'" + s + "' is not an integer");
   if (v < lo || v > hi) {
-    return Bad(path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " +
-                         std::to_string(hi) + "]");
+    return Bad(path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return static_cast<T>(v);
 }
@@ -53,8 +52,7 @@ Result<uint64_t> Bytes(std::string_view path, const YAML::Node& n, uint64_t lo, 
   auto v = ParseBytes(s);
   if (!v.ok()) return Bad(path, v.status().message());
   if (*v < lo || *v > hi) {
-    return Bad(path, FormatBytes(*v) + " is out of range [" + FormatBytes(lo) + ", " +
-                         FormatBytes(hi) + "]");
+    return Bad(path, FormatBytes(*v) + " is out of range [" + FormatBytes(lo) + ", " + FormatBytes(hi) + "]");
   }
   return *v;
 }
@@ -81,7 +79,8 @@ Result<std::vector<uint32_t>> IdList(const std::string& path, const YAML::Node& 
   if (n.IsNull()) return out;
   if (!n.IsSequence()) return Bad(path, "expected a list of numeric ids, e.g. [1000, 1001]");
   for (size_t i = 0; i < n.size(); ++i) {
-    KVTIER_ASSIGN_OR_RETURN(uint32_t id, (Integer<uint32_t>(path + "[" + std::to_string(i) + "]", n[i], 0, 0xfffffffeu)));
+    KVTIER_ASSIGN_OR_RETURN(uint32_t id,
+                            (Integer<uint32_t>(path + "[" + std::to_string(i) + "]", n[i], 0, 0xfffffffeu)));
     out.push_back(id);
   }
   return out;
@@ -99,8 +98,9 @@ Status TierBytesMap(const std::string& path, const YAML::Node& n, TierBytes* out
     if (!b.ok()) return Bad(path + "." + tier, b.status().message());
     if (tier == "nvme" && *b != 0) {
       // Refused rather than ignored: a limit the daemon does not keep would be a lie.
-      return Bad(path + ".nvme", "per-tenant NVMe quotas and reserves are not enforced yet (the NVMe tier is "
-                                 "one LRU shared by all tenants; namespaces still keep them apart); leave it 0");
+      return Bad(path + ".nvme",
+                 "per-tenant NVMe quotas and reserves are not enforced yet (the NVMe tier is "
+                 "one LRU shared by all tenants; namespaces still keep them apart); leave it 0");
     }
     *field = *b;
   }
@@ -121,10 +121,10 @@ Result<std::string> Path(std::string_view path, const YAML::Node& n) {
   return s;
 }
 
-#define KVTIER_SET(expr_result, field)              \
+#define KVTIER_SET(expr_result, field)                 \
   [](const YAML::Node& n, DaemonConfig* c) -> Status { \
-    KVTIER_ASSIGN_OR_RETURN(c->field, expr_result);   \
-    return Status::Ok();                             \
+    KVTIER_ASSIGN_OR_RETURN(c->field, expr_result);    \
+    return Status::Ok();                               \
   }
 
 const std::vector<Key>& Keys() {
@@ -147,7 +147,8 @@ const std::vector<Key>& Keys() {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("socket.mode", n));
          char* end = nullptr;
          const unsigned long v = std::strtoul(s.c_str(), &end, 8);
-         if (s.empty() || *end != '\0' || v > 0777) return Bad("socket.mode", "'" + s + "' is not an octal mode like 0660");
+         if (s.empty() || *end != '\0' || v > 0777)
+           return Bad("socket.mode", "'" + s + "' is not an octal mode like 0660");
          if (v & 0007) return Bad("socket.mode", "'" + s + "' gives others access; use the group (socket.group)");
          if ((v & 0600) != 0600) return Bad("socket.mode", "'" + s + "' does not let the daemon's user connect");
          c->socket_mode = static_cast<uint32_t>(v);
@@ -172,12 +173,9 @@ const std::vector<Key>& Keys() {
       {"protocol.max_pending_output", "16MiB",
        "Responses buffered for a session that does not read them; above it the daemon stops "
        "reading that session's requests until it catches up.",
-       KVTIER_SET((Bytes("protocol.max_pending_output", n, 64 * 1024, 1ull << 32)),
-                  max_pending_output_bytes)},
-      {"protocol.max_entries_per_request", "65536",
-       "Most pages or hashes one request may name.",
-       KVTIER_SET((Integer<uint32_t>("protocol.max_entries_per_request", n, 1, 1 << 24)),
-                  max_entries_per_request)},
+       KVTIER_SET((Bytes("protocol.max_pending_output", n, 64 * 1024, 1ull << 32)), max_pending_output_bytes)},
+      {"protocol.max_entries_per_request", "65536", "Most pages or hashes one request may name.",
+       KVTIER_SET((Integer<uint32_t>("protocol.max_entries_per_request", n, 1, 1 << 24)), max_entries_per_request)},
       {"protocol.heartbeat_ttl", "0",
        "A session that sends nothing (not even Ping) for this long is expired: its references "
        "are dropped and its leased pages quarantined until its process exits. 0: never.",
@@ -223,7 +221,8 @@ const std::vector<Key>& Keys() {
              const std::string sub = kv.first.Scalar();
              if (sub == "name") {
                KVTIER_ASSIGN_OR_RETURN(t.name, Scalar(at + ".name", kv.second));
-               if (!ValidTenantName(t.name)) return Bad(at + ".name", "'" + t.name + "' must be 1-64 of [A-Za-z0-9_.-]");
+               if (!ValidTenantName(t.name))
+                 return Bad(at + ".name", "'" + t.name + "' must be 1-64 of [A-Za-z0-9_.-]");
              } else if (sub == "uids") {
                KVTIER_ASSIGN_OR_RETURN(t.uids, IdList(at + ".uids", kv.second));
              } else if (sub == "gids") {
@@ -244,7 +243,8 @@ const std::vector<Key>& Keys() {
        }},
       {"metrics.listen", "127.0.0.1", "Address of the Prometheus endpoint (GET /metrics).",
        KVTIER_SET(Path("metrics.listen", n), metrics_listen)},
-      {"metrics.port", "9490", "TCP port of the Prometheus endpoint; 0 picks a free port "
+      {"metrics.port", "9490",
+       "TCP port of the Prometheus endpoint; 0 picks a free port "
        "(kvctl status shows it), -1 turns the endpoint off.",
        KVTIER_SET((Integer<int>("metrics.port", n, -1, 65535)), metrics_port)},
       {"tiers.host.enabled", "true", "The pinned host-RAM tier (a memfd pool shared with engines).",
@@ -263,10 +263,14 @@ const std::vector<Key>& Keys() {
        "at start; off: 4 KiB pages.",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.host.huge_pages", n));
-         if (s == "auto") c->host.huge_pages = HugePages::kAuto;
-         else if (s == "on" || s == "true") c->host.huge_pages = HugePages::kOn;
-         else if (s == "off" || s == "false") c->host.huge_pages = HugePages::kOff;
-         else return Bad("tiers.host.huge_pages", "'" + s + "' is not auto, on or off");
+         if (s == "auto")
+           c->host.huge_pages = HugePages::kAuto;
+         else if (s == "on" || s == "true")
+           c->host.huge_pages = HugePages::kOn;
+         else if (s == "off" || s == "false")
+           c->host.huge_pages = HugePages::kOff;
+         else
+           return Bad("tiers.host.huge_pages", "'" + s + "' is not auto, on or off");
          return Status::Ok();
        }},
       {"tiers.host.high_watermark", "0.85",
@@ -360,7 +364,8 @@ const std::vector<Key>& Keys() {
        "entries, never serve wrong bytes).",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.durability", n));
-         if (s != "strict" && s != "relaxed") return Bad("tiers.nvme.durability", "'" + s + "' is not strict or relaxed");
+         if (s != "strict" && s != "relaxed")
+           return Bad("tiers.nvme.durability", "'" + s + "' is not strict or relaxed");
          c->nvme.durability = s;
          return Status::Ok();
        }},
@@ -379,16 +384,15 @@ const std::vector<Key>& Keys() {
        "Lookup starts reading NVMe hits into free host pages, so the Acquire that follows "
        "waits less.",
        KVTIER_SET(Boolean("tiers.nvme.prefetch", n), nvme.prefetch)},
-      {"tiers.nvme.high_watermark", "0.95",
-       "Above this fraction of slots in use the coldest NVMe blocks are dropped.",
+      {"tiers.nvme.high_watermark", "0.95", "Above this fraction of slots in use the coldest NVMe blocks are dropped.",
        KVTIER_SET(Fraction("tiers.nvme.high_watermark", n), nvme.high_watermark)},
       {"tiers.nvme.low_watermark", "0.90", "Dropping stops at this fraction of slots in use.",
        KVTIER_SET(Fraction("tiers.nvme.low_watermark", n), nvme.low_watermark)},
-      {"tiers.nvme.policy", "lru", "Eviction policy of NVMe blocks: lru or arc (no prefix order: "
+      {"tiers.nvme.policy", "lru",
+       "Eviction policy of NVMe blocks: lru or arc (no prefix order: "
        "the NVMe index does not track parents).",
        KVTIER_SET(Path("tiers.nvme.policy", n), nvme.policy)},
-      {"tiers.nvme.index_cache", "16MiB",
-       "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
+      {"tiers.nvme.index_cache", "16MiB", "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
        KVTIER_SET((Bytes("tiers.nvme.index_cache", n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
       {"tiers.nvme.verify_rate", "0",
        "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
@@ -456,8 +460,7 @@ Status ValidateConfig(const DaemonConfig& c) {
   }
   if (h.capacity_bytes % h.segment_bytes != 0) {
     return InvalidArgument("config key 'tiers.host.capacity' (" + FormatBytes(h.capacity_bytes) +
-                           ") must be a multiple of segment_bytes (" + FormatBytes(h.segment_bytes) +
-                           ")");
+                           ") must be a multiple of segment_bytes (" + FormatBytes(h.segment_bytes) + ")");
   }
   if (h.capacity_bytes / h.page_bytes > (1ull << 31)) {
     return InvalidArgument("config key 'tiers.host.capacity' has too many pages");
@@ -496,11 +499,12 @@ Status ValidateConfig(const DaemonConfig& c) {
       const std::string at = "config key 'security.tenants[" + std::to_string(i) + "]";
       if (!names.insert(t.name).second) return InvalidArgument(at + ".name': tenant '" + t.name + "' is named twice");
       for (uint32_t u : t.uids) {
-        if (!uids.insert(u).second) return InvalidArgument(at + ".uids': uid " + std::to_string(u) + " is in two tenants");
+        if (!uids.insert(u).second)
+          return InvalidArgument(at + ".uids': uid " + std::to_string(u) + " is in two tenants");
       }
-      for (auto [q, r, tier] : {std::tuple{t.quota.host, t.reserve.host, "host"},
-                                std::tuple{t.quota.gpu, t.reserve.gpu, "gpu"},
-                                std::tuple{t.quota.nvme, t.reserve.nvme, "nvme"}}) {
+      for (auto [q, r, tier] :
+           {std::tuple{t.quota.host, t.reserve.host, "host"}, std::tuple{t.quota.gpu, t.reserve.gpu, "gpu"},
+            std::tuple{t.quota.nvme, t.reserve.nvme, "nvme"}}) {
         if (q != 0 && r > q) return InvalidArgument(at + ".reserve." + tier + "' is above its quota");
       }
       reserved.host += t.reserve.host;
@@ -510,9 +514,10 @@ Status ValidateConfig(const DaemonConfig& c) {
     uint64_t nvme_bytes = 0;
     for (const auto& f : c.nvme.files) nvme_bytes += f.capacity_bytes;
     // Reserves must fit below the low watermark, or eviction could never honour them.
-    for (auto [r, cap, low, tier] : {std::tuple{reserved.host, h.capacity_bytes, h.low_watermark, "host"},
-                                     std::tuple{reserved.gpu, c.gpu.enabled ? c.gpu.capacity_bytes : 0, c.gpu.low_watermark, "gpu"},
-                                     std::tuple{reserved.nvme, nvme_bytes, c.nvme.low_watermark, "nvme"}}) {
+    for (auto [r, cap, low, tier] :
+         {std::tuple{reserved.host, h.capacity_bytes, h.low_watermark, "host"},
+          std::tuple{reserved.gpu, c.gpu.enabled ? c.gpu.capacity_bytes : 0, c.gpu.low_watermark, "gpu"},
+          std::tuple{reserved.nvme, nvme_bytes, c.nvme.low_watermark, "nvme"}}) {
       if (r > 0 && static_cast<double>(r) > low * static_cast<double>(cap)) {
         return InvalidArgument("config key 'security.tenants': " + std::string(tier) + " reserves add up to " +
                                FormatBytes(r) + ", more than the tier's low watermark of " +

@@ -61,7 +61,7 @@ std::optional<std::pair<uint64_t, std::string>> CgroupLimit() {
     } else {
       continue;
     }
-    for (fs::path p = rel; ; p = p.parent_path()) {
+    for (fs::path p = rel;; p = p.parent_path()) {
       consider(root / p.relative_path() / file);
       if (p == p.parent_path() || p.empty()) break;
     }
@@ -86,9 +86,9 @@ fs::path Resolve(const std::string& path) {
 // Same file: equal after resolving symlinks, or equal device and inode.
 bool SameFile(const std::string& a, const std::string& b) {
   if (Resolve(a) == Resolve(b)) return true;
-  struct stat sa {}, sb {};
-  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
+  struct stat sa {
+  }, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 }  // namespace
@@ -112,17 +112,19 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
   uint64_t pool = c.host.enabled ? c.host.capacity_bytes : 0;
   const bool gpu_in_ram = c.gpu.enabled && c.gpu_backend == "host-emulated";
   if (gpu_in_ram) pool += c.gpu.capacity_bytes;
-  const std::string what = gpu_in_ram ? "tiers.host.capacity + tiers.gpu.capacity (host-emulated)"
-                                      : "tiers.host.capacity";
+  const std::string what =
+      gpu_in_ram ? "tiers.host.capacity + tiers.gpu.capacity (host-emulated)" : "tiers.host.capacity";
   if (memory.limit_bytes && pool > *memory.limit_bytes && !c.host_overcommit) {
-    return InvalidArgument("config key 'tiers.host.capacity': " + what + " is " + FormatBytes(pool) + ", more than this machine's memory (" +
-                           FormatBytes(*memory.limit_bytes) + ", " + memory.limit_source +
+    return InvalidArgument("config key 'tiers.host.capacity': " + what + " is " + FormatBytes(pool) +
+                           ", more than this machine's memory (" + FormatBytes(*memory.limit_bytes) + ", " +
+                           memory.limit_source +
                            "); a pool that large is killed by the OOM killer once it fills. Lower it, or set "
                            "tiers.host.overcommit: true if the memory will be there");
   }
   if (warnings && memory.available_bytes && pool > *memory.available_bytes) {
     warnings->push_back(what + " is " + FormatBytes(pool) + ", more than is available now (" +
-                        FormatBytes(*memory.available_bytes) + " MemAvailable): the pool fills only as blocks "
+                        FormatBytes(*memory.available_bytes) +
+                        " MemAvailable): the pool fills only as blocks "
                         "arrive, but other processes may have to give memory back by then");
   }
   // NVMe files: each once, in a directory that exists.

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -31,15 +31,15 @@ Result<gid_t> ResolveGroup(const std::string& name) {
   group* found = nullptr;
   const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
   if (rc != 0 || found == nullptr) {
-    return InvalidArgument("config key 'socket.group': no group '" + name + "'" + (rc ? std::string(": ") + std::strerror(rc) : ""));
+    return InvalidArgument("config key 'socket.group': no group '" + name + "'" +
+                           (rc ? std::string(": ") + std::strerror(rc) : ""));
   }
   return found->gr_gid;
 }
 
 }  // namespace
 
-Daemon::Daemon(const DaemonConfig& config)
-    : config_(config), signals_(io_, SIGTERM, SIGINT), tick_(io_) {}
+Daemon::Daemon(const DaemonConfig& config) : config_(config), signals_(io_, SIGTERM, SIGINT), tick_(io_) {}
 
 Daemon::~Daemon() {
   nvme_events_.reset();
@@ -73,9 +73,9 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
   o.policy = c.policy;
   o.verify_bytes_per_s = c.verify_bytes_per_s;
   boost::asio::io_context* io_ctx = &io_;
-  return NvmeTier::Open(o, std::move(engine), std::move(store),
-                        [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); },
-                        SystemClock::Default());
+  return NvmeTier::Open(
+      o, std::move(engine), std::move(store),
+      [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, SystemClock::Default());
 }
 
 Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngineWrapper wrap_io) {
@@ -133,8 +133,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   }
   std::unique_ptr<NvmeTier> nvme;
   if (config.nvme.enabled()) {
-    co.write_policy = config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough
-                                                                   : WritePolicy::kWriteBack;
+    co.write_policy =
+        config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
     co.prefetch = config.nvme.prefetch;
     co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth);
     KVTIER_ASSIGN_OR_RETURN(nvme, d->OpenNvme(std::move(wrap_io)));
@@ -155,8 +155,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
 
   if (config.metrics_port >= 0) {
     Daemon* raw = d.get();
-    KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Open(d->io_, config.metrics_listen,
-                                                              config.metrics_port,
+    KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Open(d->io_, config.metrics_listen, config.metrics_port,
                                                               [raw] { return raw->metrics_.Render(); }));
     d->info_.metrics_url = d->http_->url();
   }
@@ -183,26 +182,26 @@ void Daemon::RegisterMetrics() {
   MetricsRegistry& m = metrics_;
   const CacheManager* cache = cache_.get();
   const Server* server = server_.get();
-  m.AddGaugeFn("kvtier_build_info", "Always 1; the version label says which kvtierd runs.",
-               {{"version", kVersion}}, [] { return 1.0; });
+  m.AddGaugeFn("kvtier_build_info", "Always 1; the version label says which kvtierd runs.", {{"version", kVersion}},
+               [] { return 1.0; });
   const int64_t started_wall = SystemClock::Default()->WallSeconds();
   m.AddGaugeFn("kvtier_start_time_seconds", "Unix time kvtierd started.", {},
                [started_wall] { return static_cast<double>(started_wall); });
   for (TierKind kind : kAllTiers) {
     if (!cache->tier_enabled(kind)) continue;
     const std::string tier(TierKindName(kind));
-    m.AddGaugeFn("kvtier_tier_capacity_bytes", "Bytes of a tier's pool.", {{"tier", tier}},
-                 [cache, kind] {
-                   TierCounts c = cache->Counts(kind);
-                   return static_cast<double>(c.capacity) * static_cast<double>(c.page_bytes);
-                 });
-    const std::pair<const char*, uint32_t TierCounts::*> states[] = {
-        {"free", &TierCounts::free},       {"leased", &TierCounts::leased},
-        {"inflight", &TierCounts::inflight}, {"cached", &TierCounts::cached},
-        {"referenced", &TierCounts::referenced}, {"quarantined", &TierCounts::quarantined}};
+    m.AddGaugeFn("kvtier_tier_capacity_bytes", "Bytes of a tier's pool.", {{"tier", tier}}, [cache, kind] {
+      TierCounts c = cache->Counts(kind);
+      return static_cast<double>(c.capacity) * static_cast<double>(c.page_bytes);
+    });
+    const std::pair<const char*, uint32_t TierCounts::*> states[] = {{"free", &TierCounts::free},
+                                                                     {"leased", &TierCounts::leased},
+                                                                     {"inflight", &TierCounts::inflight},
+                                                                     {"cached", &TierCounts::cached},
+                                                                     {"referenced", &TierCounts::referenced},
+                                                                     {"quarantined", &TierCounts::quarantined}};
     for (const auto& [state, field] : states) {
-      m.AddGaugeFn("kvtier_tier_bytes",
-                   "Bytes of a tier's pool by page state; the states sum to the capacity.",
+      m.AddGaugeFn("kvtier_tier_bytes", "Bytes of a tier's pool by page state; the states sum to the capacity.",
                    {{"tier", tier}, {"state", state}}, [cache, kind, field = field] {
                      TierCounts c = cache->Counts(kind);
                      return static_cast<double>(c.*field) * static_cast<double>(c.page_bytes);
@@ -210,9 +209,8 @@ void Daemon::RegisterMetrics() {
     }
     m.AddGaugeFn("kvtier_tier_blocks", "Blocks resident in a tier.", {{"tier", tier}},
                  [cache, kind] { return static_cast<double>(cache->Counts(kind).blocks); });
-    m.AddGaugeFn("kvtier_tier_high_watermark_ratio",
-                 "Fraction of a tier in use above which cached blocks are evicted.", {{"tier", tier}},
-                 [cache, kind] {
+    m.AddGaugeFn("kvtier_tier_high_watermark_ratio", "Fraction of a tier in use above which cached blocks are evicted.",
+                 {{"tier", tier}}, [cache, kind] {
                    return kind == TierKind::kNvme ? cache->nvme()->high_watermark() : cache->high_watermark(kind);
                  });
     m.AddCounterFn("kvtier_evictions_total",
@@ -225,16 +223,14 @@ void Daemon::RegisterMetrics() {
     m.AddCounterFn("kvtier_block_hits_total",
                    "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
                    "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.",
-                   {{"tier", tier}},
-                   [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
+                   {{"tier", tier}}, [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
   }
-  m.AddCounterFn("kvtier_lookups_total", "Lookup requests served.", {},
-                 [cache] { return cache->counters().lookups; });
+  m.AddCounterFn("kvtier_lookups_total", "Lookup requests served.", {}, [cache] { return cache->counters().lookups; });
   m.AddCounterFn("kvtier_lookup_blocks_total", "Block hashes asked about by lookups.", {},
                  [cache] { return cache->counters().lookup_blocks; });
   m.AddCounterFn("kvtier_block_misses_total",
-                 "Block hashes of lookups that did not match (from the first missing block on).",
-                 {}, [cache] { return cache->counters().block_misses; });
+                 "Block hashes of lookups that did not match (from the first missing block on).", {},
+                 [cache] { return cache->counters().block_misses; });
   m.AddCounterFn("kvtier_commits_total", "Blocks committed, by outcome.", {{"outcome", "stored"}},
                  [cache] { return cache->counters().commits_stored; });
   m.AddCounterFn("kvtier_commits_total", "Blocks committed, by outcome.", {{"outcome", "duplicate"}},
@@ -243,9 +239,8 @@ void Daemon::RegisterMetrics() {
                  [cache] { return cache->counters().acquires; });
   m.AddCounterFn("kvtier_acquire_misses_total", "Blocks asked for by Acquire and not found.", {},
                  [cache] { return cache->counters().acquire_misses; });
-  m.AddCounterFn("kvtier_allocate_failures_total",
-                 "Allocate requests refused because the tier had no page to give.", {},
-                 [cache] { return cache->counters().allocate_failures; });
+  m.AddCounterFn("kvtier_allocate_failures_total", "Allocate requests refused because the tier had no page to give.",
+                 {}, [cache] { return cache->counters().allocate_failures; });
   m.AddCounterFn("kvtier_quota_refusals_total",
                  "Allocate requests refused because the tenant was at its quota of the tier.", {},
                  [cache] { return cache->counters().quota_refusals; });

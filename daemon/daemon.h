@@ -31,8 +31,7 @@ class Daemon {
   // Creates the data directory, takes its lock (one daemon per data_dir), builds the
   // pools, opens the NVMe tier and its index, and binds the socket and metrics port.
   // Errors name what failed.
-  static Result<std::unique_ptr<Daemon>> Open(const DaemonConfig& config,
-                                              IoEngineWrapper wrap_io = nullptr);
+  static Result<std::unique_ptr<Daemon>> Open(const DaemonConfig& config, IoEngineWrapper wrap_io = nullptr);
   ~Daemon();
 
   // Serves until SIGTERM/SIGINT or RequestStop(); then closes every session and removes

@@ -7,18 +7,17 @@
 
 namespace kvtier {
 
-Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock,
-                       MetricsRegistry* metrics, SessionVisitor sessions, const TenantResolver* tenants)
+Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock, MetricsRegistry* metrics,
+                       SessionVisitor sessions, const TenantResolver* tenants)
     : cache_(cache), info_(info), clock_(clock), sessions_(std::move(sessions)), tenants_(tenants) {
   for (int op = 1; op <= static_cast<int>(fb::Op::MAX); ++op) {
     const std::string name(OpName(static_cast<fb::Op>(op)));
-    op_metrics_[op].latency = metrics->AddHistogram(
-        "kvtier_rpc_duration_seconds",
-        "Time from a request frame being read to its response being queued, by operation.",
-        RpcLatencyBuckets(), {{"op", name}});
+    op_metrics_[op].latency =
+        metrics->AddHistogram("kvtier_rpc_duration_seconds",
+                              "Time from a request frame being read to its response being queued, by operation.",
+                              RpcLatencyBuckets(), {{"op", name}});
     op_metrics_[op].errors = metrics->AddCounter(
-        "kvtier_rpc_errors_total", "Requests answered with a non-OK status, by operation.",
-        {{"op", name}});
+        "kvtier_rpc_errors_total", "Requests answered with a non-OK status, by operation.", {{"op", name}});
   }
   const char* help = "Inbound frames refused before any request was read, by reason.";
   rejected_malformed_ = metrics->AddCounter("kvtier_frames_rejected_total", help, {{"reason", "malformed"}});
@@ -26,9 +25,8 @@ Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock*
   rejected_truncated_ = metrics->AddCounter("kvtier_frames_rejected_total", help, {{"reason", "truncated"}});
 }
 
-
-void Dispatcher::Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type,
-                      BodyOffset body, std::span<const int> fds) {
+void Dispatcher::Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type, BodyOffset body,
+                      std::span<const int> fds) {
   auto message = status.ok() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(status.message());
   fb::ResponseBuilder rb(b);
   rb.add_id(id);
@@ -49,13 +47,15 @@ void Dispatcher::Observe(int op, int64_t start_ns, const Status& st) {
   if (!st.ok()) op_metrics_[op].errors->Inc();
 }
 
-void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason,
-                             ReplySink& sink) {
-  if (reason == "oversized") rejected_oversized_->Inc();
-  else if (reason == "truncated") rejected_truncated_->Inc();
-  else rejected_malformed_->Inc();
-  KVTIER_LOG(NOTICE) << "session " << ctx.id << " (pid " << ctx.pid << "): " << reason
-                     << " frame: " << status.message() << "; closing";
+void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason, ReplySink& sink) {
+  if (reason == "oversized")
+    rejected_oversized_->Inc();
+  else if (reason == "truncated")
+    rejected_truncated_->Inc();
+  else
+    rejected_malformed_->Inc();
+  KVTIER_LOG(NOTICE) << "session " << ctx.id << " (pid " << ctx.pid << "): " << reason << " frame: " << status.message()
+                     << "; closing";
   builder_.Clear();
   Send(builder_, sink, 0, status, fb::Reply::NONE, 0, {});
   ctx.close_after_reply = true;
@@ -116,8 +116,8 @@ void Dispatcher::SendLater(const std::weak_ptr<ReplySink>& weak_sink, uint64_t i
   Observe(static_cast<int>(op), start_ns, st);
 }
 
-Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type,
-                         BodyOffset* body, std::vector<int>* fds, bool* deferred) {
+Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+                         std::vector<int>* fds, bool* deferred) {
   const fb::Op op = req.op_type();
   if (op == fb::Op::Ping) {
     const auto* p = req.op_as_Ping();
@@ -148,11 +148,16 @@ Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply*
                               " is not root, the daemon's uid or in security.admin_uids");
     }
     switch (op) {
-      case fb::Op::VerifyTier: return OnVerify(ctx, req, deferred);
-      case fb::Op::Explain: return OnExplain(ctx, *req.op_as_Explain(), type, body);
-      case fb::Op::Blocks: return OnBlocks(ctx, req, type, body, deferred);
-      case fb::Op::Evict: return OnEvict(ctx, *req.op_as_Evict(), type, body);
-      default: return OnDrain(ctx, *req.op_as_Drain(), type, body);
+      case fb::Op::VerifyTier:
+        return OnVerify(ctx, req, deferred);
+      case fb::Op::Explain:
+        return OnExplain(ctx, *req.op_as_Explain(), type, body);
+      case fb::Op::Blocks:
+        return OnBlocks(ctx, req, type, body, deferred);
+      case fb::Op::Evict:
+        return OnEvict(ctx, *req.op_as_Evict(), type, body);
+      default:
+        return OnDrain(ctx, *req.op_as_Drain(), type, body);
     }
   }
   if (ctx.role != fb::Role::Engine) {
@@ -160,12 +165,18 @@ Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply*
                             "; connect with role Engine and a layout");
   }
   switch (op) {
-    case fb::Op::Allocate: return OnAllocate(ctx, req, type, body, fds, deferred);
-    case fb::Op::Commit: return OnCommit(ctx, *req.op_as_Commit(), type, body);
-    case fb::Op::Release: return OnRelease(ctx, *req.op_as_Release(), type, body);
-    case fb::Op::Lookup: return OnLookup(ctx, *req.op_as_Lookup(), type, body);
-    case fb::Op::Acquire: return OnAcquire(ctx, req, type, body, fds, deferred);
-    default: return Unimplemented("operation " + std::string(OpName(op)));
+    case fb::Op::Allocate:
+      return OnAllocate(ctx, req, type, body, fds, deferred);
+    case fb::Op::Commit:
+      return OnCommit(ctx, *req.op_as_Commit(), type, body);
+    case fb::Op::Release:
+      return OnRelease(ctx, *req.op_as_Release(), type, body);
+    case fb::Op::Lookup:
+      return OnLookup(ctx, *req.op_as_Lookup(), type, body);
+    case fb::Op::Acquire:
+      return OnAcquire(ctx, req, type, body, fds, deferred);
+    default:
+      return Unimplemented("operation " + std::string(OpName(op)));
   }
 }
 
@@ -191,7 +202,8 @@ flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Dispa
       slot = static_cast<uint8_t>(fds->size());
       fds->push_back(g.fd);
     }
-    auto handle = g.ipc_handle.empty() ? flatbuffers::Offset<flatbuffers::Vector<uint8_t>>() : b.CreateVector(g.ipc_handle);
+    auto handle =
+        g.ipc_handle.empty() ? flatbuffers::Offset<flatbuffers::Vector<uint8_t>>() : b.CreateVector(g.ipc_handle);
     segs.push_back(fb::CreateSegment(b, TierToWire(g.tier), g.index, g.first_page, g.num_pages, g.bytes, slot, handle));
   }
   return b.CreateVector(segs);
@@ -202,21 +214,19 @@ flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Dispatcher::Res
   std::vector<fb::EntryResult> out;
   out.reserve(results.size());
   for (const CacheResult& r : results) {
-    out.emplace_back(ToWire(r.status),
-                     r.duplicate ? fb::CommitOutcome::Duplicate : fb::CommitOutcome::Stored,
+    out.emplace_back(ToWire(r.status), r.duplicate ? fb::CommitOutcome::Duplicate : fb::CommitOutcome::Stored,
                      r.status == StatusCode::kOk ? TierToWire(r.tier) : fb::Tier::None, 0, r.page);
   }
   return b.CreateVectorOfStructs(out);
 }
 
-Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type,
-                           BodyOffset* body, std::vector<int>* fds) {
+Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body,
+                           std::vector<int>* fds) {
   if (ctx.hello_done) return FailedPrecondition("Hello was already received on this session");
   if (m.major() != kProtocolMajor) {
     ctx.close_after_reply = true;
     return FailedPrecondition("protocol major version " + std::to_string(m.major()) +
-                              " is not supported (kvtierd speaks " + std::to_string(kProtocolMajor) +
-                              ")");
+                              " is not supported (kvtierd speaks " + std::to_string(kProtocolMajor) + ")");
   }
   ctx.role = m.role();
   if (ctx.role != fb::Role::Engine && ctx.role != fb::Role::Control) {
@@ -239,8 +249,8 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
     KVTIER_RETURN_IF_ERROR(cache_->Attach(ctx.cache, ctx.tenant, ctx.layout));
   }
   ctx.hello_done = true;
-  KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid
-                   << " engine '" << ctx.engine_name << "' role "
+  KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid << " engine '"
+                   << ctx.engine_name << "' role "
                    << (ctx.role == fb::Role::Engine ? "engine " + ctx.layout.ToString() : "control");
 
   std::vector<flatbuffers::Offset<fb::TierInfo>> tiers;
@@ -258,20 +268,18 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
   std::vector<SegmentGrant> grants;
   if (ctx.role == fb::Role::Engine) grants = cache_->TakeAllSegmentGrants(ctx.cache);
   auto segs = Segments(builder_, grants, fds);
-  auto ns = builder_.CreateString(ctx.role == fb::Role::Engine ? cache_->NamespaceHex(ctx.cache.ns())
-                                                              : std::string());
+  auto ns = builder_.CreateString(ctx.role == fb::Role::Engine ? cache_->NamespaceHex(ctx.cache.ns()) : std::string());
   auto version = builder_.CreateString(info_->version);
   const uint16_t minor = std::min<uint16_t>(m.minor(), kProtocolMinor);
-  *body = fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec,
-                            segs, info_->max_frame_bytes, version)
+  *body = fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec, segs,
+                            info_->max_frame_bytes, version)
               .Union();
   *type = fb::Reply::Welcome;
   return Status::Ok();
 }
 
-Status Dispatcher::AllocateReply(Builder& b, SessionContext& ctx, TierKind tier,
-                                 const std::vector<PageId>& pages, fb::Reply* type, BodyOffset* body,
-                                 std::vector<int>* fds) {
+Status Dispatcher::AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages,
+                                 fb::Reply* type, BodyOffset* body, std::vector<int>* fds) {
   auto grants = cache_->TakeSegmentGrants(ctx.cache, tier, pages);
   auto pages_vec = b.CreateVector(pages);
   auto segs = Segments(b, grants, fds);
@@ -280,8 +288,8 @@ Status Dispatcher::AllocateReply(Builder& b, SessionContext& ctx, TierKind tier,
   return Status::Ok();
 }
 
-Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type,
-                              BodyOffset* body, std::vector<int>* fds, bool* deferred) {
+Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+                              std::vector<int>* fds, bool* deferred) {
   const fb::Allocate& m = *req.op_as_Allocate();
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
@@ -310,8 +318,7 @@ Status Dispatcher::CheckEpoch(uint64_t epoch) const {
                             " (it restarted); lease pages again");
 }
 
-Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type,
-                            BodyOffset* body) {
+Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type, BodyOffset* body) {
   KVTIER_RETURN_IF_ERROR(CheckEpoch(m.daemon_epoch()));
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
@@ -319,8 +326,8 @@ Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply*
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> parents, Hashes(ctx, m.parents()));
   const size_t n = m.pages() ? m.pages()->size() : 0;
   if (hashes.size() != n) {
-    return InvalidArgument("commit names " + std::to_string(n) + " pages but " +
-                           std::to_string(hashes.size()) + " hashes");
+    return InvalidArgument("commit names " + std::to_string(n) + " pages but " + std::to_string(hashes.size()) +
+                           " hashes");
   }
   if (!parents.empty() && parents.size() != n) {
     return InvalidArgument("commit parents must be empty or one per page");
@@ -333,8 +340,7 @@ Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply*
   return Status::Ok();
 }
 
-Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type,
-                             BodyOffset* body) {
+Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type, BodyOffset* body) {
   KVTIER_RETURN_IF_ERROR(CheckEpoch(m.daemon_epoch()));
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
@@ -352,8 +358,7 @@ Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Repl
   return Status::Ok();
 }
 
-Status Dispatcher::OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type,
-                            BodyOffset* body) {
+Status Dispatcher::OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type, BodyOffset* body) {
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
   CacheLookup r = cache_->Lookup(ctx.cache, hashes);
   std::vector<uint8_t> tiers(r.tiers.size());
@@ -383,8 +388,8 @@ Status Dispatcher::AcquireReply(Builder& b, SessionContext& ctx, const std::vect
   return Status::Ok();
 }
 
-Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Reply* type,
-                             BodyOffset* body, std::vector<int>* fds, bool* deferred) {
+Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+                             std::vector<int>* fds, bool* deferred) {
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, req.op_as_Acquire()->hashes()));
   SessionContext* c = &ctx;
   const uint64_t id = req.id();
@@ -408,8 +413,8 @@ Status Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req, bool* d
   const int64_t start = clock_->NowNanos();
   KVTIER_LOG(NOTICE) << "session " << ctx.id << ": verify of the NVMe tier started";
   cache_->VerifyNvme([this, c, id, start](VerifyReport report) {
-    KVTIER_LOG(NOTICE) << "verify: " << report.checked << " blocks checked, " << report.dropped
-                       << " dropped, " << report.seconds << " s";
+    KVTIER_LOG(NOTICE) << "verify: " << report.checked << " blocks checked, " << report.dropped << " dropped, "
+                       << report.seconds << " s";
     SendLater(c, id, fb::Op::VerifyTier, start, [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) {
       if (!report.status.ok()) return report.status;
       *bo = fb::CreateVerifyTierReply(b, report.checked, report.dropped, report.seconds).Union();
@@ -421,8 +426,7 @@ Status Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req, bool* d
   return Status::Ok();
 }
 
-Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type,
-                           BodyOffset* body) {
+Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type, BodyOffset* body) {
   std::vector<flatbuffers::Offset<fb::TierStats>> tiers;
   const NvmeTier* nvme = cache_->nvme();
   for (TierKind kind : kAllTiers) {
@@ -437,10 +441,10 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
     auto be = builder_.CreateString(backend);
     auto io = builder_.CreateString(is_nvme ? std::string(nvme->io_backend()) : std::string());
     auto index = builder_.CreateString(is_nvme ? std::string(nvme->index_backend()) : std::string());
-    tiers.push_back(fb::CreateTierStats(builder_, TierToWire(kind), name, c.page_bytes, c.capacity, c.free,
-                                        c.leased, c.inflight, c.cached, c.referenced, c.blocks,
-                                        static_cast<float>(high), static_cast<float>(low), evictions, be, io,
-                                        index, !is_nvme || nvme->ready(), c.quarantined));
+    tiers.push_back(fb::CreateTierStats(builder_, TierToWire(kind), name, c.page_bytes, c.capacity, c.free, c.leased,
+                                        c.inflight, c.cached, c.referenced, c.blocks, static_cast<float>(high),
+                                        static_cast<float>(low), evictions, be, io, index, !is_nvme || nvme->ready(),
+                                        c.quarantined));
   }
   auto tiers_vec = builder_.CreateVector(tiers);
   std::vector<flatbuffers::Offset<fb::SessionInfo>> sessions;
@@ -457,8 +461,7 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
         builder_.CreateString(s.tenant),
         builder_.CreateString(engine ? cache_->NamespaceHex(s.cache.ns()) : std::string()),
         builder_.CreateString(engine ? s.layout.ToString() : std::string()),
-        static_cast<uint32_t>(s.cache.leased_pages()),
-        static_cast<uint32_t>(s.cache.referenced_blocks()), s.requests,
+        static_cast<uint32_t>(s.cache.leased_pages()), static_cast<uint32_t>(s.cache.referenced_blocks()), s.requests,
         static_cast<double>(now - s.connected_ns) * 1e-9));
   });
   auto sessions_vec = builder_.CreateVector(sessions);
@@ -471,10 +474,9 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
   const uint64_t io_errors = nvme ? nvme->counters().io_errors : 0;
   *body = fb::CreateStatsReply(builder_, builder_.CreateString(info_->version),
                                static_cast<double>(now - info_->started_ns) * 1e-9,
-                               builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec,
-                               sessions_vec, session_count, cc.lookups, hits, cc.block_misses, checksum,
-                               io_errors, cc.demotions, cc.promotions,
-                               static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions,
+                               builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec,
+                               session_count, cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions,
+                               cc.promotions, static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions,
                                cc.refetches_after_evict, nvme ? nvme->counters().spill_bytes : 0,
                                nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(), evictions_total)
               .Union();
@@ -488,10 +490,10 @@ Status Dispatcher::OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Repl
   const auto entries = cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant);
   std::vector<flatbuffers::Offset<fb::Explanation>> out;
   for (const BlockExplanation& e : entries) {
-    out.push_back(fb::CreateExplanation(builder_, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme,
-                                        e.writing, builder_.CreateString(e.namespace_hex),
-                                        builder_.CreateString(e.tenant), builder_.CreateString(e.model),
-                                        e.seconds_ago, builder_.CreateString(e.detail)));
+    out.push_back(fb::CreateExplanation(builder_, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme, e.writing,
+                                        builder_.CreateString(e.namespace_hex), builder_.CreateString(e.tenant),
+                                        builder_.CreateString(e.model), e.seconds_ago,
+                                        builder_.CreateString(e.detail)));
   }
   *body = fb::CreateExplainReply(builder_, builder_.CreateVector(out)).Union();
   *type = fb::Reply::ExplainReply;
@@ -513,14 +515,14 @@ Status Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Rep
     for (const BlockInfo& i : blocks) {
       out.push_back(fb::CreateBlockInfo(b, b.CreateVector(i.hash.bytes().data(), i.hash.size()),
                                         b.CreateString(i.namespace_hex), b.CreateString(i.tenant),
-                                        b.CreateString(i.model), TierToWire(i.tier), i.on_nvme, i.bytes, i.hits,
-                                        i.refs, i.idle_s));
+                                        b.CreateString(i.model), TierToWire(i.tier), i.on_nvme, i.bytes, i.hits, i.refs,
+                                        i.idle_s));
     }
     *bo = fb::CreateBlocksReply(b, b.CreateVector(out)).Union();
     *ty = fb::Reply::BlocksReply;
   };
-  const auto order = m.order() == fb::BlockOrder::Recent ? CacheManager::BlockOrder::kRecent
-                                                         : CacheManager::BlockOrder::kHits;
+  const auto order =
+      m.order() == fb::BlockOrder::Recent ? CacheManager::BlockOrder::kRecent : CacheManager::BlockOrder::kHits;
   std::weak_ptr<ReplySink> sink = ctx.async_sink;
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();

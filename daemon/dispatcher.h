@@ -44,7 +44,7 @@ struct SessionContext {
   gid_t gid = 0;
   std::vector<gid_t> groups;  // supplementary (SO_PEERGROUPS)
   int64_t connected_ns = 0;
-  bool admin = false;         // decided at Hello by the TenantResolver
+  bool admin = false;  // decided at Hello by the TenantResolver
 
   bool hello_done = false;
   fb::Role role = fb::Role::Engine;
@@ -71,8 +71,8 @@ class ReplySink {
 struct DaemonInfo {
   std::string version;
   std::string metrics_url;
-  uint64_t epoch = 0;          // random per start; handles from another epoch are stale
-  int64_t started_ns = 0;      // Clock::NowNanos() at start
+  uint64_t epoch = 0;      // random per start; handles from another epoch are stale
+  int64_t started_ns = 0;  // Clock::NowNanos() at start
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
 };
@@ -83,15 +83,14 @@ class Dispatcher {
   using SessionVisitor = std::function<void(const std::function<void(const SessionContext&)>&)>;
 
   // `tenants` decides who each peer is; it and the rest outlive the dispatcher.
-  Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock,
-             MetricsRegistry* metrics, SessionVisitor sessions, const TenantResolver* tenants);
+  Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock, MetricsRegistry* metrics,
+             SessionVisitor sessions, const TenantResolver* tenants);
 
   // Verifies and serves one whole frame (prefix included), sending exactly one response.
   void HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame, ReplySink& sink);
   // Answers a frame that could not be read at all (oversized, truncated at EOF) with
   // request id 0 and `status`, and marks the session for closing.
-  void RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason,
-                   ReplySink& sink);
+  void RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason, ReplySink& sink);
   // The session is gone: drop everything it holds. With `quarantine_leases` (its process
   // still lives) leased pages are quarantined; returns the quarantine's id (0: none) for
   // QuarantineOver once the process has exited.
@@ -107,15 +106,14 @@ class Dispatcher {
   using BodyOffset = flatbuffers::Offset<void>;
 
   // Fills the response, or sets *deferred and arranges for it to be sent later.
-  Status Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-               std::vector<int>* fds, bool* deferred);
+  Status Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body, std::vector<int>* fds,
+               bool* deferred);
   // The deferred response to request `id`: `build` fills it in async_builder_.
   using BuildReply = std::function<Status(Builder&, fb::Reply*, BodyOffset*, std::vector<int>*)>;
   void SendLater(SessionContext* ctx, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
   // For completions that may outlive the session (a scrub, an index scan): only the sink.
   void SendLater(const std::weak_ptr<ReplySink>& sink, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
-  Status OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body,
-                 std::vector<int>* fds);
+  Status OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
   Status OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
                     std::vector<int>* fds, bool* deferred);
   // kFailedPrecondition for handles of another daemon epoch (0: unchecked).
@@ -128,8 +126,8 @@ class Dispatcher {
   Status OnVerify(SessionContext& ctx, const fb::Request& req, bool* deferred);
   Status AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages,
                        fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
-  Status AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results,
-                      fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
+  Status AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results, fb::Reply* type,
+                      BodyOffset* body, std::vector<int>* fds);
   Status OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type, BodyOffset* body);
   // Operator requests (control sessions).
   Status OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Reply* type, BodyOffset* body);
@@ -137,14 +135,13 @@ class Dispatcher {
   Status OnEvict(SessionContext& ctx, const fb::Evict& m, fb::Reply* type, BodyOffset* body);
   Status OnDrain(SessionContext& ctx, const fb::Drain& m, fb::Reply* type, BodyOffset* body);
 
-  Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx,
-                                        const flatbuffers::Vector<uint8_t>* v) const;
+  Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx, const flatbuffers::Vector<uint8_t>* v) const;
   static flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Segments(
       Builder& b, const std::vector<SegmentGrant>& grants, std::vector<int>* fds);
   static flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Results(
       Builder& b, const std::vector<CacheResult>& results);
-  void Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type,
-            BodyOffset body, std::span<const int> fds);
+  void Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type, BodyOffset body,
+            std::span<const int> fds);
   void Observe(int op, int64_t start_ns, const Status& st);
 
   CacheManager* cache_;

@@ -10,10 +10,14 @@ namespace {
 
 void AppendEscaped(std::string* out, const std::string& v, bool help) {
   for (char c : v) {
-    if (c == '\\') out->append("\\\\");
-    else if (c == '\n') out->append("\\n");
-    else if (c == '"' && !help) out->append("\\\"");
-    else out->push_back(c);
+    if (c == '\\')
+      out->append("\\\\");
+    else if (c == '\n')
+      out->append("\\n");
+    else if (c == '"' && !help)
+      out->append("\\\"");
+    else
+      out->push_back(c);
   }
 }
 
@@ -55,8 +59,7 @@ std::string FormatDouble(double v) {
 
 }  // namespace
 
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::Observe(double v) {
   size_t i = 0;
@@ -67,12 +70,11 @@ void Histogram::Observe(double v) {
 }
 
 std::vector<double> RpcLatencyBuckets() {
-  return {5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
-          25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0};
+  return {5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3,
+          5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0};
 }
 
-MetricsRegistry::Family& MetricsRegistry::GetFamily(const std::string& name,
-                                                    const std::string& help, Type type) {
+MetricsRegistry::Family& MetricsRegistry::GetFamily(const std::string& name, const std::string& help, Type type) {
   auto it = by_name_.find(name);
   if (it != by_name_.end()) {
     KVTIER_CHECK(it->second->type == type) << "metric " << name << " registered with two types";
@@ -83,8 +85,7 @@ MetricsRegistry::Family& MetricsRegistry::GetFamily(const std::string& name,
   return *families_.back();
 }
 
-Counter* MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
-                                     Labels labels) {
+Counter* MetricsRegistry::AddCounter(const std::string& name, const std::string& help, Labels labels) {
   Family& f = GetFamily(name, help, Type::kCounter);
   f.series.push_back(Series{std::move(labels), std::make_unique<Counter>(), nullptr, nullptr, {}});
   return f.series.back().counter.get();
@@ -96,19 +97,18 @@ Gauge* MetricsRegistry::AddGauge(const std::string& name, const std::string& hel
   return f.series.back().gauge.get();
 }
 
-Histogram* MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
-                                         std::vector<double> bounds, Labels labels) {
+Histogram* MetricsRegistry::AddHistogram(const std::string& name, const std::string& help, std::vector<double> bounds,
+                                         Labels labels) {
   Family& f = GetFamily(name, help, Type::kHistogram);
-  f.series.push_back(
-      Series{std::move(labels), nullptr, nullptr, std::make_unique<Histogram>(std::move(bounds)), {}});
+  f.series.push_back(Series{std::move(labels), nullptr, nullptr, std::make_unique<Histogram>(std::move(bounds)), {}});
   return f.series.back().histogram.get();
 }
 
-void MetricsRegistry::AddCounterFn(const std::string& name, const std::string& help,
-                                   Labels labels, std::function<uint64_t()> fn) {
+void MetricsRegistry::AddCounterFn(const std::string& name, const std::string& help, Labels labels,
+                                   std::function<uint64_t()> fn) {
   Family& f = GetFamily(name, help, Type::kCounter);
-  f.series.push_back(Series{std::move(labels), nullptr, nullptr, nullptr,
-                            [fn = std::move(fn)] { return static_cast<double>(fn()); }});
+  f.series.push_back(
+      Series{std::move(labels), nullptr, nullptr, nullptr, [fn = std::move(fn)] { return static_cast<double>(fn()); }});
 }
 
 void MetricsRegistry::AddGaugeFn(const std::string& name, const std::string& help, Labels labels,
@@ -141,8 +141,7 @@ std::string MetricsRegistry::Render() {
         for (size_t i = 0; i <= h.bounds().size(); ++i) {
           cumulative += h.bucket_counts()[i];
           out += f->name + "_bucket";
-          AppendLabels(&out, s.labels, "le",
-                       i < h.bounds().size() ? FormatDouble(h.bounds()[i]) : "+Inf");
+          AppendLabels(&out, s.labels, "le", i < h.bounds().size() ? FormatDouble(h.bounds()[i]) : "+Inf");
           out += " " + std::to_string(cumulative) + "\n";
         }
         out += f->name + "_sum";

@@ -67,16 +67,14 @@ class MetricsRegistry {
   // family must share a type and help text. Pointers stay valid for the registry's life.
   Counter* AddCounter(const std::string& name, const std::string& help, Labels labels = {});
   Gauge* AddGauge(const std::string& name, const std::string& help, Labels labels = {});
-  Histogram* AddHistogram(const std::string& name, const std::string& help,
-                          std::vector<double> bounds, Labels labels = {});
+  Histogram* AddHistogram(const std::string& name, const std::string& help, std::vector<double> bounds,
+                          Labels labels = {});
 
   // Series whose value is read from `fn` at each Render(): the way to export state that
   // another component already counts (CacheManager's counters, tier occupancy). `fn` must
   // stay callable for the registry's life.
-  void AddCounterFn(const std::string& name, const std::string& help, Labels labels,
-                    std::function<uint64_t()> fn);
-  void AddGaugeFn(const std::string& name, const std::string& help, Labels labels,
-                  std::function<double()> fn);
+  void AddCounterFn(const std::string& name, const std::string& help, Labels labels, std::function<uint64_t()> fn);
+  void AddGaugeFn(const std::string& name, const std::string& help, Labels labels, std::function<double()> fn);
 
   // The text exposition format, families in registration order.
   std::string Render();

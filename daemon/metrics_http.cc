@@ -22,8 +22,11 @@ constexpr auto kDeadline = std::chrono::seconds(10);
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
   HttpConnection(MetricsHttpServer* server, tcp::socket socket)
-      : server_(server), open_(server->open_connections_), socket_(std::move(socket)),
-        buf_(kMaxRequestBytes), timer_(socket_.get_executor()) {
+      : server_(server),
+        open_(server->open_connections_),
+        socket_(std::move(socket)),
+        buf_(kMaxRequestBytes),
+        timer_(socket_.get_executor()) {
     ++*open_;
   }
   ~HttpConnection() { --*open_; }
@@ -36,17 +39,18 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         self->socket_.close(ignored);
       }
     });
-    asio::async_read_until(socket_, buf_, "\r\n\r\n",
-                           [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                             self->OnRequest(ec);
-                           });
+    asio::async_read_until(
+        socket_, buf_, "\r\n\r\n",
+        [self = shared_from_this()](const boost::system::error_code& ec, size_t) { self->OnRequest(ec); });
   }
 
  private:
   void OnRequest(const boost::system::error_code& ec) {
     if (ec) {
-      if (ec == asio::error::not_found) Respond("431 Request Header Fields Too Large", "text/plain", "too large\n");
-      else timer_.cancel();
+      if (ec == asio::error::not_found)
+        Respond("431 Request Header Fields Too Large", "text/plain", "too large\n");
+      else
+        timer_.cancel();
       return;
     }
     std::istream in(&buf_);
@@ -69,8 +73,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   void Respond(const std::string& status, const std::string& type, std::string body) {
     response_ = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
-                "\r\nContent-Length: " + std::to_string(body.size()) +
-                "\r\nConnection: close\r\n\r\n";
+                "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
     if (!head_only_) response_ += body;
     asio::async_write(socket_, asio::buffer(response_),
                       [self = shared_from_this()](const boost::system::error_code&, size_t) {
@@ -95,8 +98,8 @@ MetricsHttpServer::MetricsHttpServer(asio::io_context& io, std::function<std::st
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
-Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Open(
-    asio::io_context& io, const std::string& address, int port, std::function<std::string()> render) {
+Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Open(asio::io_context& io, const std::string& address,
+                                                                   int port, std::function<std::string()> render) {
   std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer(io, std::move(render)));
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(address, ec);
@@ -107,8 +110,8 @@ Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Open(
   if (!ec) s->acceptor_.bind(ep, ec);
   if (!ec) s->acceptor_.listen(64, ec);
   if (ec) {
-    return Unavailable("cannot listen for metrics on " + address + ":" + std::to_string(port) +
-                       ": " + ec.message() + " (set metrics.port, 0 for any free port)");
+    return Unavailable("cannot listen for metrics on " + address + ":" + std::to_string(port) + ": " + ec.message() +
+                       " (set metrics.port, 0 for any free port)");
   }
   s->address_ = address;
   s->port_ = s->acceptor_.local_endpoint().port();

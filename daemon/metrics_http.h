@@ -20,9 +20,8 @@ namespace kvtier {
 class MetricsHttpServer {
  public:
   // `render` produces the body of /metrics. port 0 binds any free port.
-  static Result<std::unique_ptr<MetricsHttpServer>> Open(boost::asio::io_context& io,
-                                                         const std::string& address, int port,
-                                                         std::function<std::string()> render);
+  static Result<std::unique_ptr<MetricsHttpServer>> Open(boost::asio::io_context& io, const std::string& address,
+                                                         int port, std::function<std::string()> render);
   ~MetricsHttpServer();
 
   void Start();

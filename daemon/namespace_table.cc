@@ -8,8 +8,7 @@
 
 namespace kvtier {
 
-NamespaceTable::NamespaceTable(std::unordered_map<std::string, TenantLimits> tenant_limits,
-                               TenantLimits unknown_limits)
+NamespaceTable::NamespaceTable(std::unordered_map<std::string, TenantLimits> tenant_limits, TenantLimits unknown_limits)
     : configured_(std::move(tenant_limits)), unknown_(unknown_limits) {}
 
 TenantId NamespaceTable::InternTenant(std::string_view name) {
@@ -22,8 +21,8 @@ TenantId NamespaceTable::InternTenant(std::string_view name) {
   return id;
 }
 
-NamespaceId NamespaceTable::Acquire(const std::string& encoded, const std::string& fingerprint,
-                                    uint64_t block_bytes, std::string_view tenant, std::string_view model) {
+NamespaceId NamespaceTable::Acquire(const std::string& encoded, const std::string& fingerprint, uint64_t block_bytes,
+                                    std::string_view tenant, std::string_view model) {
   if (auto it = ids_.find(encoded); it != ids_.end()) {
     ++namespaces_[it->second].users;
     return it->second;

@@ -71,11 +71,11 @@ class NamespaceTable {
   };
   std::unordered_map<std::string, TenantLimits> configured_;
   TenantLimits unknown_;
-  std::vector<Tenant> tenants_;                        // by TenantId
+  std::vector<Tenant> tenants_;  // by TenantId
   std::unordered_map<std::string, TenantId> tenant_ids_;
-  std::vector<Namespace> namespaces_;                  // by NamespaceId
+  std::vector<Namespace> namespaces_;  // by NamespaceId
   std::vector<NamespaceId> free_ids_;
-  std::unordered_map<std::string, NamespaceId> ids_;   // encoded -> id, live only
+  std::unordered_map<std::string, NamespaceId> ids_;  // encoded -> id, live only
 };
 
 }  // namespace kvtier

@@ -21,8 +21,7 @@ Result<std::unique_ptr<NvmeMover>> NvmeMover::Open(std::unique_ptr<NvmeTier> nvm
   TierPool* host = blocks->pool(TierKind::kHost);
   if (host == nullptr) return InvalidArgument("the NVMe tier needs the host tier");
   if (nvme->slot_bytes() != host->page_bytes()) return InvalidArgument("NVMe slots must be the size of host pages");
-  std::unique_ptr<NvmeMover> m(
-      new NvmeMover(std::move(nvme), options, blocks, namespaces, counters, std::move(hooks)));
+  std::unique_ptr<NvmeMover> m(new NvmeMover(std::move(nvme), options, blocks, namespaces, counters, std::move(hooks)));
   m->registered_segments_.assign(host->segment_count(), false);
   NvmeMover* raw = m.get();
   m->nvme_->SetDropListener([raw](const std::string& key, uint32_t slot) { raw->OnDropped(key, slot); });
@@ -51,8 +50,7 @@ Result<std::optional<BlockRecord>> NvmeMover::Find(NamespaceId ns, const BlockHa
   return nvme_->Find(namespaces_->BlockKey(ns, hash));
 }
 
-Result<std::vector<std::optional<BlockRecord>>> NvmeMover::FindMany(NamespaceId ns,
-                                                                    std::span<const BlockHash> hashes) {
+Result<std::vector<std::optional<BlockRecord>>> NvmeMover::FindMany(NamespaceId ns, std::span<const BlockHash> hashes) {
   std::vector<std::string> keys;
   keys.reserve(hashes.size());
   for (const BlockHash& h : hashes) keys.push_back(namespaces_->BlockKey(ns, h));
@@ -74,8 +72,8 @@ void NvmeMover::StartSpill(BlockId id, bool keep_host) {
   meta.layout_fingerprint = n.fingerprint;
   meta.parent.assign(reinterpret_cast<const char*>(b.parent.bytes().data()), b.parent.size());
   const int buf = BufferIndex(page);
-  nvme_->Spill(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), pool->page_bytes()},
-               buf, [this, id, gen = b.gen, keep_host](Status st, uint32_t slot) {
+  nvme_->Spill(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), pool->page_bytes()}, buf,
+               [this, id, gen = b.gen, keep_host](Status st, uint32_t slot) {
                  OnSpilled(id, gen, keep_host, std::move(st), slot);
                });
 }
@@ -137,7 +135,8 @@ BlockId NvmeMover::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHa
   if (!page) return kNoBlock;
   BlockHash parent;
   if (BlockHash::ValidSize(rec.parent.size())) {
-    parent = BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(rec.parent.data()), rec.parent.size()));
+    parent =
+        BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(rec.parent.data()), rec.parent.size()));
   }
   const BlockId id = blocks_->Create(ns, tenant, hash, parent);
   blocks_->SetNvmeSlot(id, rec.slot);

@@ -87,8 +87,8 @@ class NvmeMover {
   Result<std::vector<std::optional<BlockRecord>>> FindMany(NamespaceId ns, std::span<const BlockHash> hashes);
 
  private:
-  NvmeMover(std::unique_ptr<NvmeTier> nvme, const Options& options, BlockTable* blocks,
-            NamespaceTable* namespaces, CacheCounters* counters, Hooks hooks);
+  NvmeMover(std::unique_ptr<NvmeTier> nvme, const Options& options, BlockTable* blocks, NamespaceTable* namespaces,
+            CacheCounters* counters, Hooks hooks);
   // The registered-buffer index of the host segment holding `page` (registered on first
   // use: registration pins, and so faults in, the whole segment).
   int BufferIndex(PageId page);

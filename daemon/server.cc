@@ -3,8 +3,8 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -30,10 +30,7 @@ bool PidfdExited(int pidfd) {
 class Session : public std::enable_shared_from_this<Session>, public ReplySink {
  public:
   Session(Server* server, stream::socket socket, SessionId id)
-      : server_(server),
-        socket_(std::move(socket)),
-        in_(server->options_.max_frame_bytes),
-        ctx_(id) {}
+      : server_(server), socket_(std::move(socket)), in_(server->options_.max_frame_bytes), ctx_(id) {}
   ~Session() override {
     for (int fd : out_fds_) ::close(fd);
   }
@@ -48,8 +45,7 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
-      KVTIER_LOG(WARNING) << "session " << ctx_.id << ": no peer credentials (" << std::strerror(errno)
-                          << "); closing";
+      KVTIER_LOG(WARNING) << "session " << ctx_.id << ": no peer credentials (" << std::strerror(errno) << "); closing";
       Close();
       return;
     }
@@ -96,17 +92,17 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
     if (closed_ || reading_ || paused_ || ctx_.close_after_reply) return;
     reading_ = true;
     auto space = in_.WritableSpace();
-    socket_.async_read_some(asio::buffer(space.data(), space.size()),
-                            [self = shared_from_this()](const boost::system::error_code& ec,
-                                                        size_t n) { self->OnRead(ec, n); });
+    socket_.async_read_some(
+        asio::buffer(space.data(), space.size()),
+        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) { self->OnRead(ec, n); });
   }
 
   // The peer's process exiting closes the session even if the socket lives on elsewhere.
   void WatchPeerProcess() {
     const int pfd = ctx_.pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, ctx_.pid, 0)) : -1;
     if (pfd < 0) {
-      KVTIER_LOG(DEBUG) << "session " << ctx_.id << ": no pidfd for pid " << ctx_.pid << " ("
-                        << std::strerror(errno) << "); liveness by socket only";
+      KVTIER_LOG(DEBUG) << "session " << ctx_.id << ": no pidfd for pid " << ctx_.pid << " (" << std::strerror(errno)
+                        << "); liveness by socket only";
       return;
     }
     pidfd_ = std::make_unique<asio::posix::stream_descriptor>(socket_.get_executor(), pfd);
@@ -134,10 +130,10 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
       if (ec == asio::error::eof && in_.PendingBytes() > 0) {
         // The peer half-closed in the middle of a frame: say so, then close.
         processing_ = true;
-        server_->dispatcher_->RejectFrame(
-            ctx_, InvalidArgument("truncated frame: connection ended after " +
-                                  std::to_string(in_.PendingBytes()) + " bytes of a frame"),
-            "truncated", *this);
+        server_->dispatcher_->RejectFrame(ctx_,
+                                          InvalidArgument("truncated frame: connection ended after " +
+                                                          std::to_string(in_.PendingBytes()) + " bytes of a frame"),
+                                          "truncated", *this);
         processing_ = false;
         Flush();
         return;
@@ -187,8 +183,8 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
     for (int fd : fds) {
       int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
       if (d < 0) {
-        KVTIER_LOG(ERROR) << "session " << ctx_.id << ": dup of a segment fd failed: "
-                          << std::strerror(errno) << "; closing";
+        KVTIER_LOG(ERROR) << "session " << ctx_.id << ": dup of a segment fd failed: " << std::strerror(errno)
+                          << "; closing";
         ctx_.close_after_reply = true;
         continue;
       }
@@ -254,8 +250,7 @@ Server::Server(asio::io_context& io, const Options& options, const Clock* clock)
 
 Server::~Server() { Stop(); }
 
-Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options& options,
-                                             const Clock* clock) {
+Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options& options, const Clock* clock) {
   const std::string& path = options.socket_path;
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
     return InvalidArgument("socket path '" + path + "' is too long for a Unix socket");
@@ -296,7 +291,8 @@ Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options
   if (::chmod(path.c_str(), options.socket_mode) != 0) {
     return ErrnoStatus(errno, "chmod " + path);
   }
-  if (options.socket_gid != static_cast<gid_t>(-1) && ::chown(path.c_str(), static_cast<uid_t>(-1), options.socket_gid) != 0) {
+  if (options.socket_gid != static_cast<gid_t>(-1) &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), options.socket_gid) != 0) {
     return ErrnoStatus(errno, "chown " + path + " to gid " + std::to_string(options.socket_gid));
   }
   return s;
@@ -328,7 +324,8 @@ void Server::ArmQuarantine(uint64_t id, std::shared_ptr<asio::posix::stream_desc
 void Server::ScheduleHeartbeatCheck() {
   if (options_.heartbeat_ttl_ns <= 0 || stopped_) return;
   if (!heartbeat_timer_) heartbeat_timer_ = std::make_unique<asio::steady_timer>(io_);
-  heartbeat_timer_->expires_after(std::chrono::nanoseconds(std::max<int64_t>(options_.heartbeat_ttl_ns / 4, 25'000'000)));
+  heartbeat_timer_->expires_after(
+      std::chrono::nanoseconds(std::max<int64_t>(options_.heartbeat_ttl_ns / 4, 25'000'000)));
   heartbeat_timer_->async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopped_) return;
     const int64_t now = clock_->NowNanos();
@@ -358,8 +355,7 @@ void Server::Accept() {
     if (!ec) {
       if (sessions_.size() >= options_.max_sessions) {
         ++refused_;
-        KVTIER_LOG(WARNING) << "refusing a connection: max_sessions " << options_.max_sessions
-                            << " reached";
+        KVTIER_LOG(WARNING) << "refusing a connection: max_sessions " << options_.max_sessions << " reached";
       } else {
         const SessionId id = next_id_++;
         auto session = std::make_shared<Session>(this, std::move(socket), id);

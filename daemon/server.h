@@ -31,8 +31,8 @@
 #include <string>
 
 #include "daemon/dispatcher.h"
-#include "protocol/framing.h"
 #include "protocol/base/status.h"
+#include "protocol/framing.h"
 
 namespace kvtier {
 
@@ -55,8 +55,7 @@ class Server {
 
   // Binds the socket (refusing when another daemon answers on it; removing a stale one)
   // but accepts nothing until Start().
-  static Result<std::unique_ptr<Server>> Open(boost::asio::io_context& io, const Options& options,
-                                              const Clock* clock);
+  static Result<std::unique_ptr<Server>> Open(boost::asio::io_context& io, const Options& options, const Clock* clock);
   ~Server();
 
   // REQUIRES: set before Start(). The dispatcher outlives the server's sessions.

@@ -5,8 +5,8 @@
 // A peer belongs to the configured tenant that lists its uid; failing that, the first
 // (in config order) that lists its primary or any supplementary group. A peer no tenant
 // covers gets a tenant of its own, "uid=U", when security.allow_unknown is true (or it is
-// an admin: kvctl as root always works), and is refused otherwise. Admin operations (verify, evict, drain, other sessions' details) are
-// for root, the daemon's own uid and security.admin_uids.
+// an admin: kvctl as root always works), and is refused otherwise. Admin operations (verify, evict, drain, other
+// sessions' details) are for root, the daemon's own uid and security.admin_uids.
 //
 // Value type; immutable after construction; thread-compatible.
 

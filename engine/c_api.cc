@@ -2,13 +2,12 @@
 // client reports errors as Status, and every entry point runs its body in Guarded, which
 // turns what the standard library may still throw (std::bad_alloc from a vector, a
 // length_error) into a status and the last error.
-#include "engine/kvtier.h"
-
 #include <cstring>
 #include <new>
 #include <string>
 
 #include "engine/client.h"
+#include "engine/kvtier.h"
 
 struct kvtier_client {
   std::unique_ptr<kvtier::Client> client;
@@ -75,15 +74,15 @@ kvtier_status Guarded(kvtier_client* c, Body&& body) noexcept {
   return code;
 }
 
-#define KVTIER_C_GUARD(c)                                                         \
+#define KVTIER_C_GUARD(c) \
   if ((c) == nullptr || !(c)->client) return KVTIER_INVALID_ARGUMENT;
 
 }  // namespace
 
 extern "C" {
 
-kvtier_status kvtier_connect(const char* socket_path, const char* engine_name,
-                             const kvtier_layout* layout, uint32_t hash_bytes, kvtier_client** out) {
+kvtier_status kvtier_connect(const char* socket_path, const char* engine_name, const kvtier_layout* layout,
+                             uint32_t hash_bytes, kvtier_client** out) {
   return Guarded(nullptr, [&]() -> kvtier_status {
     if (out == nullptr || layout == nullptr || layout->model_id == nullptr) return KVTIER_INVALID_ARGUMENT;
     *out = nullptr;
@@ -134,9 +133,8 @@ kvtier_status kvtier_allocate(kvtier_client* c, kvtier_tier tier, uint32_t n, ui
   });
 }
 
-kvtier_status kvtier_commit(kvtier_client* c, kvtier_tier tier, const uint32_t* pages,
-                            const uint8_t* hashes, const uint8_t* parents, size_t n, int retain,
-                            kvtier_block_result* results) {
+kvtier_status kvtier_commit(kvtier_client* c, kvtier_tier tier, const uint32_t* pages, const uint8_t* hashes,
+                            const uint8_t* parents, size_t n, int retain, kvtier_block_result* results) {
   return Guarded(c, [&]() -> kvtier_status {
     KVTIER_C_GUARD(c);
     if (n > 0 && (pages == nullptr || hashes == nullptr || results == nullptr)) {
@@ -158,8 +156,8 @@ kvtier_status kvtier_commit(kvtier_client* c, kvtier_tier tier, const uint32_t* 
   });
 }
 
-kvtier_status kvtier_release_pages(kvtier_client* c, kvtier_tier tier, const uint32_t* pages,
-                                   size_t n, kvtier_status* statuses) {
+kvtier_status kvtier_release_pages(kvtier_client* c, kvtier_tier tier, const uint32_t* pages, size_t n,
+                                   kvtier_status* statuses) {
   return Guarded(c, [&]() -> kvtier_status {
     KVTIER_C_GUARD(c);
     if (n > 0 && pages == nullptr) return Fail(c, kvtier::InvalidArgument("pages is NULL"));
@@ -172,8 +170,7 @@ kvtier_status kvtier_release_pages(kvtier_client* c, kvtier_tier tier, const uin
   });
 }
 
-kvtier_status kvtier_release_hashes(kvtier_client* c, const uint8_t* hashes, size_t n,
-                                    kvtier_status* statuses) {
+kvtier_status kvtier_release_hashes(kvtier_client* c, const uint8_t* hashes, size_t n, kvtier_status* statuses) {
   return Guarded(c, [&]() -> kvtier_status {
     KVTIER_C_GUARD(c);
     if (n > 0 && hashes == nullptr) return Fail(c, kvtier::InvalidArgument("hashes is NULL"));
@@ -198,8 +195,8 @@ kvtier_status kvtier_lookup_start(kvtier_client* c, const uint8_t* hashes, size_
   });
 }
 
-kvtier_status kvtier_lookup_wait(kvtier_client* c, uint64_t ticket, size_t* matched,
-                                 kvtier_tier* tiers_out, size_t tiers_room) {
+kvtier_status kvtier_lookup_wait(kvtier_client* c, uint64_t ticket, size_t* matched, kvtier_tier* tiers_out,
+                                 size_t tiers_room) {
   return Guarded(c, [&]() -> kvtier_status {
     KVTIER_C_GUARD(c);
     auto r = c->client->WaitLookup(ticket);
@@ -242,8 +239,7 @@ kvtier_status kvtier_acquire_wait(kvtier_client* c, uint64_t ticket, kvtier_bloc
   });
 }
 
-kvtier_status kvtier_acquire(kvtier_client* c, const uint8_t* hashes, size_t n,
-                             kvtier_block_result* results) {
+kvtier_status kvtier_acquire(kvtier_client* c, const uint8_t* hashes, size_t n, kvtier_block_result* results) {
   uint64_t t = 0;
   kvtier_status s = kvtier_acquire_start(c, hashes, n, &t);
   if (s != KVTIER_OK) return s;
@@ -302,8 +298,6 @@ uint64_t kvtier_page_bytes(const kvtier_client* c, kvtier_tier tier) {
   return (c && c->client) ? c->client->page_bytes(Tier(tier)) : 0;
 }
 
-uint64_t kvtier_session_id(const kvtier_client* c) {
-  return (c && c->client) ? c->client->session_id() : 0;
-}
+uint64_t kvtier_session_id(const kvtier_client* c) { return (c && c->client) ? c->client->session_id() : 0; }
 
 }  // extern "C"

@@ -52,8 +52,9 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
     }
     segments->SetTiers(std::move(tiers), std::move(gpu_backend));
   };
-  KVTIER_ASSIGN_OR_RETURN(c->conn_, Connection::Open(options.socket_path, options.timeout_ms, hello, on_welcome,
-                                                     [segments](const SegmentGrantView& g) { return segments->Map(g); }));
+  KVTIER_ASSIGN_OR_RETURN(c->conn_,
+                          Connection::Open(options.socket_path, options.timeout_ms, hello, on_welcome,
+                                           [segments](const SegmentGrantView& g) { return segments->Map(g); }));
   return c;
 }
 
@@ -131,8 +132,7 @@ Result<Ticket> Client::StartRelease(TierKind tier, std::span<const PageId> pages
   auto& b = conn_->builder();
   auto pv = b.CreateVector(pages.data(), pages.size());
   auto hv = HashesToWire(b, hashes);
-  return conn_->Send(fb::Op::Release,
-                     fb::CreateRelease(b, TierToWire(tier), pv, hv, conn_->session().epoch).Union());
+  return conn_->Send(fb::Op::Release, fb::CreateRelease(b, TierToWire(tier), pv, hv, conn_->session().epoch).Union());
 }
 
 Result<std::vector<Status>> Client::WaitRelease(Ticket t) {

@@ -68,27 +68,27 @@ struct ClientOptions {
 // the two layouts of kernels/kv_layout.h, with the geometry of ClientOptions::layout.
 struct EngineKv {
   KvLayoutKind layout = KvLayoutKind::kKvFirst;
-  uint32_t num_blocks = 0;         // blocks in each layer's tensor
-  std::vector<void*> layers;       // one tensor per layer
-  void* stream = nullptr;          // the engine's CUDA stream (ignored when emulated)
+  uint32_t num_blocks = 0;    // blocks in each layer's tensor
+  std::vector<void*> layers;  // one tensor per layer
+  void* stream = nullptr;     // the engine's CUDA stream (ignored when emulated)
 };
 
 struct BlockResult {
-  Status status;               // OK, or why this entry failed
+  Status status;                    // OK, or why this entry failed
   TierKind tier = TierKind::kHost;  // where the block can be read
   PageId page = 0;
-  bool duplicate = false;      // Commit: the key existed already
+  bool duplicate = false;  // Commit: the key existed already
 };
 
 struct LookupResult {
-  size_t matched = 0;          // blocks 0..matched-1 are cached
-  std::vector<TierKind> tiers; // the tier of each matched block
+  size_t matched = 0;           // blocks 0..matched-1 are cached
+  std::vector<TierKind> tiers;  // the tier of each matched block
 };
 
 struct CommitEntry {
   PageId page = 0;
   BlockHash hash;
-  BlockHash parent;            // empty: no parent (first block of a sequence)
+  BlockHash parent;  // empty: no parent (first block of a sequence)
 };
 
 // A tier the daemon offers (from Welcome).
@@ -121,8 +121,7 @@ class Client {
   // Per entry: OK (duplicate when the key existed: the page was freed and the existing
   // copy kept), kFailedPrecondition (not a page this session leased), kUnavailable (the
   // block is being read from NVMe right now: retry).
-  Result<std::vector<BlockResult>> Commit(TierKind tier, std::span<const CommitEntry> entries,
-                                          bool retain = false);
+  Result<std::vector<BlockResult>> Commit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false);
   // Releases leased pages or references: one status per page, then one per hash; OK, or
   // kFailedPrecondition where the session held nothing.
   Result<std::vector<Status>> Release(TierKind tier, std::span<const PageId> pages,
@@ -146,8 +145,7 @@ class Client {
   Result<std::vector<PageId>> WaitAllocate(Ticket t);
   Result<Ticket> StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false);
   Result<std::vector<BlockResult>> WaitCommit(Ticket t);
-  Result<Ticket> StartRelease(TierKind tier, std::span<const PageId> pages,
-                              std::span<const BlockHash> hashes = {});
+  Result<Ticket> StartRelease(TierKind tier, std::span<const PageId> pages, std::span<const BlockHash> hashes = {});
   Result<std::vector<Status>> WaitRelease(Ticket t);
   Result<Ticket> StartLookup(std::span<const BlockHash> chain);
   Result<LookupResult> WaitLookup(Ticket t);

@@ -185,9 +185,14 @@ Status Connection::TakeSegments(const fb::Response& r) {
       if (on_welcome_) on_welcome_(*r.reply_as_Welcome());  // how to map each tier, before mapping
       segs = r.reply_as_Welcome()->segments();
       break;
-    case fb::Reply::AllocateReply: segs = r.reply_as_AllocateReply()->segments(); break;
-    case fb::Reply::AcquireReply: segs = r.reply_as_AcquireReply()->segments(); break;
-    default: break;
+    case fb::Reply::AllocateReply:
+      segs = r.reply_as_AllocateReply()->segments();
+      break;
+    case fb::Reply::AcquireReply:
+      segs = r.reply_as_AcquireReply()->segments();
+      break;
+    default:
+      break;
   }
   if (!segs || segs->size() == 0) return Status::Ok();
   size_t with_fd = 0;

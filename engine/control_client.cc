@@ -18,7 +18,8 @@ Result<std::unique_ptr<ControlClient>> ControlClient::Connect(const ControlClien
   hello.role = fb::Role::Control;
   hello.engine_name = options.name;
   hello.hash_bytes = options.hash_bytes;
-  KVTIER_ASSIGN_OR_RETURN(auto conn, Connection::Open(options.socket_path, options.timeout_ms, hello, nullptr, nullptr));
+  KVTIER_ASSIGN_OR_RETURN(auto conn,
+                          Connection::Open(options.socket_path, options.timeout_ms, hello, nullptr, nullptr));
   return std::unique_ptr<ControlClient>(new ControlClient(std::move(conn)));
 }
 
@@ -151,8 +152,8 @@ Result<std::vector<BlockInfoEntry>> ControlClient::Blocks(std::optional<TierKind
   auto& b = conn_->builder();
   auto ns = b.CreateString(namespace_id);
   const auto order = by_recent ? fb::BlockOrder::Recent : fb::BlockOrder::Hits;
-  KVTIER_ASSIGN_OR_RETURN(
-      Ticket t, conn_->Send(fb::Op::Blocks, fb::CreateBlocks(b, TierToWire(tier), ns, order, limit).Union()));
+  KVTIER_ASSIGN_OR_RETURN(Ticket t,
+                          conn_->Send(fb::Op::Blocks, fb::CreateBlocks(b, TierToWire(tier), ns, order, limit).Union()));
   std::vector<BlockInfoEntry> out;
   KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::BlocksReply, [&](const fb::Response& r) {
     const auto* blocks = r.reply_as_BlocksReply()->blocks();

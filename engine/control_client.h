@@ -38,8 +38,8 @@ struct TierStatsInfo {
   TierKind tier = TierKind::kHost;
   std::string name;
   uint64_t page_bytes = 0;
-  uint32_t capacity_pages = 0, free_pages = 0, leased_pages = 0, inflight_pages = 0,
-           cached_pages = 0, referenced_pages = 0, quarantined_pages = 0;
+  uint32_t capacity_pages = 0, free_pages = 0, leased_pages = 0, inflight_pages = 0, cached_pages = 0,
+           referenced_pages = 0, quarantined_pages = 0;
   uint64_t blocks = 0;
   uint64_t evictions = 0;
   double high_watermark = 0, low_watermark = 0;

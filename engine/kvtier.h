@@ -74,13 +74,13 @@ typedef struct kvtier_engine_kv {
   uint32_t num_blocks;
   void* const* layers; /* num_layers tensors */
   uint32_t num_layers;
-  void* stream;        /* cudaStream_t, or NULL */
+  void* stream; /* cudaStream_t, or NULL */
 } kvtier_engine_kv;
 
 /* Connects to socket_path (NULL or "": $KVTIER_SOCKET, else ./var/kvtierd.sock) and says
  * Hello. hash_bytes is 16 or 32. On success *out is a new client. */
-kvtier_status kvtier_connect(const char* socket_path, const char* engine_name,
-                             const kvtier_layout* layout, uint32_t hash_bytes, kvtier_client** out);
+kvtier_status kvtier_connect(const char* socket_path, const char* engine_name, const kvtier_layout* layout,
+                             uint32_t hash_bytes, kvtier_client** out);
 /* Ends the session (the daemon frees its leases and references). NULL is a no-op. */
 void kvtier_close(kvtier_client* client);
 /* Message of the last failed call on client ("" if none); with NULL, the last failed
@@ -92,32 +92,27 @@ const char* kvtier_status_name(kvtier_status status);
 kvtier_status kvtier_allocate(kvtier_client* client, kvtier_tier tier, uint32_t n, uint32_t* pages_out);
 /* pages[i] becomes block hashes[i]; parents may be NULL (no parents) or n hashes (all-zero:
  * none). results has room for n. */
-kvtier_status kvtier_commit(kvtier_client* client, kvtier_tier tier, const uint32_t* pages,
-                            const uint8_t* hashes, const uint8_t* parents, size_t n, int retain,
-                            kvtier_block_result* results);
+kvtier_status kvtier_commit(kvtier_client* client, kvtier_tier tier, const uint32_t* pages, const uint8_t* hashes,
+                            const uint8_t* parents, size_t n, int retain, kvtier_block_result* results);
 /* Releases leased pages or references by page; statuses (may be NULL) has room for n. */
-kvtier_status kvtier_release_pages(kvtier_client* client, kvtier_tier tier, const uint32_t* pages,
-                                   size_t n, kvtier_status* statuses);
+kvtier_status kvtier_release_pages(kvtier_client* client, kvtier_tier tier, const uint32_t* pages, size_t n,
+                                   kvtier_status* statuses);
 /* Releases references by hash; statuses (may be NULL) has room for n. */
-kvtier_status kvtier_release_hashes(kvtier_client* client, const uint8_t* hashes, size_t n,
-                                    kvtier_status* statuses);
+kvtier_status kvtier_release_hashes(kvtier_client* client, const uint8_t* hashes, size_t n, kvtier_status* statuses);
 /* Longest cached prefix of a chain of n hashes: *matched, and tiers_out (may be NULL; room
  * for n) the tier of each matched block. */
 kvtier_status kvtier_lookup(kvtier_client* client, const uint8_t* hashes, size_t n, size_t* matched,
                             kvtier_tier* tiers_out);
 /* References n blocks; results has room for n (NOT_FOUND per missing block). */
-kvtier_status kvtier_acquire(kvtier_client* client, const uint8_t* hashes, size_t n,
-                             kvtier_block_result* results);
+kvtier_status kvtier_acquire(kvtier_client* client, const uint8_t* hashes, size_t n, kvtier_block_result* results);
 
 /* Pipelined lookup and acquire: start returns a ticket at once; wait blocks for it. */
-kvtier_status kvtier_lookup_start(kvtier_client* client, const uint8_t* hashes, size_t n,
-                                  uint64_t* ticket);
-kvtier_status kvtier_lookup_wait(kvtier_client* client, uint64_t ticket, size_t* matched,
-                                 kvtier_tier* tiers_out, size_t tiers_room);
-kvtier_status kvtier_acquire_start(kvtier_client* client, const uint8_t* hashes, size_t n,
-                                   uint64_t* ticket);
-kvtier_status kvtier_acquire_wait(kvtier_client* client, uint64_t ticket,
-                                  kvtier_block_result* results, size_t results_room);
+kvtier_status kvtier_lookup_start(kvtier_client* client, const uint8_t* hashes, size_t n, uint64_t* ticket);
+kvtier_status kvtier_lookup_wait(kvtier_client* client, uint64_t ticket, size_t* matched, kvtier_tier* tiers_out,
+                                 size_t tiers_room);
+kvtier_status kvtier_acquire_start(kvtier_client* client, const uint8_t* hashes, size_t n, uint64_t* ticket);
+kvtier_status kvtier_acquire_wait(kvtier_client* client, uint64_t ticket, kvtier_block_result* results,
+                                  size_t results_room);
 
 /* Store: lease host pages, gather engine blocks into them on the engine's stream, commit
  * as hashes (parents may be NULL). results has room for n. */

@@ -28,8 +28,8 @@ struct SegmentGrantView {
   uint32_t first_page = 0;
   uint32_t num_pages = 0;
   uint64_t bytes = 0;
-  int fd = -1;                              // borrowed: the caller closes it
-  std::span<const uint8_t> ipc_handle;      // legacy CUDA IPC handle when fd < 0
+  int fd = -1;                          // borrowed: the caller closes it
+  std::span<const uint8_t> ipc_handle;  // legacy CUDA IPC handle when fd < 0
 };
 
 class SegmentMap {

@@ -16,7 +16,10 @@ void Move(const KvTransfer& t) {
       for (uint32_t c = 0; c < 2; ++c) {
         uint8_t* engine = t.layers[l] + g.EngineSlabOffset(t.blocks[i], c);
         uint8_t* page = t.pages[i] + g.PageSlabOffset(l, c);
-        if (kToPage) std::memcpy(page, engine, slab); else std::memcpy(engine, page, slab);
+        if (kToPage)
+          std::memcpy(page, engine, slab);
+        else
+          std::memcpy(engine, page, slab);
       }
     }
   }
@@ -71,7 +74,7 @@ uint16_t FloatToHalf(float f) {
   if (a >= 65520.0f) return sign | 0x7c00;  // rounds to inf
   if (a < std::ldexp(1.0f, -25)) return sign;
   int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  std::frexp(a, &e);      // a = m * 2^e, m in [0.5, 1)
   const int exp = e - 1;  // a in [2^exp, 2^(exp+1))
   if (exp < -14) {
     const float q = std::nearbyint(a * std::ldexp(1.0f, 24));  // subnormal units of 2^-24
@@ -113,7 +116,7 @@ uint8_t FloatToFp8E4M3(float f) {
   if (a >= 448.0f) return sign | 0x7e;  // saturate (no infinities in e4m3)
   if (a < std::ldexp(1.0f, -6)) {
     const int q = static_cast<int>(std::nearbyint(a * 512.0f));  // subnormal units of 2^-9
-    return sign | static_cast<uint8_t>(q);  // q == 8 is the smallest normal, 0x08
+    return sign | static_cast<uint8_t>(q);                       // q == 8 is the smallest normal, 0x08
   }
   int e;
   std::frexp(a, &e);
@@ -160,8 +163,8 @@ void DequantizeCpu(const KvQuantize& q, uint8_t* dst) {
   for (uint64_t r = 0; r < rows; ++r) {
     for (uint32_t i = 0; i < d; ++i) {
       const uint8_t code = q.codes[r * d + i];
-      const float v = q.output == QuantKind::kInt8 ? static_cast<float>(static_cast<int8_t>(code))
-                                                   : Fp8E4M3ToFloat(code);
+      const float v =
+          q.output == QuantKind::kInt8 ? static_cast<float>(static_cast<int8_t>(code)) : Fp8E4M3ToFloat(code);
       Store(q.input, dst + (r * d + i) * 2, v * q.scales[r]);
     }
   }

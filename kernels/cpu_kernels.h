@@ -21,10 +21,10 @@ void DequantizeCpu(const KvQuantize& q, uint8_t* dst);
 
 // Scalar conversions (exposed for tests).
 float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);     // round to nearest even
+uint16_t FloatToHalf(float f);  // round to nearest even
 float Bf16ToFloat(uint16_t b);
-uint16_t FloatToBf16(float f);     // round to nearest even
+uint16_t FloatToBf16(float f);  // round to nearest even
 float Fp8E4M3ToFloat(uint8_t v);
-uint8_t FloatToFp8E4M3(float f);   // round to nearest even, saturating at 448
+uint8_t FloatToFp8E4M3(float f);  // round to nearest even, saturating at 448
 
 }  // namespace kvtier

@@ -7,8 +7,8 @@
 // driver or device does not offer that, cudaMalloc + cudaIpcGetMemHandle (a legacy handle
 // maps the whole allocation, which is why a pool segment never holds two tenants' pages).
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -138,7 +138,8 @@ class CudaDeviceBackend final : public DeviceBackend {
       cudaIpcMemHandle_t h;
       std::memcpy(&h, ipc_handle, sizeof(h));
       void* p = nullptr;
-      KVTIER_RETURN_IF_ERROR(FromCuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
+      KVTIER_RETURN_IF_ERROR(
+          FromCuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
       std::lock_guard<std::mutex> lock(mu_);
       imported_[p] = Imported{0, true};
       return static_cast<uint8_t*>(p);
@@ -234,8 +235,8 @@ class CudaDeviceBackend final : public DeviceBackend {
       return ptr.status();
     }
     int fd = -1;
-    Status st = FromCu(drv_.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                       "cuMemExportToShareableHandle");
+    Status st =
+        FromCu(drv_.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "cuMemExportToShareableHandle");
     if (!st.ok()) {
       drv_.unmap(reinterpret_cast<CUdeviceptr>(*ptr), bytes);
       drv_.address_free(reinterpret_cast<CUdeviceptr>(*ptr), bytes);

@@ -48,10 +48,10 @@ inline constexpr size_t kIpcHandleBytes = 64;
 struct DeviceAllocation {
   uint8_t* ptr = nullptr;  // device address (emulated: host address)
   uint64_t bytes = 0;
-  int fd = -1;             // exported shareable descriptor, owned; -1 with a legacy handle
+  int fd = -1;                                        // exported shareable descriptor, owned; -1 with a legacy handle
   std::array<uint8_t, kIpcHandleBytes> ipc_handle{};  // legacy cudaIpcMemHandle_t bytes
   bool legacy_ipc = false;
-  uint64_t opaque = 0;     // backend private
+  uint64_t opaque = 0;  // backend private
 };
 
 enum class CopyKind : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };

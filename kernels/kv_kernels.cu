@@ -49,8 +49,10 @@ __device__ float LoadF(FloatKind k, const uint8_t* p) {
 }
 
 __device__ void StoreF(FloatKind k, uint8_t* p, float v) {
-  if (k == FloatKind::kFp16) *reinterpret_cast<__half*>(p) = __float2half_rn(v);
-  else *reinterpret_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(v);
+  if (k == FloatKind::kFp16)
+    *reinterpret_cast<__half*>(p) = __float2half_rn(v);
+  else
+    *reinterpret_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(v);
 }
 
 // One warp per row of head_dim elements.
@@ -131,7 +133,8 @@ int LaunchQuantize(const KvQuantize& q, void* stream) {
 int LaunchDequantize(const KvQuantize& q, uint8_t* dst, void* stream) {
   const uint64_t rows = QuantRows(q.geometry);
   const uint64_t threads = rows * 32;
-  DequantizeRows<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(q, dst, rows);
+  DequantizeRows<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(q, dst,
+                                                                                                              rows);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -27,16 +27,14 @@ inline constexpr int kMaxKvLayers = 256;
 struct KvGeometry {
   KvLayoutKind kind = KvLayoutKind::kKvFirst;
   uint32_t num_layers = 0;
-  uint32_t num_blocks = 0;   // blocks in each engine tensor
+  uint32_t num_blocks = 0;  // blocks in each engine tensor
   uint32_t block_tokens = 0;
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
-  uint32_t elem_bytes = 2;   // 2: fp16/bf16, 1: fp8/int8
+  uint32_t elem_bytes = 2;  // 2: fp16/bf16, 1: fp8/int8
 
   // constexpr so CUDA kernels may call them (nvcc --expt-relaxed-constexpr).
-  constexpr uint64_t SlabBytes() const {
-    return uint64_t{block_tokens} * kv_heads * head_dim * elem_bytes;
-  }
+  constexpr uint64_t SlabBytes() const { return uint64_t{block_tokens} * kv_heads * head_dim * elem_bytes; }
   // Bytes of one block in a page: 2 x layers x slab.
   constexpr uint64_t BlockBytes() const { return 2 * num_layers * SlabBytes(); }
   // Byte offset of slab (block b, kv c) inside one layer's tensor.
@@ -68,7 +66,7 @@ enum class QuantKind : uint8_t { kInt8 = 0, kFp8E4M3 = 1 };
 enum class FloatKind : uint8_t { kFp16 = 0, kBf16 = 1 };
 
 struct KvQuantize {
-  KvGeometry geometry;          // elem_bytes must be 2
+  KvGeometry geometry;  // elem_bytes must be 2
   FloatKind input = FloatKind::kBf16;
   QuantKind output = QuantKind::kInt8;
   const uint8_t* src = nullptr;  // one page: BlockBytes() bytes

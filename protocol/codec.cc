@@ -69,30 +69,48 @@ Status StatusFromResponse(const fb::Response& r) {
 
 std::string_view OpName(fb::Op op) {
   switch (op) {
-    case fb::Op::Hello: return "hello";
-    case fb::Op::Allocate: return "allocate";
-    case fb::Op::Commit: return "commit";
-    case fb::Op::Release: return "release";
-    case fb::Op::Lookup: return "lookup";
-    case fb::Op::Acquire: return "acquire";
-    case fb::Op::Stats: return "stats";
-    case fb::Op::Ping: return "ping";
-    case fb::Op::VerifyTier: return "verify";
-    case fb::Op::Explain: return "explain";
-    case fb::Op::Blocks: return "blocks";
-    case fb::Op::Evict: return "evict";
-    case fb::Op::Drain: return "drain";
-    case fb::Op::NONE: return "none";
+    case fb::Op::Hello:
+      return "hello";
+    case fb::Op::Allocate:
+      return "allocate";
+    case fb::Op::Commit:
+      return "commit";
+    case fb::Op::Release:
+      return "release";
+    case fb::Op::Lookup:
+      return "lookup";
+    case fb::Op::Acquire:
+      return "acquire";
+    case fb::Op::Stats:
+      return "stats";
+    case fb::Op::Ping:
+      return "ping";
+    case fb::Op::VerifyTier:
+      return "verify";
+    case fb::Op::Explain:
+      return "explain";
+    case fb::Op::Blocks:
+      return "blocks";
+    case fb::Op::Evict:
+      return "evict";
+    case fb::Op::Drain:
+      return "drain";
+    case fb::Op::NONE:
+      return "none";
   }
   return "unknown";
 }
 
 std::optional<TierKind> TierFromWire(fb::Tier t) {
   switch (t) {
-    case fb::Tier::Gpu: return TierKind::kGpu;
-    case fb::Tier::Host: return TierKind::kHost;
-    case fb::Tier::Nvme: return TierKind::kNvme;
-    default: return std::nullopt;  // None, or a tier of a newer peer
+    case fb::Tier::Gpu:
+      return TierKind::kGpu;
+    case fb::Tier::Host:
+      return TierKind::kHost;
+    case fb::Tier::Nvme:
+      return TierKind::kNvme;
+    default:
+      return std::nullopt;  // None, or a tier of a newer peer
   }
 }
 
@@ -125,8 +143,7 @@ Result<HashList> HashList::Parse(const flatbuffers::Vector<uint8_t>* v, size_t h
   if (v == nullptr || v->size() == 0) return h;
   if (hash_bytes == 0 || v->size() % hash_bytes != 0) {
     return InvalidArgument("hash vector of " + std::to_string(v->size()) +
-                           " bytes is not a multiple of the session's hash size " +
-                           std::to_string(hash_bytes));
+                           " bytes is not a multiple of the session's hash size " + std::to_string(hash_bytes));
   }
   h.data_ = v->data();
   h.count_ = v->size() / hash_bytes;

@@ -101,8 +101,7 @@ Status SendFrame(int fd, std::span<const uint8_t> frame, std::span<const int> fd
   size_t off = 0;
   bool fds_sent = fds.empty();
   while (off < frame.size()) {
-    KVTIER_ASSIGN_OR_RETURN(size_t n,
-                            SendSome(fd, frame.subspan(off), fds_sent ? std::span<const int>() : fds));
+    KVTIER_ASSIGN_OR_RETURN(size_t n, SendSome(fd, frame.subspan(off), fds_sent ? std::span<const int>() : fds));
     if (n == 0) {
       // A non-blocking socket is full: wait for room.
       fd_set w;

@@ -8,7 +8,7 @@ PACKAGES=(
   liburing-dev libboost-dev flatbuffers-compiler libflatbuffers-dev
   librocksdb-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libsystemd-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
   prometheus fio tmux systemd
 )
 

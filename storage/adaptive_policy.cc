@@ -48,7 +48,8 @@ AdaptivePolicy::AdaptivePolicy(size_t capacity)
       arc_(capacity, true),
       key_of_(capacity, 0),
       lru_shadow_(std::make_unique<LruPolicy>(capacity / 8 + 1, false), std::max<size_t>(capacity / 8, 8)),
-      arc_shadow_(std::make_unique<ArcPolicy>(std::max<size_t>(capacity / 8, 8), false), std::max<size_t>(capacity / 8, 8)) {}
+      arc_shadow_(std::make_unique<ArcPolicy>(std::max<size_t>(capacity / 8, 8), false),
+                  std::max<size_t>(capacity / 8, 8)) {}
 
 void AdaptivePolicy::Sample(uint64_t key) {
   if (!Sampled(key)) return;

@@ -51,7 +51,10 @@ void ArcPolicy::LinkBehind(BlockId at, BlockId id) {
   const int l = n.list;
   n.prev = at;
   n.next = a.next;
-  if (a.next != kNoBlock) nodes_[a.next].prev = id; else tail_[l] = id;
+  if (a.next != kNoBlock)
+    nodes_[a.next].prev = id;
+  else
+    tail_[l] = id;
   a.next = id;
   ++linked_[l];
 }
@@ -59,8 +62,14 @@ void ArcPolicy::LinkBehind(BlockId at, BlockId id) {
 void ArcPolicy::Unlink(BlockId id) {
   Node& n = nodes_[id];
   const int l = n.list;
-  if (n.prev != kNoBlock) nodes_[n.prev].next = n.next; else head_[l] = n.next;
-  if (n.next != kNoBlock) nodes_[n.next].prev = n.prev; else tail_[l] = n.prev;
+  if (n.prev != kNoBlock)
+    nodes_[n.prev].next = n.next;
+  else
+    head_[l] = n.next;
+  if (n.next != kNoBlock)
+    nodes_[n.next].prev = n.prev;
+  else
+    tail_[l] = n.prev;
   n.prev = n.next = kNoBlock;
   --linked_[l];
 }
@@ -104,7 +113,10 @@ void ArcPolicy::Touch(BlockId id) {
 void ArcPolicy::SetEvictable(BlockId id, bool evictable) {
   if (id >= nodes_.size() || nodes_[id].list == 0 || nodes_[id].evictable == evictable) return;
   nodes_[id].evictable = evictable;
-  if (evictable) Link(id); else Unlink(id);
+  if (evictable)
+    Link(id);
+  else
+    Unlink(id);
 }
 
 void ArcPolicy::Erase(BlockId id) {

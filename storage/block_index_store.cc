@@ -30,7 +30,9 @@ void PutBytes(std::string* s, std::string_view v) {
 class Reader {
  public:
   explicit Reader(std::string_view b) : b_(b) {}
-  bool U8(uint8_t* v) { return Take(1, [&](const char* p) { *v = static_cast<uint8_t>(p[0]); }); }
+  bool U8(uint8_t* v) {
+    return Take(1, [&](const char* p) { *v = static_cast<uint8_t>(p[0]); });
+  }
   bool U32(uint32_t* v) {
     return Take(4, [&](const char* p) {
       *v = 0;
@@ -81,8 +83,8 @@ Result<BlockRecord> BlockRecord::Decode(std::string_view bytes) {
   BlockRecord rec;
   uint8_t version = 0;
   if (!r.U8(&version) || version != kRecordVersion || !r.U32(&rec.slot) || !r.U32(&rec.length) ||
-      !r.U64(&rec.checksum) || !r.U32(&rec.last_access) || !r.U32(&rec.hit_count) ||
-      !r.Bytes(&rec.parent) || !r.Bytes(&rec.layout_fingerprint)) {
+      !r.U64(&rec.checksum) || !r.U32(&rec.last_access) || !r.U32(&rec.hit_count) || !r.Bytes(&rec.parent) ||
+      !r.Bytes(&rec.layout_fingerprint)) {
     return DataLoss("index record is corrupt");
   }
   return rec;
@@ -166,17 +168,25 @@ class MemBlockIndexStore final : public BlockIndexStore {
   Status Apply(std::span<const IndexMutation> batch, bool) override {
     std::lock_guard<std::mutex> lock(mu_);
     KVTIER_ASSIGN_OR_RETURN(auto writes, ResolveIndexMutations(batch, [this](const std::string& key) {
-      auto it = blocks_.find(key);
-      return Result<std::optional<uint32_t>>(it == blocks_.end() ? std::nullopt
-                                                                 : std::optional<uint32_t>(it->second.slot));
-    }));
+                              auto it = blocks_.find(key);
+                              return Result<std::optional<uint32_t>>(
+                                  it == blocks_.end() ? std::nullopt : std::optional<uint32_t>(it->second.slot));
+                            }));
     for (const IndexWrite& w : writes) {
       const IndexMutation& m = *w.mutation;
       switch (w.op) {
-        case IndexWrite::Op::kPutSlot: slots_[m.record.slot] = m.key; break;
-        case IndexWrite::Op::kDeleteSlot: slots_.erase(m.record.slot); break;
-        case IndexWrite::Op::kPutRecord: blocks_[m.key] = m.record; break;
-        case IndexWrite::Op::kDeleteRecord: blocks_.erase(m.key); break;
+        case IndexWrite::Op::kPutSlot:
+          slots_[m.record.slot] = m.key;
+          break;
+        case IndexWrite::Op::kDeleteSlot:
+          slots_.erase(m.record.slot);
+          break;
+        case IndexWrite::Op::kPutRecord:
+          blocks_[m.key] = m.record;
+          break;
+        case IndexWrite::Op::kDeleteRecord:
+          blocks_.erase(m.key);
+          break;
       }
     }
     return Status::Ok();

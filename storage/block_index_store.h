@@ -25,11 +25,11 @@ namespace kvtier {
 
 struct BlockRecord {
   uint32_t slot = 0;
-  uint32_t length = 0;           // bytes of block data in the slot
-  uint64_t checksum = 0;         // XXH3-64 of the data, seeded with XXH3-64 of the block key
-  std::string parent;            // parent hash bytes, empty for a first block
+  uint32_t length = 0;    // bytes of block data in the slot
+  uint64_t checksum = 0;  // XXH3-64 of the data, seeded with XXH3-64 of the block key
+  std::string parent;     // parent hash bytes, empty for a first block
   std::string layout_fingerprint;
-  uint32_t last_access = 0;      // Unix seconds
+  uint32_t last_access = 0;  // Unix seconds
   uint32_t hit_count = 0;
 
   std::string Encode() const;

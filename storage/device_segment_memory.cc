@@ -33,7 +33,8 @@ Status DeviceSegmentMemory::Renew(uint32_t segment) {
 }
 
 Status DeviceSegmentMemory::CopyToHost(uint32_t segment, uint64_t offset, void* dst, uint64_t bytes) {
-  if (segment >= segments_.size() || offset + bytes > segment_bytes_) return InvalidArgument("copy outside the segment");
+  if (segment >= segments_.size() || offset + bytes > segment_bytes_)
+    return InvalidArgument("copy outside the segment");
   KVTIER_RETURN_IF_ERROR(backend_->Copy(dst, segments_[segment].ptr + offset, bytes, CopyKind::kDeviceToHost, stream_));
   return backend_->Synchronize(stream_);
 }

@@ -17,8 +17,8 @@ namespace kvtier {
 class DeviceSegmentMemory final : public SegmentMemory {
  public:
   // `backend` outlives this object.
-  static Result<std::unique_ptr<DeviceSegmentMemory>> Open(DeviceBackend* backend, int device,
-                                                           uint64_t segment_bytes, uint32_t segments);
+  static Result<std::unique_ptr<DeviceSegmentMemory>> Open(DeviceBackend* backend, int device, uint64_t segment_bytes,
+                                                           uint32_t segments);
   ~DeviceSegmentMemory() override;
 
   uint32_t segment_count() const override { return static_cast<uint32_t>(segments_.size()); }
@@ -41,7 +41,8 @@ class DeviceSegmentMemory final : public SegmentMemory {
   int device() const { return device_; }
 
  private:
-  DeviceSegmentMemory(DeviceBackend* b, int device, uint64_t bytes) : backend_(b), device_(device), segment_bytes_(bytes) {}
+  DeviceSegmentMemory(DeviceBackend* b, int device, uint64_t bytes)
+      : backend_(b), device_(device), segment_bytes_(bytes) {}
 
   DeviceBackend* backend_;
   int device_;

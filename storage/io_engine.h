@@ -34,8 +34,8 @@ struct IoRequest {
   uint64_t offset = 0;
   uint8_t* buf = nullptr;  // kRead/kWrite
   uint32_t len = 0;
-  int buf_index = -1;      // registered buffer containing [buf, buf + len), or -1
-  uint64_t tag = 0;        // returned with the completion
+  int buf_index = -1;  // registered buffer containing [buf, buf + len), or -1
+  uint64_t tag = 0;    // returned with the completion
 };
 
 struct IoCompletion {

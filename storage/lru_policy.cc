@@ -35,15 +35,24 @@ void LruPolicy::LinkBehind(BlockId at, BlockId id) {
   Node& a = nodes_[at];
   n.prev = at;
   n.next = a.next;
-  if (a.next != kNoBlock) nodes_[a.next].prev = id; else tail_ = id;
+  if (a.next != kNoBlock)
+    nodes_[a.next].prev = id;
+  else
+    tail_ = id;
   a.next = id;
   ++linked_;
 }
 
 void LruPolicy::Unlink(BlockId id) {
   Node& n = nodes_[id];
-  if (n.prev != kNoBlock) nodes_[n.prev].next = n.next; else head_ = n.next;
-  if (n.next != kNoBlock) nodes_[n.next].prev = n.prev; else tail_ = n.prev;
+  if (n.prev != kNoBlock)
+    nodes_[n.prev].next = n.next;
+  else
+    head_ = n.next;
+  if (n.next != kNoBlock)
+    nodes_[n.next].prev = n.prev;
+  else
+    tail_ = n.prev;
   n.prev = n.next = kNoBlock;
   --linked_;
 }
@@ -70,7 +79,10 @@ void LruPolicy::Touch(BlockId id) {
 void LruPolicy::SetEvictable(BlockId id, bool evictable) {
   if (id >= nodes_.size() || !present_[id] || evictable_[id] == evictable) return;
   evictable_[id] = evictable;
-  if (evictable) Link(id); else Unlink(id);
+  if (evictable)
+    Link(id);
+  else
+    Unlink(id);
 }
 
 void LruPolicy::Erase(BlockId id) {

@@ -32,7 +32,7 @@ class LruPolicy final : public EvictionPolicy {
     BlockId next = kNoBlock;
   };
   void Grow(BlockId id);
-  void Link(BlockId id);    // at the MRU end
+  void Link(BlockId id);                    // at the MRU end
   void LinkBehind(BlockId at, BlockId id);  // right after `at`, towards the LRU end
   void Unlink(BlockId id);
 

@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -13,15 +14,13 @@
 #include <thread>
 #include <unordered_set>
 
-#include <xxhash.h>
-
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
 
 namespace kvtier {
 namespace {
-constexpr int64_t kBackoffBaseNs = 100'000'000;     // 100 ms
-constexpr int64_t kBackoffMaxNs = 10'000'000'000;   // 10 s
+constexpr int64_t kBackoffBaseNs = 100'000'000;    // 100 ms
+constexpr int64_t kBackoffMaxNs = 10'000'000'000;  // 10 s
 }  // namespace
 
 // Applies index batches on its own thread, grouping whatever is queued into one write
@@ -82,8 +81,8 @@ class NvmeTier::IndexWriter {
   std::thread thread_;
 };
 
-NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
-                   std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock)
+NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io, std::unique_ptr<BlockIndexStore> store,
+                   Post post, const Clock* clock)
     : options_(options),
       io_(std::move(io)),
       store_(std::move(store)),
@@ -102,8 +101,7 @@ NvmeTier::~NvmeTier() {
   }
 }
 
-Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options,
-                                                 std::unique_ptr<IoEngine> io,
+Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
                                                  std::unique_ptr<BlockIndexStore> store, Post post,
                                                  const Clock* clock) {
   if (!(options.low_watermark < options.high_watermark)) {
@@ -191,8 +189,7 @@ void NvmeTier::OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t>
   for (uint32_t s = 0; s < capacity; ++s) {
     if (last_access[s] != 0) order.push_back(s);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return last_access[a] < last_access[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return last_access[a] < last_access[b]; });
   for (uint32_t slot : order) {
     if (state_[slot] != SlotState::kUnknown) continue;  // dropped while we were scanning
     state_[slot] = SlotState::kIndexed;
@@ -292,9 +289,15 @@ void NvmeTier::OnIoReady() {
     auto it = ops_.find(c.tag);
     if (it == ops_.end()) continue;
     switch (it->second.kind) {
-      case Op::Kind::kSpillWrite: OnSpillWritten(c.tag, c.result); break;
-      case Op::Kind::kSync: OnSynced(c.tag, c.result); break;
-      case Op::Kind::kFetch: OnFetched(c.tag, c.result); break;
+      case Op::Kind::kSpillWrite:
+        OnSpillWritten(c.tag, c.result);
+        break;
+      case Op::Kind::kSync:
+        OnSynced(c.tag, c.result);
+        break;
+      case Op::Kind::kFetch:
+        OnFetched(c.tag, c.result);
+        break;
     }
   }
   IssueSyncs();
@@ -309,8 +312,7 @@ void NvmeTier::RegisterBuffer(uint32_t index, uint8_t* addr, size_t len) {
 void NvmeTier::NoteIoError() {
   ++counters_.io_errors;
   ++consecutive_errors_;
-  const int64_t backoff =
-      std::min<int64_t>(kBackoffMaxNs, kBackoffBaseNs << std::min(consecutive_errors_ - 1, 7));
+  const int64_t backoff = std::min<int64_t>(kBackoffMaxNs, kBackoffBaseNs << std::min(consecutive_errors_ - 1, 7));
   backoff_until_ns_ = clock_->NowNanos() + backoff;
 }
 
@@ -321,8 +323,7 @@ bool NvmeTier::spill_available() const {
 
 // ---- spill ----
 
-void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index,
-                     SpillDone done) {
+void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index, SpillDone done) {
   auto fail = [this, &done](Status st) { PostSafe([done = std::move(done), st] { done(st, 0); }); };
   if (!ready_) return fail(Unavailable("nvme tier still loading its index"));
   if (clock_->NowNanos() < backoff_until_ns_) return fail(Unavailable("nvme tier backing off after an I/O error"));
@@ -389,8 +390,8 @@ void NvmeTier::OnSynced(uint64_t id, int32_t result) {
   if (result < 0) {
     // A failed fdatasync leaves the file's state unknown: the writes it covered are not
     // durable and are not indexed. The sync is not retried for them.
-    KVTIER_LOG(WARNING) << "nvme: fdatasync failed: " << std::strerror(-result) << "; "
-                        << op.batch.size() << " spills dropped";
+    KVTIER_LOG(WARNING) << "nvme: fdatasync failed: " << std::strerror(-result) << "; " << op.batch.size()
+                        << " spills dropped";
     NoteIoError();
     for (uint64_t sid : op.batch) FailSpill(sid, ErrnoStatus(-result, "nvme fdatasync"));
     return;
@@ -431,8 +432,7 @@ void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
 
 // ---- fetch ----
 
-void NvmeTier::Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index,
-                     Done done) {
+void NvmeTier::Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index, Done done) {
   const uint32_t slot = record.slot;
   auto fail = [this, &done](Status st) { PostSafe([done = std::move(done), st] { done(st); }); };
   if (slot >= files_->slot_count() || record.length == 0 || record.length > files_->slot_bytes()) {
@@ -536,7 +536,9 @@ void NvmeTier::Drop(const std::string& key, uint32_t slot) {
     // The slot is someone else's (or nobody's): only an entry of `key` naming it goes.
     IndexMutation m{IndexMutation::Kind::kDeleteRecord, key, {}};
     m.record.slot = slot;
-    Apply({std::move(m)}, false, [this, key, slot](Status) { if (drop_listener_) drop_listener_(key, slot); });
+    Apply({std::move(m)}, false, [this, key, slot](Status) {
+      if (drop_listener_) drop_listener_(key, slot);
+    });
     return;
   }
   if (state_[slot] == SlotState::kIndexed) {
@@ -563,9 +565,7 @@ void NvmeTier::Drop(const std::string& key, uint32_t slot) {
 void NvmeTier::EnforceWatermark() {
   if (!ready_) return;
   const double cap = files_->slot_count();
-  auto used = [&] {
-    return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_ - retired_);
-  };
+  auto used = [&] { return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_ - retired_); };
   if (used() <= options_.high_watermark * cap) return;
   while (used() > options_.low_watermark * cap && EvictVictim() != Victim::kNone) {
   }
@@ -640,8 +640,8 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
       });
       ::free(raw);
       if (report.status.ok() && stop.stop_requested()) {
-        report.status = Aborted("scrub stopped after " + std::to_string(report.checked) +
-                                " blocks: kvtierd is shutting down");
+        report.status =
+            Aborted("scrub stopped after " + std::to_string(report.checked) + " blocks: kvtierd is shutting down");
       }
     }
     report.seconds = static_cast<double>(clock->NowNanos() - start) * 1e-9;

@@ -83,9 +83,9 @@ struct NvmeCounters {
 
 struct VerifyReport {
   uint64_t checked = 0;
-  uint64_t dropped = 0;     // did not verify (or could not be read); entry removed
+  uint64_t dropped = 0;  // did not verify (or could not be read); entry removed
   double seconds = 0;
-  Status status;            // OK unless the scrub itself could not run
+  Status status;  // OK unless the scrub itself could not run
 };
 
 class NvmeTier {
@@ -94,10 +94,8 @@ class NvmeTier {
   using SpillDone = std::function<void(Status, uint32_t slot)>;
   using Done = std::function<void(Status)>;
 
-  static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options,
-                                                std::unique_ptr<IoEngine> io,
-                                                std::unique_ptr<BlockIndexStore> store, Post post,
-                                                const Clock* clock);
+  static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
+                                                std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock);
   // Stops the scan thread (a scrub or scan in progress stops at its next entry), waits for
   // the index writer and flushes the index (a clean restart then replays nothing).
   // Callbacks not delivered yet are dropped.
@@ -112,15 +110,13 @@ class NvmeTier {
   // done(OK, slot) once it is durable per the durability setting. Fails at once with
   // kUnavailable while !spill_available() or when no slot is free; the data must stay
   // unchanged until done runs. buf_index names the registered buffer holding data, or -1.
-  void Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index,
-             SpillDone done);
+  void Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index, SpillDone done);
   // Reads the block of `record` into `dst` (at least the slot-aligned length) and verifies
   // it under `key`. kNotFound when the record is stale (its slot holds no block of `key`
   // any more: evicted or reused since the record was read); kDataLoss, with the entry
   // dropped, when the bytes do not verify; the I/O error otherwise. The slot is not reused
   // while the read is in flight.
-  void Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index,
-             Done done);
+  void Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index, Done done);
   // A use of the block in `slot` (a lookup hit): recency for eviction only.
   void Touch(uint32_t slot);
   // A block served from this tier: recency, and last access and hit count in the index.
@@ -189,8 +185,8 @@ class NvmeTier {
     int fd = -1;
   };
 
-  NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
-           std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock);
+  NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io, std::unique_ptr<BlockIndexStore> store,
+           Post post, const Clock* clock);
   Status Start();
   void OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags,
                 std::vector<std::pair<std::string, uint32_t>> stale);
@@ -235,17 +231,17 @@ class NvmeTier {
   std::vector<SlotState> state_;
   std::unique_ptr<PageAllocator> free_;
   std::unique_ptr<EvictionPolicy> policy_;
-  std::vector<uint64_t> owner_tag_;                  // slot -> KeyTag of its block's key
+  std::vector<uint64_t> owner_tag_;  // slot -> KeyTag of its block's key
   // slot -> writes started into it; read by the scrub thread to tell a block that changed
   // under its read from a bad one.
   std::shared_ptr<std::atomic<uint32_t>[]> write_gen_;
-  std::unordered_map<uint32_t, uint32_t> readers_;   // slot -> fetches in flight
+  std::unordered_map<uint32_t, uint32_t> readers_;  // slot -> fetches in flight
   uint32_t writing_ = 0, deleting_ = 0, retired_ = 0, indexed_ = 0;
 
   std::unordered_map<uint64_t, Op> ops_;
-  std::deque<IoRequest> backlog_;                    // waiting for engine capacity
+  std::deque<IoRequest> backlog_;  // waiting for engine capacity
   uint64_t next_op_ = 1;
-  size_t writes_outstanding_ = 0;                    // index batches not applied yet
+  size_t writes_outstanding_ = 0;                                // index batches not applied yet
   std::unordered_map<int, std::vector<uint64_t>> sync_waiting_;  // fd -> written spills
   std::unordered_map<int, bool> sync_in_flight_;
   int64_t backoff_until_ns_ = 0;

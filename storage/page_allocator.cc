@@ -2,8 +2,7 @@
 
 namespace kvtier {
 
-PageAllocator::PageAllocator(uint32_t capacity)
-    : capacity_(capacity), free_bit_(capacity, true) {
+PageAllocator::PageAllocator(uint32_t capacity) : capacity_(capacity), free_bit_(capacity, true) {
   free_list_.reserve(capacity);
   // Pop order 0, 1, 2, ...: the lowest pages are used first.
   for (uint32_t i = capacity; i > 0; --i) free_list_.push_back(i - 1);

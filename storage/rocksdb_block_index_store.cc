@@ -118,21 +118,29 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   Status Apply(std::span<const IndexMutation> batch, bool sync) override {
     // Batches are applied by one writer thread, so reading the entries and then writing
     // is not raced by another batch.
-    KVTIER_ASSIGN_OR_RETURN(auto writes, ResolveIndexMutations(batch, [this](const std::string& key)
-                                                                          -> Result<std::optional<uint32_t>> {
-      auto r = Get(key);
-      if (!r.ok() && r.status().code() == StatusCode::kDataLoss) return std::optional<uint32_t>();  // a miss
-      KVTIER_RETURN_IF_ERROR(r.status());
-      return *r ? std::optional<uint32_t>((*r)->slot) : std::nullopt;
-    }));
+    KVTIER_ASSIGN_OR_RETURN(
+        auto writes, ResolveIndexMutations(batch, [this](const std::string& key) -> Result<std::optional<uint32_t>> {
+          auto r = Get(key);
+          if (!r.ok() && r.status().code() == StatusCode::kDataLoss) return std::optional<uint32_t>();  // a miss
+          KVTIER_RETURN_IF_ERROR(r.status());
+          return *r ? std::optional<uint32_t>((*r)->slot) : std::nullopt;
+        }));
     rocksdb::WriteBatch wb;
     for (const IndexWrite& w : writes) {
       const IndexMutation& m = *w.mutation;
       switch (w.op) {
-        case IndexWrite::Op::kPutSlot: wb.Put(SlotKey(m.record.slot), m.key); break;
-        case IndexWrite::Op::kDeleteSlot: wb.Delete(SlotKey(m.record.slot)); break;
-        case IndexWrite::Op::kPutRecord: wb.Put(BlockKey(m.key), m.record.Encode()); break;
-        case IndexWrite::Op::kDeleteRecord: wb.Delete(BlockKey(m.key)); break;
+        case IndexWrite::Op::kPutSlot:
+          wb.Put(SlotKey(m.record.slot), m.key);
+          break;
+        case IndexWrite::Op::kDeleteSlot:
+          wb.Delete(SlotKey(m.record.slot));
+          break;
+        case IndexWrite::Op::kPutRecord:
+          wb.Put(BlockKey(m.key), m.record.Encode());
+          break;
+        case IndexWrite::Op::kDeleteRecord:
+          wb.Delete(BlockKey(m.key));
+          break;
       }
     }
     rocksdb::WriteOptions wo;

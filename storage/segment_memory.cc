@@ -64,8 +64,7 @@ Result<std::unique_ptr<HostSegmentMemory>> HostSegmentMemory::Open(const Options
   auto r = build(huge);
   if (!r.ok() && huge && options.huge_pages == HugePages::kAuto) {
     // Someone took the huge pages between the check and now.
-    KVTIER_LOG(WARNING) << "hugetlb pool failed (" << r.status().ToString()
-                        << "); using 4 KiB pages";
+    KVTIER_LOG(WARNING) << "hugetlb pool failed (" << r.status().ToString() << "); using 4 KiB pages";
     r = build(false);
   }
   return r;

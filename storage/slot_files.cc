@@ -27,8 +27,7 @@ uint32_t DirectIoAlignment(int fd) {
 
 }  // namespace
 
-Result<std::unique_ptr<SlotFiles>> SlotFiles::Open(const std::vector<SlotFileSpec>& specs,
-                                                   uint64_t slot_bytes) {
+Result<std::unique_ptr<SlotFiles>> SlotFiles::Open(const std::vector<SlotFileSpec>& specs, uint64_t slot_bytes) {
   if (specs.empty()) return InvalidArgument("the NVMe tier needs at least one slot file");
   if (slot_bytes == 0 || slot_bytes > (1ull << 31)) return InvalidArgument("bad slot size");
   std::unique_ptr<SlotFiles> s(new SlotFiles());
@@ -48,13 +47,13 @@ Result<std::unique_ptr<SlotFiles>> SlotFiles::Open(const std::vector<SlotFileSpe
     const uint32_t align = DirectIoAlignment(f.fd);
     s->block_bytes_ = std::max(s->block_bytes_, align);
     if (slot_bytes % align != 0) {
-      return InvalidArgument("slot size " + std::to_string(slot_bytes) + " is not a multiple of " +
-                             spec.path + "'s logical block size " + std::to_string(align));
+      return InvalidArgument("slot size " + std::to_string(slot_bytes) + " is not a multiple of " + spec.path +
+                             "'s logical block size " + std::to_string(align));
     }
     const uint64_t slots = spec.capacity_bytes / slot_bytes;
     if (slots == 0) {
-      return InvalidArgument(spec.path + ": capacity " + FormatBytes(spec.capacity_bytes) +
-                             " holds no slot of " + FormatBytes(slot_bytes));
+      return InvalidArgument(spec.path + ": capacity " + FormatBytes(spec.capacity_bytes) + " holds no slot of " +
+                             FormatBytes(slot_bytes));
     }
     const uint64_t bytes = slots * slot_bytes;
     int rc = ::fallocate(f.fd, 0, 0, static_cast<off_t>(bytes));
@@ -90,9 +89,8 @@ SlotFiles::Location SlotFiles::Locate(uint32_t slot) const {
 }
 
 std::string SlotFiles::Describe() const {
-  return std::to_string(files_.size()) + (files_.size() == 1 ? " file, " : " files, ") +
-         std::to_string(total_slots_) + " slots of " + FormatBytes(slot_bytes_) + ", " +
-         std::to_string(block_bytes_) + "-byte logical blocks";
+  return std::to_string(files_.size()) + (files_.size() == 1 ? " file, " : " files, ") + std::to_string(total_slots_) +
+         " slots of " + FormatBytes(slot_bytes_) + ", " + std::to_string(block_bytes_) + "-byte logical blocks";
 }
 
 std::string SlotFiles::GeometryKey() const {

@@ -25,8 +25,7 @@ class SlotFiles {
  public:
   // kInvalidArgument when slot_bytes is not a multiple of a file's logical block size or a
   // file holds no slot; kResourceExhausted when preallocation fails for lack of space.
-  static Result<std::unique_ptr<SlotFiles>> Open(const std::vector<SlotFileSpec>& files,
-                                                 uint64_t slot_bytes);
+  static Result<std::unique_ptr<SlotFiles>> Open(const std::vector<SlotFileSpec>& files, uint64_t slot_bytes);
   ~SlotFiles();
 
   struct Location {

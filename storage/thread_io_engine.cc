@@ -18,7 +18,8 @@ namespace {
 int32_t RunOne(const IoRequest& r) {
   if (r.op == IoOp::kFdatasync) {
     int rc;
-    do rc = ::fdatasync(r.fd); while (rc != 0 && errno == EINTR);
+    do rc = ::fdatasync(r.fd);
+    while (rc != 0 && errno == EINTR);
     return rc == 0 ? 0 : -errno;
   }
   uint32_t done = 0;

@@ -21,8 +21,7 @@ void TierPool::SegmentSet::Erase(uint32_t s) {
   pos_[s] = kAbsent;
 }
 
-Result<std::unique_ptr<TierPool>> TierPool::Open(std::unique_ptr<SegmentMemory> memory,
-                                                 uint64_t page_bytes) {
+Result<std::unique_ptr<TierPool>> TierPool::Open(std::unique_ptr<SegmentMemory> memory, uint64_t page_bytes) {
   if (page_bytes == 0 || memory->segment_bytes() % page_bytes != 0) {
     return InvalidArgument("page_bytes must divide segment_bytes");
   }
@@ -113,8 +112,7 @@ void TierPool::Free(PageId page) {
 }
 
 uint32_t TierPool::AvailableTo(OwnerId owner) const {
-  uint32_t n = static_cast<uint32_t>(clean_.items().size() + released_any_.items().size()) *
-               pages_per_segment_;
+  uint32_t n = static_cast<uint32_t>(clean_.items().size() + released_any_.items().size()) * pages_per_segment_;
   if (owner < owners_.size()) {
     for (uint32_t s : owners_[owner].nonfull.items()) n += segments_[s].pages.free_count();
   }

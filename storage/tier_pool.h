@@ -29,8 +29,7 @@ inline constexpr OwnerId kNoOwner = 0xffffffffu;
 class TierPool {
  public:
   // kInvalidArgument unless page_bytes divides the segment size.
-  static Result<std::unique_ptr<TierPool>> Open(std::unique_ptr<SegmentMemory> memory,
-                                                uint64_t page_bytes);
+  static Result<std::unique_ptr<TierPool>> Open(std::unique_ptr<SegmentMemory> memory, uint64_t page_bytes);
 
   // A free page for `owner`, or nullopt when every segment is full or owned by others.
   // An error only when renewing a segment's memory fails.
@@ -44,9 +43,7 @@ class TierPool {
   uint32_t UsedBy(OwnerId owner) const { return owner < owners_.size() ? owners_[owner].used : 0; }
 
   uint32_t SegmentOf(PageId page) const { return page / pages_per_segment_; }
-  uint64_t OffsetInSegment(PageId page) const {
-    return static_cast<uint64_t>(page % pages_per_segment_) * page_bytes_;
-  }
+  uint64_t OffsetInSegment(PageId page) const { return static_cast<uint64_t>(page % pages_per_segment_) * page_bytes_; }
   OwnerId Owner(uint32_t segment) const { return segments_[segment].owner; }
   // Bumped each time the segment's memory is renewed; starts at 1.
   uint32_t Generation(uint32_t segment) const { return segments_[segment].generation; }
@@ -57,9 +54,7 @@ class TierPool {
   bool IsFree(PageId page) const;
 
   // Called after a segment's memory was renewed (e.g. to re-register I/O buffers).
-  void SetRenewListener(std::function<void(uint32_t segment)> listener) {
-    renew_listener_ = std::move(listener);
-  }
+  void SetRenewListener(std::function<void(uint32_t segment)> listener) { renew_listener_ = std::move(listener); }
 
   uint64_t page_bytes() const { return page_bytes_; }
   uint32_t pages_per_segment() const { return pages_per_segment_; }

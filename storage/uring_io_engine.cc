@@ -66,8 +66,7 @@ class UringIoEngine final : public IoEngine {
     int rc = io_uring_register_buffers_update_tag(&ring_, index, &iov, &tag, 1);
     if (rc < 0) {
       if (!warned_register_) {
-        KVTIER_LOG(WARNING) << "io_uring: cannot register a " << len << "-byte buffer ("
-                            << std::strerror(-rc)
+        KVTIER_LOG(WARNING) << "io_uring: cannot register a " << len << "-byte buffer (" << std::strerror(-rc)
                             << "; raise LimitMEMLOCK); using unregistered buffers";
         warned_register_ = true;
       }
@@ -89,7 +88,8 @@ class UringIoEngine final : public IoEngine {
   Status Submit() override {
     if (unsubmitted_ == 0) return Status::Ok();
     int rc;
-    do rc = io_uring_submit(&ring_); while (rc == -EINTR);
+    do rc = io_uring_submit(&ring_);
+    while (rc == -EINTR);
     if (rc < 0 && rc != -EAGAIN && rc != -EBUSY) return ErrnoStatus(-rc, "io_uring_submit");
     if (rc > 0) unsubmitted_ -= std::min<uint32_t>(unsubmitted_, static_cast<uint32_t>(rc));
     return Status::Ok();
@@ -104,7 +104,8 @@ class UringIoEngine final : public IoEngine {
       io_uring_cqe* cqes[64];
       const unsigned n = io_uring_peek_batch_cqe(&ring_, cqes, 64);
       if (n == 0) break;
-      for (unsigned i = 0; i < n; ++i) Complete(static_cast<uint32_t>(io_uring_cqe_get_data64(cqes[i])), cqes[i]->res, out);
+      for (unsigned i = 0; i < n; ++i)
+        Complete(static_cast<uint32_t>(io_uring_cqe_get_data64(cqes[i])), cqes[i]->res, out);
       io_uring_cq_advance(&ring_, n);
     }
     if (unsubmitted_ > 0) (void)Submit();  // continuations of short or retried I/O
@@ -136,16 +137,20 @@ class UringIoEngine final : public IoEngine {
     uint8_t* buf = r.buf + f.done;
     const uint32_t len = r.len - f.done;
     const uint64_t off = r.offset + f.done;
-    const bool fixed = r.buf_index >= 0 && static_cast<size_t>(r.buf_index) < registered_.size() &&
-                       registered_[r.buf_index];
+    const bool fixed =
+        r.buf_index >= 0 && static_cast<size_t>(r.buf_index) < registered_.size() && registered_[r.buf_index];
     switch (r.op) {
       case IoOp::kRead:
-        if (fixed) io_uring_prep_read_fixed(sqe, r.fd, buf, len, off, r.buf_index);
-        else io_uring_prep_read(sqe, r.fd, buf, len, off);
+        if (fixed)
+          io_uring_prep_read_fixed(sqe, r.fd, buf, len, off, r.buf_index);
+        else
+          io_uring_prep_read(sqe, r.fd, buf, len, off);
         break;
       case IoOp::kWrite:
-        if (fixed) io_uring_prep_write_fixed(sqe, r.fd, buf, len, off, r.buf_index);
-        else io_uring_prep_write(sqe, r.fd, buf, len, off);
+        if (fixed)
+          io_uring_prep_write_fixed(sqe, r.fd, buf, len, off, r.buf_index);
+        else
+          io_uring_prep_write(sqe, r.fd, buf, len, off);
         break;
       case IoOp::kFdatasync:
         io_uring_prep_fsync(sqe, r.fd, IORING_FSYNC_DATASYNC);

@@ -15,7 +15,6 @@
 // With no --socket, kvctl uses $KVTIER_SOCKET or kvtierd's default ./var/kvtierd.sock.
 // Exit status: 0 success, 1 the daemon did not answer or refused, 2 usage error.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,8 +26,8 @@
 
 #include "daemon/kvctl/plan.h"
 #include "engine/control_client.h"
-#include "protocol/base/defaults.h"
 #include "protocol/base/block_key.h"
+#include "protocol/base/defaults.h"
 #include "protocol/base/tier.h"
 #include "protocol/base/units.h"
 
@@ -40,10 +39,14 @@ using kvtier::DaemonStats;
 std::string Duration(double s) {
   long t = static_cast<long>(s);
   char buf[64];
-  if (t >= 86400) std::snprintf(buf, sizeof(buf), "%ldd%ldh", t / 86400, (t % 86400) / 3600);
-  else if (t >= 3600) std::snprintf(buf, sizeof(buf), "%ldh%ldm", t / 3600, (t % 3600) / 60);
-  else if (t >= 60) std::snprintf(buf, sizeof(buf), "%ldm%lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof(buf), "%.1fs", s);
+  if (t >= 86400)
+    std::snprintf(buf, sizeof(buf), "%ldd%ldh", t / 86400, (t % 86400) / 3600);
+  else if (t >= 3600)
+    std::snprintf(buf, sizeof(buf), "%ldh%ldm", t / 3600, (t % 3600) / 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof(buf), "%ldm%lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1fs", s);
   return buf;
 }
 
@@ -103,20 +106,17 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("kvtierd %s, up %s, serving %s\n", s.version.c_str(), Duration(s.uptime_s).c_str(),
-              socket.c_str());
+  std::printf("kvtierd %s, up %s, serving %s\n", s.version.c_str(), Duration(s.uptime_s).c_str(), socket.c_str());
   std::printf("metrics   %s\n", s.metrics_url.empty() ? "(disabled)" : s.metrics_url.c_str());
   std::printf("sessions  %u\n", s.session_count);
   std::printf("lookups   %llu, block hit ratio %.1f%% (%llu hits, %llu misses)\n",
               static_cast<unsigned long long>(s.lookups), 100.0 * HitRatio(s),
-              static_cast<unsigned long long>(s.block_hits),
-              static_cast<unsigned long long>(s.block_misses));
+              static_cast<unsigned long long>(s.block_hits), static_cast<unsigned long long>(s.block_misses));
   std::printf("\n%-6s %12s %12s %7s %10s\n", "TIER", "CAPACITY", "USED", "USED%", "BLOCKS");
   for (const auto& t : s.tiers) {
     const double pct = t.capacity_pages ? 100.0 * (t.capacity_pages - t.free_pages) / t.capacity_pages : 0;
-    std::printf("%-6s %12s %12s %6.1f%% %10llu\n", t.name.c_str(),
-                kvtier::FormatBytes(t.capacity_bytes()).c_str(), kvtier::FormatBytes(t.used_bytes()).c_str(),
-                pct, static_cast<unsigned long long>(t.blocks));
+    std::printf("%-6s %12s %12s %6.1f%% %10llu\n", t.name.c_str(), kvtier::FormatBytes(t.capacity_bytes()).c_str(),
+                kvtier::FormatBytes(t.used_bytes()).c_str(), pct, static_cast<unsigned long long>(t.blocks));
   }
   return 0;
 }
@@ -129,19 +129,17 @@ int Tiers(const DaemonStats& s, bool as_json) {
     return 0;
   }
   for (const auto& t : s.tiers) {
-    std::printf("%s: %s in pages of %s (%s)\n", t.name.c_str(),
-                kvtier::FormatBytes(t.capacity_bytes()).c_str(), kvtier::FormatBytes(t.page_bytes).c_str(),
-                t.backend.c_str());
-    const uint32_t sum = t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages +
-                         t.quarantined_pages;
+    std::printf("%s: %s in pages of %s (%s)\n", t.name.c_str(), kvtier::FormatBytes(t.capacity_bytes()).c_str(),
+                kvtier::FormatBytes(t.page_bytes).c_str(), t.backend.c_str());
+    const uint32_t sum =
+        t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages + t.quarantined_pages;
     std::printf("  pages    free %u + leased %u + inflight %u + cached %u + referenced %u", t.free_pages,
                 t.leased_pages, t.inflight_pages, t.cached_pages, t.referenced_pages);
     if (t.quarantined_pages) std::printf(" + quarantined %u", t.quarantined_pages);
     std::printf(" = %u of %u%s\n", sum, t.capacity_pages, sum == t.capacity_pages ? "" : "  (MISMATCH)");
     std::printf("  blocks   %llu, evicted %llu\n", static_cast<unsigned long long>(t.blocks),
                 static_cast<unsigned long long>(t.evictions));
-    std::printf("  evicts   above %.0f%% used, down to %.0f%%\n", 100 * t.high_watermark,
-                100 * t.low_watermark);
+    std::printf("  evicts   above %.0f%% used, down to %.0f%%\n", 100 * t.high_watermark, 100 * t.low_watermark);
     if (!t.io_backend.empty()) {
       std::printf("  io       %s, index %s%s\n", t.io_backend.c_str(), t.index_backend.c_str(),
                   t.ready ? "" : " (loading)");
@@ -150,8 +148,7 @@ int Tiers(const DaemonStats& s, bool as_json) {
   if (s.demotions + s.promotions + s.checksum_failures + s.io_errors > 0) {
     std::printf("moves: %llu demotions, %llu promotions; %llu checksum failures, %llu I/O errors\n",
                 static_cast<unsigned long long>(s.demotions), static_cast<unsigned long long>(s.promotions),
-                static_cast<unsigned long long>(s.checksum_failures),
-                static_cast<unsigned long long>(s.io_errors));
+                static_cast<unsigned long long>(s.checksum_failures), static_cast<unsigned long long>(s.io_errors));
   }
   return 0;
 }
@@ -177,15 +174,13 @@ int Sessions(const DaemonStats& s, bool as_json) {
     std::cout << json{{"sessions", j}}.dump(2) << "\n";
     return 0;
   }
-  std::printf("%-5s %-8s %-16s %8s %-18s %-16s %7s %7s %9s %9s\n", "ID", "ROLE", "ENGINE", "PID",
-              "TENANT", "NAMESPACE", "LEASED", "REFS", "REQUESTS", "AGE");
+  std::printf("%-5s %-8s %-16s %8s %-18s %-16s %7s %7s %9s %9s\n", "ID", "ROLE", "ENGINE", "PID", "TENANT", "NAMESPACE",
+              "LEASED", "REFS", "REQUESTS", "AGE");
   for (const auto& x : s.sessions) {
-    std::printf("%-5llu %-8s %-16s %8d %-18s %-16s %7u %7u %9llu %9s\n",
-                static_cast<unsigned long long>(x.id), x.control ? "control" : "engine",
-                x.engine_name.substr(0, 16).c_str(), x.pid, x.tenant.substr(0, 18).c_str(),
-                x.namespace_id.empty() ? "-" : x.namespace_id.c_str(), x.leased_pages,
-                x.referenced_blocks, static_cast<unsigned long long>(x.requests),
-                Duration(x.connected_s).c_str());
+    std::printf("%-5llu %-8s %-16s %8d %-18s %-16s %7u %7u %9llu %9s\n", static_cast<unsigned long long>(x.id),
+                x.control ? "control" : "engine", x.engine_name.substr(0, 16).c_str(), x.pid,
+                x.tenant.substr(0, 18).c_str(), x.namespace_id.empty() ? "-" : x.namespace_id.c_str(), x.leased_pages,
+                x.referenced_blocks, static_cast<unsigned long long>(x.requests), Duration(x.connected_s).c_str());
   }
   return 0;
 }
@@ -208,15 +203,15 @@ kvtier::Result<std::vector<kvtier::BlockHash>> ParseHashes(const std::vector<std
 }
 
 // lookup: where each block is; explain: and why it is not a hit.
-int Explain(kvtier::ControlClient& c, const std::vector<std::string>& hex, const std::string& ns, bool verbose, bool as_json) {
+int Explain(kvtier::ControlClient& c, const std::vector<std::string>& hex, const std::string& ns, bool verbose,
+            bool as_json) {
   auto hashes = ParseHashes(hex);
   if (!hashes.ok()) {
     std::fprintf(stderr, "kvctl: %s\n", hashes.status().message().c_str());
     return 2;
   }
-  const bool all_same_size = std::all_of(hashes->begin(), hashes->end(), [&](const kvtier::BlockHash& h) {
-    return h.size() == hashes->front().size();
-  });
+  const bool all_same_size = std::all_of(
+      hashes->begin(), hashes->end(), [&](const kvtier::BlockHash& h) { return h.size() == hashes->front().size(); });
   if (!all_same_size) {
     std::fprintf(stderr, "kvctl: every hash of one call must have the same size\n");
     return 2;
@@ -261,8 +256,8 @@ int Explain(kvtier::ControlClient& c, const std::vector<std::string>& hex, const
   return 0;
 }
 
-int Blocks(kvtier::ControlClient& c, const std::string& tier_name, const std::string& ns, bool by_recent, uint32_t limit,
-           bool as_json) {
+int Blocks(kvtier::ControlClient& c, const std::string& tier_name, const std::string& ns, bool by_recent,
+           uint32_t limit, bool as_json) {
   std::optional<kvtier::TierKind> tier;
   if (!tier_name.empty() && tier_name != "memory") {
     tier = kvtier::ParseTierKind(tier_name);
@@ -313,7 +308,8 @@ int Evict(kvtier::ControlClient& c, const std::string& tier_name, const std::str
   auto r = c.Evict(*tier, *bytes);
   if (!r.ok()) return Die("evict", r.status());
   if (as_json) {
-    std::cout << json{{"tier", tier_name}, {"blocks", r->blocks}, {"bytes", r->bytes}, {"demoting", r->demoting}}.dump(2)
+    std::cout << json{{"tier", tier_name}, {"blocks", r->blocks}, {"bytes", r->bytes}, {"demoting", r->demoting}}.dump(
+                     2)
               << "\n";
     return 0;
   }
@@ -351,13 +347,13 @@ int Drain(kvtier::ControlClient& c, bool resume, bool no_wait, double timeout_s,
   } else if (resume) {
     std::printf("drain ended: GPU leases are granted again\n");
   } else {
-    std::printf("draining: new GPU leases refused; %llu GPU blocks left to demote (%llu pinned by sessions), "
-                "%llu host blocks not yet on NVMe, %u writes in flight%s\n",
-                static_cast<unsigned long long>(r->gpu_blocks_left),
-                static_cast<unsigned long long>(r->gpu_blocks_pinned),
-                static_cast<unsigned long long>(r->host_blocks_unspilled), r->spills_in_flight,
-                complete ? "\ndrained: every cached block is on NVMe; a restart keeps them (kvctl drain --resume to undo)"
-                         : "");
+    std::printf(
+        "draining: new GPU leases refused; %llu GPU blocks left to demote (%llu pinned by sessions), "
+        "%llu host blocks not yet on NVMe, %u writes in flight%s\n",
+        static_cast<unsigned long long>(r->gpu_blocks_left), static_cast<unsigned long long>(r->gpu_blocks_pinned),
+        static_cast<unsigned long long>(r->host_blocks_unspilled), r->spills_in_flight,
+        complete ? "\ndrained: every cached block is on NVMe; a restart keeps them (kvctl drain --resume to undo)"
+                 : "");
   }
   return complete || no_wait ? 0 : 1;
 }
@@ -378,7 +374,9 @@ void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std
     std::snprintf(buf, sizeof(buf), fmt, args...);
     lines.emplace_back(std::string(buf).substr(0, 80));
   };
-  auto per_s = [&](uint64_t now, uint64_t before) { return prev && dt > 0 ? static_cast<double>(now - before) / dt : 0.0; };
+  auto per_s = [&](uint64_t now, uint64_t before) {
+    return prev && dt > 0 ? static_cast<double>(now - before) / dt : 0.0;
+  };
   const uint64_t asked = s.block_hits + s.block_misses;
   double recent = HitRatio(s);
   if (prev && asked > prev->block_hits + prev->block_misses) {
@@ -395,15 +393,15 @@ void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std
     if (t.tier == kvtier::TierKind::kGpu) gpu_page = t.page_bytes;
     if (t.tier == kvtier::TierKind::kHost) host_page = t.page_bytes;
     const double used = t.capacity_pages ? static_cast<double>(t.capacity_pages - t.free_pages) / t.capacity_pages : 0;
-    const std::string amounts =
-        kvtier::FormatBytes(t.used_bytes()) + " / " + kvtier::FormatBytes(t.capacity_bytes());
+    const std::string amounts = kvtier::FormatBytes(t.used_bytes()) + " / " + kvtier::FormatBytes(t.capacity_bytes());
     add("%-5s %-32s %4.0f%% %17s %9llu", t.name.c_str(), Bar(used, 30).c_str(), 100 * used, amounts.c_str(),
         static_cast<unsigned long long>(t.blocks));
   }
   add("%s", "");
   add("%-14s %14s   %-14s %14s", "PATH", "RATE", "", "");
-  add("%-14s %14s   %-14s %10.1f/s", "gpu -> host", Rate(per_s(s.gpu_demotions, prev ? prev->gpu_demotions : 0) * gpu_page).c_str(),
-      "evictions", per_s(s.evictions, prev ? prev->evictions : 0));
+  add("%-14s %14s   %-14s %10.1f/s", "gpu -> host",
+      Rate(per_s(s.gpu_demotions, prev ? prev->gpu_demotions : 0) * gpu_page).c_str(), "evictions",
+      per_s(s.evictions, prev ? prev->evictions : 0));
   add("%-14s %14s   %-14s %10.1f/s", "host -> nvme", Rate(per_s(s.spill_bytes, prev ? prev->spill_bytes : 0)).c_str(),
       "refetched", per_s(s.refetches_after_evict, prev ? prev->refetches_after_evict : 0));
   add("%-14s %14s   %-14s %12u", "nvme -> host", Rate(per_s(s.fetch_bytes, prev ? prev->fetch_bytes : 0)).c_str(),
@@ -439,8 +437,11 @@ int Top(kvtier::ControlClient& c, const std::string& socket, double interval_s, 
     const double dt = std::chrono::duration<double>(now - last).count();
     last = now;
     if (as_json) {
-      json j{{"hit_ratio", HitRatio(*s)}, {"sessions", s->session_count}, {"draining", s->draining},
-             {"pending_fetches", s->pending_fetches}, {"tiers", json::array()}};
+      json j{{"hit_ratio", HitRatio(*s)},
+             {"sessions", s->session_count},
+             {"draining", s->draining},
+             {"pending_fetches", s->pending_fetches},
+             {"tiers", json::array()}};
       if (prev && dt > 0) {
         j["spill_bytes_per_s"] = static_cast<double>(s->spill_bytes - prev->spill_bytes) / dt;
         j["fetch_bytes_per_s"] = static_cast<double>(s->fetch_bytes - prev->fetch_bytes) / dt;
@@ -467,10 +468,10 @@ struct PlanFlags {
 
 int Plan(PlanFlags f, bool as_json) {
   using kvtier::FormatBytes;
-  for (auto [text, out, name] : {std::tuple{&f.gpu_mem, &f.in.gpu_mem_bytes, "--gpu-mem"},
-                                 std::tuple{&f.host_mem, &f.in.host_mem_bytes, "--host-mem"},
-                                 std::tuple{&f.nvme, &f.in.nvme_bytes, "--nvme"},
-                                 std::tuple{&f.activation, &f.in.activation_bytes, "--activation-reserve"}}) {
+  for (auto [text, out, name] :
+       {std::tuple{&f.gpu_mem, &f.in.gpu_mem_bytes, "--gpu-mem"},
+        std::tuple{&f.host_mem, &f.in.host_mem_bytes, "--host-mem"}, std::tuple{&f.nvme, &f.in.nvme_bytes, "--nvme"},
+        std::tuple{&f.activation, &f.in.activation_bytes, "--activation-reserve"}}) {
     if (text->empty()) continue;
     auto b = kvtier::ParseBytes(*text);
     if (!b.ok()) {
@@ -582,7 +583,8 @@ int main(int argc, char** argv) {
   app.add_option("-s,--socket", socket, "kvtierd's Unix socket");
   app.add_flag("--json", as_json, "Print one JSON object instead of a table");
   auto* status = app.add_subcommand("status", "Version, uptime, metrics URL, sessions, tier usage, hit ratio");
-  auto* tiers = app.add_subcommand("tiers", "Each tier's page states (free + leased + inflight + cached + referenced = capacity)");
+  auto* tiers = app.add_subcommand(
+      "tiers", "Each tier's page states (free + leased + inflight + cached + referenced = capacity)");
   auto* sessions = app.add_subcommand("sessions", "Connected engines and control clients");
   auto* verify = app.add_subcommand(
       "verify", "Scrub the NVMe tier: read every indexed block, verify its checksum, drop those that fail");
@@ -621,7 +623,8 @@ int main(int argc, char** argv) {
       "and when), stored under another namespace (another tenant, model or layout), or never stored");
   for (auto* sub : {lookup, explain}) {
     sub->add_option("hashes", hashes, "Block hashes, 32 or 64 hex digits each")->required();
-    sub->add_option("-n,--namespace", ns, "Only this namespace (the id kvctl sessions shows); default: all you may see");
+    sub->add_option("-n,--namespace", ns,
+                    "Only this namespace (the id kvctl sessions shows); default: all you may see");
   }
   auto* blocks = app.add_subcommand("blocks", "Top blocks by hits (or --recent) in a tier, optionally one namespace");
   bool by_recent = false;
@@ -630,21 +633,24 @@ int main(int argc, char** argv) {
   blocks->add_option("-n,--namespace", ns, "Only this namespace");
   blocks->add_flag("--recent", by_recent, "Order by last use instead of hits");
   blocks->add_option("--limit", limit, "How many (default 20)")->check(CLI::Range(1u, 65536u));
-  auto* evict = app.add_subcommand(
-      "evict", "Admin: evict cached blocks of a tier until N bytes are gone (GPU -> host -> NVMe as under\n"
-               "pressure; blocks with nowhere to go are dropped; referenced blocks and reserves stay)");
+  auto* evict =
+      app.add_subcommand("evict",
+                         "Admin: evict cached blocks of a tier until N bytes are gone (GPU -> host -> NVMe as under\n"
+                         "pressure; blocks with nowhere to go are dropped; referenced blocks and reserves stay)");
   evict->add_option("-t,--tier", tier_name, "gpu, host or nvme")->required();
   evict->add_option("-b,--bytes", bytes_text, "How much, e.g. 8GiB")->required();
-  auto* drain = app.add_subcommand(
-      "drain", "Admin, before maintenance: refuse new GPU leases, demote GPU blocks to host and write every\n"
-               "host block to NVMe, so a restart keeps the cache; waits until done. --resume ends it");
+  auto* drain =
+      app.add_subcommand("drain",
+                         "Admin, before maintenance: refuse new GPU leases, demote GPU blocks to host and write every\n"
+                         "host block to NVMe, so a restart keeps the cache; waits until done. --resume ends it");
   bool resume = false, no_wait = false;
   double drain_timeout = 600;
   drain->add_flag("--resume", resume, "End the drain: grant GPU leases again");
   drain->add_flag("--no-wait", no_wait, "Start it and return");
   drain->add_option("--timeout", drain_timeout, "Seconds to wait for it (default 600); exit 1 if not done");
-  auto* top = app.add_subcommand("top", "A live view (80x24, once a second): tier usage, hit ratio, bytes/s per path, "
-                                        "sessions, fetch queue. Ctrl-C quits");
+  auto* top = app.add_subcommand("top",
+                                 "A live view (80x24, once a second): tier usage, hit ratio, bytes/s per path, "
+                                 "sessions, fetch queue. Ctrl-C quits");
   double interval = 1.0;
   int iterations = 0;
   top->add_option("--interval", interval, "Seconds between screens (default 1)")->check(CLI::Range(0.05, 3600.0));
@@ -687,8 +693,7 @@ int main(int argc, char** argv) {
       std::cout << json{{"checked", v->checked}, {"dropped", v->dropped}, {"seconds", v->seconds}}.dump(2) << "\n";
     } else {
       std::printf("verified %llu NVMe blocks in %.2f s: %llu dropped (bytes did not match their checksum)\n",
-                  static_cast<unsigned long long>(v->checked), v->seconds,
-                  static_cast<unsigned long long>(v->dropped));
+                  static_cast<unsigned long long>(v->checked), v->seconds, static_cast<unsigned long long>(v->dropped));
     }
     return 0;
   }

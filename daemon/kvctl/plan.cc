@@ -80,9 +80,10 @@ Result<Plan> MakePlan(const PlanInput& in) {
   p.kv_bytes_total = p.kv_bytes_per_sequence * in.concurrency;
   p.weights_bytes = static_cast<uint64_t>(std::llround(p.params_billion * 1e9 * wb));
   p.gpu_usable_bytes = static_cast<uint64_t>(static_cast<double>(in.gpu_mem_bytes) * in.gpus * in.gpu_utilization);
-  p.activation_bytes = in.activation_bytes
-                           ? in.activation_bytes
-                           : std::max<uint64_t>(kGiB, static_cast<uint64_t>(0.05 * static_cast<double>(p.gpu_usable_bytes)));
+  p.activation_bytes =
+      in.activation_bytes
+          ? in.activation_bytes
+          : std::max<uint64_t>(kGiB, static_cast<uint64_t>(0.05 * static_cast<double>(p.gpu_usable_bytes)));
   const uint64_t fixed = p.weights_bytes + p.activation_bytes;
   p.weights_fit = fixed < p.gpu_usable_bytes;
   p.gpu_kv_budget_bytes = p.weights_fit ? p.gpu_usable_bytes - fixed : 0;
@@ -105,7 +106,8 @@ Result<Plan> MakePlan(const PlanInput& in) {
   // NVMe the rest (its high watermark is 0.95). Segments of 256 MiB or one page.
   const uint64_t page = RoundUp(p.block_bytes, 4096);
   const uint64_t segment = std::max<uint64_t>(RoundUp(256 * kMiB, page), page);
-  const uint64_t host = std::max(RoundUp(static_cast<uint64_t>(static_cast<double>(p.host_tier_bytes) / 0.85), segment), segment);
+  const uint64_t host =
+      std::max(RoundUp(static_cast<uint64_t>(static_cast<double>(p.host_tier_bytes) / 0.85), segment), segment);
   const uint64_t nvme = RoundUp(static_cast<uint64_t>(static_cast<double>(p.nvme_tier_bytes) / 0.95), kGiB);
   std::ostringstream c;
   c << "# kvtierd tiers for " << p.layout.ToString() << ", " << in.concurrency << " x " << in.context_tokens

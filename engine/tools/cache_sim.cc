@@ -102,11 +102,17 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& cfg) {
     // The matched prefix: touched (deepest first for prefix order), NVMe hits promoted.
     for (size_t n = 0; n < j; ++n) {
       const size_t i = host.prefix_ordered() ? j - 1 - n : n;
-      if (host.Has(b[i])) host.Touch(b[i]); else bring_in(b[i], i ? b[i - 1] : kNoBlock);
+      if (host.Has(b[i]))
+        host.Touch(b[i]);
+      else
+        bring_in(b[i], i ? b[i - 1] : kNoBlock);
     }
     // The rest: committed by the engine after it computed them.
     for (size_t i = j; i < b.size(); ++i) {
-      if (host.Has(b[i])) host.Touch(b[i]); else bring_in(b[i], i ? b[i - 1] : kNoBlock);
+      if (host.Has(b[i]))
+        host.Touch(b[i]);
+      else
+        bring_in(b[i], i ? b[i - 1] : kNoBlock);
     }
   }
   return r;

@@ -29,11 +29,11 @@ struct SimConfig {
 };
 
 struct SimResult {
-  uint64_t blocks = 0;      // looked up
-  uint64_t hits = 0;        // prefix hits, any tier
+  uint64_t blocks = 0;  // looked up
+  uint64_t hits = 0;    // prefix hits, any tier
   uint64_t host_hits = 0;
   uint64_t nvme_hits = 0;
-  uint64_t nvme_writes = 0; // blocks written to the NVMe tier (disk wear)
+  uint64_t nvme_writes = 0;            // blocks written to the NVMe tier (disk wear)
   std::vector<uint32_t> request_hits;  // with per_request: prefix hits of each request
   double hit_ratio() const { return blocks ? static_cast<double>(hits) / static_cast<double>(blocks) : 0; }
 };

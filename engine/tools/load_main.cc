@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "engine/tools/block_pattern.h"
 #include "engine/client.h"
+#include "engine/tools/block_pattern.h"
 #include "protocol/base/model_presets.h"
 
 namespace {
@@ -37,12 +37,17 @@ struct Args {
 };
 
 struct Totals {
-  uint64_t requests = 0, blocks = 0, hits = 0, stored = 0, duplicates = 0, corrupt = 0,
-           refused = 0, errors = 0;
+  uint64_t requests = 0, blocks = 0, hits = 0, stored = 0, duplicates = 0, corrupt = 0, refused = 0, errors = 0;
   double lookup_us = 0;
   void Add(const Totals& o) {
-    requests += o.requests; blocks += o.blocks; hits += o.hits; stored += o.stored;
-    duplicates += o.duplicates; corrupt += o.corrupt; refused += o.refused; errors += o.errors;
+    requests += o.requests;
+    blocks += o.blocks;
+    hits += o.hits;
+    stored += o.stored;
+    duplicates += o.duplicates;
+    corrupt += o.corrupt;
+    refused += o.refused;
+    errors += o.errors;
     lookup_us += o.lookup_us;
   }
 };
@@ -111,8 +116,7 @@ Totals RunSession(const Args& a, const ModelLayout& layout, int index) {
         }
         held.push_back(chain[i]);
         auto bytes = client.PageBytes(r.tier, r.page);
-        if (bytes.size() < layout.block_bytes ||
-            !CheckBlockPattern(chain[i], bytes.first(layout.block_bytes))) {
+        if (bytes.size() < layout.block_bytes || !CheckBlockPattern(chain[i], bytes.first(layout.block_bytes))) {
           ++t.corrupt;
         }
       }
@@ -186,27 +190,37 @@ int main(int argc, char** argv) {
   int failed_sessions = 0;
   for (auto [pid, fd] : children) {
     Totals t;
-    if (::read(fd, &t, sizeof(t)) == sizeof(t)) all.Add(t); else ++failed_sessions;
+    if (::read(fd, &t, sizeof(t)) == sizeof(t))
+      all.Add(t);
+    else
+      ++failed_sessions;
     ::close(fd);
     ::waitpid(pid, nullptr, 0);
   }
   const double ratio = all.blocks ? static_cast<double>(all.hits) / all.blocks : 0;
   if (a.json) {
-    nlohmann::json j{{"sessions", a.sessions}, {"seconds", a.seconds}, {"model", layout.ToString()},
-                     {"requests", all.requests}, {"blocks", all.blocks}, {"hit_blocks", all.hits},
-                     {"hit_ratio", ratio}, {"stored", all.stored}, {"duplicates", all.duplicates},
-                     {"corrupt", all.corrupt}, {"refused", all.refused}, {"errors", all.errors},
+    nlohmann::json j{{"sessions", a.sessions},
+                     {"seconds", a.seconds},
+                     {"model", layout.ToString()},
+                     {"requests", all.requests},
+                     {"blocks", all.blocks},
+                     {"hit_blocks", all.hits},
+                     {"hit_ratio", ratio},
+                     {"stored", all.stored},
+                     {"duplicates", all.duplicates},
+                     {"corrupt", all.corrupt},
+                     {"refused", all.refused},
+                     {"errors", all.errors},
                      {"mean_lookup_us", all.requests ? all.lookup_us / all.requests : 0}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("kvtier-load: %d sessions x %.1f s, %s\n", a.sessions, a.seconds, layout.ToString().c_str());
     std::printf("  requests %llu, blocks %llu, hits %llu (%.1f%%), stored %llu, duplicates %llu\n",
-                (unsigned long long)all.requests, (unsigned long long)all.blocks,
-                (unsigned long long)all.hits, 100 * ratio, (unsigned long long)all.stored,
-                (unsigned long long)all.duplicates);
+                (unsigned long long)all.requests, (unsigned long long)all.blocks, (unsigned long long)all.hits,
+                100 * ratio, (unsigned long long)all.stored, (unsigned long long)all.duplicates);
     std::printf("  corrupt %llu, refused (tier full) %llu, errors %llu, mean lookup %.1f us\n",
-                (unsigned long long)all.corrupt, (unsigned long long)all.refused,
-                (unsigned long long)all.errors, all.requests ? all.lookup_us / all.requests : 0.0);
+                (unsigned long long)all.corrupt, (unsigned long long)all.refused, (unsigned long long)all.errors,
+                all.requests ? all.lookup_us / all.requests : 0.0);
   }
   return (all.corrupt || all.errors || failed_sessions) ? 1 : 0;
 }

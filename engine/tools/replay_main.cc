@@ -27,13 +27,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <list>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/client.h"
 #include "engine/tools/block_pattern.h"
 #include "engine/tools/cache_sim.h"
-#include "engine/client.h"
 #include "engine/tools/trace.h"
 #include "protocol/base/model_presets.h"
 #include "protocol/base/units.h"
@@ -82,8 +82,8 @@ void Report(int session, const char* what, const Status& s) {
   if (reported++ < 3) std::fprintf(stderr, "kvtier-replay: session %d: %s: %s\n", session, what, s.ToString().c_str());
 }
 
-int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout,
-               const std::vector<uint32_t>& gpu_hit, int index, int fd) {
+int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, const std::vector<uint32_t>& gpu_hit,
+               int index, int fd) {
   ClientOptions o;
   o.socket_path = a.socket;
   o.engine_name = "kvtier-replay-" + std::to_string(index);
@@ -99,7 +99,8 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout,
   for (size_t i = static_cast<size_t>(index); i < n; i += static_cast<size_t>(a.sessions)) {
     const TraceRequest& q = trace.requests[i];
     if (a.speed > 0) {
-      std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<int64_t>(q.timestamp_ms * 1000 / a.speed)));
+      std::this_thread::sleep_until(start +
+                                    std::chrono::microseconds(static_cast<int64_t>(q.timestamp_ms * 1000 / a.speed)));
     }
     Record rec{static_cast<uint32_t>(i), static_cast<uint32_t>(q.blocks.size()), {0, 0, 0}, {0, 0, 0}, 0, 0, 0};
     const auto chain = ChainOf(q);
@@ -185,7 +186,8 @@ int main(int argc, char** argv) {
   app.add_option("-s,--socket", a.socket, "kvtierd socket (default: $KVTIER_SOCKET or ./var/kvtierd.sock)");
   app.add_option("--sessions", a.sessions, "Engine processes")->check(CLI::Range(1, 256));
   app.add_option("--speed", a.speed, "Time scaling: 1 = the trace's pace, 10 = ten times faster, 0 = no waiting");
-  app.add_option("--model", a.model, "Model preset (llama3.1-8b, llama3.1-70b, qwen2.5-7b, qwen2.5-72b, mistral-7b, mixtral-8x7b)");
+  app.add_option("--model", a.model,
+                 "Model preset (llama3.1-8b, llama3.1-70b, qwen2.5-7b, qwen2.5-72b, mistral-7b, mixtral-8x7b)");
   app.add_option("--layers", a.layers, "Explicit geometry instead of a preset: layers");
   app.add_option("--kv-heads", a.kv_heads, "Explicit geometry: KV heads");
   app.add_option("--head-dim", a.head_dim, "Explicit geometry: head dim");
@@ -209,7 +211,8 @@ int main(int argc, char** argv) {
   const ModelPreset* preset = FindModelPreset(a.model);
   DType dtype;
   if (!ParseDType(a.dtype, &dtype) || (!preset && a.layers == 0)) {
-    std::fprintf(stderr, "kvtier-replay: unknown model '%s' (or dtype '%s'); give a preset or --layers/--kv-heads/--head-dim\n",
+    std::fprintf(stderr,
+                 "kvtier-replay: unknown model '%s' (or dtype '%s'); give a preset or --layers/--kv-heads/--head-dim\n",
                  a.model.c_str(), a.dtype.c_str());
     return 2;
   }
@@ -309,7 +312,9 @@ int main(int argc, char** argv) {
   // Without a preset or flags: 8B parameters and a hidden size of 4 query heads per KV head.
   const double P = (a.params_billion > 0 ? a.params_billion : preset ? preset->active_params_billion : 8.0) * 1e9;
   const double L = layout.num_layers;
-  const double H = a.hidden > 0 ? a.hidden : preset ? preset->hidden_size : static_cast<double>(layout.kv_heads) * layout.head_dim * 4;
+  const double H = a.hidden > 0 ? a.hidden
+                   : preset     ? preset->hidden_size
+                                : static_cast<double>(layout.kv_heads) * layout.head_dim * 4;
   const double rate = a.gpu_tflops * 1e12 * a.mfu;
   auto flops = [&](double t) { return 2 * P * t + 2 * L * H * t * t; };
   const double hbm_s = model_block_bytes / (a.hbm_gbs * 1e9);
@@ -321,9 +326,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < n; ++i) {
     if (!have[i]) continue;
     const Record& r = recs[i];
-    const double T = replayed.requests[i].input_length ? replayed.requests[i].input_length
-                                                        : r.blocks * kTraceBlockTokens;
-    auto prefill = [&](double cached_blocks) { return (flops(T) - flops(std::min(T, cached_blocks * kTraceBlockTokens))) / rate; };
+    const double T =
+        replayed.requests[i].input_length ? replayed.requests[i].input_length : r.blocks * kTraceBlockTokens;
+    auto prefill = [&](double cached_blocks) {
+      return (flops(T) - flops(std::min(T, cached_blocks * kTraceBlockTokens))) / rate;
+    };
     const uint32_t g = gpu_hit[i];
     gpu_only_hits += g;
     ttft_none.push_back(prefill(0));
@@ -348,23 +355,34 @@ int main(int argc, char** argv) {
                    {"model", layout.ToString()},
                    {"hits", {{"gpu", hits[0]}, {"host", hits[1]}, {"nvme", hits[2]}}},
                    {"hit_ratio", ratio},
-                   {"bytes_moved", {{"gpu", hits[0] * layout.block_bytes}, {"host", hits[1] * layout.block_bytes},
-                                    {"nvme", hits[2] * layout.block_bytes}, {"committed", (blocks - total_hits) * layout.block_bytes}}},
+                   {"bytes_moved",
+                    {{"gpu", hits[0] * layout.block_bytes},
+                     {"host", hits[1] * layout.block_bytes},
+                     {"nvme", hits[2] * layout.block_bytes},
+                     {"committed", (blocks - total_hits) * layout.block_bytes}}},
                    {"corrupt", corrupt},
                    {"errors", errors},
                    {"lookup_acquire_p50_us", Percentile(lat, 50)},
                    {"lookup_acquire_p99_us", Percentile(lat, 99)},
                    {"ttft_model",
                     {{"formula", "prefill=(2PT+2LHT^2 - same at cached c)/(tflops*mfu); load=bytes/tier bandwidth"},
-                     {"gpu_tflops", a.gpu_tflops}, {"mfu", a.mfu}, {"gpu_cache_bytes", *gpu_bytes},
-                     {"model_block_bytes", model_block_bytes}, {"hbm_gbs", a.hbm_gbs}, {"pcie_gbs", a.pcie_gbs},
+                     {"gpu_tflops", a.gpu_tflops},
+                     {"mfu", a.mfu},
+                     {"gpu_cache_bytes", *gpu_bytes},
+                     {"model_block_bytes", model_block_bytes},
+                     {"hbm_gbs", a.hbm_gbs},
+                     {"pcie_gbs", a.pcie_gbs},
                      {"nvme_gbs", a.nvme_gbs},
                      {"gpu_only_hit_ratio", blocks ? static_cast<double>(gpu_only_hits) / blocks : 0},
                      {"kvtier_hit_ratio", blocks ? static_cast<double>(kvtier_cached_blocks) / blocks : 0},
-                     {"no_cache_mean_s", mean(ttft_none)}, {"gpu_only_mean_s", mean(ttft_gpu)},
-                     {"kvtier_mean_s", mean(ttft_kvtier)}, {"no_cache_p50_s", Percentile(ttft_none, 50)},
-                     {"gpu_only_p50_s", Percentile(ttft_gpu, 50)}, {"kvtier_p50_s", Percentile(ttft_kvtier, 50)},
-                     {"no_cache_p99_s", Percentile(ttft_none, 99)}, {"gpu_only_p99_s", Percentile(ttft_gpu, 99)},
+                     {"no_cache_mean_s", mean(ttft_none)},
+                     {"gpu_only_mean_s", mean(ttft_gpu)},
+                     {"kvtier_mean_s", mean(ttft_kvtier)},
+                     {"no_cache_p50_s", Percentile(ttft_none, 50)},
+                     {"gpu_only_p50_s", Percentile(ttft_gpu, 50)},
+                     {"kvtier_p50_s", Percentile(ttft_kvtier, 50)},
+                     {"no_cache_p99_s", Percentile(ttft_none, 99)},
+                     {"gpu_only_p99_s", Percentile(ttft_gpu, 99)},
                      {"kvtier_p99_s", Percentile(ttft_kvtier, 99)}}}};
   if (a.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -380,9 +398,10 @@ int main(int argc, char** argv) {
     std::printf("  modeled prefix hits: GPU-only %s cache %.1f%%, that cache + kvtier %.1f%%\n",
                 FormatBytes(*gpu_bytes).c_str(), blocks ? 100.0 * gpu_only_hits / blocks : 0.0,
                 blocks ? 100.0 * kvtier_cached_blocks / blocks : 0.0);
-    std::printf("  modeled TTFT mean (p99): no cache %.3f s (%.3f), GPU-only %s cache %.3f s (%.3f), kvtier %.3f s (%.3f)\n",
-                mean(ttft_none), Percentile(ttft_none, 99), FormatBytes(*gpu_bytes).c_str(), mean(ttft_gpu),
-                Percentile(ttft_gpu, 99), mean(ttft_kvtier), Percentile(ttft_kvtier, 99));
+    std::printf(
+        "  modeled TTFT mean (p99): no cache %.3f s (%.3f), GPU-only %s cache %.3f s (%.3f), kvtier %.3f s (%.3f)\n",
+        mean(ttft_none), Percentile(ttft_none, 99), FormatBytes(*gpu_bytes).c_str(), mean(ttft_gpu),
+        Percentile(ttft_gpu, 99), mean(ttft_kvtier), Percentile(ttft_kvtier, 99));
   }
   return (corrupt || failed) ? 1 : 0;
 }

@@ -114,8 +114,8 @@ int main(int argc, char** argv) {
                      {"seconds", secs},
                      {"results", nlohmann::json::array()}};
     for (const Row& r : rows) {
-      nlohmann::json e{{"policy", r.policy}, {"tiers", r.tiers}, {"capacity_fraction", r.fraction},
-                       {"hit_ratio", r.hit_ratio}};
+      nlohmann::json e{
+          {"policy", r.policy}, {"tiers", r.tiers}, {"capacity_fraction", r.fraction}, {"hit_ratio", r.hit_ratio}};
       if (r.tiers == 2) e["nvme_writes"] = r.nvme_writes;
       j["results"].push_back(e);
     }
@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
               trace->unique_blocks, std::string(kDefaultEvictionPolicy).c_str(), secs);
   for (int tiers : {1, 2}) {
     std::printf(tiers == 1 ? "one tier (host), capacity as a fraction of unique blocks:\n"
-                           : "\ntwo tiers (host at the fraction + NVMe x%.0f), [NVMe writes]:\n", nvme_factor);
+                           : "\ntwo tiers (host at the fraction + NVMe x%.0f), [NVMe writes]:\n",
+                nvme_factor);
     std::printf("%-28s", "policy");
     for (double f : fractions) std::printf(" %9.0f%%", 100 * f);
     std::printf("\n");

@@ -19,7 +19,7 @@ struct TraceRequest {
   int64_t timestamp_ms = 0;
   uint32_t input_length = 0;
   uint32_t output_length = 0;
-  std::vector<uint32_t> blocks;  // chained block identities, dense from 0
+  std::vector<uint32_t> blocks;    // chained block identities, dense from 0
   std::vector<uint64_t> hash_ids;  // as in the trace
 };
 

@@ -1,8 +1,8 @@
 // Synthetic traces (trace.h). The random draws are written out (not <random>'s
 // distributions, whose results differ between standard libraries) so a seed names the same
 // trace everywhere.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -114,20 +114,24 @@ class Generator {
 
 }  // namespace
 
-std::vector<std::string_view> TraceShapes() {
-  return {"conversation", "conversation-long", "recency", "zipf", "scan"};
-}
+std::vector<std::string_view> TraceShapes() { return {"conversation", "conversation-long", "recency", "zipf", "scan"}; }
 
 Result<Trace> GenerateTrace(std::string_view shape, uint32_t requests, uint64_t seed) {
   if (requests == 0) return InvalidArgument("a trace needs at least one request");
   Generator g(seed);
-  if (shape == "conversation") g.Conversations(requests, 3);
-  else if (shape == "conversation-long") g.Conversations(requests, 50);
-  else if (shape == "recency") g.Recency(requests);
-  else if (shape == "zipf") g.Zipf(requests);
-  else if (shape == "scan") g.Scan(requests);
-  else return InvalidArgument("unknown trace shape '" + std::string(shape) +
-                              "' (conversation, conversation-long, recency, zipf, scan)");
+  if (shape == "conversation")
+    g.Conversations(requests, 3);
+  else if (shape == "conversation-long")
+    g.Conversations(requests, 50);
+  else if (shape == "recency")
+    g.Recency(requests);
+  else if (shape == "zipf")
+    g.Zipf(requests);
+  else if (shape == "scan")
+    g.Scan(requests);
+  else
+    return InvalidArgument("unknown trace shape '" + std::string(shape) +
+                           "' (conversation, conversation-long, recency, zipf, scan)");
   return MakeTrace(std::string(shape) + "-" + std::to_string(seed), g.Take());
 }
 

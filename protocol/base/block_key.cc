@@ -98,8 +98,7 @@ std::string HexEncode(std::span<const uint8_t> bytes) {
 }
 
 std::string HexEncode(std::string_view bytes) {
-  return HexEncode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                            bytes.size()));
+  return HexEncode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
 
 bool HexDecode(std::string_view hex, std::string* out) {

@@ -18,11 +18,16 @@ enum class BlockState : uint8_t {
 // "cached", "in-flight", "evicted", "other-namespace", "never-stored".
 inline std::string_view BlockStateName(BlockState s) {
   switch (s) {
-    case BlockState::kCached: return "cached";
-    case BlockState::kInFlight: return "in-flight";
-    case BlockState::kEvicted: return "evicted";
-    case BlockState::kOtherNamespace: return "other-namespace";
-    case BlockState::kNeverStored: return "never-stored";
+    case BlockState::kCached:
+      return "cached";
+    case BlockState::kInFlight:
+      return "in-flight";
+    case BlockState::kEvicted:
+      return "evicted";
+    case BlockState::kOtherNamespace:
+      return "other-namespace";
+    case BlockState::kNeverStored:
+      return "never-stored";
   }
   return "unknown";
 }

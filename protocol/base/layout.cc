@@ -9,37 +9,46 @@ namespace kvtier {
 size_t DTypeBytes(DType dtype) {
   switch (dtype) {
     case DType::kFloat16:
-    case DType::kBFloat16: return 2;
+    case DType::kBFloat16:
+      return 2;
     case DType::kFloat8E4M3:
     case DType::kFloat8E5M2:
-    case DType::kInt8: return 1;
-    case DType::kFloat32: return 4;
-    case DType::kUnknown: return 0;
+    case DType::kInt8:
+      return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kUnknown:
+      return 0;
   }
   return 0;
 }
 
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFloat16: return "fp16";
-    case DType::kBFloat16: return "bf16";
-    case DType::kFloat8E4M3: return "fp8_e4m3";
-    case DType::kFloat8E5M2: return "fp8_e5m2";
-    case DType::kInt8: return "int8";
-    case DType::kFloat32: return "fp32";
-    case DType::kUnknown: return "unknown";
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat8E4M3:
+      return "fp8_e4m3";
+    case DType::kFloat8E5M2:
+      return "fp8_e5m2";
+    case DType::kInt8:
+      return "int8";
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kUnknown:
+      return "unknown";
   }
   return "unknown";
 }
 
 bool ParseDType(std::string_view name, DType* dtype) {
   static constexpr std::pair<std::string_view, DType> kNames[] = {
-      {"fp16", DType::kFloat16},        {"float16", DType::kFloat16},
-      {"half", DType::kFloat16},        {"bf16", DType::kBFloat16},
-      {"bfloat16", DType::kBFloat16},   {"fp8_e4m3", DType::kFloat8E4M3},
-      {"fp8", DType::kFloat8E4M3},      {"fp8_e5m2", DType::kFloat8E5M2},
-      {"int8", DType::kInt8},           {"fp32", DType::kFloat32},
-      {"float32", DType::kFloat32},
+      {"fp16", DType::kFloat16},   {"float16", DType::kFloat16},     {"half", DType::kFloat16},
+      {"bf16", DType::kBFloat16},  {"bfloat16", DType::kBFloat16},   {"fp8_e4m3", DType::kFloat8E4M3},
+      {"fp8", DType::kFloat8E4M3}, {"fp8_e5m2", DType::kFloat8E5M2}, {"int8", DType::kInt8},
+      {"fp32", DType::kFloat32},   {"float32", DType::kFloat32},
   };
   for (const auto& [n, d] : kNames) {
     if (n == name) {
@@ -50,9 +59,7 @@ bool ParseDType(std::string_view name, DType* dtype) {
   return false;
 }
 
-uint64_t ModelLayout::KvBytesPerToken() const {
-  return 2ull * num_layers * kv_heads * head_dim * DTypeBytes(dtype);
-}
+uint64_t ModelLayout::KvBytesPerToken() const { return 2ull * num_layers * kv_heads * head_dim * DTypeBytes(dtype); }
 
 uint64_t ModelLayout::NaturalBlockBytes() const { return KvBytesPerToken() * tokens_per_block; }
 
@@ -96,8 +103,8 @@ std::string ModelLayout::Fingerprint() const {
 
 std::string ModelLayout::ToString() const {
   return model_id + "/" + std::to_string(num_layers) + "L/" + std::to_string(kv_heads) + "H/" +
-         std::to_string(head_dim) + "D/" + std::string(DTypeName(dtype)) + "/" +
-         std::to_string(tokens_per_block) + "T/" + std::to_string(block_bytes) + "B";
+         std::to_string(head_dim) + "D/" + std::string(DTypeName(dtype)) + "/" + std::to_string(tokens_per_block) +
+         "T/" + std::to_string(block_bytes) + "B";
 }
 
 }  // namespace kvtier

@@ -20,10 +20,11 @@ void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
 
 bool ParseLogLevel(std::string_view name, LogLevel* level) {
-  static constexpr std::pair<std::string_view, LogLevel> kNames[] = {
-      {"error", LogLevel::kError}, {"warning", LogLevel::kWarning},
-      {"notice", LogLevel::kNotice}, {"info", LogLevel::kInfo},
-      {"debug", LogLevel::kDebug}};
+  static constexpr std::pair<std::string_view, LogLevel> kNames[] = {{"error", LogLevel::kError},
+                                                                     {"warning", LogLevel::kWarning},
+                                                                     {"notice", LogLevel::kNotice},
+                                                                     {"info", LogLevel::kInfo},
+                                                                     {"debug", LogLevel::kDebug}};
   for (const auto& [n, l] : kNames) {
     if (n == name) {
       *level = l;
@@ -42,8 +43,7 @@ namespace internal {
 
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) <= g_level.load(); }
 
-LogMessage::LogMessage(LogLevel level, const char* file, int line, bool fatal)
-    : level_(level), fatal_(fatal) {
+LogMessage::LogMessage(LogLevel level, const char* file, int line, bool fatal) : level_(level), fatal_(fatal) {
   std::string tag;
   {
     std::lock_guard<std::mutex> lock(g_tag_mu);

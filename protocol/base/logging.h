@@ -47,18 +47,15 @@ bool LogEnabled(LogLevel level);
 #define KVTIER_LOG_LEVEL_INFO ::kvtier::LogLevel::kInfo
 #define KVTIER_LOG_LEVEL_DEBUG ::kvtier::LogLevel::kDebug
 
-#define KVTIER_LOG(level)                                                       \
-  !::kvtier::internal::LogEnabled(KVTIER_LOG_LEVEL_##level)                     \
-      ? (void)0                                                                 \
-      : ::kvtier::internal::LogVoidify() &                                      \
-            ::kvtier::internal::LogMessage(KVTIER_LOG_LEVEL_##level, __FILE__, __LINE__, false) \
-                .stream()
+#define KVTIER_LOG(level)                                   \
+  !::kvtier::internal::LogEnabled(KVTIER_LOG_LEVEL_##level) \
+      ? (void)0                                             \
+      : ::kvtier::internal::LogVoidify() &                  \
+            ::kvtier::internal::LogMessage(KVTIER_LOG_LEVEL_##level, __FILE__, __LINE__, false).stream()
 
 // A broken invariant is a bug: log it and abort (systemd restarts the daemon).
-#define KVTIER_CHECK(cond)                                                            \
-  (cond) ? (void)0                                                                    \
-         : ::kvtier::internal::LogVoidify() &                                         \
-               ::kvtier::internal::LogMessage(::kvtier::LogLevel::kError, __FILE__, __LINE__, \
-                                              true)                                   \
-                       .stream()                                                      \
+#define KVTIER_CHECK(cond)                                                                                   \
+  (cond) ? (void)0                                                                                           \
+         : ::kvtier::internal::LogVoidify() &                                                                \
+               ::kvtier::internal::LogMessage(::kvtier::LogLevel::kError, __FILE__, __LINE__, true).stream() \
                    << "check failed: " #cond " "

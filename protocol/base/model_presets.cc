@@ -8,8 +8,7 @@ namespace {
 
 constexpr ModelPreset kPresets[] = {
     // name, aliases, layers, kv heads, head dim, attn heads, hidden, params, active
-    {"llama3.1-8b", "llama3-8b llama-3.1-8b llama-3-8b meta-llama-3.1-8b", 32, 8, 128, 32, 4096,
-     8.03, 8.03},
+    {"llama3.1-8b", "llama3-8b llama-3.1-8b llama-3-8b meta-llama-3.1-8b", 32, 8, 128, 32, 4096, 8.03, 8.03},
     {"llama3.1-70b", "llama3-70b llama-3.1-70b llama-3-70b", 80, 8, 128, 64, 8192, 70.6, 70.6},
     {"qwen2.5-7b", "qwen2.5-7b-instruct", 28, 4, 128, 28, 3584, 7.62, 7.62},
     {"qwen2.5-72b", "qwen2.5-72b-instruct", 80, 8, 128, 64, 8192, 72.7, 72.7},

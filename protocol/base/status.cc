@@ -7,18 +7,30 @@ namespace kvtier {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case StatusCode::kNotFound: return "NOT_FOUND";
-    case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case StatusCode::kAborted: return "ABORTED";
-    case StatusCode::kUnavailable: return "UNAVAILABLE";
-    case StatusCode::kDataLoss: return "DATA_LOSS";
-    case StatusCode::kPermissionDenied: return "PERMISSION_DENIED";
-    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
-    case StatusCode::kInternal: return "INTERNAL";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case StatusCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case StatusCode::kAborted:
+      return "ABORTED";
+    case StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    case StatusCode::kDataLoss:
+      return "DATA_LOSS";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case StatusCode::kInternal:
+      return "INTERNAL";
   }
   return "UNKNOWN";
 }
@@ -49,18 +61,34 @@ Status ErrnoStatus(int err, std::string_view what) {
   switch (err) {
     case EAGAIN:
     case EINTR:
-    case EBUSY: code = StatusCode::kUnavailable; break;
+    case EBUSY:
+      code = StatusCode::kUnavailable;
+      break;
     case ENOSPC:
     case ENOMEM:
-    case EDQUOT: code = StatusCode::kResourceExhausted; break;
-    case ENOENT: code = StatusCode::kNotFound; break;
-    case EEXIST: code = StatusCode::kAlreadyExists; break;
+    case EDQUOT:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case ENOENT:
+      code = StatusCode::kNotFound;
+      break;
+    case EEXIST:
+      code = StatusCode::kAlreadyExists;
+      break;
     case EACCES:
-    case EPERM: code = StatusCode::kPermissionDenied; break;
-    case EINVAL: code = StatusCode::kInvalidArgument; break;
+    case EPERM:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case EINVAL:
+      code = StatusCode::kInvalidArgument;
+      break;
     case ENOSYS:
-    case EOPNOTSUPP: code = StatusCode::kUnimplemented; break;
-    default: code = StatusCode::kInternal; break;
+    case EOPNOTSUPP:
+      code = StatusCode::kUnimplemented;
+      break;
+    default:
+      code = StatusCode::kInternal;
+      break;
   }
   return Status(code, std::move(m));
 }

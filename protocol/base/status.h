@@ -61,9 +61,7 @@ class [[nodiscard]] Status {
   // Returns a copy with "context: " prepended to the message.
   Status WithContext(std::string_view context) const;
 
-  friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.message_ == b.message_;
-  }
+  friend bool operator==(const Status& a, const Status& b) { return a.code_ == b.code_ && a.message_ == b.message_; }
 
  private:
   StatusCode code_ = StatusCode::kOk;
@@ -73,18 +71,12 @@ class [[nodiscard]] Status {
 inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-inline Status ResourceExhausted(std::string m) {
-  return {StatusCode::kResourceExhausted, std::move(m)};
-}
-inline Status FailedPrecondition(std::string m) {
-  return {StatusCode::kFailedPrecondition, std::move(m)};
-}
+inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status PermissionDenied(std::string m) {
-  return {StatusCode::kPermissionDenied, std::move(m)};
-}
+inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
@@ -99,7 +91,7 @@ Status ErrnoStatus(int err, std::string_view what);
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT; REQUIRES: !status.ok()
 
   bool ok() const { return v_.index() == 1; }
@@ -134,10 +126,10 @@ Status AsStatus(const Result<T>& r) {
 #define KVTIER_CONCAT_(a, b) KVTIER_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status or a Result) is not OK.
-#define KVTIER_RETURN_IF_ERROR(expr)                                          \
-  do {                                                                        \
-    ::kvtier::Status kvtier_status_ = ::kvtier::internal::AsStatus((expr));   \
-    if (!kvtier_status_.ok()) return kvtier_status_;                          \
+#define KVTIER_RETURN_IF_ERROR(expr)                                        \
+  do {                                                                      \
+    ::kvtier::Status kvtier_status_ = ::kvtier::internal::AsStatus((expr)); \
+    if (!kvtier_status_.ok()) return kvtier_status_;                        \
   } while (0)
 
 // `lhs = value of expr`, or returns the error of the Result `expr`.

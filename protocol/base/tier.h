@@ -22,9 +22,12 @@ inline int TierIndex(TierKind t) { return static_cast<int>(t); }
 // "gpu", "host", "nvme".
 inline std::string_view TierKindName(TierKind t) {
   switch (t) {
-    case TierKind::kGpu: return "gpu";
-    case TierKind::kHost: return "host";
-    case TierKind::kNvme: return "nvme";
+    case TierKind::kGpu:
+      return "gpu";
+    case TierKind::kHost:
+      return "host";
+    case TierKind::kNvme:
+      return "nvme";
   }
   return "unknown";
 }

@@ -34,11 +34,21 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   if (!SplitQuantity(s, &v, &suffix)) return InvalidArgument("'" + s + "' is not a byte size");
 
   static constexpr std::pair<std::string_view, double> kUnits[] = {
-      {"", 1.0},          {"B", 1.0},
-      {"K", 1024.0},      {"KiB", 1024.0},   {"kB", 1e3},  {"KB", 1e3},
-      {"M", 1048576.0},   {"MiB", 1048576.0}, {"MB", 1e6},
-      {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+      {"", 1.0},
+      {"B", 1.0},
+      {"K", 1024.0},
+      {"KiB", 1024.0},
+      {"kB", 1e3},
+      {"KB", 1e3},
+      {"M", 1048576.0},
+      {"MiB", 1048576.0},
+      {"MB", 1e6},
+      {"G", 1073741824.0},
+      {"GiB", 1073741824.0},
+      {"GB", 1e9},
+      {"T", 1099511627776.0},
+      {"TiB", 1099511627776.0},
+      {"TB", 1e12},
   };
   double mult = -1;
   for (const auto& [name, m] : kUnits) {

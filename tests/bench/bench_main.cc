@@ -1,7 +1,7 @@
 // kvtier-bench: kvtier's benchmark programs. `kvtier-bench MODE --help` for each mode.
-#include <CLI/CLI.hpp>
-
 #include "tests/bench/bench_main.h"
+
+#include <CLI/CLI.hpp>
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -9,19 +9,21 @@ int main(int argc, char** argv) {
       "Every mode starts its own kvtierd on a temporary socket unless --socket is given."};
   app.require_subcommand(1);
   kvtier::bench::BenchArgs args;
-  auto* rpc = app.add_subcommand(
-      "rpc", "Request latency (p50/p99) and ops/s of Lookup 1, Lookup 64 and Allocate+Commit+Release "
-             "16 vs a bare Unix-socket echo of the same sizes");
-  auto* nvme = app.add_subcommand(
-      "nvme", "Spill and fetch throughput through kvtierd vs fio on the same file system, "
-              "for 256 KiB, 2 MiB and 16 MiB pages");
-  auto* restart = app.add_subcommand(
-      "restart", "Seconds from start to the first served hit with 1,000,000 indexed NVMe blocks, "
-                 "and RAM per NVMe block");
+  auto* rpc =
+      app.add_subcommand("rpc",
+                         "Request latency (p50/p99) and ops/s of Lookup 1, Lookup 64 and Allocate+Commit+Release "
+                         "16 vs a bare Unix-socket echo of the same sizes");
+  auto* nvme = app.add_subcommand("nvme",
+                                  "Spill and fetch throughput through kvtierd vs fio on the same file system, "
+                                  "for 256 KiB, 2 MiB and 16 MiB pages");
+  auto* restart = app.add_subcommand("restart",
+                                     "Seconds from start to the first served hit with 1,000,000 indexed NVMe blocks, "
+                                     "and RAM per NVMe block");
   restart->add_option("--blocks", args.blocks, "Indexed blocks")->check(CLI::Range(1000, 100'000'000));
   auto* soak = app.add_subcommand(
-      "soak", "Engine sessions of mixed operations for a set time: fails unless 0 errors, RSS and fds "
-              "bounded and every page returned; p99 per operation vs a bare echo under the same concurrency");
+      "soak",
+      "Engine sessions of mixed operations for a set time: fails unless 0 errors, RSS and fds "
+      "bounded and every page returned; p99 per operation vs a bare echo under the same concurrency");
   soak->add_option("--sessions", args.sessions, "Engine sessions (threads, one connection each)")
       ->check(CLI::Range(1, 1000));
   soak->add_option("--seconds", args.seconds, "How long the sessions run")->check(CLI::Range(1.0, 86400.0));

@@ -7,15 +7,15 @@
 namespace kvtier::bench {
 
 struct BenchArgs {
-  std::string socket;   // measure this daemon instead of starting one
-  bool json = false;    // one JSON object on stdout
+  std::string socket;  // measure this daemon instead of starting one
+  bool json = false;   // one JSON object on stdout
   int iterations = 20000;
   int rounds = 10;
-  uint64_t blocks = 1'000'000;  // restart: indexed blocks
-  int sessions = 64;            // soak: engine sessions
-  double seconds = 60;          // soak: duration
+  uint64_t blocks = 1'000'000;                                    // restart: indexed blocks
+  int sessions = 64;                                              // soak: engine sessions
+  double seconds = 60;                                            // soak: duration
   std::string host_capacity = "64MiB", nvme_capacity = "384MiB";  // soak: its daemon's tiers
-  bool check_rss = true;        // soak: fail when the daemon's RSS grows
+  bool check_rss = true;                                          // soak: fail when the daemon's RSS grows
 };
 
 int RunRpcBench(const BenchArgs& args);

@@ -78,8 +78,7 @@ int PinClientAndPickServerCpu() {
 }
 
 Result<std::unique_ptr<BenchDaemon>> BenchDaemon::Start(const std::string& socket,
-                                                        testing::DaemonProcess::Options options,
-                                                        int cpu) {
+                                                        testing::DaemonProcess::Options options, int cpu) {
   auto d = std::unique_ptr<BenchDaemon>(new BenchDaemon());
   if (!socket.empty()) {
     d->socket_ = socket;

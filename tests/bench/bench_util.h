@@ -2,11 +2,12 @@
 // Shared pieces of kvtier-bench modes: latency samples, a daemon of the bench's own, and
 // the helpers every mode uses to print a table or one JSON object.
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <sys/types.h>
 #include <vector>
 
 #include "engine/client.h"
@@ -53,8 +54,7 @@ std::string SiblingBinary(const std::string& name);
 class BenchDaemon {
  public:
   // `cpu` >= 0 pins the daemon this starts.
-  static Result<std::unique_ptr<BenchDaemon>> Start(const std::string& socket,
-                                                    testing::DaemonProcess::Options options,
+  static Result<std::unique_ptr<BenchDaemon>> Start(const std::string& socket, testing::DaemonProcess::Options options,
                                                     int cpu = -1);
   const std::string& socket() const { return socket_; }
   // The NVMe slot file of the daemon this started ("" for --socket).

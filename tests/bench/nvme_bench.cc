@@ -13,17 +13,16 @@
 // promoted into a host page and checksum-verified. durability: relaxed (fio does not sync
 // either); the strict figure is printed alongside for the 2 MiB size.
 #include <sys/stat.h>
-
-#include <algorithm>
-#include <random>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <unordered_map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
+#include <unordered_map>
 
 #include "protocol/base/units.h"
 #include "tests/bench/bench_main.h"
@@ -37,7 +36,7 @@ using json = nlohmann::json;
 struct SizeResult {
   uint64_t page_bytes = 0;
   uint64_t blocks = 0;
-  double fio_write = 0, fio_read = 0;      // bytes/s
+  double fio_write = 0, fio_read = 0;  // bytes/s
   double kvtier_write = 0, kvtier_read = 0;
   double strict_write = 0;
 };
@@ -95,8 +94,8 @@ Status WaitSpilled(ControlClient& control, uint64_t before, uint64_t n) {
 
 // Engine-side spill run: commits `blocks` blocks; returns bytes/s from the first commit to
 // the last block indexed on NVMe.
-Result<double> KvtierWrite(const std::string& socket, const ModelLayout& layout, uint64_t blocks,
-                           uint32_t batch, uint64_t seed) {
+Result<double> KvtierWrite(const std::string& socket, const ModelLayout& layout, uint64_t blocks, uint32_t batch,
+                           uint64_t seed) {
   ClientOptions o;
   o.socket_path = socket;
   o.engine_name = "bench-nvme-writer";
@@ -208,8 +207,8 @@ double Median(std::vector<double> v) {
 
 // One page size: a daemon of its own, then `rounds` rounds of fio write, kvtier spill,
 // fio random read, kvtier fetch — interleaved so that the machine's drift hits both sides.
-Result<SizeResult> MeasureSize(const testing::TempDir& dir, uint64_t page, uint64_t bytes_per_round,
-                               int rounds, uint32_t qd, const std::string& durability) {
+Result<SizeResult> MeasureSize(const testing::TempDir& dir, uint64_t page, uint64_t bytes_per_round, int rounds,
+                               uint32_t qd, const std::string& durability) {
   SizeResult r;
   r.page_bytes = page;
   r.blocks = bytes_per_round / page;
@@ -318,14 +317,15 @@ int RunNvmeBench(const BenchArgs& args) {
     return 0;
   }
   std::printf("kvtier-bench nvme: spill (commit -> demote -> index) and fetch (acquire -> read -> verify)\n");
-  std::printf("through kvtierd vs fio --direct=1 --ioengine=io_uring --fixedbufs on the same file system, QD %u;\n", qd);
+  std::printf("through kvtierd vs fio --direct=1 --ioengine=io_uring --fixedbufs on the same file system, QD %u;\n",
+              qd);
   std::printf("medians of %d interleaved rounds: writes of 1 GiB, reads for %.1f s\n\n", rounds, kReadSeconds);
-  std::printf("%-8s %12s %12s %7s | %12s %12s %7s\n", "page", "fio write", "kvtier", "ratio", "fio randread",
-              "kvtier", "ratio");
+  std::printf("%-8s %12s %12s %7s | %12s %12s %7s\n", "page", "fio write", "kvtier", "ratio", "fio randread", "kvtier",
+              "ratio");
   for (const SizeResult& r : results) {
     std::printf("%-8s %10.0f/s %10.0f/s %7.2f | %10.0f/s %10.0f/s %7.2f\n", FormatBytes(r.page_bytes).c_str(),
-                r.fio_write / 1048576, r.kvtier_write / 1048576, r.kvtier_write / r.fio_write,
-                r.fio_read / 1048576, r.kvtier_read / 1048576, r.kvtier_read / r.fio_read);
+                r.fio_write / 1048576, r.kvtier_write / 1048576, r.kvtier_write / r.fio_write, r.fio_read / 1048576,
+                r.kvtier_read / 1048576, r.kvtier_read / r.fio_read);
   }
   std::printf("(MiB/s)\n");
   for (const SizeResult& r : results) {

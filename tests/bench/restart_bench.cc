@@ -72,7 +72,8 @@ Status Populate(const testing::DaemonProcess& d, uint64_t blocks) {
   KVTIER_RETURN_IF_ERROR(store->PutMeta(kNvmeGeometryMeta, files->GeometryKey()));
   const ModelLayout layout = RestartLayout();
   // The tenant kvtierd's default config gives this user's engines.
-  const std::string tenant = TenantResolver(SecurityConfig{}, ::geteuid()).Resolve({::getpid(), ::getuid(), ::getgid(), {}})->tenant;
+  const std::string tenant =
+      TenantResolver(SecurityConfig{}, ::geteuid()).Resolve({::getpid(), ::getuid(), ::getgid(), {}})->tenant;
   const std::string ns = EncodeNamespace(tenant, layout.Fingerprint());
   const int fd = ::open(d.slot_file().c_str(), O_WRONLY);
   if (fd < 0) return ErrnoStatus(errno, "open slot file");
@@ -185,7 +186,10 @@ int RunRestartBench(const BenchArgs& args) {
     if (!c.ok()) std::fprintf(stderr, "kvtier-bench restart: %s\n", c.status().ToString().c_str());
     for (int i = 0; c.ok() && i < 60'000; ++i) {
       auto s = (*c)->Stats();
-      if (!s.ok()) { std::fprintf(stderr, "kvtier-bench restart: stats: %s\n", s.status().ToString().c_str()); break; }
+      if (!s.ok()) {
+        std::fprintf(stderr, "kvtier-bench restart: stats: %s\n", s.status().ToString().c_str());
+        break;
+      }
       bool ready = false;
       for (const auto& t : s->tiers) ready |= t.tier == TierKind::kNvme && t.ready;
       if (ready) {
@@ -215,8 +219,7 @@ int RunRestartBench(const BenchArgs& args) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("kvtier-bench restart: %llu indexed NVMe blocks of 4 KiB\n",
-              static_cast<unsigned long long>(blocks));
+  std::printf("kvtier-bench restart: %llu indexed NVMe blocks of 4 KiB\n", static_cast<unsigned long long>(blocks));
   std::printf("  start -> first verified hit served   %.3f s\n", *first);
   std::printf("  start -> index loaded, spills on     %.3f s\n", ready_s);
   std::printf("  anonymous RSS %llu kB vs %llu kB without NVMe: %.1f bytes of RAM per NVMe block\n",

@@ -298,14 +298,13 @@ int RunRpcBench(const BenchArgs& args) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("kvtier-bench rpc: %d rounds, interleaved with a bare Unix-socket echo of the same sizes\n",
-              rounds);
+  std::printf("kvtier-bench rpc: %d rounds, interleaved with a bare Unix-socket echo of the same sizes\n", rounds);
   if (server_cpu >= 0) {
     std::printf("placement: this client on one CPU, kvtierd and the echo server on CPU %d\n", server_cpu);
   }
   std::printf("\n");
-  std::printf("%-10s %10s %10s %10s | %10s %10s %10s | %8s %8s\n", "op", "p50 us", "p99 us", "ops/s",
-              "echo p50", "echo p99", "echo op/s", "p50 x", "p99 x");
+  std::printf("%-10s %10s %10s %10s | %10s %10s %10s | %8s %8s\n", "op", "p50 us", "p99 us", "ops/s", "echo p50",
+              "echo p99", "echo op/s", "p50 x", "p99 x");
   for (const OpResult& o : ops) {
     std::printf("%-10s %10.1f %10.1f %10.0f | %10.1f %10.1f %10.0f | %8.2f %8.2f\n", o.name.c_str(),
                 o.kvtier.Percentile(50), o.kvtier.Percentile(99), o.kvtier_ops_s(), o.echo.Percentile(50),

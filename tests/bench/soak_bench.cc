@@ -20,9 +20,10 @@
 // Ping-sized frame against a bare Unix-socket echo server (a forked process per
 // connection); each operation's p99 is printed with its ratio to the echo's p99 under the
 // same concurrency.
+#include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,7 +31,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -47,13 +47,13 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr uint32_t kChain = 8;         // blocks per prompt
-constexpr uint32_t kPrompts = 2048;    // distinct prompts: 1 GiB of blocks
-constexpr uint64_t kEchoFrame = 64;    // bytes each way, about a Ping frame
+constexpr uint32_t kChain = 8;       // blocks per prompt
+constexpr uint32_t kPrompts = 2048;  // distinct prompts: 1 GiB of blocks
+constexpr uint64_t kEchoFrame = 64;  // bytes each way, about a Ping frame
 
 enum Op { kConnect, kLookup, kAcquire, kRelease, kAllocate, kCommit, kStats, kPing, kOpCount };
-constexpr const char* kOpNames[kOpCount] = {"connect", "lookup", "acquire", "release",
-                                           "allocate", "commit", "stats", "ping"};
+constexpr const char* kOpNames[kOpCount] = {"connect",  "lookup", "acquire", "release",
+                                            "allocate", "commit", "stats",   "ping"};
 
 struct Counts {
   uint64_t requests = 0, errors = 0, wrong_bytes = 0, refused = 0, raced = 0;
@@ -302,9 +302,12 @@ class Session {
         const BlockResult& b = (*a)[k];
         if (!b.status.ok()) {
           in_prefix = false;
-          if (b.status.code() == StatusCode::kNotFound) ++r_.n.raced;
-          else if (Refusal(b.status)) ++r_.n.refused;
-          else Note("acquire block: " + b.status.ToString());
+          if (b.status.code() == StatusCode::kNotFound)
+            ++r_.n.raced;
+          else if (Refusal(b.status))
+            ++r_.n.refused;
+          else
+            Note("acquire block: " + b.status.ToString());
           continue;
         }
         held[b.tier].push_back(chain[k]);
@@ -631,10 +634,14 @@ int RunSoakBench(const BenchArgs& args) {
       for (const auto& t : s->tiers) {
         drained &= t.leased_pages == 0 && t.referenced_pages == 0 && t.quarantined_pages == 0 &&
                    (t.tier == TierKind::kNvme || t.inflight_pages == 0);
-        tiers.push_back({{"tier", std::string(TierKindName(t.tier))}, {"capacity_pages", t.capacity_pages},
-                         {"free_pages", t.free_pages}, {"cached_pages", t.cached_pages},
-                         {"leased_pages", t.leased_pages}, {"referenced_pages", t.referenced_pages},
-                         {"quarantined_pages", t.quarantined_pages}, {"evictions", t.evictions}});
+        tiers.push_back({{"tier", std::string(TierKindName(t.tier))},
+                         {"capacity_pages", t.capacity_pages},
+                         {"free_pages", t.free_pages},
+                         {"cached_pages", t.cached_pages},
+                         {"leased_pages", t.leased_pages},
+                         {"referenced_pages", t.referenced_pages},
+                         {"quarantined_pages", t.quarantined_pages},
+                         {"evictions", t.evictions}});
       }
       if (!drained) ::usleep(10'000);
     }
@@ -672,8 +679,8 @@ int RunSoakBench(const BenchArgs& args) {
   uint64_t ops = 0;
   for (int op = 0; op < kOpCount; ++op) ops += lat[op].count();
 
-  const bool pass = total.n.errors == 0 && checksum_failures == 0 && io_errors == 0 && (rss_bounded || !args.check_rss) &&
-                    fds_bounded && drained;
+  const bool pass = total.n.errors == 0 && checksum_failures == 0 && io_errors == 0 &&
+                    (rss_bounded || !args.check_rss) && fds_bounded && drained;
   json j{{"sessions", sessions},
          {"seconds", ran_s},
          {"gpu_tier", gpu},
@@ -707,19 +714,20 @@ int RunSoakBench(const BenchArgs& args) {
   for (int op = 0; op < kOpCount; ++op) {
     const Latencies& l = lat[op];
     j["ops"][kOpNames[op]] = {{"count", l.count()},
-                             {"p50_us", l.Percentile(50)},
-                             {"p99_us", l.Percentile(99)},
-                             {"p99_vs_echo_p99", echo_p99 > 0 ? l.Percentile(99) / echo_p99 : 0}};
+                              {"p50_us", l.Percentile(50)},
+                              {"p99_us", l.Percentile(99)},
+                              {"p99_vs_echo_p99", echo_p99 > 0 ? l.Percentile(99) / echo_p99 : 0}};
   }
   if (args.json) {
     std::printf("%s\n", j.dump(2).c_str());
     return pass ? 0 : 1;
   }
   auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
-  std::printf("kvtier-bench soak: %d engine sessions for %.1f s (%llu processes), %llu requests, %llu operations "
-              "(%.0f/s)%s\n",
-              sessions, ran_s, u(spawned), u(total.n.requests), u(ops), ops / ran_s,
-              gpu ? ", host-emulated GPU tier in the mix" : "");
+  std::printf(
+      "kvtier-bench soak: %d engine sessions for %.1f s (%llu processes), %llu requests, %llu operations "
+      "(%.0f/s)%s\n",
+      sessions, ran_s, u(spawned), u(total.n.requests), u(ops), ops / ran_s,
+      gpu ? ", host-emulated GPU tier in the mix" : "");
   std::printf("  errors %llu (wrong bytes %llu); daemon checksum failures %llu, I/O errors %llu\n", u(total.n.errors),
               u(total.n.wrong_bytes), u(checksum_failures), u(io_errors));
   std::printf("  refused %llu, raced %llu; blocks hit %llu, missed %llu\n", u(total.n.refused), u(total.n.raced),
@@ -727,10 +735,11 @@ int RunSoakBench(const BenchArgs& args) {
   if (!total.first_error.empty()) std::printf("  first error: %s\n", total.first_error.c_str());
   std::printf("  reconnects %llu, engines killed with pages leased %llu; every page returned after: %s\n",
               u(total.n.reconnects), u(total.n.kills), drained ? "yes" : "NO");
-  std::printf("  daemon anonymous RSS less index caches: peak %llu kB in the 2nd quarter, %llu kB in the last (%s); "
-              "fds %d -> %d\n",
-              static_cast<unsigned long long>(warm_peak), static_cast<unsigned long long>(late_peak),
-              rss_bounded ? "bounded" : "GROWING", fds_before, fds_after);
+  std::printf(
+      "  daemon anonymous RSS less index caches: peak %llu kB in the 2nd quarter, %llu kB in the last (%s); "
+      "fds %d -> %d\n",
+      static_cast<unsigned long long>(warm_peak), static_cast<unsigned long long>(late_peak),
+      rss_bounded ? "bounded" : "GROWING", fds_before, fds_after);
   std::printf("  (fds: sockets, pidfds, eventfds and pipes, before the run and after the engines ended)\n");
   std::printf("\n%-10s %10s %10s %10s %14s\n", "op", "count", "p50 us", "p99 us", "p99 / echo p99");
   for (int op = 0; op < kOpCount; ++op) {

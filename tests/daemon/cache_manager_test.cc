@@ -141,11 +141,9 @@ TEST_F(CacheManagerTest, CommitNeedsAPageLeasedByThisSession) {
   auto pages = cm_->Allocate(*a, TierKind::kHost, 1);
   ASSERT_TRUE(pages.ok());
   auto chain = HashChain(5, 1);
-  EXPECT_EQ(cm_->Commit(*b, TierKind::kHost, *pages, chain, {}, false)[0].status,
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cm_->Commit(*b, TierKind::kHost, *pages, chain, {}, false)[0].status, StatusCode::kFailedPrecondition);
   std::vector<PageId> bogus = {12345};
-  EXPECT_EQ(cm_->Commit(*a, TierKind::kHost, bogus, chain, {}, false)[0].status,
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cm_->Commit(*a, TierKind::kHost, bogus, chain, {}, false)[0].status, StatusCode::kFailedPrecondition);
   EXPECT_EQ(cm_->Release(*b, TierKind::kHost, *pages, {})[0], StatusCode::kFailedPrecondition);
   EXPECT_EQ(cm_->Release(*a, TierKind::kHost, bogus, {})[0], StatusCode::kFailedPrecondition);
   ExpectConsistent();
@@ -242,9 +240,15 @@ TEST_F(CacheManagerTest, RandomOperationsKeepTheAccountingExact) {
         }
         break;
       }
-      case 1: cm_->Lookup(s, chain); break;
-      case 2: cm_->Acquire(s, chain); break;
-      case 3: cm_->Release(s, TierKind::kHost, {}, chain); break;
+      case 1:
+        cm_->Lookup(s, chain);
+        break;
+      case 2:
+        cm_->Acquire(s, chain);
+        break;
+      case 3:
+        cm_->Release(s, TierKind::kHost, {}, chain);
+        break;
       case 4: {
         std::vector<PageId> ps = {static_cast<PageId>(rng() % 40)};
         cm_->Release(s, TierKind::kHost, ps, {});

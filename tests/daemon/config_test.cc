@@ -1,9 +1,10 @@
 #include "daemon/config.h"
-#include "daemon/config_host.h"
 
 #include <gtest/gtest.h>
 
 #include <sstream>
+
+#include "daemon/config_host.h"
 
 namespace kvtier {
 namespace {
@@ -28,8 +29,7 @@ TEST(Config, DefaultYamlHasACommentForEveryKey) {
   int keys = 0;
   while (std::getline(in, line)) {
     const size_t first = line.find_first_not_of(' ');
-    const bool is_value = first != std::string::npos && line[first] != '#' &&
-                          line.find(": ") != std::string::npos;
+    const bool is_value = first != std::string::npos && line[first] != '#' && line.find(": ") != std::string::npos;
     if (is_value) {
       ++keys;
       EXPECT_NE(prev.find('#'), std::string::npos) << "no comment above '" << line << "'";
@@ -48,8 +48,7 @@ TEST(Config, EmptyConfigIsTheDefault) {
 TEST(Config, UnknownKeysAreNamed) {
   auto c = ParseConfig("tiers:\n  host:\n    capasity: 1GiB\n");
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("'tiers.host.capasity'"), std::string::npos)
-      << c.status().message();
+  EXPECT_NE(c.status().message().find("'tiers.host.capasity'"), std::string::npos) << c.status().message();
   auto top = ParseConfig("sockett:\n  path: x\n");
   ASSERT_FALSE(top.ok());
   EXPECT_NE(top.status().message().find("'sockett'"), std::string::npos);
@@ -88,7 +87,8 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"security:\n  tenants: [{name: a, uids: [1], quota: {host: 1GiB}, reserve: {host: 2GiB}}]\n",
        "security.tenants[0].reserve.host"},
       // Reserves beyond the host tier's low watermark (0.75 of 1 GiB) could never be kept.
-      {"security:\n  tenants: [{name: a, uids: [1], reserve: {host: 512MiB}}, {name: b, uids: [2], reserve: {host: 512MiB}}]\n",
+      {"security:\n  tenants: [{name: a, uids: [1], reserve: {host: 512MiB}}, {name: b, uids: [2], reserve: {host: "
+       "512MiB}}]\n",
        "security.tenants"},
       {"security:\n  unknown_quota: {host: 1GiB, ssd: 1}\n", "security.unknown_quota.ssd"},
       // NVMe limits are refused, not silently ignored: the NVMe tier does not keep them.

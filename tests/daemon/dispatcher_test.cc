@@ -39,8 +39,8 @@ class DispatcherTest : public ::testing::Test {
     h.huge_pages = HugePages::kOff;
     cache_ = std::move(CacheManager::Open(o)).value();
     info_.version = "test";
-    dispatcher_ = std::make_unique<Dispatcher>(cache_.get(), &info_, &clock_, &metrics_,
-                                               [](const auto&) {}, &tenants_);
+    dispatcher_ = std::make_unique<Dispatcher>(
+        cache_.get(), &info_, &clock_, &metrics_, [](const auto&) {}, &tenants_);
   }
 
   template <class BuildOp>
@@ -178,7 +178,8 @@ TEST_F(DispatcherTest, HandlesFromAnotherDaemonEpochAreRefused) {
     return Call(ctx, [epoch](flatbuffers::FlatBufferBuilder& b) {
       auto pages = b.CreateVector(std::vector<uint32_t>{0});
       auto hashes = b.CreateVector(std::vector<uint8_t>(16, 7));
-      return std::make_pair(fb::Op::Commit, fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, epoch).Union());
+      return std::make_pair(fb::Op::Commit,
+                            fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, epoch).Union());
     });
   };
   const fb::Response* stale = commit(0x9999);  // leased before a restart
@@ -200,15 +201,16 @@ TEST_F(DispatcherTest, VerifyIsForAdminsAndStatsHidesOtherTenants) {
   // peers non-admins: a daemon uid nobody has and no root peers.
   SecurityConfig sec;
   TenantResolver strict(sec, 54321);
-  Dispatcher d(cache_.get(), &info_, &clock_, &metrics_,
-               [](const std::function<void(const SessionContext&)>& fn) {
-                 SessionContext a(10), b(11);
-                 a.tenant = "uid=1000";
-                 b.tenant = "uid=2000";
-                 fn(a);
-                 fn(b);
-               },
-               &strict);
+  Dispatcher d(
+      cache_.get(), &info_, &clock_, &metrics_,
+      [](const std::function<void(const SessionContext&)>& fn) {
+        SessionContext a(10), b(11);
+        a.tenant = "uid=1000";
+        b.tenant = "uid=2000";
+        fn(a);
+        fn(b);
+      },
+      &strict);
   SessionContext ctx(1);
   ctx.uid = 1000;
   auto call = [&](auto build) {
@@ -219,7 +221,8 @@ TEST_F(DispatcherTest, VerifyIsForAdminsAndStatsHidesOtherTenants) {
     return sink_.replies.back().response();
   };
   auto hello = call([](flatbuffers::FlatBufferBuilder& b) {
-    return std::make_pair(fb::Op::Hello, fb::CreateHello(b, kProtocolMajor, 0, fb::Role::Control, b.CreateString("kvctl")).Union());
+    return std::make_pair(fb::Op::Hello,
+                          fb::CreateHello(b, kProtocolMajor, 0, fb::Role::Control, b.CreateString("kvctl")).Union());
   });
   ASSERT_EQ(hello->status(), fb::Status::Ok);
   EXPECT_FALSE(ctx.admin);

@@ -27,7 +27,7 @@ TEST(Plan, Llama8bIs128KiBPerTokenAndMostOfA32x128kLoadLivesBelowTheGpu) {
   EXPECT_EQ(p->kv_bytes_per_token, 2u * 32 * 8 * 128 * 2);
   EXPECT_EQ(p->kv_bytes_per_token, 131072u);
   EXPECT_EQ(p->kv_bytes_per_sequence, 131072ull * 131072);  // 16 GiB
-  EXPECT_EQ(p->kv_bytes_total, 131072ull * 131072 * 32);   // 512 GiB
+  EXPECT_EQ(p->kv_bytes_total, 131072ull * 131072 * 32);    // 512 GiB
   // 0.90 x 141 GiB usable, less 8.03e9 x 2 bytes of weights, less 5% for activations.
   const double usable = 0.90 * 141 * kGiB;
   const double budget = usable - 8.03e9 * 2 - 0.05 * usable;

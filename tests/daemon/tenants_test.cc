@@ -23,9 +23,9 @@ SecurityConfig TwoTenants(bool allow_unknown) {
 
 TEST(Tenants, UidFirstThenGroupsInConfigOrder) {
   TenantResolver r(TwoTenants(true), /*daemon_uid=*/999);
-  EXPECT_EQ(r.Resolve({1, 1000, 3000, {}})->tenant, "org_a");        // uid beats group
-  EXPECT_EQ(r.Resolve({1, 1500, 2000, {}})->tenant, "org_a");        // first tenant naming gid 2000
-  EXPECT_EQ(r.Resolve({1, 1500, 100, {3000}})->tenant, "org_b");     // a supplementary group
+  EXPECT_EQ(r.Resolve({1, 1000, 3000, {}})->tenant, "org_a");     // uid beats group
+  EXPECT_EQ(r.Resolve({1, 1500, 2000, {}})->tenant, "org_a");     // first tenant naming gid 2000
+  EXPECT_EQ(r.Resolve({1, 1500, 100, {3000}})->tenant, "org_b");  // a supplementary group
   EXPECT_TRUE(r.Resolve({1, 1500, 100, {3000}})->configured);
   auto unknown = r.Resolve({1, 1500, 100, {5}});
   ASSERT_TRUE(unknown.ok());

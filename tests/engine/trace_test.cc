@@ -14,12 +14,13 @@ using testing::TempDir;
 
 TEST(Trace, EqualIdsAfterDifferentPrefixesAreDifferentBlocks) {
   TempDir dir;
-  std::ofstream(dir.File("t.jsonl")) << R"({"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [5, 6]})"
-                                     << "\n\n"
-                                     << R"({"timestamp": 7, "input_length": 1024, "output_length": 1, "hash_ids": [7, 6]})"
-                                     << "\n"
-                                     << R"({"timestamp": 9, "input_length": 1536, "output_length": 1, "hash_ids": [5, 6, 8]})"
-                                     << "\n";
+  std::ofstream(dir.File("t.jsonl"))
+      << R"({"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [5, 6]})"
+      << "\n\n"
+      << R"({"timestamp": 7, "input_length": 1024, "output_length": 1, "hash_ids": [7, 6]})"
+      << "\n"
+      << R"({"timestamp": 9, "input_length": 1536, "output_length": 1, "hash_ids": [5, 6, 8]})"
+      << "\n";
   auto t = LoadTrace(dir.File("t.jsonl"));
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_EQ(t->requests.size(), 3u);
@@ -35,8 +36,10 @@ TEST(Trace, EqualIdsAfterDifferentPrefixesAreDifferentBlocks) {
 
 TEST(Trace, ABadLineIsNamed) {
   TempDir dir;
-  std::ofstream(dir.File("bad.jsonl")) << R"({"timestamp": 0, "hash_ids": [1]})" << "\n"
-                                       << R"({"timestamp": 1, "hash_ids": "x"})" << "\n";
+  std::ofstream(dir.File("bad.jsonl")) << R"({"timestamp": 0, "hash_ids": [1]})"
+                                       << "\n"
+                                       << R"({"timestamp": 1, "hash_ids": "x"})"
+                                       << "\n";
   auto t = LoadTrace(dir.File("bad.jsonl"));
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);

@@ -63,8 +63,8 @@ struct World {
     info.version = "fuzz";
     info.epoch = 42;
     tenants = std::make_unique<TenantResolver>(SecurityConfig{}, ::geteuid());
-    dispatcher = std::make_unique<Dispatcher>(cache.get(), &info, SystemClock::Default(), &metrics,
-                                              [](const auto&) {}, tenants.get());
+    dispatcher = std::make_unique<Dispatcher>(
+        cache.get(), &info, SystemClock::Default(), &metrics, [](const auto&) {}, tenants.get());
   }
   std::unique_ptr<CacheManager> cache;
   DaemonInfo info;

@@ -23,7 +23,8 @@ void Walk(const fb::Request& r) {
       break;
     case fb::Op::Commit:
       if (auto* c = r.op_as_Commit()) {
-        if (c->pages()) for (uint32_t p : *c->pages()) sink = sink + p;
+        if (c->pages())
+          for (uint32_t p : *c->pages()) sink = sink + p;
         if (c->hashes()) sink = sink + c->hashes()->size();
       }
       break;

@@ -71,13 +71,15 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedStreams() {
     return Frame(id, fb::Op::Acquire, [&](Builder& b) { return fb::CreateAcquire(b, HashesToWire(b, chain)); });
   };
   auto release = [&](uint64_t id) {
-    return Frame(id, fb::Op::Release, [&](Builder& b) {
-      return fb::CreateRelease(b, fb::Tier::Host, 0, HashesToWire(b, chain));
-    });
+    return Frame(id, fb::Op::Release,
+                 [&](Builder& b) { return fb::CreateRelease(b, fb::Tier::Host, 0, HashesToWire(b, chain)); });
   };
-  auto stats = [](uint64_t id) { return Frame(id, fb::Op::Stats, [](Builder& b) { return fb::CreateStats(b, true); }); };
+  auto stats = [](uint64_t id) {
+    return Frame(id, fb::Op::Stats, [](Builder& b) { return fb::CreateStats(b, true); });
+  };
   auto ping = [](uint64_t id) {
-    return Frame(id, fb::Op::Ping, [](Builder& b) { return fb::CreatePing(b, b.CreateVector(std::vector<uint8_t>(32, 0x5a))); });
+    return Frame(id, fb::Op::Ping,
+                 [](Builder& b) { return fb::CreatePing(b, b.CreateVector(std::vector<uint8_t>(32, 0x5a))); });
   };
   {
     std::vector<uint8_t> s;
@@ -102,15 +104,14 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedStreams() {
     std::vector<uint8_t> s = Frame(1, fb::Op::Hello, [](Builder& b) {
       return fb::CreateHello(b, kProtocolMajor, 0, fb::Role::Control, b.CreateString("kvctl"));
     });
-    Append(s, Frame(2, fb::Op::Explain, [&](Builder& b) {
-      return fb::CreateExplain(b, HashesToWire(b, chain), b.CreateString(""));
-    }));
+    Append(s, Frame(2, fb::Op::Explain,
+                    [&](Builder& b) { return fb::CreateExplain(b, HashesToWire(b, chain), b.CreateString("")); }));
     Append(s, Frame(3, fb::Op::Blocks, [](Builder& b) {
-      return fb::CreateBlocks(b, fb::Tier::None, b.CreateString(""), fb::BlockOrder::Hits, 20);
-    }));
+             return fb::CreateBlocks(b, fb::Tier::None, b.CreateString(""), fb::BlockOrder::Hits, 20);
+           }));
     Append(s, Frame(4, fb::Op::Blocks, [](Builder& b) {
-      return fb::CreateBlocks(b, fb::Tier::Host, b.CreateString("0123456789abcdef"), fb::BlockOrder::Recent, 5);
-    }));
+             return fb::CreateBlocks(b, fb::Tier::Host, b.CreateString("0123456789abcdef"), fb::BlockOrder::Recent, 5);
+           }));
     Append(s, Frame(5, fb::Op::Evict, [](Builder& b) { return fb::CreateEvict(b, fb::Tier::Host, 1 << 20); }));
     Append(s, Frame(6, fb::Op::Drain, [](Builder& b) { return fb::CreateDrain(b, true, false); }));
     Append(s, Frame(7, fb::Op::Drain, [](Builder& b) { return fb::CreateDrain(b, true, true); }));
@@ -119,7 +120,8 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedStreams() {
   }
   {
     std::vector<uint8_t> s;
-    for (const auto& f : {EngineHelloFrame(1), alloc(2, 8), alloc(3, 100000), commit(4), commit(5), release(6)}) Append(s, f);
+    for (const auto& f : {EngineHelloFrame(1), alloc(2, 8), alloc(3, 100000), commit(4), commit(5), release(6)})
+      Append(s, f);
     out.emplace_back("errors", s);
   }
   out.emplace_back("hello-only", EngineHelloFrame(1));

@@ -15,9 +15,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,23 +29,23 @@ namespace kvtier {
 namespace {
 
 int failures = 0;
-#define CHECK_OK(expr)                                                                   \
-  do {                                                                                   \
-    Status s_ = (expr);                                                                  \
-    if (!s_.ok()) {                                                                      \
+#define CHECK_OK(expr)                                                                               \
+  do {                                                                                               \
+    Status s_ = (expr);                                                                              \
+    if (!s_.ok()) {                                                                                  \
       std::fprintf(stderr, "FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #expr, s_.ToString().c_str()); \
-      ++failures;                                                                        \
-      return;                                                                            \
-    }                                                                                    \
+      ++failures;                                                                                    \
+      return;                                                                                        \
+    }                                                                                                \
   } while (0)
-#define EXPECT(cond, ...)                                  \
-  do {                                                     \
-    if (!(cond)) {                                         \
+#define EXPECT(cond, ...)                                       \
+  do {                                                          \
+    if (!(cond)) {                                              \
       std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                   \
-      std::fprintf(stderr, "\n");                          \
-      ++failures;                                          \
-    }                                                      \
+      std::fprintf(stderr, __VA_ARGS__);                        \
+      std::fprintf(stderr, "\n");                               \
+      ++failures;                                               \
+    }                                                           \
   } while (0)
 
 std::vector<uint8_t> Random(size_t n, uint32_t seed) {
@@ -105,7 +105,8 @@ void CheckKernels(DeviceBackend& dev, DeviceStream s) {
       // Scatter fresh pages back and compare whole tensors with the CPU reference.
       auto fresh = Random(got.size(), 77);
       cudaMemcpy(dpages, fresh.data(), fresh.size(), cudaMemcpyHostToDevice);
-      for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(rbuf[i].data(), fresh.data() + i * g.BlockBytes(), g.BlockBytes());
+      for (size_t i = 0; i < blocks.size(); ++i)
+        std::memcpy(rbuf[i].data(), fresh.data() + i * g.BlockBytes(), g.BlockBytes());
       CHECK_OK(dev.Scatter(d, s));
       CHECK_OK(dev.Synchronize(s));
       ScatterCpu(r);
@@ -362,10 +363,13 @@ int main(int argc, char** argv) {
     std::printf("}\n");
   } else {
     std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-    std::printf("kernels vs CPU reference: %s\n", kernel_failures == 0 ? "bit-exact copies, quantization within bound" : "FAILED");
+    std::printf("kernels vs CPU reference: %s\n",
+                kernel_failures == 0 ? "bit-exact copies, quantization within bound" : "FAILED");
     std::printf("two-process IPC (%s): %s\n\n", how.c_str(), ipc ? "engine B read engine A's bytes" : "FAILED");
-    std::printf("| transfer (1 GiB of 2 MiB llama3-8b blocks) | kvtier GB/s | baseline GB/s | ratio |\n|---|---|---|---|\n");
-    for (const Bw& b : bw) std::printf("| %s | %.1f | %.1f | %.2f |\n", b.name.c_str(), b.ours_gbs, b.base_gbs, b.ours_gbs / b.base_gbs);
+    std::printf(
+        "| transfer (1 GiB of 2 MiB llama3-8b blocks) | kvtier GB/s | baseline GB/s | ratio |\n|---|---|---|---|\n");
+    for (const Bw& b : bw)
+      std::printf("| %s | %.1f | %.1f | %.2f |\n", b.name.c_str(), b.ours_gbs, b.base_gbs, b.ours_gbs / b.base_gbs);
   }
   return failures == 0 && ipc ? 0 : 1;
 }

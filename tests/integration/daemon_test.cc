@@ -33,8 +33,7 @@ const TierStatsInfo& Host(const DaemonStats& s) {
 }
 
 void ExpectAccountingExact(const TierStatsInfo& t) {
-  EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages,
-            t.capacity_pages);
+  EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages, t.capacity_pages);
 }
 
 TEST(TwoEngines, OneWritesAndCommitsTheOtherReadsTheSameBytes) {
@@ -132,10 +131,12 @@ TEST(EngineKill, Kill9ReturnsEveryLeasedPageAndReference) {
     EXPECT_EQ(victim.Join(), 128 + SIGKILL);
     // The daemon sees EOF and reclaims; poll briefly for it.
     DaemonStats after;
-    WaitUntil([&] {
-      after = MustStats(daemon.socket_path());
-      return Host(after).leased_pages == 0 && Host(after).referenced_pages == 0;
-    }, std::chrono::seconds(2));
+    WaitUntil(
+        [&] {
+          after = MustStats(daemon.socket_path());
+          return Host(after).leased_pages == 0 && Host(after).referenced_pages == 0;
+        },
+        std::chrono::seconds(2));
     EXPECT_EQ(Host(after).leased_pages, 0u);
     EXPECT_EQ(Host(after).referenced_pages, 0u);
     EXPECT_EQ(Host(after).cached_pages, 4u);
@@ -184,11 +185,13 @@ TEST(EngineKill, Kill9MidTransferAtRandomMomentsReclaimsEveryPage) {
     victim.Kill9();
     EXPECT_EQ(victim.Join(), 128 + SIGKILL);
     DaemonStats after;
-    WaitUntil([&] {
-      after = MustStats(daemon.socket_path());
-      const auto& h = Host(after);
-      return h.leased_pages == 0 && h.referenced_pages == 0 && h.quarantined_pages == 0 && after.session_count == 1;
-    }, std::chrono::seconds(5));
+    WaitUntil(
+        [&] {
+          after = MustStats(daemon.socket_path());
+          const auto& h = Host(after);
+          return h.leased_pages == 0 && h.referenced_pages == 0 && h.quarantined_pages == 0 && after.session_count == 1;
+        },
+        std::chrono::seconds(5));
     const auto& h = Host(after);
     ASSERT_EQ(h.leased_pages, 0u) << "kill " << k;
     ASSERT_EQ(h.referenced_pages, 0u) << "kill " << k;

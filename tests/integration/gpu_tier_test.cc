@@ -9,9 +9,8 @@
 #include <random>
 #include <sstream>
 
-#include "kernels/device_backend.h"
-
 #include "engine/tools/block_pattern.h"
+#include "kernels/device_backend.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -122,8 +121,7 @@ TEST(GpuTier, DemotionFromGpuToHostKeepsTheBytes) {
   auto stats = StatsOf(d.socket_path());
   ASSERT_TRUE(stats.ok());
   for (const auto& t : stats->tiers) {
-    EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages,
-              t.capacity_pages)
+    EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages, t.capacity_pages)
         << t.name;
   }
   c->reset();

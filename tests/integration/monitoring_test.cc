@@ -78,7 +78,8 @@ TEST(AlertRules, PassPromtoolCheckAndTheirUnitTests) {
   EXPECT_NE(test.out.find("SUCCESS"), std::string::npos) << test.out;
   // The alerts the operations guide promises are there.
   const std::string rules = ReadFile(kMonitoring + "/alerts.yml");
-  for (const char* a : {"KvtierDown", "KvtierGpuTierFull", "KvtierThrashing", "KvtierChecksumFailures", "KvtierIoErrors"}) {
+  for (const char* a :
+       {"KvtierDown", "KvtierGpuTierFull", "KvtierThrashing", "KvtierChecksumFailures", "KvtierIoErrors"}) {
     EXPECT_NE(rules.find("alert: " + std::string(a)), std::string::npos) << a;
   }
 }
@@ -157,7 +158,8 @@ TEST_F(LiveDaemon, MetricsPassPromtoolAndNameEverySeriesTheRulesAndDashboardUse)
   }
   EXPECT_GE(used.size(), 8u);
   for (const std::string& n : used) {
-    EXPECT_NE(scrape.out.find("# TYPE " + n + " "), std::string::npos) << n << " is used but kvtierd does not export it";
+    EXPECT_NE(scrape.out.find("# TYPE " + n + " "), std::string::npos)
+        << n << " is used but kvtierd does not export it";
   }
 }
 
@@ -210,12 +212,14 @@ TEST_F(LiveDaemon, ARealPrometheusScrapesItAndAnswersTheHitRatio) {
   // The hit-ratio expression of the metrics' help text: 3 hits of 4 blocks looked up.
   const std::string ratio = "sum(kvtier_block_hits_total) / sum(kvtier_lookup_blocks_total)";
   std::string value, up, used;
-  WaitUntil([&] {
-    value = Query(port, ratio);
-    up = Query(port, "up{job=\"kvtier\"}");
-    used = Query(port, "kvtier:tier_used_ratio{tier=\"host\"}");  // a recording rule of alerts.yml
-    return !value.empty() && !used.empty();
-  }, std::chrono::seconds(30), std::chrono::milliseconds(100));
+  WaitUntil(
+      [&] {
+        value = Query(port, ratio);
+        up = Query(port, "up{job=\"kvtier\"}");
+        used = Query(port, "kvtier:tier_used_ratio{tier=\"host\"}");  // a recording rule of alerts.yml
+        return !value.empty() && !used.empty();
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(100));
   ::kill(pid, SIGTERM);
   ::waitpid(pid, nullptr, 0);
   EXPECT_EQ(up, "1") << ReadFile(dir.File("prometheus.log"));

@@ -51,8 +51,8 @@ Status Store(Client& c, const std::vector<BlockHash>& chain) {
 }
 
 struct Served {
-  size_t hits = 0;     // blocks acquired with the right bytes
-  size_t wrong = 0;    // blocks acquired with other bytes: must never happen
+  size_t hits = 0;   // blocks acquired with the right bytes
+  size_t wrong = 0;  // blocks acquired with other bytes: must never happen
   size_t missing = 0;
 };
 
@@ -67,7 +67,10 @@ Served ReadBack(Client& c, const std::vector<BlockHash>& hashes) {
       continue;
     }
     auto bytes = c.PageBytes((*a)[0].tier, (*a)[0].page);
-    if (bytes.size() >= kBlock && CheckBlockPattern(h, bytes.first(kBlock))) ++s.hits; else ++s.wrong;
+    if (bytes.size() >= kBlock && CheckBlockPattern(h, bytes.first(kBlock)))
+      ++s.hits;
+    else
+      ++s.wrong;
     (void)c.Release(TierKind::kHost, {}, one);
   }
   return s;
@@ -90,8 +93,7 @@ const TierStatsInfo* Tier(const DaemonStats& s, TierKind t) {
 
 void ExpectAccountingExact(const DaemonStats& s) {
   for (const auto& t : s.tiers) {
-    EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages,
-              t.capacity_pages)
+    EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages, t.capacity_pages)
         << t.name;
   }
 }
@@ -283,10 +285,12 @@ TEST_P(NvmeDaemonTest, BytesCorruptedOnDiskAreAMissAndCounted) {
   EXPECT_EQ(s.checksum_failures, 10u);
   EXPECT_EQ(Metric(s.metrics_url, "kvtier_checksum_failures_total"), 10u);
   // Dropped: a plain miss from now on.
-  WaitUntil([&] {
-    auto again = c->Lookup(chain);
-    return again.ok() && again->matched == 0;
-  }, std::chrono::seconds(1));
+  WaitUntil(
+      [&] {
+        auto again = c->Lookup(chain);
+        return again.ok() && again->matched == 0;
+      },
+      std::chrono::seconds(1));
   EXPECT_EQ(c->Lookup(chain)->matched, 0u);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }

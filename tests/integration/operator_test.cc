@@ -141,12 +141,14 @@ TEST(KvctlEvict, FreesTheBytesAskedForAndDemotesToNvmeFirst) {
   EXPECT_EQ(r["blocks"], 4);
   EXPECT_EQ(r["bytes"], 4u << 20);
   // Demoted, not lost: every block is still a hit, four of them on NVMe once written.
-  WaitUntil([&] {
-    auto l = (*a)->Lookup(chain);
-    EXPECT_TRUE(l.ok());
-    EXPECT_EQ(l.ok() ? l->matched : 0, chain.size());
-    return !l.ok() || std::count(l->tiers.begin(), l->tiers.end(), TierKind::kNvme) == 4;
-  }, std::chrono::seconds(2));
+  WaitUntil(
+      [&] {
+        auto l = (*a)->Lookup(chain);
+        EXPECT_TRUE(l.ok());
+        EXPECT_EQ(l.ok() ? l->matched : 0, chain.size());
+        return !l.ok() || std::count(l->tiers.begin(), l->tiers.end(), TierKind::kNvme) == 4;
+      },
+      std::chrono::seconds(2));
   auto l = (*a)->Lookup(chain);
   EXPECT_EQ(std::count(l->tiers.begin(), l->tiers.end(), TierKind::kNvme), 4);
   json n = Kvctl(d, "evict --tier nvme --bytes 1MiB");
@@ -225,7 +227,8 @@ TEST(KvctlTop, EachScreenFits80By24AndShowsTiersHitRatioPathsAndSessions) {
   size_t screens = 0;
   for (size_t at = r.out.find(clear); at != std::string::npos; at = r.out.find(clear, at + 1)) {
     const size_t end = r.out.find(clear, at + 1);
-    std::string screen = r.out.substr(at + clear.size(), end == std::string::npos ? std::string::npos : end - at - clear.size());
+    std::string screen =
+        r.out.substr(at + clear.size(), end == std::string::npos ? std::string::npos : end - at - clear.size());
     std::istringstream in(screen);
     std::string line;
     int lines = 0;
@@ -246,8 +249,8 @@ TEST(KvctlTop, EachScreenFits80By24AndShowsTiersHitRatioPathsAndSessions) {
 }
 
 TEST(KvctlPlan, Llama8bOnAnH200AgreesWithTheHandComputation) {
-  CmdResult r = Sh(BinaryPath("kvctl") +
-                   " plan --model llama3.1-8b --context 131072 --concurrency 32 --gpu-mem 141GiB --json");
+  CmdResult r =
+      Sh(BinaryPath("kvctl") + " plan --model llama3.1-8b --context 131072 --concurrency 32 --gpu-mem 141GiB --json");
   ASSERT_EQ(r.code, 0) << r.out;
   json j = json::parse(r.out);
   EXPECT_EQ(j["kv_bytes_per_token"], 131072);  // 2 x 32 x 8 x 128 x 2 bytes
@@ -255,7 +258,8 @@ TEST(KvctlPlan, Llama8bOnAnH200AgreesWithTheHandComputation) {
   EXPECT_GT(j["gpu_kv_budget_bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(j["offload_bytes"].get<uint64_t>(),
             j["kv_bytes_total"].get<uint64_t>() - j["gpu_kv_budget_bytes"].get<uint64_t>());
-  CmdResult text = Sh(BinaryPath("kvctl") + " plan --model llama3.1-8b --context 131072 --concurrency 32 --gpu-mem 141GiB");
+  CmdResult text =
+      Sh(BinaryPath("kvctl") + " plan --model llama3.1-8b --context 131072 --concurrency 32 --gpu-mem 141GiB");
   EXPECT_NE(text.out.find("must live in host RAM or on NVMe"), std::string::npos) << text.out;
   EXPECT_EQ(Sh(BinaryPath("kvctl") + " plan --model nope --context 1 --gpu-mem 1GiB").code, 2);
 }

@@ -20,16 +20,25 @@ bool Exists(const std::string& p) {
 }
 
 const char* const kLayout[] = {
-    "/usr/bin/kvtierd", "/usr/bin/kvctl", "/usr/libexec/kvtier/kvtier-replay", "/usr/libexec/kvtier/kvtier-sim",
-    "/usr/libexec/kvtier/kvtier-load", "/usr/include/kvtier/engine/client.h", "/usr/include/kvtier/engine/kvtier.h",
-    "/usr/lib/systemd/system/kvtierd.service", "/usr/lib/sysusers.d/kvtier.conf",
-    "/usr/lib/tmpfiles.d/kvtier.conf", "/etc/kvtier/kvtierd.yaml", "/usr/share/doc/kvtier/operations.md",
-    "/usr/share/doc/kvtier/monitoring/alerts.yml", "/usr/share/doc/kvtier/monitoring/grafana-kvtier.json",
+    "/usr/bin/kvtierd",
+    "/usr/bin/kvctl",
+    "/usr/libexec/kvtier/kvtier-replay",
+    "/usr/libexec/kvtier/kvtier-sim",
+    "/usr/libexec/kvtier/kvtier-load",
+    "/usr/include/kvtier/engine/client.h",
+    "/usr/include/kvtier/engine/kvtier.h",
+    "/usr/lib/systemd/system/kvtierd.service",
+    "/usr/lib/sysusers.d/kvtier.conf",
+    "/usr/lib/tmpfiles.d/kvtier.conf",
+    "/etc/kvtier/kvtierd.yaml",
+    "/usr/share/doc/kvtier/operations.md",
+    "/usr/share/doc/kvtier/monitoring/alerts.yml",
+    "/usr/share/doc/kvtier/monitoring/grafana-kvtier.json",
 };
 
 // The layout above is the packaged one, with the project's default prefix /usr.
-#define KVTIER_SKIP_UNLESS_PREFIX_USR()                                                   \
-  if (std::string(KVTIER_INSTALL_PREFIX) != "/usr") {                                     \
+#define KVTIER_SKIP_UNLESS_PREFIX_USR()                                                         \
+  if (std::string(KVTIER_INSTALL_PREFIX) != "/usr") {                                           \
     GTEST_SKIP() << "configured with CMAKE_INSTALL_PREFIX=" KVTIER_INSTALL_PREFIX ", not /usr"; \
   }
 
@@ -43,7 +52,8 @@ TEST(Packaging, CmakeInstallLaysOutBinariesUnitConfigAndDocs) {
   EXPECT_EQ(v.code, 0) << v.out;
   EXPECT_NE(v.out.find("kvtierd 0."), std::string::npos) << v.out;
   // The shipped config is one kvtierd accepts.
-  CmdResult c = Sh(root.path() + "/usr/bin/kvtierd --check-config --config " + root.path() + "/etc/kvtier/kvtierd.yaml");
+  CmdResult c =
+      Sh(root.path() + "/usr/bin/kvtierd --check-config --config " + root.path() + "/etc/kvtier/kvtierd.yaml");
   EXPECT_EQ(c.code, 0) << c.out;
 }
 
@@ -111,8 +121,9 @@ int main(int argc, char** argv) {
 
 TEST(Packaging, AnOutOfTreeEngineLinksTheInstalledClientAndTalksToADaemon) {
   TempDir prefix, project;
-  CmdResult inst = Sh("cmake --install " + kBuild + " --prefix " + prefix.path() + " --component dev && cmake --install " +
-                      kBuild + " --prefix " + prefix.path() + " --component runtime");
+  CmdResult inst =
+      Sh("cmake --install " + kBuild + " --prefix " + prefix.path() + " --component dev && cmake --install " + kBuild +
+         " --prefix " + prefix.path() + " --component runtime");
   ASSERT_EQ(inst.code, 0) << inst.out;
   std::ofstream(project.File("main.cc")) << kConsumerMain;
   std::ofstream(project.File("CMakeLists.txt")) << "cmake_minimum_required(VERSION 3.25)\n"
@@ -124,9 +135,9 @@ TEST(Packaging, AnOutOfTreeEngineLinksTheInstalledClientAndTalksToADaemon) {
                        " -DCMAKE_PREFIX_PATH=" + prefix.path() + " && cmake --build " + project.File("build"));
   ASSERT_EQ(build.code, 0) << build.out;
   // The same program with pkg-config and a plain compiler line.
-  CmdResult pc = Sh("PKG_CONFIG_PATH=$(dirname $(find " + prefix.path() + " -name kvtier.pc)) sh -c 'g++ -std=c++20 " +
-                    project.File("main.cc") + " -o " + project.File("consumer-pc") +
-                    " $(pkg-config --cflags --libs kvtier)'");
+  CmdResult pc =
+      Sh("PKG_CONFIG_PATH=$(dirname $(find " + prefix.path() + " -name kvtier.pc)) sh -c 'g++ -std=c++20 " +
+         project.File("main.cc") + " -o " + project.File("consumer-pc") + " $(pkg-config --cflags --libs kvtier)'");
   ASSERT_EQ(pc.code, 0) << pc.out;
   DaemonProcess d;
   ASSERT_TRUE(d.Start().ok()) << d.Log();
@@ -138,7 +149,8 @@ TEST(Packaging, AnOutOfTreeEngineLinksTheInstalledClientAndTalksToADaemon) {
                         " " + d.socket_path());
   EXPECT_EQ(run_pc.code, 0) << run_pc.out;
   // What an engine links pulls in no storage code and no test patterns.
-  CmdResult syms = Sh("nm -DC --defined-only $(find " + prefix.path() + " -name 'libkvtier.so.0') | grep -c -E "
+  CmdResult syms = Sh("nm -DC --defined-only $(find " + prefix.path() +
+                      " -name 'libkvtier.so.0') | grep -c -E "
                       "'kvtier::(NvmeTier|TierPool|FillBlockPattern|CacheManager|RocksDb)' || true");
   EXPECT_EQ(syms.out.substr(0, syms.out.find('\n')), "0") << syms.out;
   EXPECT_EQ(d.Stop(), 0) << d.Log();

@@ -35,8 +35,8 @@ nlohmann::json RunJson(const std::string& cmd, const TempDir& dir, int* code) {
 }
 
 std::string Replay(const DaemonProcess& d, const std::string& trace, const std::string& extra = "") {
-  return BinaryPath("kvtier-replay") + " --trace " + trace + " -s " + d.socket_path() +
-         " --block-bytes 16KiB --json " + extra;
+  return BinaryPath("kvtier-replay") + " --trace " + trace + " -s " + d.socket_path() + " --block-bytes 16KiB --json " +
+         extra;
 }
 
 TEST(Replay, AWholeTraceVerifiesAndHitsBothTiers) {
@@ -119,9 +119,9 @@ TEST(Replay, RefusesAnUnknownModelOrAMissingTrace) {
 TEST(Sim, PrintsOneJsonObjectWithLruBeladyAndTheDefault) {
   TempDir dir;
   int code = -1;
-  auto j = RunJson(BinaryPath("kvtier-sim") + " --synthetic conversation --requests 800 --json --write-trace " +
-                       dir.File("c.jsonl"),
-                   dir, &code);
+  auto j = RunJson(
+      BinaryPath("kvtier-sim") + " --synthetic conversation --requests 800 --json --write-trace " + dir.File("c.jsonl"),
+      dir, &code);
   ASSERT_EQ(code, 0);
   EXPECT_EQ(j["default_policy"], "adaptive");
   EXPECT_GT(j["unique_blocks"].get<uint64_t>(), 0u);

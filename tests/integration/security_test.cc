@@ -77,7 +77,10 @@ Hits Probe(Client& c, const std::vector<BlockHash>& chain, uid_t who) {
     if (!r.status.ok()) continue;
     held.push_back(chain[i]);
     auto* p = static_cast<const uint8_t*>(c.PageAddress(r.tier, r.page));
-    if (p && CheckBlockPattern(Salted(chain[i], who), {p, kBlock})) ++h.verified; else ++h.foreign;
+    if (p && CheckBlockPattern(Salted(chain[i], who), {p, kBlock}))
+      ++h.verified;
+    else
+      ++h.foreign;
   }
   (void)c.Release(TierKind::kHost, {}, held);
   return h;
@@ -136,38 +139,48 @@ TEST_F(MultiUser, TheSamePromptNeverHitsAcrossTenantsOnAnyTierOrAcrossRestart) {
   DaemonProcess d(Options(kTwoTenants));
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  const auto prompt = HashChain(11, 12);   // the shared "prompt": host, then NVMe
+  const auto prompt = HashChain(11, 12);  // the shared "prompt": host, then NVMe
   const auto gpu_prompt = HashChain(12, 4);
-  const auto filler = HashChain(13, 80);   // pushes the prompt's host copies out
+  const auto filler = HashChain(13, 80);  // pushes the prompt's host copies out
   int rc = -1;
   size_t within = 0, asked = 0, across = 0;
   unsigned tiers = 0;
 
   // A stores the prompt on host and GPU and reads it back from GPU and host.
-  Hits a = RunAs(kUserA, d, [&](Client& c) {
-    Hits h;
-    if (!Store(c, TierKind::kHost, prompt, kUserA).ok() || !Store(c, TierKind::kGpu, gpu_prompt, kUserA).ok()) return h;
-    Hits x = Probe(c, prompt, kUserA), y = Probe(c, gpu_prompt, kUserA);
-    return Hits{x.verified + y.verified, x.foreign + y.foreign, x.tiers | y.tiers};
-  }, &rc);
+  Hits a = RunAs(
+      kUserA, d,
+      [&](Client& c) {
+        Hits h;
+        if (!Store(c, TierKind::kHost, prompt, kUserA).ok() || !Store(c, TierKind::kGpu, gpu_prompt, kUserA).ok())
+          return h;
+        Hits x = Probe(c, prompt, kUserA), y = Probe(c, gpu_prompt, kUserA);
+        return Hits{x.verified + y.verified, x.foreign + y.foreign, x.tiers | y.tiers};
+      },
+      &rc);
   ASSERT_EQ(rc, 0) << d.Log();
   within += a.verified, asked += prompt.size() + gpu_prompt.size(), tiers |= a.tiers;
   EXPECT_EQ(a.foreign, 0u);
 
   // B asks for the same hashes: nothing, on any tier; then it caches its own copy.
-  Hits b = RunAs(kUserB, d, [&](Client& c) {
-    Hits x = Probe(c, prompt, kUserB), y = Probe(c, gpu_prompt, kUserB);
-    (void)Store(c, TierKind::kHost, prompt, kUserB);
-    return Hits{x.verified + y.verified, x.foreign + y.foreign, x.tiers | y.tiers};
-  }, &rc);
+  Hits b = RunAs(
+      kUserB, d,
+      [&](Client& c) {
+        Hits x = Probe(c, prompt, kUserB), y = Probe(c, gpu_prompt, kUserB);
+        (void)Store(c, TierKind::kHost, prompt, kUserB);
+        return Hits{x.verified + y.verified, x.foreign + y.foreign, x.tiers | y.tiers};
+      },
+      &rc);
   ASSERT_EQ(rc, 0);
   across += b.verified + b.foreign;
 
   // A floods its host share: its prompt now comes from NVMe, still its own bytes.
-  a = RunAs(kUserA, d, [&](Client& c) {
-    (void)Store(c, TierKind::kHost, filler, kUserA);
-    return Probe(c, prompt, kUserA);
-  }, &rc);
+  a = RunAs(
+      kUserA, d,
+      [&](Client& c) {
+        (void)Store(c, TierKind::kHost, filler, kUserA);
+        return Probe(c, prompt, kUserA);
+      },
+      &rc);
   ASSERT_EQ(rc, 0);
   within += a.verified, asked += prompt.size(), tiers |= a.tiers;
   EXPECT_EQ(a.foreign, 0u);
@@ -177,12 +190,14 @@ TEST_F(MultiUser, TheSamePromptNeverHitsAcrossTenantsOnAnyTierOrAcrossRestart) {
   ASSERT_EQ(d.Stop(), 0) << d.Log();
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   for (uid_t who : {kUserA, kUserB}) {
-    Hits h = RunAs(who, d, [&](Client& c) { return Probe(c, prompt, who); }, &rc);
+    Hits h = RunAs(
+        who, d, [&](Client& c) { return Probe(c, prompt, who); }, &rc);
     ASSERT_EQ(rc, 0);
     within += h.verified, asked += prompt.size(), tiers |= h.tiers;
     EXPECT_EQ(h.foreign, 0u) << "uid " << who << " was served another tenant's bytes";
   }
-  Hits late = RunAs(kUserB, d, [&](Client& c) { return Probe(c, gpu_prompt, kUserB); }, &rc);
+  Hits late = RunAs(
+      kUserB, d, [&](Client& c) { return Probe(c, gpu_prompt, kUserB); }, &rc);
   across += late.verified + late.foreign;
 
   EXPECT_EQ(across, 0u);
@@ -217,38 +232,49 @@ TEST_F(MultiUser, UnknownUsersAreRefusedAndTheSocketIsTheGroupsOnly) {
   EXPECT_EQ(outsider.Join(), 0);
   // A tenant's own engine is welcome; root (an admin) still is, as its own tenant.
   int rc = -1;
-  RunAs(kUserA, d, [](Client&) { return Hits{}; }, &rc);
+  RunAs(
+      kUserA, d, [](Client&) { return Hits{}; }, &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_TRUE(ControlClient::Connect(ControlOptions(d.socket_path())).ok());
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
 TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) {
-  DaemonProcess d(Options(
-      "  tenants: [{name: org_a, uids: [41001], quota: {host: 1MiB}},\n"
-      "            {name: org_b, uids: [41002], reserve: {host: 1MiB}}]\n"));
+  DaemonProcess d(
+      Options("  tenants: [{name: org_a, uids: [41001], quota: {host: 1MiB}},\n"
+              "            {name: org_b, uids: [41002], reserve: {host: 1MiB}}]\n"));
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const auto kept = HashChain(21, 16);  // 1 MiB: b's reserve
   int rc = -1;
-  RunAs(kUserB, d, [&](Client& c) { (void)Store(c, TierKind::kHost, kept, kUserB); return Hits{}; }, &rc);
+  RunAs(
+      kUserB, d,
+      [&](Client& c) {
+        (void)Store(c, TierKind::kHost, kept, kUserB);
+        return Hits{};
+      },
+      &rc);
   ASSERT_EQ(rc, 0);
   // a writes 4 MiB; it may hold only 1 MiB on the host tier at a time.
-  Hits a = RunAs(kUserA, d, [&](Client& c) {
-    for (int r = 0; r < 4; ++r) (void)Store(c, TierKind::kHost, HashChain(100 + r, 16), kUserA);
-    auto s = StatsOf(d.socket_path(), true);
-    Hits h;
-    if (s.ok()) {
-      for (const auto& t : s->tiers) {
-        if (t.tier == TierKind::kHost) h.verified = t.capacity_pages - t.free_pages;
-      }
-    }
-    return h;
-  }, &rc);
+  Hits a = RunAs(
+      kUserA, d,
+      [&](Client& c) {
+        for (int r = 0; r < 4; ++r) (void)Store(c, TierKind::kHost, HashChain(100 + r, 16), kUserA);
+        auto s = StatsOf(d.socket_path(), true);
+        Hits h;
+        if (s.ok()) {
+          for (const auto& t : s->tiers) {
+            if (t.tier == TierKind::kHost) h.verified = t.capacity_pages - t.free_pages;
+          }
+        }
+        return h;
+      },
+      &rc);
   ASSERT_EQ(rc, 0);
   // Used host pages: b's 16 plus at most a's quota of 16.
   EXPECT_LE(a.verified, 32u);
-  Hits b = RunAs(kUserB, d, [&](Client& c) { return Probe(c, kept, kUserB); }, &rc);
+  Hits b = RunAs(
+      kUserB, d, [&](Client& c) { return Probe(c, kept, kUserB); }, &rc);
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(b.verified, kept.size());
   EXPECT_TRUE(b.tiers & (1u << TierIndex(TierKind::kHost))) << "b's reserve kept it on the host tier";
@@ -268,10 +294,12 @@ Result<TierStatsInfo> HostStats(const DaemonProcess& d) {
 
 // Polls until `pred` holds on the host tier's stats (5 s at most).
 bool Eventually(const DaemonProcess& d, const std::function<bool(const TierStatsInfo&)>& pred) {
-  return WaitUntil([&] {
-    auto t = HostStats(d);
-    return t.ok() && pred(*t);
-  }, std::chrono::seconds(5));
+  return WaitUntil(
+      [&] {
+        auto t = HostStats(d);
+        return t.ok() && pred(*t);
+      },
+      std::chrono::seconds(5));
 }
 
 TEST(Liveness, ASilentSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
@@ -284,7 +312,7 @@ TEST(Liveness, ASilentSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
     auto c = Client::Connect(EngineOptions(d.socket_path(), "hung"));
     if (!c.ok() || !(*c)->Allocate(TierKind::kHost, 3).ok()) return 10;
     leased.Signal();
-    go.Wait();  // silent, alive, still mapping its pages
+    go.Wait();                          // silent, alive, still mapping its pages
     return (*c)->Ping().ok() ? 11 : 0;  // expired: the daemon closed it
   });
   ASSERT_TRUE(leased.Wait());
@@ -293,7 +321,8 @@ TEST(Liveness, ASilentSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
   go.Signal();
   EXPECT_EQ(hung.Join(), 0);
   // The process is gone: the pages are free again.
-  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0 && t.free_pages == t.capacity_pages; }));
+  EXPECT_TRUE(Eventually(
+      d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0 && t.free_pages == t.capacity_pages; }));
   EXPECT_NE(d.Log().find("heartbeat_ttl"), std::string::npos);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }

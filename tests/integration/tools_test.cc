@@ -1,8 +1,8 @@
 // kvtierd and kvctl as an operator runs them: flags, default config, errors, JSON.
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tests/integration/engine_process.h"
 
@@ -37,7 +37,7 @@ TEST(Kvtierd, VersionAndDefaultConfig) {
 TEST(Kvtierd, TheOperationsGuideDocumentsEveryConfigKeyWithItsDefault) {
   CmdResult d = Sh(BinaryPath("kvtierd") + " --print-default-config");
   ASSERT_EQ(d.code, 0);
-  std::map<std::string, std::string> keys;  // dotted path -> default as printed
+  std::map<std::string, std::string> keys;            // dotted path -> default as printed
   std::vector<std::pair<size_t, std::string>> stack;  // (indent, section)
   std::istringstream in(d.out);
   std::string line;
@@ -96,13 +96,14 @@ TEST(Kvtierd, BadConfigIsRefusedAtStartNamingTheKey) {
 // created, at start and by --check-config alike, naming the key.
 struct Refused {
   std::string yaml;
-  std::string key;   // named in the message
-  std::string why;   // a phrase of the message
+  std::string key;  // named in the message
+  std::string why;  // a phrase of the message
 };
 
 void ExpectRefusedAtStartAndByCheck(const TempDir& dir, const Refused& r) {
   std::ofstream(dir.File("c.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
-                                    << "\nmetrics: {port: -1}\n" << r.yaml;
+                                    << "\nmetrics: {port: -1}\n"
+                                    << r.yaml;
   for (const std::string flags : {"", "--check-config "}) {
     CmdResult c = Sh("timeout 20 " + BinaryPath("kvtierd") + " " + flags + "--config " + dir.File("c.yaml"));
     EXPECT_NE(c.code, 0) << flags << r.yaml << c.out;
@@ -119,25 +120,25 @@ TEST(Kvtierd, TheSameNvmeFileTwiceIsRefusedHoweverItIsSpelled) {
   ASSERT_EQ(::symlink(a.c_str(), dir.File("link").c_str()), 0);
   const std::string rel = std::filesystem::relative(a).string();  // the cwd's spelling
   for (const std::string& second : {a, dir.path() + "/./slots0", dir.File("link"), rel}) {
-    ExpectRefusedAtStartAndByCheck(
-        dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
-              "  nvme:\n    files: [{path: " + a + ", capacity: 16MiB}, {path: " + second + ", capacity: 16MiB}]\n",
-              "tiers.nvme.files[1].path", "same file"});
+    ExpectRefusedAtStartAndByCheck(dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
+                                         "  nvme:\n    files: [{path: " +
+                                             a + ", capacity: 16MiB}, {path: " + second + ", capacity: 16MiB}]\n",
+                                         "tiers.nvme.files[1].path", "same file"});
   }
   std::ofstream(a) << "";  // an existing file, by inode
-  ExpectRefusedAtStartAndByCheck(
-      dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
-            "  nvme:\n    files: [{path: " + dir.File("link") + ", capacity: 16MiB}, {path: " + a +
-            ", capacity: 16MiB}]\n",
-            "tiers.nvme.files[1].path", "same file"});
+  ExpectRefusedAtStartAndByCheck(dir,
+                                 {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
+                                  "  nvme:\n    files: [{path: " +
+                                      dir.File("link") + ", capacity: 16MiB}, {path: " + a + ", capacity: 16MiB}]\n",
+                                  "tiers.nvme.files[1].path", "same file"});
 }
 
 TEST(Kvtierd, AnNvmeFileInADirectoryThatDoesNotExistIsRefused) {
   TempDir dir;
-  ExpectRefusedAtStartAndByCheck(
-      dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
-            "  nvme:\n    files: [{path: " + dir.File("no/such/dir/slots0") + ", capacity: 16MiB}]\n",
-            "tiers.nvme.files[0].path", dir.File("no/such/dir")});
+  ExpectRefusedAtStartAndByCheck(dir, {"tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB}\n"
+                                       "  nvme:\n    files: [{path: " +
+                                           dir.File("no/such/dir/slots0") + ", capacity: 16MiB}]\n",
+                                       "tiers.nvme.files[0].path", dir.File("no/such/dir")});
   EXPECT_FALSE(std::filesystem::exists(dir.File("no"))) << "the daemon created the missing directory";
 }
 
@@ -157,15 +158,17 @@ TEST(Kvtierd, AHostPoolLargerThanMemoryIsRefusedUnlessOvercommitted) {
   ASSERT_GT(total, 0u);
   // The next whole GiB above the machine's memory, in 1 GiB segments (sparse memfds).
   const uint64_t gib = (total >> 30) + 1;
-  const std::string pool = "tiers:\n  host: {capacity: " + std::to_string(gib) + "GiB, segment_bytes: 1GiB, huge_pages: off";
+  const std::string pool =
+      "tiers:\n  host: {capacity: " + std::to_string(gib) + "GiB, segment_bytes: 1GiB, huge_pages: off";
   TempDir dir;
   ExpectRefusedAtStartAndByCheck(dir, {pool + "}\n", "tiers.host.capacity", "OOM"});
   // A host-emulated GPU pool lives in RAM too: the two together count.
   const uint64_t half = gib / 2 + 1;
-  ExpectRefusedAtStartAndByCheck(
-      dir, {"tiers:\n  host: {capacity: " + std::to_string(half) + "GiB, segment_bytes: 1GiB, huge_pages: off}\n"
-            "  gpu: {enabled: true, backend: host-emulated, capacity: " + std::to_string(half) + "GiB, segment_bytes: 1GiB}\n",
-            "tiers.host.capacity", "host-emulated"});
+  ExpectRefusedAtStartAndByCheck(dir, {"tiers:\n  host: {capacity: " + std::to_string(half) +
+                                           "GiB, segment_bytes: 1GiB, huge_pages: off}\n"
+                                           "  gpu: {enabled: true, backend: host-emulated, capacity: " +
+                                           std::to_string(half) + "GiB, segment_bytes: 1GiB}\n",
+                                       "tiers.host.capacity", "host-emulated"});
   // With the operator's say-so it starts (and warns).
   DaemonProcess::Options o;
   o.host_capacity = std::to_string(gib) + "GiB";
@@ -247,14 +250,16 @@ TEST(Kvctl, EmbeddedDefaultsAgreeFromTheSameDirectory) {
   // kvtierd with no config and kvctl with no flags, both from one working directory.
   TempDir dir;
   std::ofstream(dir.File("cfg.yaml")) << "metrics:\n  port: 0\n";  // the default port may be taken
-  CmdResult started = Sh("cd " + dir.path() + " && (" + BinaryPath("kvtierd") +
-                   " --config cfg.yaml >d.log 2>&1 & echo $! > pid)");
+  CmdResult started =
+      Sh("cd " + dir.path() + " && (" + BinaryPath("kvtierd") + " --config cfg.yaml >d.log 2>&1 & echo $! > pid)");
   ASSERT_EQ(started.code, 0);
   CmdResult r{-1, ""};
-  WaitUntil([&] {
-    r = Sh("cd " + dir.path() + " && " + BinaryPath("kvctl") + " status");
-    return r.code == 0;
-  }, std::chrono::seconds(5), std::chrono::milliseconds(50));
+  WaitUntil(
+      [&] {
+        r = Sh("cd " + dir.path() + " && " + BinaryPath("kvctl") + " status");
+        return r.code == 0;
+      },
+      std::chrono::seconds(5), std::chrono::milliseconds(50));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("./var/kvtierd.sock"), std::string::npos) << r.out;
   Sh("kill $(cat " + dir.File("pid") + ")");
@@ -271,11 +276,10 @@ TEST(Metrics, EndpointServesPrometheusText) {
   ASSERT_TRUE(stats.ok());
   CmdResult r = Sh("curl -fsS " + stats->metrics_url);
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const char* m : {"kvtier_tier_capacity_bytes{tier=\"host\"} 67108864",
-                        "kvtier_lookups_total 1", "kvtier_lookup_blocks_total 2",
-                        "kvtier_block_misses_total 2", "kvtier_sessions 1",
-                        "kvtier_rpc_duration_seconds_count{op=\"lookup\"} 1",
-                        "kvtier_tier_bytes{tier=\"host\",state=\"free\"}"}) {
+  for (const char* m :
+       {"kvtier_tier_capacity_bytes{tier=\"host\"} 67108864", "kvtier_lookups_total 1", "kvtier_lookup_blocks_total 2",
+        "kvtier_block_misses_total 2", "kvtier_sessions 1", "kvtier_rpc_duration_seconds_count{op=\"lookup\"} 1",
+        "kvtier_tier_bytes{tier=\"host\",state=\"free\"}"}) {
     EXPECT_NE(r.out.find(m), std::string::npos) << m;
   }
   CmdResult h = Sh("curl -s -o /dev/null -w '%{http_code}' " + stats->metrics_url + "x");
@@ -305,7 +309,8 @@ TEST(SystemdUnit, ExposureIsAtMostTwoPointFiveAndVerifyIsClean) {
   RecordProperty("exposure", std::to_string(score));
   // verify wants the ExecStart binary to exist: point it at the one just built.
   TempDir dir;
-  CmdResult cp = Sh("sed 's#/usr/bin/kvtierd#" + BinaryPath("kvtierd") + "#' " + unit + " > " + dir.File("kvtierd.service"));
+  CmdResult cp =
+      Sh("sed 's#/usr/bin/kvtierd#" + BinaryPath("kvtierd") + "#' " + unit + " > " + dir.File("kvtierd.service"));
   ASSERT_EQ(cp.code, 0) << cp.out;
   CmdResult verify = Sh("systemd-analyze verify " + dir.File("kvtierd.service"));
   EXPECT_EQ(verify.code, 0) << verify.out;
@@ -314,9 +319,9 @@ TEST(SystemdUnit, ExposureIsAtMostTwoPointFiveAndVerifyIsClean) {
   std::ifstream in(unit);
   std::stringstream text;
   text << in.rdbuf();
-  for (const char* needed : {"io_uring_setup", "io_uring_enter", "io_uring_register", "char-nvidiactl",
-                             "char-nvidia-uvm", "Type=notify", "WatchdogSec=", "Restart=on-failure",
-                             "PrivateUsers=no"}) {
+  for (const char* needed :
+       {"io_uring_setup", "io_uring_enter", "io_uring_register", "char-nvidiactl", "char-nvidia-uvm", "Type=notify",
+        "WatchdogSec=", "Restart=on-failure", "PrivateUsers=no"}) {
     EXPECT_NE(text.str().find(needed), std::string::npos) << needed;
   }
 }
@@ -329,8 +334,10 @@ TEST(SystemdUnit, SysusersAndTmpfilesAreAccepted) {
   if (::geteuid() != 0) GTEST_SKIP() << "creating the directories needs root";
   TempDir root;
   ASSERT_EQ(Sh("mkdir -p " + root.File("etc")).code, 0);
-  CmdResult made = Sh("systemd-sysusers --root=" + root.path() + " " + src + "kvtier.sysusers && "
-                      "systemd-tmpfiles --root=" + root.path() + " --create " + src + "kvtier.tmpfiles");
+  CmdResult made = Sh("systemd-sysusers --root=" + root.path() + " " + src +
+                      "kvtier.sysusers && "
+                      "systemd-tmpfiles --root=" +
+                      root.path() + " --create " + src + "kvtier.tmpfiles");
   ASSERT_EQ(made.code, 0) << made.out;
   struct stat st;
   ASSERT_EQ(::stat(root.File("run/kvtier").c_str(), &st), 0);

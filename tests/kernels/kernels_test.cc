@@ -228,7 +228,8 @@ TEST_P(DeviceBackendTest, GatherAndScatterMatchTheCpuReferenceByteForByte) {
       host_layers.push_back(RandomBytes(g.LayerTensorBytes(), 50 + l));
       auto a = backend_->AllocateShareable(0, 2 << 20);
       ASSERT_TRUE(a.ok());
-      ASSERT_TRUE(backend_->Copy(a->ptr, host_layers[l].data(), g.LayerTensorBytes(), CopyKind::kHostToDevice, stream_).ok());
+      ASSERT_TRUE(
+          backend_->Copy(a->ptr, host_layers[l].data(), g.LayerTensorBytes(), CopyKind::kHostToDevice, stream_).ok());
       layers.push_back(*a);
       dev.layers[l] = a->ptr;
       ref.layers[l] = host_layers[l].data();
@@ -260,8 +261,9 @@ TEST_P(DeviceBackendTest, GatherAndScatterMatchTheCpuReferenceByteForByte) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DeviceBackendTest, ::testing::Values("host-emulated", "cuda"),
-                         [](const auto& info) { return info.param == "cuda" ? std::string("cuda") : std::string("host_emulated"); });
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceBackendTest, ::testing::Values("host-emulated", "cuda"), [](const auto& info) {
+  return info.param == "cuda" ? std::string("cuda") : std::string("host_emulated");
+});
 
 TEST(DeviceBackend, CudaWithoutADeviceIsUnavailableNotACrash) {
   auto b = OpenDeviceBackend("cuda");

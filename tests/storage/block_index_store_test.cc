@@ -124,11 +124,12 @@ TEST_P(BlockIndexStoreTest, MultiGetScanMetaAndClear) {
   size_t n = 0;
   std::string prev;
   ASSERT_TRUE(S().Scan([&](std::string_view k, const BlockRecord&) {
-                  EXPECT_LT(prev, std::string(k));
-                  prev = std::string(k);
-                  ++n;
-                  return true;
-                }).ok());
+                   EXPECT_LT(prev, std::string(k));
+                   prev = std::string(k);
+                   ++n;
+                   return true;
+                 })
+                  .ok());
   EXPECT_EQ(n, 50u);
   ASSERT_TRUE(S().PutMeta("geometry", "g1").ok());
   EXPECT_EQ(**S().GetMeta("geometry"), "g1");

@@ -114,8 +114,7 @@ TEST_P(IoEngineTest, QueueIsBoundedAndDrains) {
   for (uint64_t i = 0; i < 8; ++i) {
     ASSERT_TRUE(engine_->Enqueue({IoOp::kWrite, fd_, i * 4096, buf.data + i * 4096, 4096, -1, i}).ok());
   }
-  EXPECT_EQ(engine_->Enqueue({IoOp::kWrite, fd_, 0, buf.data, 4096, -1, 99}).code(),
-            StatusCode::kResourceExhausted);
+  EXPECT_EQ(engine_->Enqueue({IoOp::kWrite, fd_, 0, buf.data, 4096, -1, 99}).code(), StatusCode::kResourceExhausted);
   ASSERT_TRUE(engine_->Submit().ok());
   auto c = WaitFor(8);
   EXPECT_EQ(c.size(), 8u);
@@ -148,9 +147,12 @@ TEST_P(IoEngineTest, FaultInjectionFailsExactlyTheNthRequest) {
   }
   ASSERT_EQ(c.size(), 4u);
   for (const auto& x : c) {
-    if (x.tag == 1) EXPECT_EQ(x.result, -ENOSPC);
-    else if (x.tag == 10) EXPECT_EQ(x.result, 4096) << "short read reports half";
-    else EXPECT_EQ(x.result, 4096);
+    if (x.tag == 1)
+      EXPECT_EQ(x.result, -ENOSPC);
+    else if (x.tag == 10)
+      EXPECT_EQ(x.result, 4096) << "short read reports half";
+    else
+      EXPECT_EQ(x.result, 4096);
   }
   EXPECT_EQ(f.injected(), 2u);
   EXPECT_FALSE(ParseIoFaults("write:0:eio").ok());

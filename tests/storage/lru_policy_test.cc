@@ -1,7 +1,8 @@
-#include "storage/arc_policy.h"
 #include "storage/lru_policy.h"
 
 #include <gtest/gtest.h>
+
+#include "storage/arc_policy.h"
 
 namespace kvtier {
 namespace {

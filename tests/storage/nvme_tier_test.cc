@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-
-#include <filesystem>
 #include <poll.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -11,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 
 #include "tests/support/fault_injection_io_engine.h"
@@ -313,10 +312,11 @@ INSTANTIATE_TEST_SUITE_P(Faults, NvmeFaultTest,
 // spills. Whatever fails is never indexed (now or after reopening), whatever succeeded
 // reads back exactly, and nothing crashes.
 TEST_F(NvmeTierTest, FaultsAtTheNthIoNeverIndexAFailedSpill) {
-  const std::pair<const char*, Durability> kinds[] = {
-      {"write:%d:eio", Durability::kStrict},   {"write:%d:enospc", Durability::kStrict},
-      {"write:%d:short", Durability::kRelaxed}, {"write:%d:eagain", Durability::kRelaxed},
-      {"sync:%d:eio", Durability::kStrict}};
+  const std::pair<const char*, Durability> kinds[] = {{"write:%d:eio", Durability::kStrict},
+                                                      {"write:%d:enospc", Durability::kStrict},
+                                                      {"write:%d:short", Durability::kRelaxed},
+                                                      {"write:%d:eagain", Durability::kRelaxed},
+                                                      {"sync:%d:eio", Durability::kStrict}};
   int cases = 0, failures = 0;
   for (const auto& [pattern, durability] : kinds) {
     for (int n = 1; n <= 6; ++n) {
@@ -342,7 +342,8 @@ TEST_F(NvmeTierTest, FaultsAtTheNthIoNeverIndexAFailedSpill) {
         }
         Settle(t.get());
         EXPECT_FALSE(failed.empty()) << spec << ": the fault never fired";
-        for (const auto& k : failed) EXPECT_FALSE(t->Find(k)->has_value()) << spec << ": " << k << " indexed after failing";
+        for (const auto& k : failed)
+          EXPECT_FALSE(t->Find(k)->has_value()) << spec << ": " << k << " indexed after failing";
       }
       // Reopened, as after a restart: the same answer.
       auto t = Open(16, durability);

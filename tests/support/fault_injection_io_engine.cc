@@ -19,19 +19,29 @@ Result<std::vector<IoFault>> ParseIoFaults(const std::string& spec) {
       return InvalidArgument("io fault '" + item + "' is not op:nth:kind");
     }
     IoFault f;
-    if (op == "read") f.op = IoFault::Op::kRead;
-    else if (op == "write") f.op = IoFault::Op::kWrite;
-    else if (op == "sync") f.op = IoFault::Op::kSync;
-    else if (op == "any") f.op = IoFault::Op::kAny;
-    else return InvalidArgument("io fault op '" + op + "'");
+    if (op == "read")
+      f.op = IoFault::Op::kRead;
+    else if (op == "write")
+      f.op = IoFault::Op::kWrite;
+    else if (op == "sync")
+      f.op = IoFault::Op::kSync;
+    else if (op == "any")
+      f.op = IoFault::Op::kAny;
+    else
+      return InvalidArgument("io fault op '" + op + "'");
     char* end = nullptr;
     f.nth = std::strtoull(nth.c_str(), &end, 10);
     if (nth.empty() || *end != '\0' || f.nth == 0) return InvalidArgument("io fault nth '" + nth + "'");
-    if (kind == "eio") f.kind = IoFault::Kind::kEio;
-    else if (kind == "enospc") f.kind = IoFault::Kind::kEnospc;
-    else if (kind == "eagain") f.kind = IoFault::Kind::kEagain;
-    else if (kind == "short") f.kind = IoFault::Kind::kShort;
-    else return InvalidArgument("io fault kind '" + kind + "'");
+    if (kind == "eio")
+      f.kind = IoFault::Kind::kEio;
+    else if (kind == "enospc")
+      f.kind = IoFault::Kind::kEnospc;
+    else if (kind == "eagain")
+      f.kind = IoFault::Kind::kEagain;
+    else if (kind == "short")
+      f.kind = IoFault::Kind::kShort;
+    else
+      return InvalidArgument("io fault kind '" + kind + "'");
     out.push_back(f);
   }
   return out;

@@ -83,8 +83,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
   log_ = dir_.File("kvtierd.log");
   std::ofstream c(config_);
   c << "socket:\n  path: " << socket_ << "\n"
-    << options_.socket_yaml
-    << "data_dir: " << dir_.File("data") << "\n"
+    << options_.socket_yaml << "data_dir: " << dir_.File("data") << "\n"
     << "log_level: " << options_.log_level << "\n"
     << "metrics:\n  port: 0\n"
     << "tiers:\n  host:\n"
@@ -97,8 +96,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
       << "\n    segment_bytes: " << options_.gpu_segment_bytes << "\n";
   }
   if (!options_.nvme_capacity.empty()) {
-    c << "  nvme:\n    files: [{path: " << dir_.File("slots0") << ", capacity: " << options_.nvme_capacity
-      << "}]\n"
+    c << "  nvme:\n    files: [{path: " << dir_.File("slots0") << ", capacity: " << options_.nvme_capacity << "}]\n"
       << options_.nvme_yaml;
   }
   c << options_.extra_yaml;
@@ -129,17 +127,19 @@ Status DaemonProcess::Start() {
     ::_exit(127);
   }
   bool exited = false, up = false;
-  WaitUntil([&] {
-    int status;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) return exited = true;
-    int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-    up = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    ::close(s);
-    return up;
-  }, std::chrono::seconds(10), std::chrono::milliseconds(20));
+  WaitUntil(
+      [&] {
+        int status;
+        if (::waitpid(pid_, &status, WNOHANG) == pid_) return exited = true;
+        int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
+        up = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+        ::close(s);
+        return up;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(20));
   if (exited) {
     pid_ = -1;
     return Internal("kvtierd exited during start: " + Log());

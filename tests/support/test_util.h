@@ -56,9 +56,9 @@ class DaemonProcess {
     std::string extra_yaml;
     std::string host_yaml;    // more keys under tiers.host:, indented, e.g. "    overcommit: true\n"
     std::string socket_yaml;  // more keys under socket:, indented, e.g. "  group: 4000\n"
-    std::string kvtierd;  // binary; empty: BinaryPath("kvtierd")
+    std::string kvtierd;      // binary; empty: BinaryPath("kvtierd")
     std::string log_level = "debug";
-    int cpu = -1;  // pin kvtierd to this CPU (benchmarks); -1: no pinning
+    int cpu = -1;                  // pin kvtierd to this CPU (benchmarks); -1: no pinning
     std::vector<std::string> env;  // "NAME=value" added to the daemon's environment
     // An NVMe tier of this size in the temp dir ("" = none), with these extra keys.
     std::string nvme_capacity;
