@@ -68,20 +68,20 @@ void BlockTable::SetState(Tier& t, PageId p, PageState to) {
   if (uint32_t* c = counter(to)) ++*c;
 }
 
-std::optional<PageId> BlockTable::Lease(TierKind kind, TenantId tenant) {
+std::optional<PageId> BlockTable::Allocate(TierKind kind, TenantId tenant, PageState as) {
   Tier& t = T(kind);
   auto got = t.pool->Allocate(tenant);
   if (!got.ok() || !got->has_value()) return std::nullopt;
-  SetState(t, **got, PageState::kLeased);
+  SetState(t, **got, as);
   return **got;
 }
 
+std::optional<PageId> BlockTable::Lease(TierKind kind, TenantId tenant) {
+  return Allocate(kind, tenant, PageState::kLeased);
+}
+
 std::optional<PageId> BlockTable::Take(TierKind kind, TenantId tenant) {
-  Tier& t = T(kind);
-  auto got = t.pool->Allocate(tenant);
-  if (!got.ok() || !got->has_value()) return std::nullopt;
-  SetState(t, **got, PageState::kInFlight);
-  return **got;
+  return Allocate(kind, tenant, PageState::kInFlight);
 }
 
 void BlockTable::Free(TierKind kind, PageId p) {

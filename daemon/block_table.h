@@ -139,6 +139,8 @@ class BlockTable {
   explicit BlockTable(NamespaceTable* namespaces) : namespaces_(namespaces) {}
   Tier& T(TierKind t) { return tiers_[TierIndex(t)]; }
   const Tier& T(TierKind t) const { return tiers_[TierIndex(t)]; }
+  // A free page of the tenant's from the pool, put in state `as`.
+  std::optional<PageId> Allocate(TierKind kind, TenantId tenant, PageState as);
   // Moves page `p` into state `to` and keeps the counters of the page states.
   void SetState(Tier& t, PageId p, PageState to);
   // The one counting step: a resident page of `b` enters (+1) or leaves (-1) the cached

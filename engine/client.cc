@@ -58,6 +58,13 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   return c;
 }
 
+Result<Connection*> Client::Conn() const {
+  if (!conn_) return FailedPrecondition("the client was closed");
+  return conn_.get();
+}
+
+void Client::Close() { conn_.reset(); }
+
 Status Client::CheckHashes(std::span<const BlockHash> hs) const {
   for (const BlockHash& h : hs) {
     if (h.size() != options_.hash_bytes) {
@@ -70,13 +77,15 @@ Status Client::CheckHashes(std::span<const BlockHash> hs) const {
 
 // ---- Allocate ----
 Result<Ticket> Client::StartAllocate(TierKind tier, uint32_t count) {
-  auto& b = conn_->builder();
-  return conn_->Send(fb::Op::Allocate, fb::CreateAllocate(b, TierToWire(tier), count).Union());
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
+  auto& b = conn->builder();
+  return conn->Send(fb::Op::Allocate, fb::CreateAllocate(b, TierToWire(tier), count).Union());
 }
 
 Result<std::vector<PageId>> Client::WaitAllocate(Ticket t) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<PageId> pages;
-  KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::AllocateReply, [&](const fb::Response& r) {
+  KVTIER_RETURN_IF_ERROR(conn->Wait(t, fb::Reply::AllocateReply, [&](const fb::Response& r) {
     if (const auto* v = r.reply_as_AllocateReply()->pages()) pages.assign(v->begin(), v->end());
     return Status::Ok();
   }));
@@ -90,6 +99,7 @@ Result<std::vector<PageId>> Client::Allocate(TierKind tier, uint32_t count) {
 
 // ---- Commit ----
 Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<BlockHash> hashes, parents;
   std::vector<PageId> pages;
   bool any_parent = false;
@@ -104,17 +114,18 @@ Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> e
   }
   KVTIER_RETURN_IF_ERROR(CheckHashes(hashes));
   KVTIER_RETURN_IF_ERROR(CheckHashes(parents));
-  auto& b = conn_->builder();
+  auto& b = conn->builder();
   auto pv = b.CreateVector(pages);
   auto hv = HashesToWire(b, hashes);
   auto parv = HashesToWire(b, parents);
-  return conn_->Send(fb::Op::Commit,
-                     fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn_->session().epoch).Union());
+  return conn->Send(fb::Op::Commit,
+                     fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch).Union());
 }
 
 Result<std::vector<BlockResult>> Client::WaitCommit(Ticket t) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<BlockResult> out;
-  KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::CommitReply, [&](const fb::Response& r) {
+  KVTIER_RETURN_IF_ERROR(conn->Wait(t, fb::Reply::CommitReply, [&](const fb::Response& r) {
     out = ResultsFromWire(r.reply_as_CommitReply()->results());
     return Status::Ok();
   }));
@@ -128,16 +139,18 @@ Result<std::vector<BlockResult>> Client::Commit(TierKind tier, std::span<const C
 
 // ---- Release ----
 Result<Ticket> Client::StartRelease(TierKind tier, std::span<const PageId> pages, std::span<const BlockHash> hashes) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   KVTIER_RETURN_IF_ERROR(CheckHashes(hashes));
-  auto& b = conn_->builder();
+  auto& b = conn->builder();
   auto pv = b.CreateVector(pages.data(), pages.size());
   auto hv = HashesToWire(b, hashes);
-  return conn_->Send(fb::Op::Release, fb::CreateRelease(b, TierToWire(tier), pv, hv, conn_->session().epoch).Union());
+  return conn->Send(fb::Op::Release, fb::CreateRelease(b, TierToWire(tier), pv, hv, conn->session().epoch).Union());
 }
 
 Result<std::vector<Status>> Client::WaitRelease(Ticket t) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<Status> out;
-  KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::ReleaseReply, [&](const fb::Response& r) {
+  KVTIER_RETURN_IF_ERROR(conn->Wait(t, fb::Reply::ReleaseReply, [&](const fb::Response& r) {
     if (const auto* v = r.reply_as_ReleaseReply()->statuses()) {
       for (fb::Status s : *v) out.push_back(StatusFromWire(s));
     }
@@ -154,15 +167,17 @@ Result<std::vector<Status>> Client::Release(TierKind tier, std::span<const PageI
 
 // ---- Lookup ----
 Result<Ticket> Client::StartLookup(std::span<const BlockHash> chain) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   KVTIER_RETURN_IF_ERROR(CheckHashes(chain));
-  auto& b = conn_->builder();
+  auto& b = conn->builder();
   auto hv = HashesToWire(b, chain);
-  return conn_->Send(fb::Op::Lookup, fb::CreateLookup(b, hv).Union());
+  return conn->Send(fb::Op::Lookup, fb::CreateLookup(b, hv).Union());
 }
 
 Result<LookupResult> Client::WaitLookup(Ticket t) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   LookupResult out;
-  KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::LookupReply, [&](const fb::Response& r) {
+  KVTIER_RETURN_IF_ERROR(conn->Wait(t, fb::Reply::LookupReply, [&](const fb::Response& r) {
     const fb::LookupReply* l = r.reply_as_LookupReply();
     out.matched = l->matched();
     if (l->tiers()) {
@@ -181,15 +196,17 @@ Result<LookupResult> Client::Lookup(std::span<const BlockHash> chain) {
 
 // ---- Acquire ----
 Result<Ticket> Client::StartAcquire(std::span<const BlockHash> hashes) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   KVTIER_RETURN_IF_ERROR(CheckHashes(hashes));
-  auto& b = conn_->builder();
+  auto& b = conn->builder();
   auto hv = HashesToWire(b, hashes);
-  return conn_->Send(fb::Op::Acquire, fb::CreateAcquire(b, hv).Union());
+  return conn->Send(fb::Op::Acquire, fb::CreateAcquire(b, hv).Union());
 }
 
 Result<std::vector<BlockResult>> Client::WaitAcquire(Ticket t) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<BlockResult> out;
-  KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::AcquireReply, [&](const fb::Response& r) {
+  KVTIER_RETURN_IF_ERROR(conn->Wait(t, fb::Reply::AcquireReply, [&](const fb::Response& r) {
     out = ResultsFromWire(r.reply_as_AcquireReply()->results());
     return Status::Ok();
   }));
@@ -201,9 +218,15 @@ Result<std::vector<BlockResult>> Client::Acquire(std::span<const BlockHash> hash
   return WaitAcquire(t);
 }
 
-Result<Ticket> Client::WaitAny(std::span<const Ticket> tickets) { return conn_->WaitAny(tickets); }
+Result<Ticket> Client::WaitAny(std::span<const Ticket> tickets) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
+  return conn->WaitAny(tickets);
+}
 
-Status Client::Ping(size_t payload_bytes) { return conn_->Ping(payload_bytes); }
+Status Client::Ping(size_t payload_bytes) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
+  return conn->Ping(payload_bytes);
+}
 
 // ---- accessors ----
 std::span<uint8_t> Client::PageBytes(TierKind tier, PageId page) const { return segments_->PageBytes(tier, page); }
@@ -211,11 +234,14 @@ const std::vector<TierInfo>& Client::tiers() const { return segments_->tiers(); 
 uint64_t Client::page_bytes(TierKind tier) const { return segments_->page_bytes(tier); }
 void* Client::PageAddress(TierKind tier, PageId page) const { return segments_->PageAddress(tier, page); }
 std::string_view Client::device_backend() const { return segments_->device_name(); }
-uint64_t Client::session_id() const { return conn_->session().id; }
-uint64_t Client::daemon_epoch() const { return conn_->session().epoch; }
-const std::string& Client::namespace_id() const { return conn_->session().namespace_id; }
+uint64_t Client::session_id() const { return conn_ ? conn_->session().id : 0; }
+uint64_t Client::daemon_epoch() const { return conn_ ? conn_->session().epoch : 0; }
+const std::string& Client::namespace_id() const {
+  static const std::string kNone;
+  return conn_ ? conn_->session().namespace_id : kNone;
+}
 size_t Client::hash_bytes() const { return options_.hash_bytes; }
-int Client::fd() const { return conn_->fd(); }
+int Client::fd() const { return conn_ ? conn_->fd() : -1; }
 
 // ---- KV transfer helpers ----
 

@@ -136,6 +136,12 @@ class Client {
   Result<std::vector<BlockResult>> Acquire(std::span<const BlockHash> hashes);
   // Round trip with `payload_bytes` of payload each way.
   Status Ping(size_t payload_bytes = 0);
+  // Ends the session now: the daemon returns its leased pages and drops its references.
+  // The pool mappings stay until the Client is destroyed, so memory views taken with
+  // PageBytes do not fault (their bytes may be reused by the daemon). Every later call is
+  // kFailedPrecondition. Idempotent.
+  void Close();
+  bool closed() const { return conn_ == nullptr; }
 
   // ---- pipelined calls ----
   // StartX sends the request (errors: those found before sending, or kUnavailable);
@@ -198,6 +204,8 @@ class Client {
  private:
   Client(const ClientOptions& options, std::unique_ptr<SegmentMap> segments);
   Status CheckHashes(std::span<const BlockHash> hs) const;
+  // The connection, or kFailedPrecondition after Close().
+  Result<Connection*> Conn() const;
 
   ClientOptions options_;
   std::unique_ptr<SegmentMap> segments_;

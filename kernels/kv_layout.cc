@@ -10,7 +10,9 @@ Status KvGeometry::Validate() const {
   if (block_tokens == 0 || kv_heads == 0 || head_dim == 0) {
     return InvalidArgument("kv geometry: block_tokens, kv_heads and head_dim must be > 0");
   }
-  if (elem_bytes != 1 && elem_bytes != 2) return InvalidArgument("kv geometry: elem_bytes must be 1 or 2");
+  if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4) {
+    return InvalidArgument("kv geometry: elem_bytes must be 1, 2 or 4");
+  }
   return Status::Ok();
 }
 

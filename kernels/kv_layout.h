@@ -31,7 +31,7 @@ struct KvGeometry {
   uint32_t block_tokens = 0;
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
-  uint32_t elem_bytes = 2;  // 2: fp16/bf16, 1: fp8/int8
+  uint32_t elem_bytes = 2;  // 4: fp32, 2: fp16/bf16, 1: fp8/int8 (gather/scatter copy bytes)
 
   // constexpr so CUDA kernels may call them (nvcc --expt-relaxed-constexpr).
   constexpr uint64_t SlabBytes() const { return uint64_t{block_tokens} * kv_heads * head_dim * elem_bytes; }
