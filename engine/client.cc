@@ -234,6 +234,10 @@ const std::vector<TierInfo>& Client::tiers() const { return segments_->tiers(); 
 uint64_t Client::page_bytes(TierKind tier) const { return segments_->page_bytes(tier); }
 void* Client::PageAddress(TierKind tier, PageId page) const { return segments_->PageAddress(tier, page); }
 std::string_view Client::device_backend() const { return segments_->device_name(); }
+Result<std::string_view> Client::OpenDevice() {
+  KVTIER_RETURN_IF_ERROR(segments_->EnsureDevice());
+  return segments_->device_name();
+}
 uint64_t Client::session_id() const { return conn_ ? conn_->session().id : 0; }
 uint64_t Client::daemon_epoch() const { return conn_ ? conn_->session().epoch : 0; }
 const std::string& Client::namespace_id() const {

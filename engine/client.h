@@ -193,6 +193,9 @@ class Client {
   void* PageAddress(TierKind tier, PageId page) const;
   // "cuda", "host-emulated", or "none" before the device is first needed.
   std::string_view device_backend() const;
+  // Opens the device backend now (ClientOptions::device decides which) and returns its
+  // name; kUnavailable for "cuda" without a device.
+  Result<std::string_view> OpenDevice();
 
   uint64_t session_id() const;
   uint64_t daemon_epoch() const;

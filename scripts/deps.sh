@@ -10,6 +10,7 @@ PACKAGES=(
   libsystemd-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   prometheus fio tmux systemd
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libopenblas0-pthread
 )
 
 missing=()

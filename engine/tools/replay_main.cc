@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <list>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "engine/client.h"
@@ -62,7 +63,9 @@ struct Record {
   uint32_t beyond_gpu[kTierCount];  // hits past the GPU-only cache's prefix
   uint32_t corrupt;
   uint32_t errors;
-  double latency_us;  // lookup + acquire
+  double latency_us;     // lookup + acquire
+  uint32_t unavailable;  // the daemon was gone (a restart, an upgrade): a miss, the session reconnects
+  uint32_t reconnects;
 };
 
 std::vector<BlockHash> ChainOf(const TraceRequest& r) {
@@ -82,18 +85,38 @@ void Report(int session, const char* what, const Status& s) {
   if (reported++ < 3) std::fprintf(stderr, "kvtier-replay: session %d: %s: %s\n", session, what, s.ToString().c_str());
 }
 
+// A failure that means the daemon went away (or restarted: handles of another epoch).
+bool DaemonGone(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kFailedPrecondition;
+}
+
 int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, const std::vector<uint32_t>& gpu_hit,
                int index, int fd) {
   ClientOptions o;
   o.socket_path = a.socket;
   o.engine_name = "kvtier-replay-" + std::to_string(index);
   o.layout = layout;
-  auto c = Client::Connect(o);
-  if (!c.ok()) {
-    std::fprintf(stderr, "kvtier-replay: session %d: %s\n", index, c.status().ToString().c_str());
-    return 1;
-  }
-  Client& client = **c;
+  std::unique_ptr<Client> client;
+  uint32_t reconnects = 0;
+  // Connects, or reconnects after the daemon went away: with back-off (10 ms doubling to
+  // 1 s, jittered) for up to 30 s, as an engine would, rather than stopping the session.
+  auto connect = [&]() -> bool {
+    std::mt19937 rng(static_cast<uint32_t>(index * 7919 + reconnects));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (int backoff_ms = 10;; backoff_ms = std::min(1000, backoff_ms * 2)) {
+      auto c = Client::Connect(o);
+      if (c.ok()) {
+        client = std::move(c).value();
+        return true;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::fprintf(stderr, "kvtier-replay: session %d: %s\n", index, c.status().ToString().c_str());
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms / 2 + rng() % (backoff_ms / 2 + 1)));
+    }
+  };
+  if (!connect()) return 1;
   const auto start = std::chrono::steady_clock::now();
   const size_t n = a.max_requests ? std::min<size_t>(a.max_requests, trace.requests.size()) : trace.requests.size();
   for (size_t i = static_cast<size_t>(index); i < n; i += static_cast<size_t>(a.sessions)) {
@@ -102,20 +125,34 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
       std::this_thread::sleep_until(start +
                                     std::chrono::microseconds(static_cast<int64_t>(q.timestamp_ms * 1000 / a.speed)));
     }
-    Record rec{static_cast<uint32_t>(i), static_cast<uint32_t>(q.blocks.size()), {0, 0, 0}, {0, 0, 0}, 0, 0, 0};
+    Record rec{static_cast<uint32_t>(i), static_cast<uint32_t>(q.blocks.size()), {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0};
+    if (!client) {
+      if (!connect()) return 1;
+      rec.reconnects = 1;
+      ++reconnects;
+    }
+    // An error counts against the daemon unless the daemon was gone: then the request is
+    // a miss and the session reconnects before the next one.
+    auto failed = [&](const char* what, const Status& st) {
+      if (DaemonGone(st)) {
+        ++rec.unavailable;
+        client.reset();
+      } else {
+        Report(index, what, st);
+        ++rec.errors;
+      }
+    };
     const auto chain = ChainOf(q);
     const auto t0 = std::chrono::steady_clock::now();
     size_t hit = 0;
-    auto l = client.Lookup(chain);
+    auto l = client->Lookup(chain);
     if (!l.ok()) {
-      Report(index, "lookup", l.status());
-      ++rec.errors;
+      failed("lookup", l.status());
     } else if (l->matched > 0) {
       std::span<const BlockHash> prefix(chain.data(), l->matched);
-      auto acq = client.Acquire(prefix);
+      auto acq = client->Acquire(prefix);
       if (!acq.ok()) {
-        Report(index, "acquire", acq.status());
-        ++rec.errors;
+        failed("acquire", acq.status());
       } else {
         std::vector<BlockHash> held;
         bool in_prefix = true;
@@ -126,7 +163,7 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
             continue;
           }
           held.push_back(chain[k]);
-          auto bytes = client.PageBytes(r.tier, r.page);
+          auto bytes = client->PageBytes(r.tier, r.page);
           if (bytes.size() < layout.block_bytes || !CheckBlockPattern(chain[k], bytes.first(layout.block_bytes))) {
             ++rec.corrupt;
             in_prefix = false;
@@ -139,29 +176,27 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
             ++hit;
           }
         }
-        if (!held.empty()) (void)client.Release(TierKind::kHost, {}, held);
+        if (!held.empty()) (void)client->Release(TierKind::kHost, {}, held);
       }
     }
     rec.latency_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     // Prefill what missed, a chunk at a time as an engine's chunked prefill does: write
     // the pattern of each block and commit it.
-    for (size_t from = hit; from < chain.size();) {
+    for (size_t from = hit; client && from < chain.size();) {
       const size_t n_chunk = std::min<size_t>(a.chunk_blocks, chain.size() - from);
-      auto pages = client.Allocate(TierKind::kHost, static_cast<uint32_t>(n_chunk));
+      auto pages = client->Allocate(TierKind::kHost, static_cast<uint32_t>(n_chunk));
       if (!pages.ok()) {
-        Report(index, "allocate", pages.status());
-        ++rec.errors;
+        failed("allocate", pages.status());
         break;
       }
       std::vector<CommitEntry> e;
       for (size_t k = from; k < from + n_chunk; ++k) {
-        auto bytes = client.PageBytes(TierKind::kHost, (*pages)[k - from]);
+        auto bytes = client->PageBytes(TierKind::kHost, (*pages)[k - from]);
         FillBlockPattern(chain[k], bytes.first(layout.block_bytes));
         e.push_back({(*pages)[k - from], chain[k], k ? chain[k - 1] : BlockHash()});
       }
-      if (auto c = client.Commit(TierKind::kHost, e); !c.ok()) {
-        Report(index, "commit", c.status());
-        ++rec.errors;
+      if (auto c = client->Commit(TierKind::kHost, e); !c.ok()) {
+        failed("commit", c.status());
         break;
       }
       from += n_chunk;
@@ -295,7 +330,8 @@ int main(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Aggregates.
-  uint64_t requests = 0, blocks = 0, hits[kTierCount] = {0, 0, 0}, corrupt = 0, errors = 0;
+  uint64_t requests = 0, blocks = 0, hits[kTierCount] = {0, 0, 0}, corrupt = 0, errors = 0, unavailable = 0,
+           reconnects = 0;
   std::vector<double> lat;
   for (size_t i = 0; i < n; ++i) {
     if (!have[i]) continue;
@@ -304,6 +340,8 @@ int main(int argc, char** argv) {
     for (int t = 0; t < kTierCount; ++t) hits[t] += recs[i].hit[t];
     corrupt += recs[i].corrupt;
     errors += recs[i].errors;
+    unavailable += recs[i].unavailable;
+    reconnects += recs[i].reconnects;
     lat.push_back(recs[i].latency_us);
   }
   const uint64_t total_hits = hits[0] + hits[1] + hits[2];
@@ -362,6 +400,8 @@ int main(int argc, char** argv) {
                      {"committed", (blocks - total_hits) * layout.block_bytes}}},
                    {"corrupt", corrupt},
                    {"errors", errors},
+                   {"unavailable", unavailable},
+                   {"reconnects", reconnects},
                    {"lookup_acquire_p50_us", Percentile(lat, 50)},
                    {"lookup_acquire_p99_us", Percentile(lat, 99)},
                    {"ttft_model",
@@ -394,6 +434,10 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(hits[0]), static_cast<unsigned long long>(hits[1]),
                 static_cast<unsigned long long>(hits[2]), static_cast<unsigned long long>(corrupt),
                 static_cast<unsigned long long>(errors));
+    if (unavailable > 0) {
+      std::printf("  daemon unavailable during %llu requests (misses); %llu reconnects\n",
+                  static_cast<unsigned long long>(unavailable), static_cast<unsigned long long>(reconnects));
+    }
     std::printf("  lookup+acquire p50 %.0f us, p99 %.0f us\n", Percentile(lat, 50), Percentile(lat, 99));
     std::printf("  modeled prefix hits: GPU-only %s cache %.1f%%, that cache + kvtier %.1f%%\n",
                 FormatBytes(*gpu_bytes).c_str(), blocks ? 100.0 * gpu_only_hits / blocks : 0.0,

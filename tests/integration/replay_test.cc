@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "engine/tools/block_pattern.h"
@@ -37,6 +38,37 @@ nlohmann::json RunJson(const std::string& cmd, const TempDir& dir, int* code) {
 std::string Replay(const DaemonProcess& d, const std::string& trace, const std::string& extra = "") {
   return BinaryPath("kvtier-replay") + " --trace " + trace + " -s " + d.socket_path() + " --block-bytes 16KiB --json " +
          extra;
+}
+
+TEST(Replay, SessionsReconnectWhenTheDaemonIsKilledAndRestartedMidRun) {
+  // An engine does not stop because its cache daemon restarted: the replay's sessions miss
+  // while it is gone, reconnect, and hit the warm NVMe index after.
+  auto trace = GenerateTrace("conversation", 400, 9);
+  ASSERT_TRUE(trace.ok());
+  TempDir dir;
+  ASSERT_TRUE(WriteTrace(*trace, dir.File("t.jsonl")).ok());
+  DaemonProcess::Options o = SmallTiers();
+  o.nvme_yaml += "    write_policy: write_through\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  // About 4 s of requests at the trace's pace scaled so the restart lands in the middle.
+  const double span_s = trace->requests.back().timestamp_ms / 1000.0;
+  const std::string speed = std::to_string(span_s / 4.0);
+  int code = -1;
+  nlohmann::json j;
+  std::thread replay([&] { j = RunJson(Replay(d, dir.File("t.jsonl"), "--sessions 2 --speed " + speed), dir, &code); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  d.Kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  replay.join();
+  EXPECT_EQ(code, 0) << j.dump(2);
+  EXPECT_EQ(j["requests"], 400);
+  EXPECT_EQ(j["corrupt"], 0);
+  EXPECT_EQ(j["errors"], 0) << "a daemon that went away is a miss, not an error";
+  EXPECT_GT(j["unavailable"].get<uint64_t>() + j["reconnects"].get<uint64_t>(), 0u) << j.dump(2);
+  EXPECT_GT(j["hits"]["host"].get<uint64_t>() + j["hits"]["nvme"].get<uint64_t>(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
 TEST(Replay, AWholeTraceVerifiesAndHitsBothTiers) {

@@ -1,0 +1,260 @@
+"""kvtier: the Python client of kvtierd, the KV-cache tiering daemon.
+
+An engine attaches with its model layout and leases pages of the daemon's pools; pages
+are shared memory (``Client.page`` is a writable buffer that ``numpy.frombuffer`` and
+``torch.frombuffer`` view without a copy). Blocks are named by chained prefix hashes
+(16 or 32 bytes), so equal hashes mean equal prefixes across processes and engines.
+
+    layout = kvtier.Layout("my-model", layers=32, kv_heads=8, head_dim=128,
+                           dtype="bf16", tokens_per_block=16)
+    with kvtier.Client(layout, hash_bytes=32) as c:
+        pages = c.allocate(2)
+        memoryview(c.page(pages[0]))[:4] = b"kv.."
+        c.commit(pages, [h0, h1], parents=[b"", h0])
+        c.lookup([h0, h1]).matched        # 2
+
+Failed calls raise a subclass of ``kvtier.Error`` named for the status code
+(``UnavailableError`` when no daemon answers, ``ResourceExhaustedError`` for a full tier,
+...), with the daemon's message; per-entry outcomes of commit/acquire/release are
+returned. Every call that waits for the daemon releases the GIL.
+
+Engine integrations: ``kvtier.vllm`` (a vLLM v1 KV connector) and ``kvtier.sglang`` (an
+SGLang HiCache storage backend); ``python -m kvtier.examples.torch_engine`` is a small
+transformer that shows reuse is exact; ``python -m kvtier.bench`` measures the binding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+from kvtier import _kvtier
+from kvtier._kvtier import (  # noqa: F401  (the public error types)
+    AbortedError,
+    AlreadyExistsError,
+    DataLossError,
+    Error,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    Page,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnavailableError,
+    UnimplementedError,
+)
+from kvtier.kv import kv_args
+
+__all__ = [
+    "Layout", "Client", "ControlClient", "BlockResult", "LookupResult", "Page", "Error",
+    "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "ResourceExhaustedError",
+    "FailedPreconditionError", "AbortedError", "UnavailableError", "DataLossError",
+    "PermissionDeniedError", "UnimplementedError", "InternalError", "DTYPE_BYTES",
+]
+
+# Element sizes of the dtypes a layout may name (protocol/base/layout.h).
+DTYPE_BYTES = {"fp16": 2, "float16": 2, "half": 2, "bf16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
+               "fp8_e5m2": 1, "int8": 1, "fp32": 4, "float32": 4}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A model's KV layout: the namespace its blocks live in (with the tenant).
+
+    Two engines share blocks only when every field is equal. ``block_bytes`` defaults to
+    the natural size: 2 x layers x tokens_per_block x kv_heads x head_dim x dtype bytes.
+    """
+
+    model: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    tokens_per_block: int
+    block_bytes: Optional[int] = None
+
+    @property
+    def natural_block_bytes(self) -> int:
+        if self.dtype not in DTYPE_BYTES:
+            raise InvalidArgumentError(f"dtype '{self.dtype}' is not one of {sorted(DTYPE_BYTES)}")
+        return 2 * self.layers * self.tokens_per_block * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+
+    @staticmethod
+    def opaque(model: str, block_bytes: int) -> "Layout":
+        """A layout for blocks that are opaque bytes to their engine (SGLang's pages, a
+        benchmark's): one layer of int8 elements, `block_bytes` (even) per block."""
+        if block_bytes <= 0 or block_bytes % 2:
+            raise InvalidArgumentError(f"an opaque block of {block_bytes} bytes: want a positive even size")
+        half = block_bytes // 2
+        dim = math.gcd(half, 16384)
+        return Layout(model, layers=1, kv_heads=1, head_dim=dim, dtype="int8", tokens_per_block=half // dim)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        if d["block_bytes"] is None:
+            d["block_bytes"] = self.natural_block_bytes
+        return d
+
+
+class BlockResult(NamedTuple):
+    """One entry of commit, acquire, store_kv: its status code name, tier and page."""
+
+    status: str
+    tier: str
+    page: int
+    duplicate: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+
+class LookupResult(NamedTuple):
+    matched: int      # blocks 0..matched-1 of the chain are cached
+    tiers: list       # the tier of each matched block
+
+
+def _results(raw) -> list:
+    return [BlockResult(*r) for r in raw]
+
+
+class Client:
+    """One engine session with kvtierd (a context manager; closing ends the session).
+
+    ``socket``: None or "" uses $KVTIER_SOCKET, else kvtierd's default ./var/kvtierd.sock.
+    ``device``: "auto" (CUDA when visible, else host-emulated), "cuda" or "host-emulated";
+    KV tensors given to store_kv/load_kv must live where it says (CPU tensors need
+    "host-emulated"). Thread-safe: calls from several threads are serialized.
+    """
+
+    def __init__(self, layout: Layout, socket: Optional[str] = None, *, name: str = "python", hash_bytes: int = 16,
+                 timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0):
+        self.layout = layout
+        self._device = None
+        self._c = _kvtier.Client(layout.as_dict(), socket or "", name, hash_bytes, timeout_ms, device, cuda_device)
+
+    # ---- session ----
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the session (the daemon frees its leases and references). Pages already
+        handed out stay mapped (not meaningful) until they are garbage-collected."""
+        self._c.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    @property
+    def session_id(self) -> int:
+        return self._c.session_id
+
+    @property
+    def daemon_epoch(self) -> int:
+        return self._c.daemon_epoch
+
+    @property
+    def namespace_id(self) -> str:
+        return self._c.namespace_id
+
+    @property
+    def hash_bytes(self) -> int:
+        return self._c.hash_bytes
+
+    @property
+    def device_backend(self) -> str:
+        """"cuda" or "host-emulated" (the device is opened on first use)."""
+        if self._device is None:
+            self._device = self._c.open_device()
+        return self._device
+
+    def page_bytes(self, tier: str = "host") -> int:
+        return self._c.page_bytes(tier)
+
+    # ---- pages and blocks ----
+    def allocate(self, count: int, tier: str = "host") -> list:
+        """Leases `count` writable pages (all or nothing)."""
+        return self._c.allocate(count, tier)
+
+    def page(self, page: int, tier: str = "host") -> Page:
+        """The page's bytes as a writable buffer over shared memory (no copy)."""
+        return self._c.page(page, tier)
+
+    def page_address(self, page: int, tier: str = "host") -> int:
+        """The page's address in this process (device memory for a CUDA GPU tier); 0 when
+        its segment is not mapped here."""
+        return self._c.page_address(page, tier)
+
+    def commit(self, pages: Sequence[int], hashes: Sequence[bytes], parents: Optional[Sequence[bytes]] = None,
+               tier: str = "host", retain: bool = False) -> list:
+        """Leased pages become blocks ``hashes[i]`` (parent ``parents[i]``; b"" for none)."""
+        return _results(self._c.commit(list(pages), list(hashes), None if parents is None else list(parents), tier,
+                                       retain))
+
+    def release(self, pages: Iterable[int] = (), hashes: Iterable[bytes] = (), tier: str = "host") -> list:
+        """Releases leased pages or references; one status name per page, then per hash."""
+        return self._c.release(list(pages), list(hashes), tier)
+
+    def lookup(self, chain: Sequence[bytes]) -> LookupResult:
+        """The longest cached prefix of a hash chain, with each matched block's tier."""
+        return LookupResult(*self._c.lookup(list(chain)))
+
+    def acquire(self, hashes: Sequence[bytes]) -> list:
+        """References cached blocks until release (NVMe blocks are read back first)."""
+        return _results(self._c.acquire(list(hashes)))
+
+    def start_lookup(self, chain: Sequence[bytes]) -> int:
+        return self._c.start_lookup(list(chain))
+
+    def wait_lookup(self, ticket: int) -> LookupResult:
+        return LookupResult(*self._c.wait_lookup(ticket))
+
+    def start_acquire(self, hashes: Sequence[bytes]) -> int:
+        return self._c.start_acquire(list(hashes))
+
+    def wait_acquire(self, ticket: int) -> list:
+        return _results(self._c.wait_acquire(ticket))
+
+    def ping(self, payload_bytes: int = 0) -> None:
+        self._c.ping(payload_bytes)
+
+    # ---- whole paged KV caches ----
+    def store_kv(self, kv_caches: Sequence, block_ids: Sequence[int], hashes: Sequence[bytes],
+                 parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first") -> list:
+        """Stores engine blocks ``block_ids[i]`` of a paged KV cache as ``hashes[i]``.
+
+        ``kv_caches``: one tensor per layer (torch or numpy), each
+        [2, num_blocks, block_tokens, kv_heads, head_dim] ("kv_first", vLLM's layout) or
+        [num_blocks, 2, ...] ("block_first"), contiguous, of the layout's dtype, on the
+        client's device. All layers of all blocks move in one gather; returns one
+        BlockResult per block (as commit).
+        """
+        layers, num_blocks, kind, stream = kv_args(self, kv_caches, kv_layout)
+        return _results(self._c.store_blocks(layers, num_blocks, kind, list(block_ids), list(hashes),
+                                             None if parents is None else list(parents), stream))
+
+    def load_kv(self, kv_caches: Sequence, chain: Sequence[bytes], block_ids: Sequence[int], *,
+                kv_layout: str = "kv_first") -> int:
+        """Loads the cached prefix of ``chain`` into engine blocks ``block_ids[0..n)``;
+        returns n, the number of leading blocks loaded (0 on a miss)."""
+        layers, num_blocks, kind, stream = kv_args(self, kv_caches, kv_layout)
+        return self._c.load_blocks(layers, num_blocks, kind, list(chain), list(block_ids), stream)
+
+
+class ControlClient:
+    """An operator's session: ``stats()`` as a dict (tiers, hits, sessions)."""
+
+    def __init__(self, socket: Optional[str] = None, *, name: str = "python-control", timeout_ms: int = 60000):
+        self._c = _kvtier.ControlClient(socket or "", name, timeout_ms)
+
+    def stats(self, sessions: bool = False) -> dict:
+        return self._c.stats(sessions)
+
+    def ping(self) -> None:
+        self._c.ping()

@@ -1,0 +1,1 @@
+"""Examples that run kvtier end to end (python -m kvtier.examples.torch_engine)."""

@@ -1,0 +1,466 @@
+// kvtier._kvtier: the Python binding of the engine client library (engine/client.h,
+// engine/control_client.h). The public Python API is the kvtier package around it
+// (python/kvtier/__init__.py); this module is its native half.
+//
+// Every call that talks to kvtierd releases the GIL while it waits; a Client is guarded by a
+// mutex of its own, so threads sharing one are serialized rather than racing. A failed call
+// raises the kvtier.Error subclass of its status code with the daemon's message; per-entry
+// outcomes (Commit, Acquire, Release) are returned, not raised. Pages are kvtier.Page
+// objects with the buffer protocol: numpy.frombuffer / torch.frombuffer see the shared
+// memory itself, and a Page keeps its client's mappings alive.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/client.h"
+#include "engine/control_client.h"
+
+namespace py = pybind11;
+using namespace kvtier;
+
+namespace {
+
+// ---- errors ---------------------------------------------------------------------------
+
+// kvtier.Error and one subclass per status code, by code number.
+std::array<PyObject*, kMaxStatusCode + 1> g_errors{};
+
+[[noreturn]] void Raise(const Status& st) {
+  const int code = static_cast<int>(st.code());
+  PyObject* type = code >= 0 && code <= kMaxStatusCode && g_errors[code] ? g_errors[code] : g_errors[0];
+  py::object exc = py::reinterpret_steal<py::object>(
+      PyObject_CallFunction(type, "s", st.message().empty() ? std::string(StatusCodeName(st.code())).c_str()
+                                                            : st.message().c_str()));
+  if (!exc) throw py::error_already_set();
+  exc.attr("code") = std::string(StatusCodeName(st.code()));
+  PyErr_SetObject(type, exc.ptr());
+  throw py::error_already_set();
+}
+
+template <class T>
+T Unwrap(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+void Check(const Status& st) {
+  if (!st.ok()) Raise(st);
+}
+
+// ---- values ---------------------------------------------------------------------------
+
+TierKind ParseTier(const std::string& name) {
+  if (auto t = ParseTierKind(name)) return *t;
+  Raise(InvalidArgument("tier '" + name + "' is not gpu, host or nvme"));
+}
+
+BlockHash HashOf(const py::bytes& b) {
+  const std::string_view v = b;
+  if (!BlockHash::ValidSize(v.size())) {
+    Raise(InvalidArgument("a block hash is 16 or 32 bytes, not " + std::to_string(v.size())));
+  }
+  return BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size()));
+}
+
+std::vector<BlockHash> HashesOf(const std::vector<py::bytes>& hs) {
+  std::vector<BlockHash> out;
+  out.reserve(hs.size());
+  for (const py::bytes& h : hs) out.push_back(HashOf(h));
+  return out;
+}
+
+py::tuple ResultTuple(const BlockResult& r) {
+  return py::make_tuple(std::string(StatusCodeName(r.status.code())), std::string(TierKindName(r.tier)), r.page,
+                        r.duplicate);
+}
+
+py::list Results(const std::vector<BlockResult>& rs) {
+  py::list out;
+  for (const BlockResult& r : rs) out.append(ResultTuple(r));
+  return out;
+}
+
+ModelLayout LayoutOf(const py::dict& d) {
+  ModelLayout l;
+  l.model_id = d["model"].cast<std::string>();
+  l.num_layers = d["layers"].cast<uint32_t>();
+  l.kv_heads = d["kv_heads"].cast<uint32_t>();
+  l.head_dim = d["head_dim"].cast<uint32_t>();
+  const std::string dtype = d["dtype"].cast<std::string>();
+  if (!ParseDType(dtype, &l.dtype)) Raise(InvalidArgument("dtype '" + dtype + "' is not known"));
+  l.tokens_per_block = d["tokens_per_block"].cast<uint32_t>();
+  l.block_bytes = d.contains("block_bytes") && !d["block_bytes"].is_none() ? d["block_bytes"].cast<uint64_t>()
+                                                                           : l.NaturalBlockBytes();
+  return l;
+}
+
+// ---- client ---------------------------------------------------------------------------
+
+// What a Python Client and its Pages share: the C++ client (its mappings live as long as
+// this does) and the lock that serializes calls from Python threads.
+struct ClientHandle {
+  std::unique_ptr<Client> client;
+  std::mutex mu;
+};
+using Handle = std::shared_ptr<ClientHandle>;
+
+// Runs `fn(client)` with the GIL released and the client's lock held.
+template <class Fn>
+auto Call(const Handle& h, Fn&& fn) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(h->mu);
+  return fn(*h->client);
+}
+
+// One page of a tier as a writable buffer over the pool's shared memory.
+struct Page {
+  Handle handle;
+  TierKind tier;
+  PageId page;
+  uint8_t* data;
+  size_t size;
+};
+
+Handle Connect(const py::dict& layout, const std::string& socket, const std::string& name, size_t hash_bytes,
+               int timeout_ms, const std::string& device, int cuda_device) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.engine_name = name;
+  o.layout = LayoutOf(layout);
+  o.hash_bytes = hash_bytes;
+  o.timeout_ms = timeout_ms;
+  o.device = device;
+  o.cuda_device = cuda_device;
+  Result<std::unique_ptr<Client>> c = [&] {
+    py::gil_scoped_release nogil;
+    return Client::Connect(o);
+  }();
+  auto h = std::make_shared<ClientHandle>();
+  h->client = Unwrap(std::move(c));
+  return h;
+}
+
+EngineKv KvOf(const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind, uintptr_t stream) {
+  EngineKv kv;
+  kv.layout = kind == 0 ? KvLayoutKind::kKvFirst : KvLayoutKind::kBlockFirst;
+  kv.num_blocks = num_blocks;
+  for (uintptr_t p : layers) kv.layers.push_back(reinterpret_cast<void*>(p));
+  kv.stream = reinterpret_cast<void*>(stream);
+  return kv;
+}
+
+// Parents: b"" is "no parent" (the first block of a sequence).
+std::vector<BlockHash> ParentsOf(const std::optional<std::vector<py::bytes>>& hs) {
+  std::vector<BlockHash> out;
+  if (!hs) return out;
+  out.reserve(hs->size());
+  for (const py::bytes& h : *hs) out.push_back(std::string_view(h).empty() ? BlockHash() : HashOf(h));
+  return out;
+}
+
+// The C++ baseline of kvtier.bench: the same store + load loop as the Python one, in C++
+// over the same client, so the two differ only by the binding. Returns seconds.
+double CppStoreLoadLoop(const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, uint32_t batch,
+                        uint32_t rounds, uint64_t seed) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(h->mu);
+  Client& c = *h->client;
+  const EngineKv kv = KvOf(layers, num_blocks, 0, 0);
+  std::vector<uint32_t> blocks(batch);
+  for (uint32_t i = 0; i < batch; ++i) blocks[i] = i % num_blocks;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t r = 0; r < rounds; ++r) {
+    std::vector<BlockHash> hashes;
+    for (uint32_t i = 0; i < batch; ++i) {
+      std::array<uint8_t, 16> b{};
+      const uint64_t v = seed * 1'000'003 + uint64_t{r} * batch + i;
+      std::memcpy(b.data(), &v, 8);
+      b[15] = 0xc0;  // another range than the Python loop's hashes
+      hashes.emplace_back(std::span<const uint8_t>(b.data(), b.size()));
+    }
+    auto s = c.StoreBlocks(kv, blocks, hashes);
+    if (!s.ok()) return -1;
+    auto l = c.LoadBlocks(kv, hashes, blocks);
+    if (!l.ok() || *l != batch) return -1;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The C++ baseline of kvtier.bench's page path: lease `batch` pages, copy `src` into each,
+// commit; acquire them, copy each out to `dst`, release. Returns seconds.
+double CppPageLoop(const Handle& h, uint32_t batch, uint32_t rounds, uint64_t seed, uintptr_t src, uintptr_t dst,
+                   uint64_t bytes) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(h->mu);
+  Client& c = *h->client;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t r = 0; r < rounds; ++r) {
+    std::vector<BlockHash> hashes;
+    for (uint32_t i = 0; i < batch; ++i) {
+      std::array<uint8_t, 16> b{};
+      const uint64_t v = seed * 1'000'003 + uint64_t{r} * batch + i;
+      std::memcpy(b.data(), &v, 8);
+      b[15] = 0xc1;
+      hashes.emplace_back(std::span<const uint8_t>(b.data(), b.size()));
+    }
+    auto pages = c.Allocate(TierKind::kHost, batch);
+    if (!pages.ok()) return -1;
+    std::vector<CommitEntry> e;
+    for (uint32_t i = 0; i < batch; ++i) {
+      std::memcpy(c.PageBytes(TierKind::kHost, (*pages)[i]).data(), reinterpret_cast<const uint8_t*>(src) + i * bytes,
+                  bytes);
+      e.push_back({(*pages)[i], hashes[i], i ? hashes[i - 1] : BlockHash()});
+    }
+    if (!c.Commit(TierKind::kHost, e).ok()) return -1;
+    auto got = c.Acquire(hashes);
+    if (!got.ok()) return -1;
+    for (uint32_t i = 0; i < batch; ++i) {
+      if (!(*got)[i].status.ok()) return -1;
+      std::memcpy(reinterpret_cast<uint8_t*>(dst) + i * bytes, c.PageBytes((*got)[i].tier, (*got)[i].page).data(),
+                  bytes);
+    }
+    if (!c.Release(TierKind::kHost, {}, hashes).ok()) return -1;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- control client -------------------------------------------------------------------
+
+py::dict StatsDict(const DaemonStats& s) {
+  py::dict d;
+  d["version"] = s.version;
+  d["uptime_s"] = s.uptime_s;
+  d["metrics_url"] = s.metrics_url;
+  d["epoch"] = s.epoch;
+  d["sessions"] = s.session_count;
+  d["lookups"] = s.lookups;
+  d["block_hits"] = s.block_hits;
+  d["block_misses"] = s.block_misses;
+  d["checksum_failures"] = s.checksum_failures;
+  d["io_errors"] = s.io_errors;
+  d["demotions"] = s.demotions;
+  d["promotions"] = s.promotions;
+  d["evictions"] = s.evictions;
+  d["draining"] = s.draining;
+  py::dict tiers;
+  for (const TierStatsInfo& t : s.tiers) {
+    py::dict x;
+    x["page_bytes"] = t.page_bytes;
+    x["capacity_pages"] = t.capacity_pages;
+    x["free_pages"] = t.free_pages;
+    x["leased_pages"] = t.leased_pages;
+    x["inflight_pages"] = t.inflight_pages;
+    x["cached_pages"] = t.cached_pages;
+    x["referenced_pages"] = t.referenced_pages;
+    x["quarantined_pages"] = t.quarantined_pages;
+    x["blocks"] = t.blocks;
+    x["ready"] = t.ready;
+    tiers[py::str(t.name)] = x;
+  }
+  d["tiers"] = tiers;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kvtier, m) {
+  m.doc() = "Native half of the kvtier package: the kvtierd client library.";
+
+  // kvtier.Error and its subclasses, one per status code.
+  py::object base = py::reinterpret_steal<py::object>(
+      PyErr_NewExceptionWithDoc("kvtier.Error", "A kvtier call failed; .code names the status.", nullptr, nullptr));
+  m.attr("Error") = base;
+  g_errors[0] = base.ptr();
+  static const std::pair<StatusCode, const char*> kNames[] = {
+      {StatusCode::kInvalidArgument, "InvalidArgumentError"},
+      {StatusCode::kNotFound, "NotFoundError"},
+      {StatusCode::kAlreadyExists, "AlreadyExistsError"},
+      {StatusCode::kResourceExhausted, "ResourceExhaustedError"},
+      {StatusCode::kFailedPrecondition, "FailedPreconditionError"},
+      {StatusCode::kAborted, "AbortedError"},
+      {StatusCode::kUnavailable, "UnavailableError"},
+      {StatusCode::kDataLoss, "DataLossError"},
+      {StatusCode::kPermissionDenied, "PermissionDeniedError"},
+      {StatusCode::kUnimplemented, "UnimplementedError"},
+      {StatusCode::kInternal, "InternalError"},
+  };
+  for (const auto& [code, name] : kNames) {
+    py::object sub = py::reinterpret_steal<py::object>(
+        PyErr_NewException((std::string("kvtier.") + name).c_str(), base.ptr(), nullptr));
+    m.attr(name) = sub;
+    g_errors[static_cast<int>(code)] = sub.release().ptr();  // kept for the process's life
+  }
+  base.inc_ref();
+
+  py::class_<Page>(m, "Page", py::buffer_protocol(), "One page of a tier: a writable buffer over shared memory.")
+      .def_buffer([](Page& p) {
+        return py::buffer_info(p.data, 1, py::format_descriptor<uint8_t>::format(), 1, {p.size}, {1}, false);
+      })
+      .def_property_readonly("tier", [](const Page& p) { return std::string(TierKindName(p.tier)); })
+      .def_property_readonly("page", [](const Page& p) { return p.page; })
+      .def_property_readonly("nbytes", [](const Page& p) { return p.size; })
+      .def_property_readonly("address", [](const Page& p) { return reinterpret_cast<uintptr_t>(p.data); })
+      .def("__len__", [](const Page& p) { return p.size; });
+
+  py::class_<ClientHandle, Handle>(m, "Client")
+      .def(py::init(&Connect), py::arg("layout"), py::arg("socket") = "", py::arg("name") = "python",
+           py::arg("hash_bytes") = 16, py::arg("timeout_ms") = 60000, py::arg("device") = "auto",
+           py::arg("cuda_device") = 0)
+      .def("close", [](const Handle& h) { Call(h, [](Client& c) { c.Close(); }); })
+      .def_property_readonly("closed", [](const Handle& h) { return h->client->closed(); })
+      .def_property_readonly("session_id", [](const Handle& h) { return h->client->session_id(); })
+      .def_property_readonly("daemon_epoch", [](const Handle& h) { return h->client->daemon_epoch(); })
+      .def_property_readonly("namespace_id", [](const Handle& h) { return h->client->namespace_id(); })
+      .def_property_readonly("hash_bytes", [](const Handle& h) { return h->client->hash_bytes(); })
+      .def_property_readonly("device_backend",
+                             [](const Handle& h) { return std::string(h->client->device_backend()); })
+      .def("open_device",
+           [](const Handle& h) { return std::string(Unwrap(Call(h, [](Client& c) { return c.OpenDevice(); }))); })
+      .def("page_bytes", [](const Handle& h, const std::string& tier) { return h->client->page_bytes(ParseTier(tier)); })
+      .def("allocate",
+           [](const Handle& h, uint32_t count, const std::string& tier) {
+             const TierKind t = ParseTier(tier);
+             return Unwrap(Call(h, [&](Client& c) { return c.Allocate(t, count); }));
+           },
+           py::arg("count"), py::arg("tier") = "host")
+      .def("page",
+           [](const Handle& h, uint32_t page, const std::string& tier) {
+             const TierKind t = ParseTier(tier);
+             std::span<uint8_t> bytes = h->client->PageBytes(t, page);
+             if (bytes.empty()) Raise(NotFound("page " + std::to_string(page) + " of the " + tier + " tier is not mapped here"));
+             return Page{h, t, page, bytes.data(), bytes.size()};
+           },
+           py::arg("page"), py::arg("tier") = "host")
+      .def("page_address",
+           [](const Handle& h, uint32_t page, const std::string& tier) {
+             return reinterpret_cast<uintptr_t>(h->client->PageAddress(ParseTier(tier), page));
+           },
+           py::arg("page"), py::arg("tier") = "host")
+      .def("commit",
+           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
+              const std::optional<std::vector<py::bytes>>& parents, const std::string& tier, bool retain) {
+             if (pages.size() != hashes.size() || (parents && parents->size() != pages.size())) {
+               Raise(InvalidArgument("commit: one hash (and parent) per page"));
+             }
+             const TierKind t = ParseTier(tier);
+             std::vector<CommitEntry> e(pages.size());
+             for (size_t i = 0; i < pages.size(); ++i) {
+               e[i].page = pages[i];
+               e[i].hash = HashOf(hashes[i]);
+               if (parents) e[i].parent = ParentsOf(std::vector<py::bytes>{(*parents)[i]})[0];
+             }
+             return Results(Unwrap(Call(h, [&](Client& c) { return c.Commit(t, e, retain); })));
+           },
+           py::arg("pages"), py::arg("hashes"), py::arg("parents") = py::none(), py::arg("tier") = "host",
+           py::arg("retain") = false)
+      .def("release",
+           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
+              const std::string& tier) {
+             const TierKind t = ParseTier(tier);
+             const auto hs = HashesOf(hashes);
+             auto r = Unwrap(Call(h, [&](Client& c) { return c.Release(t, pages, hs); }));
+             py::list out;
+             for (const Status& s : r) out.append(std::string(StatusCodeName(s.code())));
+             return out;
+           },
+           py::arg("pages") = std::vector<PageId>{}, py::arg("hashes") = std::vector<py::bytes>{},
+           py::arg("tier") = "host")
+      .def("lookup",
+           [](const Handle& h, const std::vector<py::bytes>& chain) {
+             const auto hs = HashesOf(chain);
+             LookupResult r = Unwrap(Call(h, [&](Client& c) { return c.Lookup(hs); }));
+             py::list tiers;
+             for (TierKind t : r.tiers) tiers.append(std::string(TierKindName(t)));
+             return py::make_tuple(r.matched, tiers);
+           })
+      .def("acquire",
+           [](const Handle& h, const std::vector<py::bytes>& hashes) {
+             const auto hs = HashesOf(hashes);
+             return Results(Unwrap(Call(h, [&](Client& c) { return c.Acquire(hs); })));
+           })
+      .def("start_lookup",
+           [](const Handle& h, const std::vector<py::bytes>& chain) {
+             const auto hs = HashesOf(chain);
+             return Unwrap(Call(h, [&](Client& c) { return c.StartLookup(hs); }));
+           })
+      .def("wait_lookup",
+           [](const Handle& h, Ticket t) {
+             LookupResult r = Unwrap(Call(h, [&](Client& c) { return c.WaitLookup(t); }));
+             py::list tiers;
+             for (TierKind k : r.tiers) tiers.append(std::string(TierKindName(k)));
+             return py::make_tuple(r.matched, tiers);
+           })
+      .def("start_acquire",
+           [](const Handle& h, const std::vector<py::bytes>& hashes) {
+             const auto hs = HashesOf(hashes);
+             return Unwrap(Call(h, [&](Client& c) { return c.StartAcquire(hs); }));
+           })
+      .def("wait_acquire",
+           [](const Handle& h, Ticket t) {
+             return Results(Unwrap(Call(h, [&](Client& c) { return c.WaitAcquire(t); })));
+           })
+      .def("ping", [](const Handle& h, size_t payload) { Check(Call(h, [&](Client& c) { return c.Ping(payload); })); },
+           py::arg("payload_bytes") = 0)
+      .def("store_blocks",
+           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
+              const std::vector<uint32_t>& blocks, const std::vector<py::bytes>& hashes,
+              const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream) {
+             const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
+             const auto hs = HashesOf(hashes);
+             const auto ps = ParentsOf(parents);
+             return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps); })));
+           },
+           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("blocks"), py::arg("hashes"),
+           py::arg("parents") = py::none(), py::arg("stream") = 0)
+      .def("load_blocks",
+           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
+              const std::vector<py::bytes>& chain, const std::vector<uint32_t>& blocks, uintptr_t stream) {
+             const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
+             const auto hs = HashesOf(chain);
+             return Unwrap(Call(h, [&](Client& c) { return c.LoadBlocks(kv, hs, blocks); }));
+           },
+           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("chain"), py::arg("blocks"),
+           py::arg("stream") = 0);
+
+  m.def("_cpp_page_loop", &CppPageLoop, py::arg("client"), py::arg("batch"), py::arg("rounds"), py::arg("seed"),
+        py::arg("src"), py::arg("dst"), py::arg("bytes"));
+  m.def("_cpp_store_load_loop", &CppStoreLoadLoop, py::arg("client"), py::arg("layers"), py::arg("num_blocks"),
+        py::arg("batch"), py::arg("rounds"), py::arg("seed"));
+
+  py::class_<ControlClient, std::shared_ptr<ControlClient>>(m, "ControlClient")
+      .def(py::init([](const std::string& socket, const std::string& name, int timeout_ms) {
+             ControlClientOptions o;
+             o.socket_path = socket;
+             o.name = name;
+             o.timeout_ms = timeout_ms;
+             Result<std::unique_ptr<ControlClient>> c = [&] {
+               py::gil_scoped_release nogil;
+               return ControlClient::Connect(o);
+             }();
+             return std::shared_ptr<ControlClient>(Unwrap(std::move(c)));
+           }),
+           py::arg("socket") = "", py::arg("name") = "python-control", py::arg("timeout_ms") = 60000)
+      .def("stats",
+           [](ControlClient& c, bool sessions) {
+             Result<DaemonStats> s = [&] {
+               py::gil_scoped_release nogil;
+               return c.Stats(sessions);
+             }();
+             return StatsDict(Unwrap(std::move(s)));
+           },
+           py::arg("sessions") = false)
+      .def("ping", [](ControlClient& c) {
+        Status st = [&] {
+          py::gil_scoped_release nogil;
+          return c.Ping();
+        }();
+        Check(st);
+      });
+}

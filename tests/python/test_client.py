@@ -1,0 +1,143 @@
+"""The binding itself: zero-copy pages, errors, the GIL, pipelining, the context manager."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import kvtier
+from conftest import LAYOUT, peer_path
+
+
+def hashes(n, seed=1, size=32):
+    return [bytes([seed, i]) * (size // 2) for i in range(n)]
+
+
+def test_a_page_written_through_numpy_is_read_with_equal_bytes_by_the_cpp_client(daemon, tmp_path):
+    h = hashes(1)[0]
+    block = LAYOUT.natural_block_bytes
+    data = np.random.default_rng(3).integers(0, 256, block, dtype=np.uint8)
+    with kvtier.Client(LAYOUT, daemon.socket, hash_bytes=32) as c:
+        [p] = c.allocate(1)
+        view = np.frombuffer(c.page(p), dtype=np.uint8)  # the shared memory itself
+        assert view.flags.writeable and view.nbytes == c.page_bytes()
+        view[:block] = data
+        assert c.commit([p], [h])[0].ok
+        out = tmp_path / "read.bin"
+        args = [peer_path(), "read", daemon.socket, LAYOUT.model, str(LAYOUT.layers), str(LAYOUT.kv_heads),
+                str(LAYOUT.head_dim), LAYOUT.dtype, str(LAYOUT.tokens_per_block), h.hex(), str(out)]
+        assert subprocess.run(args).returncode == 0
+        assert out.read_bytes() == data.tobytes()
+    # And the other way: a block the C++ client stores is read through a torch view.
+    h2 = hashes(1, seed=9)[0]
+    src = tmp_path / "write.bin"
+    src.write_bytes(bytes(range(256)) * (block // 256))
+    args[1], args[9], args[10] = "write", h2.hex(), str(src)
+    assert subprocess.run(args).returncode == 0
+    with kvtier.Client(LAYOUT, daemon.socket, hash_bytes=32) as c:
+        [r] = c.acquire([h2])
+        assert r.ok and r.tier == "host"
+        t = torch.frombuffer(c.page(r.page), dtype=torch.uint8)[:block]
+        assert bytes(t.numpy()) == src.read_bytes()
+        assert c.release(hashes=[h2]) == ["OK"]
+
+
+def test_writes_through_one_view_are_seen_through_another(daemon):
+    with kvtier.Client(LAYOUT, daemon.socket) as c:
+        [p] = c.allocate(1)
+        t = torch.frombuffer(c.page(p), dtype=torch.uint8)
+        n = np.frombuffer(c.page(p), dtype=np.uint8)
+        t[:4] = torch.tensor([9, 8, 7, 6], dtype=torch.uint8)
+        assert list(n[:4]) == [9, 8, 7, 6]
+        assert c.page(p).address == c.page_address(p)
+
+
+def test_each_status_code_raises_its_own_error_with_the_daemons_message(daemon, tmp_path):
+    with pytest.raises(kvtier.UnavailableError) as e:
+        kvtier.Client(LAYOUT, str(tmp_path / "nobody.sock"))
+    assert "no kvtierd answers" in str(e.value) and e.value.code == "UNAVAILABLE"
+    assert issubclass(kvtier.UnavailableError, kvtier.Error)
+    with kvtier.Client(LAYOUT, daemon.socket) as c:
+        with pytest.raises(kvtier.InvalidArgumentError, match="cannot allocate"):
+            c.allocate(10 ** 6)
+        with pytest.raises(kvtier.InvalidArgumentError, match="hash of 32 bytes"):
+            c.lookup(hashes(1, size=32))  # this session uses 16-byte hashes
+        # Per-entry outcomes are returned, not raised.
+        [p] = c.allocate(1)
+        assert c.commit([p + 1], hashes(1, size=16))[0].status == "FAILED_PRECONDITION"
+        assert c.acquire(hashes(1, seed=5, size=16))[0].status == "NOT_FOUND"
+    with pytest.raises(kvtier.InvalidArgumentError):
+        kvtier.Layout("m", layers=1, kv_heads=1, head_dim=1, dtype="fp99", tokens_per_block=1).natural_block_bytes
+
+
+def test_closing_ends_the_session_and_later_calls_fail(daemon):
+    control = kvtier.ControlClient(daemon.socket)
+    with kvtier.Client(LAYOUT, daemon.socket) as c:
+        c.allocate(3)
+        assert control.stats()["tiers"]["host"]["leased_pages"] == 3
+    assert c.closed
+    assert control.stats()["tiers"]["host"]["leased_pages"] == 0
+    with pytest.raises(kvtier.FailedPreconditionError):
+        c.allocate(1)
+
+
+def test_the_gil_is_released_while_a_call_waits_for_the_daemon(daemon):
+    with kvtier.Client(LAYOUT, daemon.socket, timeout_ms=1500) as c:
+        daemon.signal(signal.SIGSTOP)  # the daemon stops answering
+        try:
+            done = {}
+
+            def blocked():
+                t0 = time.monotonic()
+                try:
+                    c.lookup(hashes(2, size=16))
+                except kvtier.UnavailableError:
+                    done["error"] = time.monotonic() - t0
+
+            th = threading.Thread(target=blocked)
+            th.start()
+            spins, t0 = 0, time.monotonic()
+            while th.is_alive() and time.monotonic() - t0 < 10:
+                spins += 1  # Python code runs meanwhile: the waiting call holds no GIL
+            th.join(10)
+        finally:
+            daemon.signal(signal.SIGCONT)
+        assert 1.0 < done["error"] < 5.0, done  # bounded by the client's timeout
+        assert spins > 10_000
+
+
+def test_pipelined_calls_and_tickets_not_outstanding(daemon):
+    with kvtier.Client(LAYOUT, daemon.socket) as c:
+        pages = c.allocate(4)
+        chain = hashes(4, size=16)
+        c.commit(pages, chain, [b""] + chain[:-1])
+        tickets = [c.start_lookup(chain[:k]) for k in range(1, 5)]
+        assert [c.wait_lookup(t).matched for t in reversed(tickets)] == [4, 3, 2, 1]
+        with pytest.raises(kvtier.InvalidArgumentError, match="not outstanding"):
+            c.wait_lookup(tickets[0])
+        t = c.start_acquire(chain)
+        assert all(r.ok for r in c.wait_acquire(t))
+        assert c.release(hashes=chain) == ["OK"] * 4
+
+
+def test_store_kv_and_load_kv_move_paged_torch_tensors_exactly(daemon):
+    blocks = 6
+    layers = [torch.randn(2, blocks, 16, 2, 64).to(torch.bfloat16) for _ in range(LAYOUT.layers)]
+    chain = hashes(3, seed=4, size=16)
+    with kvtier.Client(LAYOUT, daemon.socket, device="host-emulated") as c:
+        assert all(r.ok for r in c.store_kv(layers, [5, 1, 3], chain, [b""] + chain[:-1]))
+        out = [torch.zeros_like(t) for t in layers]
+        assert c.load_kv(out, chain, [0, 2, 4]) == 3
+        for a, b in zip(layers, out):
+            assert torch.equal(a[:, [5, 1, 3]], b[:, [0, 2, 4]])
+        with pytest.raises(kvtier.InvalidArgumentError, match="shape"):
+            c.store_kv([t[:, :, :8] for t in layers], [0], chain[:1])
+        with pytest.raises(kvtier.InvalidArgumentError, match="2 layers"):
+            c.store_kv(layers[:1], [0], chain[:1])
+        with pytest.raises(kvtier.InvalidArgumentError, match="4-byte"):
+            c.store_kv([t.float() for t in layers], [0], chain[:1])
