@@ -119,7 +119,7 @@ Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> e
   auto hv = HashesToWire(b, hashes);
   auto parv = HashesToWire(b, parents);
   return conn->Send(fb::Op::Commit,
-                     fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch).Union());
+                    fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch).Union());
 }
 
 Result<std::vector<BlockResult>> Client::WaitCommit(Ticket t) {

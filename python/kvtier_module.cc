@@ -35,9 +35,8 @@ std::array<PyObject*, kMaxStatusCode + 1> g_errors{};
 [[noreturn]] void Raise(const Status& st) {
   const int code = static_cast<int>(st.code());
   PyObject* type = code >= 0 && code <= kMaxStatusCode && g_errors[code] ? g_errors[code] : g_errors[0];
-  py::object exc = py::reinterpret_steal<py::object>(
-      PyObject_CallFunction(type, "s", st.message().empty() ? std::string(StatusCodeName(st.code())).c_str()
-                                                            : st.message().c_str()));
+  py::object exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(
+      type, "s", st.message().empty() ? std::string(StatusCodeName(st.code())).c_str() : st.message().c_str()));
   if (!exc) throw py::error_already_set();
   exc.attr("code") = std::string(StatusCodeName(st.code()));
   PyErr_SetObject(type, exc.ptr());
@@ -319,59 +318,65 @@ PYBIND11_MODULE(_kvtier, m) {
       .def_property_readonly("daemon_epoch", [](const Handle& h) { return h->client->daemon_epoch(); })
       .def_property_readonly("namespace_id", [](const Handle& h) { return h->client->namespace_id(); })
       .def_property_readonly("hash_bytes", [](const Handle& h) { return h->client->hash_bytes(); })
-      .def_property_readonly("device_backend",
-                             [](const Handle& h) { return std::string(h->client->device_backend()); })
+      .def_property_readonly("device_backend", [](const Handle& h) { return std::string(h->client->device_backend()); })
       .def("open_device",
            [](const Handle& h) { return std::string(Unwrap(Call(h, [](Client& c) { return c.OpenDevice(); }))); })
-      .def("page_bytes", [](const Handle& h, const std::string& tier) { return h->client->page_bytes(ParseTier(tier)); })
-      .def("allocate",
-           [](const Handle& h, uint32_t count, const std::string& tier) {
-             const TierKind t = ParseTier(tier);
-             return Unwrap(Call(h, [&](Client& c) { return c.Allocate(t, count); }));
-           },
-           py::arg("count"), py::arg("tier") = "host")
-      .def("page",
-           [](const Handle& h, uint32_t page, const std::string& tier) {
-             const TierKind t = ParseTier(tier);
-             std::span<uint8_t> bytes = h->client->PageBytes(t, page);
-             if (bytes.empty()) Raise(NotFound("page " + std::to_string(page) + " of the " + tier + " tier is not mapped here"));
-             return Page{h, t, page, bytes.data(), bytes.size()};
-           },
-           py::arg("page"), py::arg("tier") = "host")
-      .def("page_address",
-           [](const Handle& h, uint32_t page, const std::string& tier) {
-             return reinterpret_cast<uintptr_t>(h->client->PageAddress(ParseTier(tier), page));
-           },
-           py::arg("page"), py::arg("tier") = "host")
-      .def("commit",
-           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
-              const std::optional<std::vector<py::bytes>>& parents, const std::string& tier, bool retain) {
-             if (pages.size() != hashes.size() || (parents && parents->size() != pages.size())) {
-               Raise(InvalidArgument("commit: one hash (and parent) per page"));
-             }
-             const TierKind t = ParseTier(tier);
-             std::vector<CommitEntry> e(pages.size());
-             for (size_t i = 0; i < pages.size(); ++i) {
-               e[i].page = pages[i];
-               e[i].hash = HashOf(hashes[i]);
-               if (parents) e[i].parent = ParentsOf(std::vector<py::bytes>{(*parents)[i]})[0];
-             }
-             return Results(Unwrap(Call(h, [&](Client& c) { return c.Commit(t, e, retain); })));
-           },
-           py::arg("pages"), py::arg("hashes"), py::arg("parents") = py::none(), py::arg("tier") = "host",
-           py::arg("retain") = false)
-      .def("release",
-           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
-              const std::string& tier) {
-             const TierKind t = ParseTier(tier);
-             const auto hs = HashesOf(hashes);
-             auto r = Unwrap(Call(h, [&](Client& c) { return c.Release(t, pages, hs); }));
-             py::list out;
-             for (const Status& s : r) out.append(std::string(StatusCodeName(s.code())));
-             return out;
-           },
-           py::arg("pages") = std::vector<PageId>{}, py::arg("hashes") = std::vector<py::bytes>{},
-           py::arg("tier") = "host")
+      .def("page_bytes",
+           [](const Handle& h, const std::string& tier) { return h->client->page_bytes(ParseTier(tier)); })
+      .def(
+          "allocate",
+          [](const Handle& h, uint32_t count, const std::string& tier) {
+            const TierKind t = ParseTier(tier);
+            return Unwrap(Call(h, [&](Client& c) { return c.Allocate(t, count); }));
+          },
+          py::arg("count"), py::arg("tier") = "host")
+      .def(
+          "page",
+          [](const Handle& h, uint32_t page, const std::string& tier) {
+            const TierKind t = ParseTier(tier);
+            std::span<uint8_t> bytes = h->client->PageBytes(t, page);
+            if (bytes.empty())
+              Raise(NotFound("page " + std::to_string(page) + " of the " + tier + " tier is not mapped here"));
+            return Page{h, t, page, bytes.data(), bytes.size()};
+          },
+          py::arg("page"), py::arg("tier") = "host")
+      .def(
+          "page_address",
+          [](const Handle& h, uint32_t page, const std::string& tier) {
+            return reinterpret_cast<uintptr_t>(h->client->PageAddress(ParseTier(tier), page));
+          },
+          py::arg("page"), py::arg("tier") = "host")
+      .def(
+          "commit",
+          [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
+             const std::optional<std::vector<py::bytes>>& parents, const std::string& tier, bool retain) {
+            if (pages.size() != hashes.size() || (parents && parents->size() != pages.size())) {
+              Raise(InvalidArgument("commit: one hash (and parent) per page"));
+            }
+            const TierKind t = ParseTier(tier);
+            std::vector<CommitEntry> e(pages.size());
+            for (size_t i = 0; i < pages.size(); ++i) {
+              e[i].page = pages[i];
+              e[i].hash = HashOf(hashes[i]);
+              if (parents) e[i].parent = ParentsOf(std::vector<py::bytes>{(*parents)[i]})[0];
+            }
+            return Results(Unwrap(Call(h, [&](Client& c) { return c.Commit(t, e, retain); })));
+          },
+          py::arg("pages"), py::arg("hashes"), py::arg("parents") = py::none(), py::arg("tier") = "host",
+          py::arg("retain") = false)
+      .def(
+          "release",
+          [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
+             const std::string& tier) {
+            const TierKind t = ParseTier(tier);
+            const auto hs = HashesOf(hashes);
+            auto r = Unwrap(Call(h, [&](Client& c) { return c.Release(t, pages, hs); }));
+            py::list out;
+            for (const Status& s : r) out.append(std::string(StatusCodeName(s.code())));
+            return out;
+          },
+          py::arg("pages") = std::vector<PageId>{}, py::arg("hashes") = std::vector<py::bytes>{},
+          py::arg("tier") = "host")
       .def("lookup",
            [](const Handle& h, const std::vector<py::bytes>& chain) {
              const auto hs = HashesOf(chain);
@@ -406,28 +411,31 @@ PYBIND11_MODULE(_kvtier, m) {
            [](const Handle& h, Ticket t) {
              return Results(Unwrap(Call(h, [&](Client& c) { return c.WaitAcquire(t); })));
            })
-      .def("ping", [](const Handle& h, size_t payload) { Check(Call(h, [&](Client& c) { return c.Ping(payload); })); },
-           py::arg("payload_bytes") = 0)
-      .def("store_blocks",
-           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
-              const std::vector<uint32_t>& blocks, const std::vector<py::bytes>& hashes,
-              const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream) {
-             const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
-             const auto hs = HashesOf(hashes);
-             const auto ps = ParentsOf(parents);
-             return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps); })));
-           },
-           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("blocks"), py::arg("hashes"),
-           py::arg("parents") = py::none(), py::arg("stream") = 0)
-      .def("load_blocks",
-           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
-              const std::vector<py::bytes>& chain, const std::vector<uint32_t>& blocks, uintptr_t stream) {
-             const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
-             const auto hs = HashesOf(chain);
-             return Unwrap(Call(h, [&](Client& c) { return c.LoadBlocks(kv, hs, blocks); }));
-           },
-           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("chain"), py::arg("blocks"),
-           py::arg("stream") = 0);
+      .def(
+          "ping", [](const Handle& h, size_t payload) { Check(Call(h, [&](Client& c) { return c.Ping(payload); })); },
+          py::arg("payload_bytes") = 0)
+      .def(
+          "store_blocks",
+          [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
+             const std::vector<uint32_t>& blocks, const std::vector<py::bytes>& hashes,
+             const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream) {
+            const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
+            const auto hs = HashesOf(hashes);
+            const auto ps = ParentsOf(parents);
+            return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps); })));
+          },
+          py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("blocks"), py::arg("hashes"),
+          py::arg("parents") = py::none(), py::arg("stream") = 0)
+      .def(
+          "load_blocks",
+          [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
+             const std::vector<py::bytes>& chain, const std::vector<uint32_t>& blocks, uintptr_t stream) {
+            const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
+            const auto hs = HashesOf(chain);
+            return Unwrap(Call(h, [&](Client& c) { return c.LoadBlocks(kv, hs, blocks); }));
+          },
+          py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("chain"), py::arg("blocks"),
+          py::arg("stream") = 0);
 
   m.def("_cpp_page_loop", &CppPageLoop, py::arg("client"), py::arg("batch"), py::arg("rounds"), py::arg("seed"),
         py::arg("src"), py::arg("dst"), py::arg("bytes"));
@@ -447,15 +455,16 @@ PYBIND11_MODULE(_kvtier, m) {
              return std::shared_ptr<ControlClient>(Unwrap(std::move(c)));
            }),
            py::arg("socket") = "", py::arg("name") = "python-control", py::arg("timeout_ms") = 60000)
-      .def("stats",
-           [](ControlClient& c, bool sessions) {
-             Result<DaemonStats> s = [&] {
-               py::gil_scoped_release nogil;
-               return c.Stats(sessions);
-             }();
-             return StatsDict(Unwrap(std::move(s)));
-           },
-           py::arg("sessions") = false)
+      .def(
+          "stats",
+          [](ControlClient& c, bool sessions) {
+            Result<DaemonStats> s = [&] {
+              py::gil_scoped_release nogil;
+              return c.Stats(sessions);
+            }();
+            return StatsDict(Unwrap(std::move(s)));
+          },
+          py::arg("sessions") = false)
       .def("ping", [](ControlClient& c) {
         Status st = [&] {
           py::gil_scoped_release nogil;

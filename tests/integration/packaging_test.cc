@@ -132,15 +132,14 @@ TEST(Packaging, AnOutOfTreeEngineLinksTheInstalledClientAndTalksToADaemon) {
                                                    "add_executable(consumer main.cc)\n"
                                                    "target_link_libraries(consumer PRIVATE kvtier::client)\n";
   const std::string flags = KVTIER_CONSUMER_FLAGS;  // a sanitizer build's library needs them in its users
-  CmdResult build = Sh("cmake -S " + project.path() + " -B " + project.File("build") + " -DCMAKE_PREFIX_PATH=" +
-                       prefix.path() + " '-DCMAKE_CXX_FLAGS=" + flags + "' '-DCMAKE_EXE_LINKER_FLAGS=" + flags +
-                       "' && cmake --build " + project.File("build"));
+  CmdResult build = Sh("cmake -S " + project.path() + " -B " + project.File("build") +
+                       " -DCMAKE_PREFIX_PATH=" + prefix.path() + " '-DCMAKE_CXX_FLAGS=" + flags +
+                       "' '-DCMAKE_EXE_LINKER_FLAGS=" + flags + "' && cmake --build " + project.File("build"));
   ASSERT_EQ(build.code, 0) << build.out;
   // The same program with pkg-config and a plain compiler line.
-  CmdResult pc =
-      Sh("PKG_CONFIG_PATH=$(dirname $(find " + prefix.path() + " -name kvtier.pc)) sh -c 'g++ -std=c++20 " +
-         project.File("main.cc") + " -o " + project.File("consumer-pc") + " " + flags +
-         " $(pkg-config --cflags --libs kvtier)'");
+  CmdResult pc = Sh("PKG_CONFIG_PATH=$(dirname $(find " + prefix.path() + " -name kvtier.pc)) sh -c 'g++ -std=c++20 " +
+                    project.File("main.cc") + " -o " + project.File("consumer-pc") + " " + flags +
+                    " $(pkg-config --cflags --libs kvtier)'");
   ASSERT_EQ(pc.code, 0) << pc.out;
   DaemonProcess d;
   ASSERT_TRUE(d.Start().ok()) << d.Log();

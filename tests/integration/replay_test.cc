@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "engine/tools/block_pattern.h"
 #include "engine/tools/trace.h"
