@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "kvtier_version.h"
 #include "tests/integration/engine_process.h"
@@ -36,6 +37,13 @@ const char* const kLayout[] = {
     "/usr/share/doc/kvtier/monitoring/grafana-kvtier.json",
 };
 
+// The Python package, where this build has one (not in sanitizer builds).
+const std::vector<std::string> kPythonLayout =
+    KVTIER_HAVE_PYTHON ? std::vector<std::string>{"/usr/lib/python3/dist-packages/kvtier/__init__.py",
+                                                  "/usr/lib/python3/dist-packages/kvtier/vllm.py",
+                                                  "/usr/lib/python3/dist-packages/kvtier/sglang.py"}
+                       : std::vector<std::string>{};
+
 // The layout above is the packaged one, with the project's default prefix /usr.
 #define KVTIER_SKIP_UNLESS_PREFIX_USR()                                                         \
   if (std::string(KVTIER_INSTALL_PREFIX) != "/usr") {                                           \
@@ -48,6 +56,7 @@ TEST(Packaging, CmakeInstallLaysOutBinariesUnitConfigAndDocs) {
   CmdResult r = Sh("DESTDIR=" + root.path() + " cmake --install " + kBuild);
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* f : kLayout) EXPECT_TRUE(Exists(root.path() + f)) << f;
+  for (const std::string& f : kPythonLayout) EXPECT_TRUE(Exists(root.path() + f)) << f;
   CmdResult v = Sh(root.path() + "/usr/bin/kvtierd --version");
   EXPECT_EQ(v.code, 0) << v.out;
   EXPECT_NE(v.out.find("kvtierd 0."), std::string::npos) << v.out;
@@ -78,10 +87,19 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
   CmdResult x = Sh("dpkg-deb -x " + deb + " " + root.path());
   ASSERT_EQ(x.code, 0) << x.out;
   for (const char* f : kLayout) EXPECT_TRUE(Exists(root.path() + f)) << f;
+  for (const std::string& f : kPythonLayout) EXPECT_TRUE(Exists(root.path() + f)) << f;
   CmdResult v = Sh(root.path() + "/usr/bin/kvtierd --version");
   EXPECT_EQ(v.code, 0) << v.out;
   EXPECT_NE(v.out.find("kvtierd " + std::string(kVersion)), std::string::npos) << v.out;
   EXPECT_EQ(Sh(root.path() + "/usr/bin/kvctl --help").code, 0);
+  if (!kPythonLayout.empty()) {
+    // The packaged Python module imports from the packaged files alone.
+    CmdResult py = Sh("PYTHONPATH=" + root.path() +
+                      "/usr/lib/python3/dist-packages /usr/bin/python3 -c "
+                      "'import kvtier, kvtier.vllm, kvtier.sglang; print(kvtier.__file__)'");
+    EXPECT_EQ(py.code, 0) << py.out;
+    EXPECT_NE(py.out.find(root.path()), std::string::npos) << py.out;
+  }
 }
 
 }  // namespace
