@@ -542,7 +542,10 @@ void CacheManager::ServePendingAllocates() {
 
 void CacheManager::Tick() {
   if (draining_) DrainStep();
-  if (mover_) mover_->PumpWriteThrough();
+  if (mover_) {
+    mover_->nvme().Maintain();
+    mover_->PumpWriteThrough();
+  }
   ServePendingAllocates();
   EnforceWatermark(TierKind::kHost);
 }
@@ -603,6 +606,7 @@ TierCounts CacheManager::Counts(TierKind kind) const {
   c.free = n.free;
   c.inflight = n.inflight;
   c.cached = n.cached;
+  c.quarantined = n.lost;
   c.blocks = n.cached;
   c.page_bytes = mover_->nvme().slot_bytes();
   return c;
@@ -611,9 +615,10 @@ TierCounts CacheManager::Counts(TierKind kind) const {
 Status CacheManager::CheckInvariants() const {
   if (mover_) {
     const TierCounts c = Counts(TierKind::kNvme);
-    if (uint64_t{c.free} + c.inflight + c.cached != c.capacity) {
+    if (uint64_t{c.free} + c.inflight + c.cached + c.quarantined != c.capacity) {
       return Internal("nvme: free " + std::to_string(c.free) + " + inflight " + std::to_string(c.inflight) +
-                      " + cached " + std::to_string(c.cached) + " != capacity " + std::to_string(c.capacity));
+                      " + cached " + std::to_string(c.cached) + " + lost " + std::to_string(c.quarantined) +
+                      " != capacity " + std::to_string(c.capacity));
     }
   }
   return blocks_->CheckInvariants();

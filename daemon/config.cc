@@ -1,5 +1,6 @@
 #include "daemon/config.h"
 
+#include <arpa/inet.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "protocol/base/units.h"
+#include "storage/eviction_policy.h"
 
 namespace kvtier {
 namespace {
@@ -187,6 +189,24 @@ const std::vector<Key>& Keys() {
          c->heartbeat_ttl_ns = *d;
          return Status::Ok();
        }},
+      {"protocol.hello_timeout", "10s",
+       "A connection that has not sent Hello this long after connecting is answered with an "
+       "error and closed (0: never).",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("protocol.hello_timeout", n));
+         auto d = ParseDurationNanos(s);
+         if (!d.ok()) return Bad("protocol.hello_timeout", d.status().message());
+         if (*d != 0 && *d < 100'000'000) return Bad("protocol.hello_timeout", "must be 0 or at least 100ms");
+         c->hello_timeout_ns = *d;
+         return Status::Ok();
+       }},
+      {"protocol.max_sessions_per_uid", "256",
+       "Connections one uid may hold at once (admins excepted); 0: no limit but max_sessions.",
+       KVTIER_SET((Integer<uint32_t>("protocol.max_sessions_per_uid", n, 0, 1 << 20)), max_sessions_per_uid)},
+      {"protocol.admin_sessions", "8",
+       "Of max_sessions, how many only admins (root, the daemon's uid, security.admin_uids) "
+       "may take, so kvctl always gets in.",
+       KVTIER_SET((Integer<uint32_t>("protocol.admin_sessions", n, 0, 1 << 20)), admin_sessions)},
       {"security.allow_unknown", "true",
        "A peer whose uid and groups match no tenant in security.tenants: true gives it a "
        "tenant of its own (uid=U, with security.unknown_quota); false refuses it at Hello.",
@@ -418,6 +438,25 @@ bool IsSection(std::string_view path) {
   return false;
 }
 
+// YAML lets a mapping name a key twice and yaml-cpp keeps the last; a config that does is
+// refused instead (the operator meant one of them), anywhere in the document.
+Status RefuseDuplicateKeys(const YAML::Node& node, const std::string& prefix) {
+  if (node.IsMap()) {
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : std::string("?");
+      const std::string path = prefix.empty() ? name : prefix + "." + name;
+      if (!seen.insert(name).second) return InvalidArgument("config key '" + path + "' is given twice");
+      KVTIER_RETURN_IF_ERROR(RefuseDuplicateKeys(kv.second, path));
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      KVTIER_RETURN_IF_ERROR(RefuseDuplicateKeys(node[i], prefix + "[" + std::to_string(i) + "]"));
+    }
+  }
+  return Status::Ok();
+}
+
 Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* config) {
   if (!node.IsMap()) {
     return InvalidArgument(prefix.empty() ? std::string("config must be a YAML mapping")
@@ -448,8 +487,41 @@ Status ValidateConfig(const DaemonConfig& c) {
     return InvalidArgument("config key 'socket.path': '" + c.socket_path +
                            "' must be a file-system path (abstract sockets have no permissions)");
   }
+  if (c.socket_path.size() >= kMaxSocketPathBytes) {
+    return InvalidArgument("config key 'socket.path': '" + c.socket_path + "' is " +
+                           std::to_string(c.socket_path.size()) + " bytes; a Unix socket path has at most " +
+                           std::to_string(kMaxSocketPathBytes - 1));
+  }
+  if (c.admin_sessions >= c.max_sessions) {
+    return InvalidArgument("config key 'protocol.admin_sessions' (" + std::to_string(c.admin_sessions) +
+                           ") must be below protocol.max_sessions (" + std::to_string(c.max_sessions) + ")");
+  }
+  if (!h.enabled && !c.gpu.enabled) {
+    return InvalidArgument(
+        "config key 'tiers.host.enabled': no tier is enabled (host and gpu are both off): "
+        "such a daemon could hold nothing");
+  }
   if (h.low_watermark >= h.high_watermark) {
     return InvalidArgument("config key 'tiers.host.low_watermark' must be below high_watermark");
+  }
+  for (auto [key, name] : {std::pair{"tiers.host.policy", &h.policy}, std::pair{"tiers.gpu.policy", &c.gpu.policy}}) {
+    if (!MakeEvictionPolicy(*name).ok()) {
+      std::string known;
+      for (std::string_view n : EvictionPolicyNames()) known += (known.empty() ? "" : ", ") + std::string(n);
+      return InvalidArgument("config key '" + std::string(key) + "': '" + *name + "' is not a policy (" + known + ")");
+    }
+  }
+  if (c.nvme.policy != "lru" && c.nvme.policy != "arc") {
+    return InvalidArgument("config key 'tiers.nvme.policy': '" + c.nvme.policy + "' is not lru or arc");
+  }
+  {
+    in6_addr a6;
+    in_addr a4;
+    if (::inet_pton(AF_INET, c.metrics_listen.c_str(), &a4) != 1 &&
+        ::inet_pton(AF_INET6, c.metrics_listen.c_str(), &a6) != 1) {
+      return InvalidArgument("config key 'metrics.listen': '" + c.metrics_listen +
+                             "' is not an IPv4 or IPv6 address (e.g. 127.0.0.1)");
+    }
   }
   if (h.page_bytes % 4096 != 0) {
     return InvalidArgument("config key 'tiers.host.page_bytes' must be a multiple of 4 KiB");
@@ -486,6 +558,12 @@ Status ValidateConfig(const DaemonConfig& c) {
       if (c.nvme.files[i].capacity_bytes < h.page_bytes) {
         return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) +
                                "].capacity' holds no slot of tiers.host.page_bytes");
+      }
+      if (c.nvme.files[i].capacity_bytes % h.page_bytes != 0) {
+        return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) + "].capacity' (" +
+                               FormatBytes(c.nvme.files[i].capacity_bytes) +
+                               ") is not a whole number of slots of tiers.host.page_bytes (" +
+                               FormatBytes(h.page_bytes) + "): the rest would never be used");
       }
     }
   }
@@ -541,6 +619,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml_text) {
   DaemonConfig config;
   if (!root.IsNull()) {
     try {
+      KVTIER_RETURN_IF_ERROR(RefuseDuplicateKeys(root, ""));
       KVTIER_RETURN_IF_ERROR(Walk(root, "", &config));
     } catch (const YAML::Exception& e) {
       return InvalidArgument(std::string("config: ") + e.what());

@@ -79,6 +79,9 @@ struct DaemonConfig {
   uint64_t max_pending_output_bytes = 16ull << 20;
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
   int64_t heartbeat_ttl_ns = 0;  // 0: sessions may stay silent forever
+  int64_t hello_timeout_ns = 10'000'000'000;
+  uint32_t max_sessions_per_uid = 256;
+  uint32_t admin_sessions = 8;
 
   std::string metrics_listen = "127.0.0.1";
   int metrics_port = 9490;  // 0: any free port; -1: no metrics endpoint
@@ -115,7 +118,12 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path);
 // ParseConfig(DefaultConfigYaml()) yields DaemonConfig{}.
 std::string DefaultConfigYaml();
 
-// Cross-field checks (low < high watermark, sizes that divide); called by ParseConfig.
+// The longest Unix socket path plus its terminating NUL (sizeof(sockaddr_un::sun_path)).
+inline constexpr size_t kMaxSocketPathBytes = 108;
+
+// Cross-field checks (low < high watermark, sizes that divide, names that exist); called by
+// ParseConfig. What only the machine can say (memory, files, groups) is
+// CheckConfigOnHost's (config_host.h).
 Status ValidateConfig(const DaemonConfig& config);
 
 }  // namespace kvtier

@@ -1,7 +1,11 @@
 #include "daemon/config_host.h"
 
+#include <grp.h>
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -93,6 +97,21 @@ bool SameFile(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+Result<gid_t> ResolveGroup(const std::string& name) {
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(name.c_str(), &end, 10);
+  if (!name.empty() && *end == '\0') return static_cast<gid_t>(n);
+  std::vector<char> buf(16384);
+  group g{};
+  group* found = nullptr;
+  const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
+  if (rc != 0 || found == nullptr) {
+    return InvalidArgument("config key 'socket.group': no group '" + name + "'" +
+                           (rc ? std::string(": ") + std::strerror(rc) : ""));
+  }
+  return found->gr_gid;
+}
+
 HostMemory ReadHostMemory() {
   HostMemory m;
   if (auto kb = MeminfoKb("MemTotal")) {
@@ -108,6 +127,13 @@ HostMemory ReadHostMemory() {
 }
 
 Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::vector<std::string>* warnings) {
+  if (!c.socket_group.empty()) KVTIER_RETURN_IF_ERROR(ResolveGroup(c.socket_group).status());
+  {
+    std::error_code ec;
+    if (fs::exists(c.data_dir, ec) && !fs::is_directory(c.data_dir, ec)) {
+      return InvalidArgument("config key 'data_dir': '" + c.data_dir + "' exists and is not a directory");
+    }
+  }
   // Memory: the host pool, and a GPU pool emulated in host RAM.
   uint64_t pool = c.host.enabled ? c.host.capacity_bytes : 0;
   const bool gpu_in_ram = c.gpu.enabled && c.gpu_backend == "host-emulated";

@@ -4,6 +4,8 @@
 // them at start, before it creates anything, and `kvtierd --check-config` runs the same.
 // Thread-compatible (reads /proc, /sys and the file system).
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,7 +25,12 @@ struct HostMemory {
 };
 HostMemory ReadHostMemory();
 
+// socket.group as a gid: a number, or a group name looked up in the group database;
+// kInvalidArgument naming the key for a group that does not exist.
+Result<gid_t> ResolveGroup(const std::string& name);
+
 // kInvalidArgument naming the key when:
+//  - socket.group names no group, or data_dir exists and is not a directory;
 //  - the host pool (plus a host-emulated GPU pool) is larger than the memory limit and
 //    tiers.host.overcommit is off (a pool that big is OOM-killed once it fills);
 //  - two tiers.nvme.files entries are the same file (by path after symlinks, or by device

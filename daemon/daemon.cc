@@ -21,21 +21,37 @@
 namespace kvtier {
 namespace {
 
-// socket.group: a group name or a number.
-Result<gid_t> ResolveGroup(const std::string& name) {
-  char* end = nullptr;
-  const unsigned long n = std::strtoul(name.c_str(), &end, 10);
-  if (!name.empty() && *end == '\0') return static_cast<gid_t>(n);
-  std::vector<char> buf(16384);
-  group g{};
-  group* found = nullptr;
-  const int rc = ::getgrnam_r(name.c_str(), &g, buf.data(), buf.size(), &found);
-  if (rc != 0 || found == nullptr) {
-    return InvalidArgument("config key 'socket.group': no group '" + name + "'" +
-                           (rc ? std::string(": ") + std::strerror(rc) : ""));
+namespace fs = std::filesystem;
+
+// The free space the NVMe index needs on data_dir's file system to start.
+constexpr uint64_t kMinIndexFreeBytes = 8ull << 20;
+
+// What a start creates (data_dir, the lock file, index/), removed again when the start
+// fails so a failed start leaves the machine as it found it. Slot files are SlotFiles's.
+class UndoOnFailedStart {
+ public:
+  ~UndoOnFailedStart() {
+    if (kept_) return;
+    for (auto it = paths_.rbegin(); it != paths_.rend(); ++it) {
+      std::error_code ec;
+      fs::remove_all(*it, ec);
+      if (ec) KVTIER_LOG(WARNING) << "after the failed start, could not remove " << *it << ": " << ec.message();
+    }
   }
-  return found->gr_gid;
-}
+  // Records `path` if it does not exist yet (for a directory: its first missing ancestor).
+  void WillCreate(const fs::path& path) {
+    std::error_code ec;
+    fs::path p = fs::absolute(path, ec).lexically_normal();
+    if (ec || fs::exists(p, ec)) return;
+    while (p.has_parent_path() && p.parent_path() != p && !fs::exists(p.parent_path(), ec)) p = p.parent_path();
+    paths_.push_back(p);
+  }
+  void Keep() { kept_ = true; }
+
+ private:
+  std::vector<fs::path> paths_;
+  bool kept_ = false;
+};
 
 }  // namespace
 
@@ -79,6 +95,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
 }
 
 Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngineWrapper wrap_io) {
+  UndoOnFailedStart undo;  // declared first: runs after the daemon (its lock, its index) is closed
   std::unique_ptr<Daemon> d(new Daemon(config));
   SetLogLevel(config.log_level);
   // What this machine can hold and which files the config names, before anything exists.
@@ -87,9 +104,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   for (const std::string& w : warnings) KVTIER_LOG(WARNING) << w;
 
   std::error_code ec;
+  undo.WillCreate(config.data_dir);
   std::filesystem::create_directories(config.data_dir, ec);
   if (ec) return Internal("cannot create data_dir " + config.data_dir + ": " + ec.message());
   const std::string lock_path = config.data_dir + "/kvtierd.lock";
+  undo.WillCreate(lock_path);
   d->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (d->lock_fd_ < 0) return ErrnoStatus(errno, "open " + lock_path);
   if (::flock(d->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -137,7 +156,18 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
         config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
     co.prefetch = config.nvme.prefetch;
     co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth);
-    KVTIER_ASSIGN_OR_RETURN(nvme, d->OpenNvme(std::move(wrap_io)));
+    const fs::space_info space = fs::space(config.data_dir, ec);
+    if (!ec && space.available < kMinIndexFreeBytes) {
+      return ResourceExhausted("data_dir " + config.data_dir + ": its file system is full (" +
+                               FormatBytes(space.available) + " free; the NVMe index needs at least " +
+                               FormatBytes(kMinIndexFreeBytes) + ")");
+    }
+    undo.WillCreate(config.data_dir + "/index");
+    auto opened = d->OpenNvme(std::move(wrap_io));
+    if (!opened.ok() && opened.status().code() == StatusCode::kResourceExhausted) {
+      return opened.status().WithContext("data_dir " + config.data_dir + "'s file system is full");
+    }
+    KVTIER_ASSIGN_OR_RETURN(nvme, std::move(opened));
   }
   KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default()));
 
@@ -148,6 +178,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   so.max_pending_output_bytes = config.max_pending_output_bytes;
   so.socket_mode = config.socket_mode;
   so.heartbeat_ttl_ns = config.heartbeat_ttl_ns;
+  so.hello_timeout_ns = config.hello_timeout_ns;
+  so.max_sessions_per_uid = config.max_sessions_per_uid;
+  so.admin_sessions = config.admin_sessions;
+  so.is_admin = [tenants = d->tenants_.get()](uid_t uid) { return tenants->IsAdmin(uid); };
   if (!config.socket_group.empty()) {
     KVTIER_ASSIGN_OR_RETURN(so.socket_gid, ResolveGroup(config.socket_group));
   }
@@ -175,6 +209,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   d->dispatcher_->set_gpu_device(config.gpu_device);
   d->server_->set_dispatcher(d->dispatcher_.get());
   d->RegisterMetrics();
+  undo.Keep();
   return d;
 }
 
@@ -255,7 +290,12 @@ void Daemon::RegisterMetrics() {
                [server] { return static_cast<double>(server->session_count()); });
   m.AddCounterFn("kvtier_sessions_opened_total", "Connections accepted.", {},
                  [server] { return server->sessions_opened(); });
-  m.AddCounterFn("kvtier_sessions_refused_total", "Connections refused at max_sessions.", {},
+  m.AddCounterFn("kvtier_sessions_without_hello_closed_total",
+                 "Connections closed for sending no Hello within protocol.hello_timeout, or to make room for a "
+                 "newer connection.",
+                 {}, [server] { return server->sessions_without_hello_closed(); });
+  m.AddCounterFn("kvtier_sessions_refused_total",
+                 "Connections refused (max_sessions, max_sessions_per_uid), each answered with an error frame.", {},
                  [server] { return server->sessions_refused(); });
   m.AddCounterFn("kvtier_sessions_expired_total",
                  "Sessions closed for sending nothing for longer than protocol.heartbeat_ttl.", {},
@@ -305,6 +345,13 @@ void Daemon::RegisterMetrics() {
                  [nvme] { return nvme->counters().io_errors; });
   m.AddCounterFn("kvtier_nvme_index_errors_total", "NVMe index writes that failed.", {},
                  [nvme] { return nvme->counters().index_errors; });
+  m.AddGaugeFn("kvtier_nvme_index_writable",
+               "1 while the NVMe index takes writes; 0 after a write failed (full or failing disk): spilling is "
+               "stopped until a retry succeeds.",
+               {}, [nvme] { return nvme->index_writable() ? 1.0 : 0.0; });
+  m.AddCounterFn("kvtier_nvme_files_lost_total",
+                 "Slot files found deleted, truncated or replaced while kvtierd used them; their blocks were dropped.",
+                 {}, [nvme] { return nvme->counters().files_lost; });
   m.AddCounterFn("kvtier_nvme_syncs_total", "fdatasync calls issued for spilled data (strict durability).", {},
                  [nvme] { return nvme->counters().syncs; });
 }

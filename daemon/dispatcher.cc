@@ -61,6 +61,12 @@ void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::str
   ctx.close_after_reply = true;
 }
 
+void Dispatcher::RejectConnection(SessionContext& ctx, const Status& status, ReplySink& sink) {
+  builder_.Clear();
+  Send(builder_, sink, 0, status, fb::Reply::NONE, 0, {});
+  ctx.close_after_reply = true;
+}
+
 uint64_t Dispatcher::SessionClosed(SessionContext& ctx, bool quarantine_leases) {
   return cache_->Detach(ctx.cache, quarantine_leases);
 }

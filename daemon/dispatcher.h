@@ -91,6 +91,9 @@ class Dispatcher {
   // Answers a frame that could not be read at all (oversized, truncated at EOF) with
   // request id 0 and `status`, and marks the session for closing.
   void RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason, ReplySink& sink);
+  // Answers a connection the server will not serve (no room, no Hello in time) with
+  // `status` (request id 0) and marks it for closing.
+  void RejectConnection(SessionContext& ctx, const Status& status, ReplySink& sink);
   // The session is gone: drop everything it holds. With `quarantine_leases` (its process
   // still lives) leased pages are quarantined; returns the quarantine's id (0: none) for
   // QuarantineOver once the process has exited.

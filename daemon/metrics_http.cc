@@ -16,41 +16,53 @@ using tcp = asio::ip::tcp;
 namespace {
 constexpr size_t kMaxRequestBytes = 8192;
 constexpr int kMaxConnections = 32;
+constexpr auto kHeaderDeadline = std::chrono::seconds(2);
 constexpr auto kDeadline = std::chrono::seconds(10);
 }  // namespace
 
-class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
+class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  HttpConnection(MetricsHttpServer* server, tcp::socket socket)
+  HttpConnection(MetricsHttpServer* server, tcp::socket socket, uint64_t id)
       : server_(server),
         open_(server->open_connections_),
         socket_(std::move(socket)),
         buf_(kMaxRequestBytes),
-        timer_(socket_.get_executor()) {
+        timer_(socket_.get_executor()),
+        id_(id) {
     ++*open_;
   }
   ~HttpConnection() { --*open_; }
 
   void Start() {
-    timer_.expires_after(kDeadline);
+    server_->reading_[id_] = weak_from_this();
+    // First the headers' deadline: a request still not whole by then gets a 408.
+    timer_.expires_after(kHeaderDeadline);
     timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-      if (!ec) {
-        boost::system::error_code ignored;
-        self->socket_.close(ignored);
-      }
+      if (!ec) self->TimedOut();
     });
     asio::async_read_until(
         socket_, buf_, "\r\n\r\n",
         [self = shared_from_this()](const boost::system::error_code& ec, size_t) { self->OnRequest(ec); });
   }
 
+  // Answers 408 and closes (headers too slow, or room needed for a newer connection).
+  void TimedOut() {
+    if (responding_) return;
+    boost::system::error_code ignored;
+    socket_.cancel(ignored);  // the read ends with operation_aborted, which OnRequest ignores
+    Respond("408 Request Timeout", "text/plain", "request not received in time\n");
+  }
+
  private:
   void OnRequest(const boost::system::error_code& ec) {
+    if (responding_) return;
     if (ec) {
-      if (ec == asio::error::not_found)
+      if (ec == asio::error::not_found) {
         Respond("431 Request Header Fields Too Large", "text/plain", "too large\n");
-      else
+      } else {
+        server_->reading_.erase(id_);
         timer_.cancel();
+      }
       return;
     }
     std::istream in(&buf_);
@@ -72,6 +84,16 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   }
 
   void Respond(const std::string& status, const std::string& type, std::string body) {
+    responding_ = true;
+    if (!server_->stopped_) server_->reading_.erase(id_);
+    // The rest of the exchange (writing the response) must end by the overall deadline.
+    timer_.expires_after(kDeadline - kHeaderDeadline);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) {
+        boost::system::error_code ignored;
+        self->socket_.close(ignored);
+      }
+    });
     response_ = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
                 "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
     if (!head_only_) response_ += body;
@@ -91,6 +113,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   asio::steady_timer timer_;
   std::string response_;
   bool head_only_ = false;
+  bool responding_ = false;
+  uint64_t id_;
 };
 
 MetricsHttpServer::MetricsHttpServer(asio::io_context& io, std::function<std::string()> render)
@@ -128,8 +152,21 @@ void MetricsHttpServer::Start() { Accept(); }
 void MetricsHttpServer::Accept() {
   acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
     if (stopped_ || ec == asio::error::operation_aborted) return;
-    if (!ec && *open_connections_ < kMaxConnections) {
-      std::make_shared<HttpConnection>(this, std::move(socket))->Start();
+    if (!ec) {
+      // Full: the oldest connection still sending its request makes way.
+      // (It leaves once its 408 is written: the new one is admitted now regardless.)
+      bool made_way = false;
+      while (*open_connections_ >= kMaxConnections && !reading_.empty() && !made_way) {
+        auto oldest = reading_.begin()->second.lock();
+        reading_.erase(reading_.begin());
+        if (oldest) {
+          oldest->TimedOut();
+          made_way = true;
+        }
+      }
+      if (made_way || *open_connections_ < kMaxConnections) {
+        std::make_shared<HttpConnection>(this, std::move(socket), next_id_++)->Start();
+      }
     }
     Accept();
   });

@@ -1,8 +1,12 @@
 #pragma once
 // MetricsHttpServer: serves GET /metrics (Prometheus text format) over HTTP/1.1 on a TCP
 // port, on the control thread's io_context. Deliberately minimal: one request per
-// connection, a small request-size cap and a per-connection deadline, so a slow or
-// hostile client cannot hold the daemon.
+// connection, so a slow or hostile client cannot hold the daemon or block a scrape:
+//  - a request's headers must arrive within 2 s (else 408 Request Timeout) and fit 8 KiB
+//    (else 431); the whole exchange ends within 10 s;
+//  - at most 32 connections at once; when a new one finds them all taken, the oldest
+//    still sending its request is answered 408 and closed to make room, so a scraper
+//    always gets in however many half-sent requests other local users leave open.
 //
 // Owned by the control thread; not thread-safe.
 
@@ -10,6 +14,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -33,6 +38,8 @@ class MetricsHttpServer {
  private:
   MetricsHttpServer(boost::asio::io_context& io, std::function<std::string()> render);
   void Accept();
+  class HttpConnection;
+  friend class HttpConnection;
 
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> render_;
@@ -40,8 +47,10 @@ class MetricsHttpServer {
   int port_ = 0;
   // Shared with connections, which may outlive the server inside a stopped io_context.
   std::shared_ptr<int> open_connections_ = std::make_shared<int>(0);
+  // Connections still reading their request, oldest first.
+  std::map<uint64_t, std::weak_ptr<HttpConnection>> reading_;
+  uint64_t next_id_ = 1;
   bool stopped_ = false;
-  friend class HttpConnection;
 };
 
 }  // namespace kvtier

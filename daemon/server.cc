@@ -1,6 +1,7 @@
 #include "daemon/server.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,8 +9,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "protocol/base/logging.h"
@@ -20,6 +23,21 @@ namespace kvtier {
 namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
 
+namespace {
+// A session's read buffer starts this small (it grows for large frames and shrinks back
+// when idle): a thousand idle connections hold a few MiB, not 64 KiB each.
+constexpr size_t kInitialReadBuffer = 8 * 1024;
+constexpr int64_t kRefusalLogIntervalNs = 10'000'000'000;
+constexpr uint32_t kClosesPerTrim = 64;
+
+std::optional<ucred> PeerCredentialsOf(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) return std::nullopt;
+  return cred;
+}
+}  // namespace
+
 // A pidfd turns readable when its process exits.
 bool PidfdExited(int pidfd) {
   pollfd p{pidfd, POLLIN, 0};
@@ -29,8 +47,12 @@ bool PidfdExited(int pidfd) {
 // One connection. Lives in Server::sessions_ and in the handlers it has outstanding.
 class Session : public std::enable_shared_from_this<Session>, public ReplySink {
  public:
-  Session(Server* server, stream::socket socket, SessionId id)
-      : server_(server), socket_(std::move(socket)), in_(server->options_.max_frame_bytes), ctx_(id) {}
+  Session(Server* server, stream::socket socket, SessionId id, const ucred& cred)
+      : server_(server),
+        socket_(std::move(socket)),
+        in_(server->options_.max_frame_bytes, kInitialReadBuffer),
+        ctx_(id),
+        cred_(cred) {}
   ~Session() override {
     for (int fd : out_fds_) ::close(fd);
   }
@@ -42,16 +64,11 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
     boost::system::error_code ec;
     socket_.non_blocking(true, ec);
     const int fd = socket_.native_handle();
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
-      KVTIER_LOG(WARNING) << "session " << ctx_.id << ": no peer credentials (" << std::strerror(errno) << "); closing";
-      Close();
-      return;
-    }
-    ctx_.pid = cred.pid;
-    ctx_.uid = cred.uid;
-    ctx_.gid = cred.gid;
+    ctx_.pid = cred_.pid;
+    ctx_.uid = cred_.uid;
+    ctx_.gid = cred_.gid;
+    ++server_->per_uid_[cred_.uid];
+    counted_ = true;
     std::vector<gid_t> groups(64);
     socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0 && errno == ERANGE) {
@@ -67,11 +84,26 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
     Read();
   }
 
+  // Answers the connection with `why` (an error frame, request id 0) and closes it.
+  void Refuse(const Status& why) {
+    boost::system::error_code ec;
+    socket_.non_blocking(true, ec);
+    ctx_.pid = cred_.pid;
+    ctx_.uid = cred_.uid;
+    ctx_.async_sink = std::static_pointer_cast<ReplySink>(shared_from_this());
+    processing_ = true;
+    server_->dispatcher_->RejectConnection(ctx_, why, *this);
+    processing_ = false;
+    Flush();  // a fresh socket has room for one small frame; Close follows the reply
+    if (!closed_) Close();
+  }
+
   // Idempotent. Drops the session's cache state and forgets it; leased pages go into
   // quarantine while the peer's process lives.
   void Close() {
     if (closed_) return;
     closed_ = true;
+    if (counted_ && --server_->per_uid_[cred_.uid] == 0) server_->per_uid_.erase(cred_.uid);
     boost::system::error_code ec;
     socket_.close(ec);
     const bool alive = pidfd_ && !PidfdExited(pidfd_->native_handle());
@@ -86,6 +118,7 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   }
 
   int64_t last_active_ns() const { return last_active_ns_; }
+  uid_t uid() const { return cred_.uid; }
 
  private:
   void Read() {
@@ -243,6 +276,8 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   bool processing_ = false;
   std::unique_ptr<asio::posix::stream_descriptor> pidfd_;
   int64_t last_active_ns_ = 0;
+  ucred cred_;
+  bool counted_ = false;  // in server_->per_uid_
 };
 
 Server::Server(asio::io_context& io, const Options& options, const Clock* clock)
@@ -343,24 +378,110 @@ void Server::ScheduleHeartbeatCheck() {
   });
 }
 
+void Server::ScheduleHelloCheck() {
+  if (options_.hello_timeout_ns <= 0 || stopped_) return;
+  if (!hello_timer_) hello_timer_ = std::make_unique<asio::steady_timer>(io_);
+  hello_timer_->expires_after(
+      std::chrono::nanoseconds(std::clamp<int64_t>(options_.hello_timeout_ns / 4, 10'000'000, 1'000'000'000)));
+  hello_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopped_) return;
+    const int64_t now = clock_->NowNanos();
+    std::vector<std::shared_ptr<Session>> late;
+    for (auto& [id, s] : sessions_) {
+      if (!s->ctx().hello_done && now - s->ctx().connected_ns > options_.hello_timeout_ns) late.push_back(s);
+    }
+    if (!late.empty()) {
+      hello_closed_ += late.size();
+      KVTIER_LOG(NOTICE) << "closing " << late.size() << " connection(s) that sent no Hello within "
+                         << options_.hello_timeout_ns / 1'000'000 << " ms (protocol.hello_timeout)";
+    }
+    for (auto& s : late) {
+      s->ctx().close_after_reply = true;
+      dispatcher_->RejectConnection(
+          s->ctx(), FailedPrecondition("no Hello within protocol.hello_timeout of connecting: closing"), *s);
+    }
+    ScheduleHelloCheck();
+  });
+}
+
+Status Server::Admit(uid_t uid, bool admin) {
+  const uint32_t reserve = std::min(options_.admin_sessions, options_.max_sessions - 1);
+  const size_t limit = admin ? options_.max_sessions : options_.max_sessions - reserve;
+  auto make_way = [&](bool same_uid_only) {
+    // The oldest connection that has not said Hello (sessions_ is in connection order).
+    for (auto& [id, s] : sessions_) {
+      if (s->ctx().hello_done || (same_uid_only && s->uid() != uid)) continue;
+      ++hello_closed_;
+      auto victim = s;
+      dispatcher_->RejectConnection(
+          victim->ctx(), Unavailable("closed to make room for a newer connection: this one has not sent Hello"),
+          *victim);
+      return true;
+    }
+    return false;
+  };
+  if (!admin && options_.max_sessions_per_uid > 0) {
+    auto it = per_uid_.find(uid);
+    if (it != per_uid_.end() && it->second >= options_.max_sessions_per_uid && !make_way(true)) {
+      return ResourceExhausted("uid " + std::to_string(uid) + " already holds protocol.max_sessions_per_uid (" +
+                               std::to_string(options_.max_sessions_per_uid) + ") connections");
+    }
+  }
+  if (sessions_.size() >= limit && !make_way(false)) {
+    return ResourceExhausted(
+        "kvtierd serves protocol.max_sessions (" + std::to_string(options_.max_sessions) + ") connections" +
+        (admin ? std::string() : ", " + std::to_string(reserve) + " of them kept for admins") + "; try again later");
+  }
+  return Status::Ok();
+}
+
+void Server::NoteRefusal(const Status& why) {
+  ++refused_;
+  ++refusals_unlogged_;
+  const int64_t now = clock_->NowNanos();
+  if (last_refusal_log_ns_ != 0 && now - last_refusal_log_ns_ < kRefusalLogIntervalNs) return;
+  KVTIER_LOG(WARNING) << "refused " << refusals_unlogged_ << " connection(s)"
+                      << (last_refusal_log_ns_ != 0 ? " in the last 10 s" : "") << ": " << why.message();
+  last_refusal_log_ns_ = now;
+  refusals_unlogged_ = 0;
+}
+
+void Server::MaybeTrim() {
+  if (++closes_since_trim_ < kClosesPerTrim || trim_posted_) return;
+  closes_since_trim_ = 0;
+  trim_posted_ = true;
+  asio::post(io_, [this] {
+    trim_posted_ = false;
+    ::malloc_trim(0);
+  });
+}
+
 void Server::Start() {
   KVTIER_CHECK(dispatcher_ != nullptr) << "Server started without a dispatcher";
   Accept();
   ScheduleHeartbeatCheck();
+  ScheduleHelloCheck();
 }
 
 void Server::Accept() {
   acceptor_.async_accept([this](const boost::system::error_code& ec, stream::socket socket) {
     if (stopped_) return;
     if (!ec) {
-      if (sessions_.size() >= options_.max_sessions) {
-        ++refused_;
-        KVTIER_LOG(WARNING) << "refusing a connection: max_sessions " << options_.max_sessions << " reached";
+      const auto cred = PeerCredentialsOf(socket.native_handle());
+      if (!cred) {
+        KVTIER_LOG(WARNING) << "a connection without peer credentials (" << std::strerror(errno) << "): closed";
       } else {
+        const bool admin = options_.is_admin && options_.is_admin(cred->uid);
+        const Status room = Admit(cred->uid, admin);
         const SessionId id = next_id_++;
-        auto session = std::make_shared<Session>(this, std::move(socket), id);
-        sessions_[id] = session;
-        session->Start();
+        auto session = std::make_shared<Session>(this, std::move(socket), id, *cred);
+        if (room.ok()) {
+          sessions_[id] = session;
+          session->Start();
+        } else {
+          NoteRefusal(room);
+          session->Refuse(room);
+        }
       }
     } else if (ec != asio::error::operation_aborted) {
       KVTIER_LOG(WARNING) << "accept: " << ec.message();
@@ -375,7 +496,9 @@ void Server::Accept() {
   });
 }
 
-void Server::Remove(SessionId id) { sessions_.erase(id); }
+void Server::Remove(SessionId id) {
+  if (sessions_.erase(id) != 0) MaybeTrim();
+}
 
 void Server::ForEachSession(const std::function<void(const SessionContext&)>& fn) const {
   for (const auto& [id, s] : sessions_) fn(s->ctx());
@@ -391,6 +514,7 @@ void Server::Stop() {
   for (auto& [id, s] : sessions_) all.push_back(s);
   for (auto& s : all) s->Close();
   if (heartbeat_timer_) heartbeat_timer_->cancel();
+  if (hello_timer_) hello_timer_->cancel();
   for (auto& [id, d] : quarantines_) d->cancel(ec);
   quarantines_.clear();
   ::unlink(options_.socket_path.c_str());

@@ -16,6 +16,14 @@
 // process exits: its mappings cannot be revoked, so the pages are not reused under it.
 // Peer credentials that cannot be read close the connection (never a default identity).
 //
+// Admission (no lock-out by idle connections): a connection must send Hello within
+// hello_timeout or it is closed. Of max_sessions, the last admin_sessions are kept for
+// admin peers (root, the daemon's uid, security.admin_uids), so kvctl gets in; a non-admin
+// uid may hold at most max_sessions_per_uid. When a new connection finds no room, the
+// oldest connection that has not sent Hello yet makes way for it (closed with an error
+// frame); only when there is none is the new one refused, with an error frame saying
+// why. Refusals are counted and logged at most once per 10 s.
+//
 // Owned by the control thread; not thread-safe.
 
 #include <sys/types.h>
@@ -48,6 +56,14 @@ class Server {
     // A session silent for this long is expired (0: never).
     int64_t heartbeat_ttl_ns = 0;
     uint32_t max_sessions = 1024;
+    // A connection that has not sent Hello this long after connecting is closed (0: never).
+    int64_t hello_timeout_ns = 10'000'000'000;
+    // Connections one non-admin uid may hold (0: no limit beyond max_sessions).
+    uint32_t max_sessions_per_uid = 256;
+    // Of max_sessions, how many only admin peers may take.
+    uint32_t admin_sessions = 8;
+    // Whether a uid is an admin's (decides admin_sessions and the per-uid limit).
+    std::function<bool(uid_t)> is_admin;
     uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
     uint64_t max_pending_output_bytes = 16ull << 20;
   };
@@ -70,6 +86,8 @@ class Server {
   uint64_t sessions_opened() const { return next_id_ - 1; }
   uint64_t sessions_refused() const { return refused_; }
   uint64_t sessions_expired() const { return expired_; }
+  // Connections closed for sending no Hello in time, or to make way for a newer one.
+  uint64_t sessions_without_hello_closed() const { return hello_closed_; }
   size_t quarantines() const { return quarantines_.size(); }
 
  private:
@@ -81,6 +99,13 @@ class Server {
   void WatchQuarantine(uint64_t id, int pidfd);
   void ArmQuarantine(uint64_t id, std::shared_ptr<boost::asio::posix::stream_descriptor> d);
   void ScheduleHeartbeatCheck();
+  void ScheduleHelloCheck();
+  // Room for a connection from `uid`: OK, making way by closing the oldest connection
+  // without Hello where needed; else why not.
+  Status Admit(uid_t uid, bool admin);
+  void NoteRefusal(const Status& why);
+  // After many closes, hands freed heap back to the kernel.
+  void MaybeTrim();
 
   boost::asio::io_context& io_;
   Options options_;
@@ -91,9 +116,16 @@ class Server {
   SessionId next_id_ = 1;
   uint64_t refused_ = 0;
   uint64_t expired_ = 0;
+  uint64_t hello_closed_ = 0;
+  std::map<uid_t, uint32_t> per_uid_;  // sessions open per peer uid
+  int64_t last_refusal_log_ns_ = 0;
+  uint64_t refusals_unlogged_ = 0;
+  uint32_t closes_since_trim_ = 0;
+  bool trim_posted_ = false;
   bool stopped_ = false;
   std::map<uint64_t, std::shared_ptr<boost::asio::posix::stream_descriptor>> quarantines_;
   std::unique_ptr<boost::asio::steady_timer> heartbeat_timer_;
+  std::unique_ptr<boost::asio::steady_timer> hello_timer_;
 };
 
 }  // namespace kvtier

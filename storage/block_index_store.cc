@@ -225,6 +225,7 @@ class MemBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Flush() override { return Status::Ok(); }
+  Status Resume() override { return Status::Ok(); }
   uint64_t MemoryUsage() override {
     std::lock_guard<std::mutex> lock(mu_);
     return blocks_.size() * 160;

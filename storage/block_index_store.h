@@ -89,6 +89,10 @@ class BlockIndexStore {
   virtual Status Clear() = 0;
   // Persists buffered writes so the next open replays nothing.
   virtual Status Flush() = 0;
+  // After a write failed (a full or failing disk): clears the store's error state so
+  // writes may be tried again; fails while the cause remains. Callers stop writing after
+  // the first failure and call this before the next write.
+  virtual Status Resume() = 0;
   // Approximate RAM held (caches, memtables, filters).
   virtual uint64_t MemoryUsage() = 0;
 };

@@ -21,10 +21,14 @@ namespace kvtier {
 namespace {
 constexpr int64_t kBackoffBaseNs = 100'000'000;    // 100 ms
 constexpr int64_t kBackoffMaxNs = 10'000'000'000;  // 10 s
+constexpr int64_t kIndexRetryNs = 5'000'000'000;   // a failed index is tried again every 5 s
+constexpr int64_t kFileCheckNs = 1'000'000'000;    // slot files are checked every second
 }  // namespace
 
 // Applies index batches on its own thread, grouping whatever is queued into one write
-// (one WAL sync covers many blocks), and posts each batch's callback back.
+// (one WAL sync covers many blocks), and posts each batch's callback back. After a batch
+// fails, later ones fail with its status without reaching the store (RocksDB must not be
+// written after a failed WAL write) until a Resume succeeds.
 class NvmeTier::IndexWriter {
  public:
   explicit IndexWriter(BlockIndexStore* store) : store_(store), thread_([this] { Run(); }) {}
@@ -38,19 +42,25 @@ class NvmeTier::IndexWriter {
   }
   // `done` runs on this thread; it must only post.
   void Submit(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(Job{std::move(batch), sync, std::move(done)});
-    }
-    cv_.notify_one();
+    Enqueue(Job{std::move(batch), sync, false, std::move(done)});
   }
+  // Clears a failure (store Resume); done(OK) once writes go to the store again.
+  void Resume(std::function<void(Status)> done) { Enqueue(Job{{}, false, true, std::move(done)}); }
 
  private:
   struct Job {
     std::vector<IndexMutation> batch;
     bool sync;
+    bool resume;
     std::function<void(Status)> done;
   };
+  void Enqueue(Job job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
   void Run() {
     for (;;) {
       std::deque<Job> jobs;
@@ -60,16 +70,36 @@ class NvmeTier::IndexWriter {
         if (jobs_.empty()) return;  // stop, with everything applied
         jobs.swap(jobs_);
       }
-      std::vector<IndexMutation> all;
-      bool sync = false;
+      std::vector<Job*> group;
+      auto apply_group = [&] {
+        if (group.empty()) return;
+        Status st = failed_;
+        if (st.ok()) {
+          std::vector<IndexMutation> all;
+          bool sync = false;
+          for (Job* j : group) {
+            sync |= j->sync;
+            for (IndexMutation& m : j->batch) all.push_back(std::move(m));
+          }
+          st = store_->Apply(all, sync);
+          if (!st.ok()) failed_ = st;
+        }
+        for (Job* j : group) {
+          if (j->done) j->done(st);
+        }
+        group.clear();
+      };
       for (Job& j : jobs) {
-        sync |= j.sync;
-        for (IndexMutation& m : j.batch) all.push_back(std::move(m));
-      }
-      const Status st = store_->Apply(all, sync);
-      for (Job& j : jobs) {
+        if (!j.resume) {
+          group.push_back(&j);
+          continue;
+        }
+        apply_group();
+        Status st = failed_.ok() ? Status::Ok() : store_->Resume();
+        if (st.ok()) failed_ = Status::Ok();
         if (j.done) j.done(st);
       }
+      apply_group();
     }
   }
 
@@ -78,6 +108,7 @@ class NvmeTier::IndexWriter {
   std::condition_variable cv_;
   std::deque<Job> jobs_;
   bool stop_ = false;
+  Status failed_;  // writer thread only
   std::thread thread_;
 };
 
@@ -92,10 +123,10 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
       scans_(std::make_unique<WorkerThread>()) {}
 
 NvmeTier::~NvmeTier() {
-  scans_->Stop();   // the scans read store_ and files_: they end first
-  writer_.reset();  // applies what is queued
-  self_.reset();    // callbacks still queued on the control thread become no-ops
-  if (store_) {
+  scans_->Stop();                  // the scans read store_ and files_: they end first
+  writer_.reset();                 // applies what is queued
+  self_.reset();                   // callbacks still queued on the control thread become no-ops
+  if (store_ && !index_failed_) {  // a failed store is not written to, even to flush it
     Status st = store_->Flush();
     if (!st.ok()) KVTIER_LOG(WARNING) << "nvme index flush at shutdown: " << st.ToString();
   }
@@ -126,11 +157,15 @@ Status NvmeTier::Start() {
   const std::string geometry = files_->GeometryKey();
   KVTIER_ASSIGN_OR_RETURN(auto old, store_->GetMeta(kNvmeGeometryMeta));
   if (!old || *old != geometry) {
-    if (old) KVTIER_LOG(WARNING) << "nvme: slot geometry changed; discarding the old index";
+    if (old) {
+      KVTIER_LOG(WARNING) << "nvme: the index does not describe these slot files (a file was recreated, truncated, "
+                             "resized or replaced, or the slot size changed); discarding it";
+    }
     KVTIER_RETURN_IF_ERROR(store_->Clear());
     KVTIER_RETURN_IF_ERROR(store_->PutMeta(kNvmeGeometryMeta, geometry));
   }
   state_.assign(files_->slot_count(), SlotState::kUnknown);
+  file_lost_.assign(files_->file_count(), false);
   owner_tag_.assign(files_->slot_count(), 0);
   write_gen_.reset(new std::atomic<uint32_t>[files_->slot_count()]());
   writer_ = std::make_unique<IndexWriter>(store_.get());
@@ -238,10 +273,7 @@ void NvmeTier::Apply(std::vector<IndexMutation> batch, bool sync, std::function<
       auto self = weak.lock();
       if (!self) return;
       --(*self)->writes_outstanding_;
-      if (!st.ok()) {
-        ++(*self)->counters_.index_errors;
-        KVTIER_LOG(ERROR) << "nvme index write: " << st.ToString();
-      }
+      if (!st.ok()) (*self)->NoteIndexError(st);
       if (done) done(st);
     });
   });
@@ -309,6 +341,101 @@ void NvmeTier::RegisterBuffer(uint32_t index, uint8_t* addr, size_t len) {
   if (!st.ok()) KVTIER_LOG(WARNING) << "nvme: register buffer " << index << ": " << st.ToString();
 }
 
+void NvmeTier::NoteIndexError(const Status& st) {
+  ++counters_.index_errors;
+  if (index_failed_) return;  // one line per failure, not one per batch
+  index_failed_ = true;
+  next_index_retry_ns_ = clock_->NowNanos() + kIndexRetryNs;
+  KVTIER_LOG(ERROR) << "nvme: index write failed: " << st.ToString()
+                    << "; spilling to NVMe is stopped (blocks already indexed are still served) and the index is "
+                       "tried again every "
+                    << kIndexRetryNs / 1'000'000'000 << " s";
+}
+
+void NvmeTier::Maintain() {
+  const int64_t now = clock_->NowNanos();
+  if (index_failed_ && !index_retrying_ && now >= next_index_retry_ns_) {
+    index_retrying_ = true;
+    ++writes_outstanding_;
+    std::weak_ptr<NvmeTier*> weak = self_;
+    Post post = post_;
+    writer_->Resume([weak, post](Status st) {
+      post([weak, st] {
+        auto self = weak.lock();
+        if (!self) return;
+        NvmeTier& t = **self;
+        --t.writes_outstanding_;
+        t.index_retrying_ = false;
+        if (!st.ok()) {
+          t.next_index_retry_ns_ = t.clock_->NowNanos() + kIndexRetryNs;
+          return;
+        }
+        t.index_failed_ = false;
+        KVTIER_LOG(NOTICE) << "nvme: index writes work again; spilling resumes";
+        std::vector<std::pair<std::string, uint32_t>> again;
+        again.swap(t.undeleted_);
+        for (auto& [key, slot] : again) t.DeleteEntry(key, slot);
+      });
+    });
+  }
+  if (now >= next_file_check_ns_) {
+    next_file_check_ns_ = now + kFileCheckNs;
+    CheckFiles();
+  }
+}
+
+void NvmeTier::CheckFiles() {
+  for (const SlotFiles::FileHealth& h : files_->Check()) {
+    if (file_lost_[h.file]) continue;
+    file_lost_[h.file] = true;
+    any_file_lost_ = true;
+    ++counters_.files_lost;
+    ++counters_.io_errors;
+    const auto [first, count] = files_->SlotRange(h.file);
+    KVTIER_LOG(ERROR) << "nvme: slot file " << files_->path(h.file) << " was " << h.problem
+                      << " while in use; dropping the blocks it held, its " << count
+                      << " slots stay out of use until kvtierd restarts (which stamps the file anew)";
+    LoseSlots(first, count);
+  }
+}
+
+void NvmeTier::LoseSlots(uint32_t first, uint32_t count) {
+  // Free and not-yet-loaded slots leave use now; indexed ones when their entries are
+  // dropped (FreeSlot keeps a lost slot out of the free list); slots being written fail
+  // their spill when the write completes.
+  bool rebuild = false;
+  for (uint32_t s = first; s < first + count; ++s) {
+    if (state_[s] == SlotState::kFree || state_[s] == SlotState::kUnknown) {
+      rebuild |= state_[s] == SlotState::kFree;
+      state_[s] = SlotState::kLost;
+      ++lost_;
+    }
+  }
+  if (rebuild && free_) {
+    std::vector<bool> used(state_.size());
+    for (size_t s = 0; s < state_.size(); ++s) used[s] = state_[s] != SlotState::kFree;
+    free_ = std::make_unique<PageAllocator>(static_cast<uint32_t>(state_.size()), used);
+  }
+  // The entries naming these slots, read on the scan thread and dropped here.
+  BlockIndexStore* store = store_.get();
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  scans_->Submit([store, first, count, weak, post](std::stop_token stop) {
+    std::vector<std::pair<std::string, uint32_t>> entries;
+    (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
+      if (r.slot >= first && r.slot - first < count) entries.emplace_back(std::string(key), r.slot);
+      return !stop.stop_requested();
+    });
+    post([weak, entries = std::move(entries)] {
+      auto self = weak.lock();
+      if (!self) return;
+      for (const auto& [key, slot] : entries) (*self)->Drop(key, slot);
+    });
+  });
+}
+
+bool NvmeTier::SlotLost(uint32_t slot) const { return any_file_lost_ && file_lost_[files_->FileOf(slot)]; }
+
 void NvmeTier::NoteIoError() {
   ++counters_.io_errors;
   ++consecutive_errors_;
@@ -317,7 +444,7 @@ void NvmeTier::NoteIoError() {
 }
 
 bool NvmeTier::spill_available() const {
-  if (!ready_ || clock_->NowNanos() < backoff_until_ns_) return false;
+  if (!ready_ || index_failed_ || clock_->NowNanos() < backoff_until_ns_) return false;
   return free_->free_count() > 0 || policy_->evictable() > 0;
 }
 
@@ -327,6 +454,7 @@ void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t>
   auto fail = [this, &done](Status st) { PostSafe([done = std::move(done), st] { done(st, 0); }); };
   if (!ready_) return fail(Unavailable("nvme tier still loading its index"));
   if (clock_->NowNanos() < backoff_until_ns_) return fail(Unavailable("nvme tier backing off after an I/O error"));
+  if (index_failed_) return fail(Unavailable("nvme index writes are failing: spilling is stopped"));
   if (meta.length == 0 || meta.length > files_->slot_bytes() || IoLength(meta.length) > data.size()) {
     return fail(InvalidArgument("block does not fit an NVMe slot"));
   }
@@ -361,9 +489,8 @@ void NvmeTier::FailSpill(uint64_t id, Status status) {
   if (it == ops_.end()) return;
   Op op = std::move(it->second);
   ops_.erase(it);
-  state_[op.slot] = SlotState::kFree;
   --writing_;
-  (void)free_->Free(op.slot);
+  ReleaseSlot(op.slot);
   ++counters_.spill_failures;
   if (op.spill_done) op.spill_done(std::move(status), op.slot);
 }
@@ -376,6 +503,7 @@ void NvmeTier::OnSpillWritten(uint64_t id, int32_t result) {
     NoteIoError();
     return FailSpill(id, ErrnoStatus(-result, "nvme spill write"));
   }
+  if (SlotLost(op.slot)) return FailSpill(id, DataLoss("the slot file was lost during the spill"));
   if (options_.durability == Durability::kRelaxed) return IndexSpills({id});
   // Strict: the data must be on stable storage before its entry exists. One fdatasync per
   // file covers every write completed before it was issued (IssueSyncs).
@@ -424,7 +552,14 @@ void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
       counters_.spill_bytes += op.record.length;
       SpillDone done = std::move(op.spill_done);
       const uint32_t slot = op.slot;
+      const std::string key = std::move(op.key);
       ops_.erase(it);
+      if (SlotLost(slot)) {
+        // The file went while the entry was being written: the entry goes again.
+        Drop(key, slot);
+        if (done) done(DataLoss("the slot file was lost during the spill"), slot);
+        continue;
+      }
       if (done) done(Status::Ok(), slot);
     }
   });
@@ -440,6 +575,10 @@ void NvmeTier::Fetch(std::string key, const BlockRecord& record, std::span<uint8
     return fail(DataLoss("index entry names no valid slot"));
   }
   if (IoLength(record.length) > dst.size()) return fail(InvalidArgument("fetch buffer too small"));
+  if (SlotLost(slot)) {
+    Drop(key, slot);
+    return fail(NotFound("the slot file holding the block was lost"));
+  }
   // A record read a while ago (a queued promotion) may name a slot evicted or reused since.
   if (!Owns(slot, key)) return fail(NotFound("block left the NVMe tier"));
   if (readers_[slot]++ == 0 && ready_ && state_[slot] == SlotState::kIndexed) policy_->SetEvictable(slot, false);
@@ -464,8 +603,7 @@ void NvmeTier::OnFetched(uint64_t id, int32_t result) {
     if (ready_ && state_[op.slot] == SlotState::kIndexed) policy_->SetEvictable(op.slot, true);
     if (state_[op.slot] == SlotState::kRetired) {
       --retired_;
-      state_[op.slot] = SlotState::kFree;
-      (void)free_->Free(op.slot);
+      ReleaseSlot(op.slot);
     }
   }
   if (result >= 0 && static_cast<uint32_t>(result) != IoLength(op.record.length)) result = -ENODATA;  // short
@@ -520,6 +658,15 @@ void NvmeTier::FreeSlot(uint32_t slot) {
     ++retired_;
     return;
   }
+  ReleaseSlot(slot);
+}
+
+void NvmeTier::ReleaseSlot(uint32_t slot) {
+  if (SlotLost(slot)) {
+    state_[slot] = SlotState::kLost;
+    ++lost_;
+    return;
+  }
   state_[slot] = SlotState::kFree;
   if (ready_) (void)free_->Free(slot);
 }
@@ -547,16 +694,21 @@ void NvmeTier::Drop(const std::string& key, uint32_t slot) {
   }
   state_[slot] = SlotState::kDeleting;
   ++deleting_;
+  DeleteEntry(key, slot);
+}
+
+void NvmeTier::DeleteEntry(const std::string& key, uint32_t slot) {
   IndexMutation m{IndexMutation::Kind::kDelete, key, {}};
   m.record.slot = slot;
   // The slot is free for reuse only once the entry naming it is gone.
   Apply({std::move(m)}, false, [this, key, slot](Status st) {
-    --deleting_;
     if (!st.ok()) {
-      // The entry may still exist: keep the slot out of use (a later scrub or restart
-      // settles it) rather than risk two entries on one slot.
+      // The entry may still exist: the slot stays out of use (deleting) rather than risk
+      // two entries on one slot, and the delete is tried again when the index recovers.
+      undeleted_.emplace_back(key, slot);
       return;
     }
+    --deleting_;
     FreeSlot(slot);
     if (drop_listener_) drop_listener_(key, slot);
   });
@@ -714,6 +866,7 @@ NvmeCounts NvmeTier::Counts() const {
   c.free = free_->free_count();
   c.inflight = writing_ + deleting_ + retired_;
   c.cached = indexed_;
+  c.lost = lost_;
   return c;
 }
 

@@ -67,8 +67,10 @@ struct NvmeTierOptions {
   uint64_t verify_bytes_per_s = 0;
 };
 
+// capacity = free + inflight + cached + lost.
 struct NvmeCounts {
   uint32_t capacity = 0, free = 0, inflight = 0, cached = 0;
+  uint32_t lost = 0;  // slots of a file deleted or truncated under the daemon: out of use
 };
 
 struct NvmeCounters {
@@ -77,6 +79,7 @@ struct NvmeCounters {
   uint64_t checksum_failures = 0;
   uint64_t io_errors = 0;
   uint64_t index_errors = 0;
+  uint64_t files_lost = 0;  // slot files deleted, truncated or replaced while in use
   uint64_t evictions = 0;
   uint64_t syncs = 0;
 };
@@ -146,6 +149,14 @@ class NvmeTier {
   int notify_fd() const { return io_->notify_fd(); }
   void OnIoReady();
 
+  // Periodic work, on the control thread (the daemon's tick): retries a failed index
+  // every 5 s, and checks the slot files every second — a file deleted, truncated or
+  // replaced under the daemon is logged, counted (files_lost) and its blocks dropped.
+  void Maintain();
+  // False after an index write failed (a full or failing disk), until a retry succeeds:
+  // no spills meanwhile; what is indexed is still served.
+  bool index_writable() const { return !index_failed_; }
+
   bool ready() const { return ready_; }
   // Ready, not backing off after an I/O error, a slot free or freeable.
   bool spill_available() const;
@@ -172,7 +183,8 @@ class NvmeTier {
   class IndexWriter;
   // kRetired: the entry is gone but fetches of the old bytes are still in flight; the slot
   // is free once the last of them completes.
-  enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDeleting, kRetired, kUnknown };
+  // kLost: in a slot file deleted or truncated under us; never used again this run.
+  enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDeleting, kRetired, kUnknown, kLost };
   struct Op {
     enum class Kind : uint8_t { kSpillWrite, kSync, kFetch } kind;
     uint32_t slot = 0;
@@ -202,6 +214,14 @@ class NvmeTier {
   void OnFetched(uint64_t id, int32_t result);
   void FailSpill(uint64_t id, Status status);
   void NoteIoError();
+  void NoteIndexError(const Status& st);
+  void CheckFiles();
+  void LoseSlots(uint32_t first, uint32_t count);
+  bool SlotLost(uint32_t slot) const;
+  // The slot is unused: back to the free list, or kLost when its file is gone.
+  void ReleaseSlot(uint32_t slot);
+  // Deletes the entry of `key` in `slot` (state kDeleting); frees the slot once applied.
+  void DeleteEntry(const std::string& key, uint32_t slot);
   void EnforceWatermark();
   // Evicts the policy's coldest slot: its block dropped, or the slot freed when no entry
   // names it any more; kNone when nothing is evictable.
@@ -245,6 +265,12 @@ class NvmeTier {
   std::unordered_map<int, std::vector<uint64_t>> sync_waiting_;  // fd -> written spills
   std::unordered_map<int, bool> sync_in_flight_;
   int64_t backoff_until_ns_ = 0;
+  bool index_failed_ = false, index_retrying_ = false;
+  int64_t next_index_retry_ns_ = 0, next_file_check_ns_ = 0;
+  std::vector<std::pair<std::string, uint32_t>> undeleted_;  // deletes to try again
+  std::vector<bool> file_lost_;
+  bool any_file_lost_ = false;
+  uint32_t lost_ = 0;
   int consecutive_errors_ = 0;
   std::function<void(const std::string&, uint32_t)> drop_listener_;
   NvmeCounters counters_;

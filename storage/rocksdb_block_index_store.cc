@@ -10,6 +10,8 @@
 #include <rocksdb/write_batch.h>
 
 #include <filesystem>
+#include <mutex>
+#include <shared_mutex>
 
 #include "storage/block_index_store.h"
 
@@ -47,41 +49,22 @@ std::string MetaKey(std::string_view name) { return "m" + std::string(name); }
 
 class RocksDbBlockIndexStore final : public BlockIndexStore {
  public:
-  ~RocksDbBlockIndexStore() override {
-    if (db_) {
-      (void)db_->Close();
-      delete db_;
-    }
-  }
+  ~RocksDbBlockIndexStore() override { CloseDb(); }
 
   Status Open(const RocksDbIndexOptions& o) {
-    std::error_code ec;
-    std::filesystem::create_directories(o.path, ec);
-    if (ec) return Internal("cannot create " + o.path + ": " + ec.message());
-    rocksdb::Options opts;
-    opts.create_if_missing = true;
-    opts.write_buffer_size = o.write_buffer_bytes;
-    opts.max_write_buffer_number = 2;
-    opts.compression = rocksdb::kNoCompression;
-    opts.max_open_files = 512;
-    opts.keep_log_file_num = 2;
-    opts.max_log_file_size = 4 << 20;
-    opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-    opts.avoid_flush_during_shutdown = false;
-    rocksdb::BlockBasedTableOptions t;
-    cache_ = rocksdb::NewLRUCache(o.block_cache_bytes);
-    t.block_cache = cache_;
-    t.cache_index_and_filter_blocks = true;
-    t.pin_l0_filter_and_index_blocks_in_cache = true;
-    t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-    t.whole_key_filtering = true;
-    opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
-    return FromRocks(rocksdb::DB::Open(opts, o.path, &db_), "opening the block index at " + o.path);
+    options_ = o;
+    return OpenDb();
   }
 
   std::string_view name() const override { return "rocksdb"; }
 
   Result<std::optional<BlockRecord>> Get(std::string_view key) override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
+    return GetLocked(key);
+  }
+
+  Result<std::optional<BlockRecord>> GetLocked(std::string_view key) {
     std::string v;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), BlockKey(key), &v);
     if (s.IsNotFound()) return std::optional<BlockRecord>();
@@ -91,6 +74,8 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::vector<std::optional<BlockRecord>>> MultiGet(std::span<const std::string> keys) override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
     std::vector<std::string> owned;
     owned.reserve(keys.size());
     for (const std::string& k : keys) owned.push_back(BlockKey(k));
@@ -108,6 +93,8 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::optional<std::string>> KeyOfSlot(uint32_t slot) override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
     std::string v;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), SlotKey(slot), &v);
     if (s.IsNotFound()) return std::optional<std::string>();
@@ -116,11 +103,13 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Apply(std::span<const IndexMutation> batch, bool sync) override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
     // Batches are applied by one writer thread, so reading the entries and then writing
     // is not raced by another batch.
     KVTIER_ASSIGN_OR_RETURN(
         auto writes, ResolveIndexMutations(batch, [this](const std::string& key) -> Result<std::optional<uint32_t>> {
-          auto r = Get(key);
+          auto r = GetLocked(key);
           if (!r.ok() && r.status().code() == StatusCode::kDataLoss) return std::optional<uint32_t>();  // a miss
           KVTIER_RETURN_IF_ERROR(r.status());
           return *r ? std::optional<uint32_t>((*r)->slot) : std::nullopt;
@@ -149,6 +138,8 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Scan(const std::function<bool(std::string_view, const BlockRecord&)>& fn) override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::ReadOptions ro;
     ro.fill_cache = false;  // a full scan must not evict what lookups need
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
@@ -161,6 +152,8 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::optional<std::string>> GetMeta(std::string_view name) override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
     std::string v;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), MetaKey(name), &v);
     if (s.IsNotFound()) return std::optional<std::string>();
@@ -169,12 +162,16 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status PutMeta(std::string_view name, std::string_view value) override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::WriteOptions wo;
     wo.sync = true;
     return FromRocks(db_->Put(wo, MetaKey(name), rocksdb::Slice(value.data(), value.size())), "index meta put");
   }
 
   Status Clear() override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::WriteBatch wb;
     wb.DeleteRange("b", "c");
     wb.DeleteRange("s", "t");
@@ -184,9 +181,28 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
     return FromRocks(db_->CompactRange(rocksdb::CompactRangeOptions(), nullptr, nullptr), "index compact");
   }
 
-  Status Flush() override { return FromRocks(db_->Flush(rocksdb::FlushOptions()), "index flush"); }
+  Status Flush() override {
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
+    return FromRocks(db_->Flush(rocksdb::FlushOptions()), "index flush");
+  }
+
+  // RocksDB stops taking writes after a WAL or flush error (a background error); Resume
+  // clears it once the cause is gone, moving to a new WAL. A write must not be retried
+  // on the failed one.
+  //
+  // RocksDB 7.8 cannot: its WAL writer keeps the error and asserts on the next write. So
+  // the store is closed and opened again (replaying the WAL up to its last whole record),
+  // under the exclusive lock that every other call takes shared.
+  Status Resume() override {
+    std::unique_lock lock(mu_);
+    CloseDb();
+    return OpenDb();
+  }
 
   uint64_t MemoryUsage() override {
+    std::shared_lock lock(mu_);
+    if (!db_) return cache_ ? cache_->GetUsage() : 0;
     uint64_t mem = 0, readers = 0;
     db_->GetAggregatedIntProperty("rocksdb.size-all-mem-tables", &mem);
     db_->GetAggregatedIntProperty("rocksdb.estimate-table-readers-mem", &readers);
@@ -194,6 +210,48 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
  private:
+  Status OpenDb() {
+    const RocksDbIndexOptions& o = options_;
+    std::error_code ec;
+    std::filesystem::create_directories(o.path, ec);
+    if (ec) return Internal("cannot create " + o.path + ": " + ec.message());
+    rocksdb::Options opts;
+    opts.create_if_missing = true;
+    opts.write_buffer_size = o.write_buffer_bytes;
+    opts.max_write_buffer_number = 2;
+    opts.compression = rocksdb::kNoCompression;
+    opts.max_open_files = 512;
+    opts.keep_log_file_num = 2;
+    opts.max_log_file_size = 4 << 20;
+    opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+    opts.avoid_flush_during_shutdown = false;
+    rocksdb::BlockBasedTableOptions t;
+    if (!cache_) cache_ = rocksdb::NewLRUCache(o.block_cache_bytes);
+    t.block_cache = cache_;
+    t.cache_index_and_filter_blocks = true;
+    t.pin_l0_filter_and_index_blocks_in_cache = true;
+    t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+    t.whole_key_filtering = true;
+    opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+    return FromRocks(rocksdb::DB::Open(opts, o.path, &db_), "opening the block index at " + o.path);
+  }
+  void CloseDb() {
+    if (db_) {
+      (void)db_->Close();
+      delete db_;
+      db_ = nullptr;
+    }
+  }
+  // db_ is replaced only by Resume: every other call holds this shared, and fails while
+  // no database is open (a Resume that could not reopen it). A scan's callback may call
+  // back in (KeyOfSlot): glibc's rwlock prefers readers, so the nested shared lock does
+  // not wait behind a Resume.
+  Status Available() const {
+    return db_ ? Status::Ok() : Unavailable("the block index at " + options_.path + " is not open (being reopened)");
+  }
+
+  RocksDbIndexOptions options_;
+  mutable std::shared_mutex mu_;
   rocksdb::DB* db_ = nullptr;
   std::shared_ptr<rocksdb::Cache> cache_;
 };
