@@ -100,18 +100,25 @@ struct Refused {
   std::string why;  // a phrase of the message
 };
 
-void ExpectRefusedAtStartAndByCheck(const TempDir& dir, const Refused& r) {
-  std::ofstream(dir.File("c.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
-                                    << "\nmetrics: {port: -1}\n"
-                                    << r.yaml;
+// `yaml` is the whole config.
+void ExpectWholeConfigRefused(const TempDir& dir, const std::string& yaml, const std::string& key,
+                              const std::string& why) {
+  std::ofstream(dir.File("c.yaml")) << yaml;
   for (const std::string flags : {"", "--check-config "}) {
     CmdResult c = Sh("timeout 20 " + BinaryPath("kvtierd") + " " + flags + "--config " + dir.File("c.yaml"));
-    EXPECT_NE(c.code, 0) << flags << r.yaml << c.out;
-    EXPECT_NE(c.code, 124) << "it started: " << r.yaml;
-    EXPECT_NE(c.out.find(r.key), std::string::npos) << c.out;
-    EXPECT_NE(c.out.find(r.why), std::string::npos) << c.out;
+    EXPECT_NE(c.code, 0) << flags << yaml << c.out;
+    EXPECT_NE(c.code, 124) << "it started: " << yaml;
+    EXPECT_NE(c.out.find(key), std::string::npos) << c.out;
+    EXPECT_NE(c.out.find(why), std::string::npos) << c.out;
   }
   EXPECT_FALSE(std::filesystem::exists(dir.File("var"))) << "a refused config created data_dir";
+}
+
+void ExpectRefusedAtStartAndByCheck(const TempDir& dir, const Refused& r) {
+  ExpectWholeConfigRefused(
+      dir,
+      "socket: {path: " + dir.File("s.sock") + "}\ndata_dir: " + dir.File("var") + "\nmetrics: {port: -1}\n" + r.yaml,
+      r.key, r.why);
 }
 
 TEST(Kvtierd, TheSameNvmeFileTwiceIsRefusedHoweverItIsSpelled) {
@@ -140,6 +147,40 @@ TEST(Kvtierd, AnNvmeFileInADirectoryThatDoesNotExistIsRefused) {
                                            dir.File("no/such/dir/slots0") + ", capacity: 16MiB}]\n",
                                        "tiers.nvme.files[0].path", dir.File("no/such/dir")});
   EXPECT_FALSE(std::filesystem::exists(dir.File("no"))) << "the daemon created the missing directory";
+}
+
+// Each of these passed --check-config and then failed at start (or started on a config
+// that could not do what it said): both refuse it now, naming the key.
+TEST(Kvtierd, CheckConfigRunsEveryCheckStartRuns) {
+  TempDir dir;
+  std::ofstream(dir.File("a_file")) << "not a directory\n";
+  const std::string host = "tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB";
+  const std::vector<Refused> refused = {
+      {host + ", policy: random}\n", "tiers.host.policy", "is not a policy"},
+      {host + ", enabled: false}\n", "tiers.host.enabled", "no tier is enabled"},
+      {host + "}\n  nvme: {files: [{path: " + dir.File("slots0") + ", capacity: 16896KiB}]}\n",
+       "tiers.nvme.files[0].capacity", "not a whole number of slots"},
+      {host + "}\n  nvme: {files: [{path: " + dir.File("slots0") + ", capacity: 16MiB}], policy: clock}\n",
+       "tiers.nvme.policy", "is not lru or arc"},
+      {host + "}\nprotocol: {max_sessions: 8, admin_sessions: 8}\n", "protocol.admin_sessions", "below"},
+      // A key given twice: YAML keeps the last one silently; kvtierd refuses.
+      {"tiers:\n  host:\n    capacity: 64MiB\n    capacity: 128MiB\n", "tiers.host.capacity", "given twice"},
+  };
+  for (const Refused& r : refused) ExpectRefusedAtStartAndByCheck(dir, r);
+  // Keys the helper writes itself.
+  const std::string sock = "socket: {path: " + dir.File("s.sock");
+  const std::string rest = "data_dir: " + dir.File("var") + "\n" + host + "}\n";
+  ExpectWholeConfigRefused(dir, sock + ", group: no-such-group-kvtier}\nmetrics: {port: -1}\n" + rest, "socket.group",
+                           "no group");
+  ExpectWholeConfigRefused(dir, sock + "}\nmetrics: {listen: 999.1.1.1, port: 0}\n" + rest, "metrics.listen",
+                           "not an IPv4 or IPv6 address");
+  ExpectWholeConfigRefused(dir, sock + "}\nmetrics: {port: -1}\ndata_dir: " + dir.File("a_file") + "\n" + host + "}\n",
+                           "data_dir", "is not a directory");
+  // A socket path longer than a sockaddr_un holds.
+  const std::string long_path = dir.path() + "/" + std::string(125 - dir.path().size() - 1, 's');
+  ASSERT_EQ(long_path.size(), 125u);
+  ExpectWholeConfigRefused(dir, "socket: {path: " + long_path + "}\nmetrics: {port: -1}\n" + rest, "socket.path",
+                           "at most 107");
 }
 
 uint64_t MemTotalBytes() {

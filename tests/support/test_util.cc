@@ -83,7 +83,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
   log_ = dir_.File("kvtierd.log");
   std::ofstream c(config_);
   c << "socket:\n  path: " << socket_ << "\n"
-    << options_.socket_yaml << "data_dir: " << dir_.File("data") << "\n"
+    << options_.socket_yaml << "data_dir: " << data_dir() << "\n"
     << "log_level: " << options_.log_level << "\n"
     << "metrics:\n  port: 0\n"
     << "tiers:\n  host:\n"
@@ -96,7 +96,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
       << "\n    segment_bytes: " << options_.gpu_segment_bytes << "\n";
   }
   if (!options_.nvme_capacity.empty()) {
-    c << "  nvme:\n    files: [{path: " << dir_.File("slots0") << ", capacity: " << options_.nvme_capacity << "}]\n"
+    c << "  nvme:\n    files: [{path: " << slot_file() << ", capacity: " << options_.nvme_capacity << "}]\n"
       << options_.nvme_yaml;
   }
   c << options_.extra_yaml;

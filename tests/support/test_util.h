@@ -63,6 +63,8 @@ class DaemonProcess {
     // An NVMe tier of this size in the temp dir ("" = none), with these extra keys.
     std::string nvme_capacity;
     std::string nvme_yaml;  // indented for tiers.nvme, e.g. "    durability: relaxed\n"
+    std::string nvme_file;  // the slot file; empty: slots0 in the temp dir
+    std::string data_dir;   // empty: data in the temp dir
     // A host-emulated GPU tier of this size ("" = none), in segments of gpu_segment_bytes.
     std::string gpu_capacity;
     std::string gpu_segment_bytes = "4MiB";
@@ -85,7 +87,8 @@ class DaemonProcess {
   const std::string& config_path() const { return config_; }
   const std::string& dir() const { return dir_.path(); }
   std::string Log() const;
-  std::string slot_file() const { return dir_.File("slots0"); }
+  std::string slot_file() const { return options_.nvme_file.empty() ? dir_.File("slots0") : options_.nvme_file; }
+  std::string data_dir() const { return options_.data_dir.empty() ? dir_.File("data") : options_.data_dir; }
 
  private:
   Options options_;

@@ -1,0 +1,410 @@
+// What a broken disk, a second daemon or a hostile local user could do to a running
+// kvtierd, each reproduced against a real daemon: two daemons on one slot file, a full
+// file system, a slot file truncated under a load, idle connections that never say Hello,
+// half-sent scrapes.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "protocol/codec.h"
+#include "protocol/framing.h"
+#include "tests/integration/engine_process.h"
+
+namespace kvtier::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+DaemonProcess::Options NvmeOptions() {
+  DaemonProcess::Options o;
+  o.host_capacity = "8MiB";  // 64 pages of 128 KiB
+  o.page_bytes = "128KiB";
+  o.segment_bytes = "1MiB";
+  o.nvme_capacity = "8MiB";
+  o.nvme_yaml = "    durability: strict\n";
+  o.log_level = "info";
+  return o;
+}
+
+std::string MetricsUrl(const DaemonProcess& d) {
+  const std::string log = d.Log();
+  const size_t at = log.find("metrics at ");
+  if (at == std::string::npos) return "";
+  const size_t end = log.find_first_of(" \n", at + 11);
+  return log.substr(at + 11, end - at - 11);
+}
+
+double Metric(const std::string& url, const std::string& name) {
+  CmdResult r = Sh("curl -fsS -m 5 " + url);
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+// kvtier-load against the daemon: 128 KiB blocks (llama3.1-8b at one token per block),
+// every byte it reads back verified.
+nlohmann::json Load(const DaemonProcess& d, double seconds) {
+  CmdResult r = Sh("timeout 60 " + BinaryPath("kvtier-load") + " -s " + d.socket_path() +
+                   " --sessions 2 --prefixes 400 --depth 4 --tokens-per-block 1 --json --seconds " +
+                   std::to_string(seconds));
+  const size_t brace = r.out.find('{');
+  if (brace == std::string::npos) return nlohmann::json{{"output", r.out}};
+  return nlohmann::json::parse(r.out.substr(brace), nullptr, false);
+}
+
+// ---- 1. one daemon per slot file ------------------------------------------------------
+
+TEST(Hardening, ASecondDaemonOnAnotherDaemonsSlotFileIsRefused) {
+  DaemonProcess a(NvmeOptions());
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  TempDir links;
+  const std::string link = links.File("same");
+  ASSERT_EQ(::symlink(a.slot_file().c_str(), link.c_str()), 0);
+  for (const std::string& spelling : {a.slot_file(), link}) {
+    DaemonProcess::Options o = NvmeOptions();
+    o.nvme_file = spelling;  // another data_dir and socket, the same file
+    DaemonProcess b(o);
+    Status st = b.Start();
+    EXPECT_FALSE(st.ok()) << "a second kvtierd started on " << spelling;
+    EXPECT_NE(b.Log().find("in use by another kvtierd"), std::string::npos) << b.Log();
+    EXPECT_FALSE(fs::exists(b.data_dir() + "/index")) << "the refused start left its index behind";
+  }
+  // The first daemon is unharmed and still serves its bytes.
+  nlohmann::json r = Load(a, 1.0);
+  EXPECT_EQ(r.value("corrupt", -1), 0) << r.dump();
+  EXPECT_GT(r.value("requests", 0), 0) << r.dump();
+  EXPECT_EQ(a.Stop(), 0) << a.Log();
+}
+
+TEST(Hardening, AnIndexNeverDescribesASlotFileRecreatedUnderTheSamePath) {
+  DaemonProcess d(NvmeOptions());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  nlohmann::json r = Load(d, 1.5);  // 128 KiB blocks through a 64-page host tier: spills
+  ASSERT_EQ(r.value("corrupt", -1), 0) << r.dump();
+  auto before = StatsOf(d.socket_path());
+  ASSERT_TRUE(before.ok());
+  uint64_t on_nvme = 0;
+  for (const auto& t : before->tiers) on_nvme += t.tier == TierKind::kNvme ? t.blocks : 0;
+  ASSERT_GT(on_nvme, 0u) << "nothing was spilled";
+  ASSERT_EQ(d.Stop(), 0) << d.Log();
+  // The operator replaces the file (same path, same size, fresh bytes).
+  fs::remove(d.slot_file());
+  { std::ofstream(d.slot_file()) << ""; }
+  fs::resize_file(d.slot_file(), fs::file_size(d.slot_file()) + (8u << 20));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  EXPECT_NE(d.Log().find("does not describe these slot files"), std::string::npos) << d.Log();
+  ASSERT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(d.socket_path());
+    if (!s.ok()) return false;
+    for (const auto& t : s->tiers) {
+      if (t.tier == TierKind::kNvme) return t.ready && t.blocks == 0;
+    }
+    return false;
+  })) << "the old index still lists blocks for the new file";
+  r = Load(d, 1.0);
+  EXPECT_EQ(r.value("corrupt", -1), 0) << r.dump();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// ---- 3. a slot file truncated while a load runs ---------------------------------------
+
+TEST(Hardening, ASlotFileTruncatedUnderALoadIsNoticedAndNothingWrongIsServed) {
+  DaemonProcess d(NvmeOptions());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  ASSERT_FALSE(url.empty()) << d.Log();
+  nlohmann::json during;
+  std::thread load([&] { during = Load(d, 4.0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(::truncate(d.slot_file().c_str(), 0), 0) << std::strerror(errno);
+  load.join();
+  EXPECT_EQ(during.value("corrupt", -1), 0) << during.dump();
+  EXPECT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_nvme_files_lost_total") == 1; }));
+  EXPECT_GE(Metric(url, "kvtier_io_errors_total"), 1);
+  EXPECT_NE(d.Log().find("was truncated"), std::string::npos) << d.Log();
+  // Its blocks are gone from the index; its slots are out of use, and accounted.
+  auto s = StatsOf(d.socket_path());
+  ASSERT_TRUE(s.ok());
+  for (const auto& t : s->tiers) {
+    if (t.tier == TierKind::kNvme) EXPECT_EQ(t.blocks, 0u);
+  }
+  nlohmann::json after = Load(d, 1.0);  // served from memory
+  EXPECT_EQ(after.value("corrupt", -1), 0) << after.dump();
+  EXPECT_GT(after.value("requests", 0), 0) << after.dump();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+  // At restart the index, which described the old bytes, is discarded.
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  EXPECT_NE(d.Log().find("does not describe these slot files"), std::string::npos) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// ---- 2. a full file system -------------------------------------------------------------
+
+// A small tmpfs mounted for the test (root only), unmounted at the end.
+class SmallFileSystem {
+ public:
+  explicit SmallFileSystem(const std::string& size) {
+    path_ = dir_.File("fs");
+    fs::create_directories(path_);
+    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
+  }
+  ~SmallFileSystem() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  // Writes zeros into `name` until the file system is full, or `bytes` are written.
+  void Fill(const std::string& name, uint64_t bytes = ~0ull) const {
+    std::ofstream out(File(name), std::ios::binary);
+    std::vector<char> mib(1 << 20, 0);
+    for (uint64_t n = 0; n < bytes && out.write(mib.data(), std::min<uint64_t>(mib.size(), bytes - n)); n += mib.size()) {
+    }
+  }
+
+ private:
+  TempDir dir_;
+  std::string path_;
+  bool mounted_ = false;
+};
+
+TEST(Hardening, AFullFileSystemStopsSpillingAndTheDaemonKeepsServingFromMemory) {
+  SmallFileSystem small("40m");
+  if (!small.mounted()) GTEST_SKIP() << "mounting a tmpfs needs root";
+  DaemonProcess::Options o = NvmeOptions();
+  o.data_dir = small.File("data");
+  o.nvme_file = small.File("slots");
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  ASSERT_EQ(Metric(url, "kvtier_nvme_index_writable"), 1);
+  nlohmann::json r = Load(d, 1.0);
+  ASSERT_EQ(r.value("corrupt", -1), 0) << r.dump();
+  small.Fill("filler");
+  // RocksDB preallocates its log: index writes fail once that is used up, a few seconds
+  // of spills at most.
+  for (int round = 0; round < 8 && Metric(url, "kvtier_nvme_index_writable") != 0; ++round) {
+    r = Load(d, 1.5);
+    EXPECT_EQ(r.value("corrupt", -1), 0) << r.dump();
+    EXPECT_GT(r.value("requests", 0), 0) << r.dump();
+  }
+  EXPECT_EQ(Metric(url, "kvtier_nvme_index_writable"), 0) << d.Log();
+  EXPECT_GE(Metric(url, "kvtier_nvme_index_errors_total"), 1);
+  const std::string log = d.Log();
+  EXPECT_NE(log.find("spilling to NVMe is stopped"), std::string::npos) << log;
+  // One line for the failure, not one per batch.
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("index write failed", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 1u) << log;
+  // Room again: the index recovers on its own and spilling resumes.
+  fs::remove(small.File("filler"));
+  EXPECT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_nvme_index_writable") == 1; }, std::chrono::seconds(15)))
+      << d.Log();
+  r = Load(d, 1.0);
+  EXPECT_EQ(r.value("corrupt", -1), 0) << r.dump();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();  // clean exit, accounting exact
+}
+
+TEST(Hardening, AStartOnAFullFileSystemFailsClearlyAndLeavesNothingBehind) {
+  SmallFileSystem small("24m");
+  if (!small.mounted()) GTEST_SKIP() << "mounting a tmpfs needs root";
+  DaemonProcess::Options o = NvmeOptions();
+  o.nvme_capacity = "16MiB";
+  o.data_dir = small.File("data");
+  o.nvme_file = small.File("slots");
+  // Almost full: not even room for the index.
+  small.Fill("filler", 20u << 20);
+  {
+    DaemonProcess d(o);
+    EXPECT_FALSE(d.Start().ok());
+    EXPECT_NE(d.Log().find("file system is full"), std::string::npos) << d.Log();
+  }
+  EXPECT_FALSE(fs::exists(small.File("data"))) << "data_dir left behind";
+  EXPECT_FALSE(fs::exists(small.File("slots"))) << "slot file left behind";
+  // Room for the index but not for the slot file's 16 MiB.
+  fs::resize_file(small.File("filler"), 10u << 20);
+  {
+    DaemonProcess d(o);
+    EXPECT_FALSE(d.Start().ok());
+    EXPECT_NE(d.Log().find("file system is full"), std::string::npos) << d.Log();
+  }
+  EXPECT_FALSE(fs::exists(small.File("data"))) << "data_dir (lock, index/) left behind";
+  EXPECT_FALSE(fs::exists(small.File("slots"))) << "a partial slot file left behind";
+}
+
+// ---- 4. no lock-out by idle connections -----------------------------------------------
+
+int RawConnect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The one frame the daemon sends before closing (within 5 s), as a status and message.
+std::optional<std::pair<fb::Status, std::string>> ErrorFrameThenClose(int fd) {
+  FrameAssembler in(1 << 20);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::optional<std::pair<fb::Status, std::string>> got;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    auto space = in.WritableSpace();
+    ssize_t n = ::recv(fd, space.data(), space.size(), 0);
+    if (n <= 0) return got;  // closed
+    in.Produced(static_cast<size_t>(n));
+    auto f = in.Next();
+    if (f.ok() && f->has_value()) {
+      auto r = VerifyResponseFrame((*f)->frame);
+      if (r.ok()) got = {(*r)->status(), (*r)->message() ? (*r)->message()->str() : ""};
+    }
+  }
+  return std::nullopt;  // never closed
+}
+
+void RaiseFdLimit() {
+  rlimit l{};
+  ::getrlimit(RLIMIT_NOFILE, &l);
+  l.rlim_cur = l.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &l);
+}
+
+TEST(Hardening, ElevenHundredConnectionsWithoutHelloDoNotLockOutKvctlOrEngines) {
+  RaiseFdLimit();
+  rlimit l{};
+  ::getrlimit(RLIMIT_NOFILE, &l);
+  if (l.rlim_cur < 1300) GTEST_SKIP() << "needs 1,300 file descriptors";
+  DaemonProcess::Options o;
+  o.log_level = "info";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  std::vector<int> idle;
+  for (int i = 0; i < 1100; ++i) {
+    const int fd = RawConnect(d.socket_path());
+    if (fd >= 0) idle.push_back(fd);
+  }
+  // kvctl and an engine get in at once: the oldest connections without Hello make way.
+  CmdResult k = Sh("timeout 10 " + BinaryPath("kvctl") + " -s " + d.socket_path() + " status --json");
+  EXPECT_EQ(k.code, 0) << k.out;
+  auto engine = Client::Connect(EngineOptions(d.socket_path(), "engine"));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto pages = (*engine)->Allocate(TierKind::kHost, 1);
+  EXPECT_TRUE(pages.ok()) << pages.status().ToString();
+  // Those closed to make way were told why.
+  auto first = ErrorFrameThenClose(idle.front());
+  ASSERT_TRUE(first.has_value()) << "the oldest idle connection was neither answered nor closed";
+  EXPECT_NE(first->second.find("has not sent Hello"), std::string::npos) << first->second;
+  // The log says it in a few lines, not one per connection.
+  const std::string log = d.Log();
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("refused", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_LE(lines, 3u);
+  for (int fd : idle) ::close(fd);
+  engine->reset();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(Hardening, AConnectionThatSendsNoHelloInTimeGetsAnErrorAndIsClosed) {
+  DaemonProcess::Options o;
+  o.extra_yaml = "protocol: {hello_timeout: 300ms}\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const int fd = RawConnect(d.socket_path());
+  ASSERT_GE(fd, 0);
+  auto e = ErrorFrameThenClose(fd);
+  ASSERT_TRUE(e.has_value()) << "not closed within 5 s";
+  EXPECT_EQ(e->first, fb::Status::FailedPrecondition);
+  EXPECT_NE(e->second.find("hello_timeout"), std::string::npos) << e->second;
+  ::close(fd);
+  auto s = StatsOf(d.socket_path());  // a prompt client is unaffected
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(Hardening, AFullDaemonRefusesWithAnErrorFrameNotASilentClose) {
+  // 4 sessions, 1 kept for admins; tests run as root (an admin), so fill it with engines
+  // that have said Hello: nothing can make way.
+  DaemonProcess::Options o;
+  o.extra_yaml = "protocol: {max_sessions: 4, admin_sessions: 1}\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  std::vector<std::unique_ptr<Client>> engines;
+  for (int i = 0; i < 4; ++i) {
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "e" + std::to_string(i)));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    engines.push_back(std::move(c).value());
+  }
+  auto refused = Client::Connect(EngineOptions(d.socket_path(), "one-too-many"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("max_sessions"), std::string::npos) << refused.status().ToString();
+  engines.pop_back();
+  EXPECT_TRUE(WaitUntil([&] { return Client::Connect(EngineOptions(d.socket_path(), "later")).ok(); }));
+  engines.clear();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// ---- 5. scrapes cannot be blocked -----------------------------------------------------
+
+int TcpConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(Hardening, FortyHalfSentRequestsDoNotBlockAScrape) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  std::vector<int> half;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = TcpConnect(port);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, "GET /metr", 9, MSG_NOSIGNAL), 9);
+    half.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CmdResult scrape = Sh("curl -fsS -m 5 " + url);
+  EXPECT_EQ(scrape.code, 0) << scrape.out;
+  EXPECT_NE(scrape.out.find("kvtier_build_info"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  // A half-sent request is answered 408, not reset.
+  char buf[256] = {};
+  pollfd p{half.back(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  ASSERT_GT(::recv(half.back(), buf, sizeof(buf) - 1, 0), 0);
+  EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 408", 0), 0u) << buf;
+  for (int fd : half) ::close(fd);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing
