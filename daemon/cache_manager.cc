@@ -147,6 +147,19 @@ std::optional<std::vector<PageId>> CacheManager::TakePages(SessionCache& s, Tier
   return pages;
 }
 
+Status CacheManager::CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_t count) const {
+  if (options_.max_leased_share >= 1.0 || QuotaPages(kind, s.tenant_) > 0) return Status::Ok();
+  const uint32_t capacity = blocks_->pool(kind)->capacity();
+  const auto cap = std::max<uint64_t>(1, static_cast<uint64_t>(capacity * options_.max_leased_share));
+  const size_t held = s.leased_[TierIndex(kind)].size();
+  if (held + count <= cap) return Status::Ok();
+  return ResourceExhausted("this session holds " + std::to_string(held) + " leased " + std::string(TierKindName(kind)) +
+                           " pages and asks for " + std::to_string(count) +
+                           " more; security.max_leased_share lets one "
+                           "session hold " +
+                           std::to_string(cap) + " of " + std::to_string(capacity) + ": commit or release some first");
+}
+
 std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& s, TierKind kind, uint32_t count,
                                                                   AllocateDone done) {
   using R = Result<std::vector<PageId>>;
@@ -161,6 +174,7 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
   if (count > options_.max_entries_per_request || count > pool.capacity()) {
     return R(InvalidArgument("cannot allocate " + std::to_string(count) + " pages at once"));
   }
+  KVTIER_RETURN_IF_ERROR(CheckLeaseCap(s, kind, count));
   Room room;
   // Waiting requests go first: no overtaking them.
   if (pending_allocates_.empty()) {
@@ -516,6 +530,15 @@ void CacheManager::ServePendingAllocates() {
     auto s = sessions_.find(p.session);
     if (s == sessions_.end()) {
       pending_allocates_.pop_front();
+      continue;
+    }
+    if (Status cap = CheckLeaseCap(*s->second, p.tier, p.count); !cap.ok()) {
+      // Over the cap since it queued (it leased more meanwhile): refused, not waited for.
+      PendingAllocate done = std::move(p);
+      pending_allocates_.pop_front();
+      --s->second->pending_;
+      ++counters_.allocate_failures;
+      done.done(cap);
       continue;
     }
     Room room;

@@ -97,6 +97,10 @@ class CacheManager {
     bool prefetch = false;  // Lookup starts promoting NVMe hits
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
+    // The most of a tier's pages one session may hold leased (not yet committed) at once,
+    // as a fraction; a tenant with a quota on the tier is bounded by that instead. 1: no
+    // cap (kvtierd's default is security.max_leased_share, 0.5).
+    double max_leased_share = 1.0;
     // The GPU tier's memory (required when tiers[kGpu].enabled); outlives the manager.
     DeviceBackend* device_backend = nullptr;
     int gpu_device = 0;
@@ -242,6 +246,9 @@ class CacheManager {
   void Ref(SessionCache& s, BlockId id);
   bool Unref(SessionCache& s, BlockId id);  // false if the session held no reference
   std::optional<std::vector<PageId>> TakePages(SessionCache& s, TierKind kind, uint32_t count, Room* room);
+  // kResourceExhausted when `count` more leased pages would take the session over
+  // max_leased_share of the tier.
+  Status CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_t count) const;
 
   // ---- waiting requests (cache_manager.cc) ----
   // Reads an NVMe-only block into a host page; kNoBlock when no page can be had now

@@ -176,8 +176,17 @@ const std::vector<Key>& Keys() {
        "Responses buffered for a session that does not read them; above it the daemon stops "
        "reading that session's requests until it catches up.",
        KVTIER_SET((Bytes("protocol.max_pending_output", n, 64 * 1024, 1ull << 32)), max_pending_output_bytes)},
-      {"protocol.max_entries_per_request", "65536", "Most pages or hashes one request may name.",
-       KVTIER_SET((Integer<uint32_t>("protocol.max_entries_per_request", n, 1, 1 << 24)), max_entries_per_request)},
+      {"protocol.max_entries_per_request", "auto",
+       "Most pages or hashes one request may name. auto: as many as the largest request "
+       "(a Commit with 32-byte hashes, 68 bytes an entry) fits in protocol.max_frame_bytes "
+       "(15,405 at 1 MiB); a number above that is refused.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         c->max_entries_auto = n.IsScalar() && n.Scalar() == "auto";
+         if (c->max_entries_auto) return Status::Ok();  // resolved once max_frame_bytes is known
+         KVTIER_ASSIGN_OR_RETURN(c->max_entries_per_request,
+                                 (Integer<uint32_t>("protocol.max_entries_per_request", n, 1, 1 << 24)));
+         return Status::Ok();
+       }},
       {"protocol.heartbeat_ttl", "0",
        "A session that sends nothing (not even Ping) for this long is expired: its references "
        "are dropped and its leased pages quarantined until its process exits. 0: never.",
@@ -216,6 +225,20 @@ const std::vector<Key>& Keys() {
        "besides root and the daemon's own uid.",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(c->security.admin_uids, IdList("security.admin_uids", n));
+         return Status::Ok();
+       }},
+      {"security.max_leased_share", "0.5",
+       "The most of a tier's pages one session may hold leased (allocated, not yet committed) "
+       "at once, so one engine cannot take a whole tier (one that arrived first included); a "
+       "tenant with a quota on the tier is bounded by its quota instead. 1: no cap.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("security.max_leased_share", n));
+         char* end = nullptr;
+         const double v = std::strtod(s.c_str(), &end);
+         if (s.empty() || *end != '\0' || !(v > 0.0 && v <= 1.0)) {
+           return Bad("security.max_leased_share", "'" + s + "' is not a fraction in (0, 1]");
+         }
+         c->security.max_leased_share = v;
          return Status::Ok();
        }},
       {"security.unknown_quota", "{host: 0, gpu: 0, nvme: 0}",
@@ -492,6 +515,13 @@ Status ValidateConfig(const DaemonConfig& c) {
                            std::to_string(c.socket_path.size()) + " bytes; a Unix socket path has at most " +
                            std::to_string(kMaxSocketPathBytes - 1));
   }
+  if (c.max_entries_per_request > MaxEntriesForFrame(c.max_frame_bytes)) {
+    return InvalidArgument(
+        "config key 'protocol.max_entries_per_request' (" + std::to_string(c.max_entries_per_request) +
+        ") cannot be reached: the largest request of " + "that many entries does not fit protocol.max_frame_bytes (" +
+        FormatBytes(c.max_frame_bytes) + ", which holds " + std::to_string(MaxEntriesForFrame(c.max_frame_bytes)) +
+        "); raise max_frame_bytes or leave max_entries_per_request at auto");
+  }
   if (c.admin_sessions >= c.max_sessions) {
     return InvalidArgument("config key 'protocol.admin_sessions' (" + std::to_string(c.admin_sessions) +
                            ") must be below protocol.max_sessions (" + std::to_string(c.max_sessions) + ")");
@@ -625,6 +655,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml_text) {
       return InvalidArgument(std::string("config: ") + e.what());
     }
   }
+  if (config.max_entries_auto) config.max_entries_per_request = MaxEntriesForFrame(config.max_frame_bytes);
   KVTIER_RETURN_IF_ERROR(ValidateConfig(config));
   return config;
 }

@@ -65,6 +65,8 @@ struct SecurityConfig {
   TierBytes unknown_quota;  // per unknown tenant
   // Besides root and the daemon's own uid.
   std::vector<uint32_t> admin_uids;
+  // The most of a tier's pages one session may hold leased at once (1: no cap).
+  double max_leased_share = 0.5;
 };
 
 struct DaemonConfig {
@@ -78,6 +80,7 @@ struct DaemonConfig {
   uint32_t max_sessions = 1024;
   uint64_t max_pending_output_bytes = 16ull << 20;
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
+  bool max_entries_auto = true;  // derived from max_frame_bytes (MaxEntriesForFrame)
   int64_t heartbeat_ttl_ns = 0;  // 0: sessions may stay silent forever
   int64_t hello_timeout_ns = 10'000'000'000;
   uint32_t max_sessions_per_uid = 256;

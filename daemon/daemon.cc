@@ -122,6 +122,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
   CacheManager::Options co;
   co.tiers[TierIndex(TierKind::kHost)] = config.host;
   co.max_entries_per_request = config.max_entries_per_request;
+  co.max_leased_share = config.security.max_leased_share;
   auto limits = [](const TierBytes& quota, const TierBytes& reserve) {
     TenantLimits l;
     l.quota_bytes[TierIndex(TierKind::kHost)] = quota.host;

@@ -278,7 +278,7 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
   auto version = builder_.CreateString(info_->version);
   const uint16_t minor = std::min<uint16_t>(m.minor(), kProtocolMinor);
   *body = fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec, segs,
-                            info_->max_frame_bytes, version)
+                            info_->max_frame_bytes, version, info_->max_entries_per_request)
               .Union();
   *type = fb::Reply::Welcome;
   return Status::Ok();

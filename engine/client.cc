@@ -240,6 +240,7 @@ Result<std::string_view> Client::OpenDevice() {
 }
 uint64_t Client::session_id() const { return conn_ ? conn_->session().id : 0; }
 uint64_t Client::daemon_epoch() const { return conn_ ? conn_->session().epoch : 0; }
+uint32_t Client::max_entries_per_request() const { return conn_ ? conn_->session().max_entries_per_request : 0; }
 const std::string& Client::namespace_id() const {
   static const std::string kNone;
   return conn_ ? conn_->session().namespace_id : kNone;

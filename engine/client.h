@@ -200,6 +200,10 @@ class Client {
   uint64_t session_id() const;
   uint64_t daemon_epoch() const;
   const std::string& namespace_id() const;
+  // The most pages or hashes one request may name (the daemon's
+  // protocol.max_entries_per_request; 0: an older daemon that does not say). A request
+  // over the daemon's frame limit fails with kInvalidArgument before it is sent.
+  uint32_t max_entries_per_request() const;
   size_t hash_bytes() const;
   // The socket descriptor (for poll loops); owned by the client.
   int fd() const;

@@ -63,6 +63,8 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
     session_.id = w->session_id();
     session_.epoch = w->daemon_epoch();
     if (w->namespace_id()) session_.namespace_id = w->namespace_id()->str();
+    session_.max_frame_bytes = w->max_frame_bytes();
+    session_.max_entries_per_request = w->max_entries_per_request();
     return Status::Ok();
   });
 }
@@ -71,6 +73,18 @@ Result<Ticket> Connection::Send(fb::Op type, flatbuffers::Offset<void> op) {
   if (!broken_.ok()) return broken_;
   const Ticket id = next_id_++;
   builder_.FinishSizePrefixed(fb::CreateRequest(builder_, id, type, op));
+  const size_t body = builder_.GetSize() - kFramePrefixBytes;
+  if (session_.max_frame_bytes != 0 && body > session_.max_frame_bytes) {
+    builder_.Clear();
+    --next_id_;
+    std::string hint;
+    if (session_.max_entries_per_request != 0) {
+      hint = " (at most " + std::to_string(session_.max_entries_per_request) + " entries a request)";
+    }
+    return InvalidArgument("request of " + std::to_string(body) +
+                           " bytes is over kvtierd's protocol.max_frame_bytes (" +
+                           std::to_string(session_.max_frame_bytes) + "): split it into smaller requests" + hint);
+  }
   Status st = SendFrame(fd_, {builder_.GetBufferPointer(), builder_.GetSize()}, {});
   builder_.Clear();
   if (!st.ok()) {

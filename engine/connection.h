@@ -49,6 +49,10 @@ class Connection {
     uint64_t id = 0;
     uint64_t epoch = 0;
     std::string namespace_id;
+    // The daemon's limits, from Welcome (0: not said). A request over max_frame_bytes is
+    // refused here, before anything is sent, so the connection stays usable.
+    uint32_t max_frame_bytes = 0;
+    uint32_t max_entries_per_request = 0;
   };
 
   // Connects to `socket_path` (empty: $KVTIER_SOCKET, else the default) and says Hello.

@@ -23,9 +23,19 @@ namespace kvtier {
 inline constexpr size_t kFramePrefixBytes = 4;
 // The daemon's default protocol.max_frame_bytes (a client reads frames up to 64 MiB).
 inline constexpr uint32_t kDefaultMaxFrameBytes = 1u << 20;
-// The daemon's default protocol.max_entries_per_request: most pages or hashes one request
-// may name.
-inline constexpr uint32_t kDefaultMaxEntriesPerRequest = 65536;
+// The most bytes one entry adds to a request: a Commit of a page (4) with a 32-byte hash
+// and a 32-byte parent; plus what a request carries besides its entries.
+inline constexpr uint32_t kMaxRequestBytesPerEntry = 4 + 32 + 32;
+inline constexpr uint32_t kRequestOverheadBytes = 1024;
+// The most entries whose largest request still fits a frame of `max_frame_bytes`: the
+// one limit is derived from the other, so every permitted request can be sent.
+constexpr uint32_t MaxEntriesForFrame(uint32_t max_frame_bytes) {
+  return max_frame_bytes > kRequestOverheadBytes ? (max_frame_bytes - kRequestOverheadBytes) / kMaxRequestBytesPerEntry
+                                                 : 0;
+}
+// The daemon's default protocol.max_entries_per_request ("auto": what the default frame
+// holds, 15,405).
+inline constexpr uint32_t kDefaultMaxEntriesPerRequest = MaxEntriesForFrame(kDefaultMaxFrameBytes);
 // The most descriptors one frame may carry (a kernel SCM_MAX_FD is 253).
 inline constexpr size_t kMaxFdsPerFrame = 64;
 

@@ -4,7 +4,9 @@
 // the first depth-1 shared by every request of its prefix (a system prompt, a document)
 // and the last one unique. Lookup the chain; acquire the hits and verify their bytes (the
 // pattern of each block's hash: a mismatch is corruption); store the misses (allocate,
-// write the pattern, commit). Prefixes are drawn Zipf-like, so some are hot.
+// write the pattern, commit). Prefixes are drawn Zipf-like, so some are hot. A refused
+// call waits (exponential back-off with jitter) and a lost daemon is reconnected to, until
+// --seconds is up.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <random>
 
 #include "engine/client.h"
+#include "engine/tools/backoff.h"
 #include "engine/tools/block_pattern.h"
 #include "protocol/base/model_presets.h"
 
@@ -38,8 +41,11 @@ struct Args {
 
 struct Totals {
   uint64_t requests = 0, blocks = 0, hits = 0, stored = 0, duplicates = 0, corrupt = 0, refused = 0, errors = 0;
+  uint64_t disconnects = 0, reconnects = 0;
   double lookup_us = 0;
   void Add(const Totals& o) {
+    disconnects += o.disconnects;
+    reconnects += o.reconnects;
     requests += o.requests;
     blocks += o.blocks;
     hits += o.hits;
@@ -72,38 +78,69 @@ Totals RunSession(const Args& a, const ModelLayout& layout, int index) {
   o.socket_path = a.socket;
   o.engine_name = "kvtier-load-" + std::to_string(index);
   o.layout = layout;
-  auto c = Client::Connect(o);
-  if (!c.ok()) {
-    std::fprintf(stderr, "kvtier-load: session %d: %s\n", index, c.status().ToString().c_str());
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(a.seconds));
+  // Refused or disconnected, a session waits (exponential, jittered) and tries again
+  // until the deadline, as an engine would: it never spins on a daemon that is gone.
+  Backoff backoff(std::chrono::milliseconds(1), std::chrono::milliseconds(500), 1000 + index);
+  std::unique_ptr<Client> client;
+  Status last_connect_error;
+  auto connect = [&]() -> bool {
+    for (;;) {
+      auto c = Client::Connect(o);
+      if (c.ok()) {
+        client = std::move(c).value();
+        backoff.Reset();
+        return true;
+      }
+      last_connect_error = c.status();
+      if (!backoff.Wait(deadline)) return false;
+    }
+  };
+  if (!connect()) {
+    std::fprintf(stderr, "kvtier-load: session %d: %s\n", index, last_connect_error.ToString().c_str());
     t.errors = 1;
     return t;
   }
-  Client& client = **c;
+  // A failed call: counted; the session reconnects when the daemon is gone, else waits.
+  auto failed = [&](const Status& st) {
+    ++(st.code() == StatusCode::kResourceExhausted ? t.refused : t.errors);
+    if (DaemonGone(st)) {
+      client.reset();
+      ++t.disconnects;
+    } else {
+      (void)backoff.Wait(deadline);
+    }
+  };
   std::mt19937_64 rng(1000 + index);
   // Zipf(1.0) over prefixes by inverse CDF on precomputed weights.
   std::vector<double> cdf(a.prefixes);
   double sum = 0;
   for (int p = 0; p < a.prefixes; ++p) cdf[p] = (sum += 1.0 / (p + 1));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.seconds);
   while (std::chrono::steady_clock::now() < deadline) {
+    if (!client) {
+      if (!connect()) break;
+      ++t.reconnects;
+    }
     const double u = std::uniform_real_distribution<double>(0, sum)(rng);
     const int prefix = static_cast<int>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
     const auto chain = Chain(prefix, a.depth, rng());
     ++t.requests;
     t.blocks += chain.size();
     const auto t0 = std::chrono::steady_clock::now();
-    auto l = client.Lookup(chain);
+    auto l = client->Lookup(chain);
     t.lookup_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     if (!l.ok()) {
-      ++t.errors;
+      failed(l.status());
       continue;
     }
     size_t hit = l->matched;
     if (hit > 0) {
       std::span<const BlockHash> hits(chain.data(), hit);
-      auto acq = client.Acquire(hits);
+      auto acq = client->Acquire(hits);
       if (!acq.ok()) {
-        ++t.errors;
+        failed(acq.status());
         continue;
       }
       std::vector<BlockHash> held;
@@ -115,35 +152,44 @@ Totals RunSession(const Args& a, const ModelLayout& layout, int index) {
           continue;
         }
         held.push_back(chain[i]);
-        auto bytes = client.PageBytes(r.tier, r.page);
+        auto bytes = client->PageBytes(r.tier, r.page);
         if (bytes.size() < layout.block_bytes || !CheckBlockPattern(chain[i], bytes.first(layout.block_bytes))) {
           ++t.corrupt;
         }
       }
       hit = prefix;
       t.hits += hit;
-      if (!held.empty() && !client.Release(TierKind::kHost, {}, held).ok()) ++t.errors;
+      if (!held.empty()) {
+        if (auto rel = client->Release(TierKind::kHost, {}, held); !rel.ok()) {
+          failed(rel.status());
+          continue;
+        }
+      }
     }
     const size_t miss = chain.size() - hit;
-    if (miss == 0) continue;
-    auto pages = client.Allocate(TierKind::kHost, static_cast<uint32_t>(miss));
+    if (miss == 0) {
+      backoff.Reset();
+      continue;
+    }
+    auto pages = client->Allocate(TierKind::kHost, static_cast<uint32_t>(miss));
     if (!pages.ok()) {
-      ++(pages.status().code() == StatusCode::kResourceExhausted ? t.refused : t.errors);
+      failed(pages.status());
       continue;
     }
     std::vector<CommitEntry> entries;
     for (size_t i = 0; i < miss; ++i) {
       const size_t b = hit + i;
-      auto bytes = client.PageBytes(TierKind::kHost, (*pages)[i]);
+      auto bytes = client->PageBytes(TierKind::kHost, (*pages)[i]);
       FillBlockPattern(chain[b], bytes.first(layout.block_bytes));
       entries.push_back({(*pages)[i], chain[b], b ? chain[b - 1] : BlockHash()});
     }
-    auto r = client.Commit(TierKind::kHost, entries);
+    auto r = client->Commit(TierKind::kHost, entries);
     if (!r.ok()) {
-      ++t.errors;
+      failed(r.status());
       continue;
     }
     for (const BlockResult& e : *r) ++(e.duplicate ? t.duplicates : t.stored);
+    backoff.Reset();
   }
   return t;
 }
@@ -211,6 +257,8 @@ int main(int argc, char** argv) {
                      {"corrupt", all.corrupt},
                      {"refused", all.refused},
                      {"errors", all.errors},
+                     {"disconnects", all.disconnects},
+                     {"reconnects", all.reconnects},
                      {"mean_lookup_us", all.requests ? all.lookup_us / all.requests : 0}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -221,6 +269,10 @@ int main(int argc, char** argv) {
     std::printf("  corrupt %llu, refused (tier full) %llu, errors %llu, mean lookup %.1f us\n",
                 (unsigned long long)all.corrupt, (unsigned long long)all.refused, (unsigned long long)all.errors,
                 all.requests ? all.lookup_us / all.requests : 0.0);
+    if (all.disconnects > 0) {
+      std::printf("  daemon gone %llu times; %llu reconnects\n", (unsigned long long)all.disconnects,
+                  (unsigned long long)all.reconnects);
+    }
   }
   return (all.corrupt || all.errors || failed_sessions) ? 1 : 0;
 }

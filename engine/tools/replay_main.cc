@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "engine/client.h"
+#include "engine/tools/backoff.h"
 #include "engine/tools/block_pattern.h"
 #include "engine/tools/cache_sim.h"
 #include "engine/tools/trace.h"
@@ -86,10 +87,6 @@ void Report(int session, const char* what, const Status& s) {
 }
 
 // A failure that means the daemon went away (or restarted: handles of another epoch).
-bool DaemonGone(const Status& s) {
-  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kFailedPrecondition;
-}
-
 int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, const std::vector<uint32_t>& gpu_hit,
                int index, int fd) {
   ClientOptions o;
@@ -101,22 +98,24 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
   // Connects, or reconnects after the daemon went away: with back-off (10 ms doubling to
   // 1 s, jittered) for up to 30 s, as an engine would, rather than stopping the session.
   auto connect = [&]() -> bool {
-    std::mt19937 rng(static_cast<uint32_t>(index * 7919 + reconnects));
+    Backoff backoff(std::chrono::milliseconds(10), std::chrono::seconds(1), index * 7919 + reconnects);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (int backoff_ms = 10;; backoff_ms = std::min(1000, backoff_ms * 2)) {
+    for (;;) {
       auto c = Client::Connect(o);
       if (c.ok()) {
         client = std::move(c).value();
         return true;
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
+      if (!backoff.Wait(deadline)) {
         std::fprintf(stderr, "kvtier-replay: session %d: %s\n", index, c.status().ToString().c_str());
         return false;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms / 2 + rng() % (backoff_ms / 2 + 1)));
     }
   };
   if (!connect()) return 1;
+  // After a refusal or an error, the next request waits (jittered, growing while they
+  // keep failing): a session never spins on a daemon that says no.
+  Backoff retry(std::chrono::milliseconds(1), std::chrono::milliseconds(500), index * 104729 + 1);
   const auto start = std::chrono::steady_clock::now();
   const size_t n = a.max_requests ? std::min<size_t>(a.max_requests, trace.requests.size()) : trace.requests.size();
   for (size_t i = static_cast<size_t>(index); i < n; i += static_cast<size_t>(a.sessions)) {
@@ -140,6 +139,7 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
       } else {
         Report(index, what, st);
         ++rec.errors;
+        (void)retry.Wait(std::chrono::steady_clock::now() + std::chrono::seconds(1));
       }
     };
     const auto chain = ChainOf(q);
@@ -201,6 +201,7 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
       }
       from += n_chunk;
     }
+    if (rec.errors == 0 && rec.unavailable == 0) retry.Reset();
     if (::write(fd, &rec, sizeof(rec)) != sizeof(rec)) return 1;
   }
   return 0;

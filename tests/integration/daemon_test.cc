@@ -228,7 +228,9 @@ TEST(Pipelining, ManyRequestsInFlightAreAnsweredByTicket) {
 }
 
 TEST(Errors, PerBlockErrorsAreTypedAndTheSessionGoesOn) {
-  DaemonProcess daemon;
+  DaemonProcess::Options o;
+  o.extra_yaml = "security: {max_leased_share: 1}\n";  // this session may lease the whole pool
+  DaemonProcess daemon(o);
   ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
   auto c = Client::Connect(EngineOptions(daemon.socket_path()));
   ASSERT_TRUE(c.ok());
