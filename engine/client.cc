@@ -32,7 +32,8 @@ Client::~Client() {
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
   if (!BlockHash::ValidSize(options.hash_bytes)) return InvalidArgument("hash_bytes must be 16 or 32");
-  std::unique_ptr<Client> c(new Client(options, std::make_unique<SegmentMap>(options.device, options.cuda_device)));
+  std::unique_ptr<Client> c(new Client(
+      options, std::make_unique<SegmentMap>(options.device, options.cuda_device, options.protect_committed_pages)));
   SegmentMap* segments = c->segments_.get();
   Connection::HelloArgs hello;
   hello.role = fb::Role::Engine;
@@ -85,10 +86,13 @@ Result<Ticket> Client::StartAllocate(TierKind tier, uint32_t count) {
 Result<std::vector<PageId>> Client::WaitAllocate(Ticket t) {
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<PageId> pages;
+  TierKind tier = TierKind::kHost;
   KVTIER_RETURN_IF_ERROR(conn->Wait(t, fb::Reply::AllocateReply, [&](const fb::Response& r) {
     if (const auto* v = r.reply_as_AllocateReply()->pages()) pages.assign(v->begin(), v->end());
+    tier = TierFromWire(r.reply_as_AllocateReply()->tier()).value_or(TierKind::kHost);
     return Status::Ok();
   }));
+  segments_->SetWritable(tier, pages, true);  // leased: ours to write until committed
   return pages;
 }
 
@@ -118,8 +122,22 @@ Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> e
   auto pv = b.CreateVector(pages);
   auto hv = HashesToWire(b, hashes);
   auto parv = HashesToWire(b, parents);
-  return conn->Send(fb::Op::Commit,
-                    fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch).Union());
+  KVTIER_ASSIGN_OR_RETURN(
+      Ticket t, conn->Send(fb::Op::Commit,
+                           fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch).Union()));
+  lease_ends_[t] = {tier, std::move(pages)};
+  return t;
+}
+
+void Client::EndLeases(Ticket t, const std::function<bool(size_t)>& ended) {
+  auto it = lease_ends_.find(t);
+  if (it == lease_ends_.end()) return;
+  std::vector<PageId> done;
+  for (size_t i = 0; i < it->second.pages.size(); ++i) {
+    if (ended(i)) done.push_back(it->second.pages[i]);
+  }
+  segments_->SetWritable(it->second.tier, done, false);
+  lease_ends_.erase(it);
 }
 
 Result<std::vector<BlockResult>> Client::WaitCommit(Ticket t) {
@@ -129,6 +147,8 @@ Result<std::vector<BlockResult>> Client::WaitCommit(Ticket t) {
     out = ResultsFromWire(r.reply_as_CommitReply()->results());
     return Status::Ok();
   }));
+  // A committed page is the cache's now (a duplicate's page was freed): read-only.
+  EndLeases(t, [&](size_t i) { return i < out.size() && out[i].status.ok(); });
   return out;
 }
 
@@ -144,7 +164,11 @@ Result<Ticket> Client::StartRelease(TierKind tier, std::span<const PageId> pages
   auto& b = conn->builder();
   auto pv = b.CreateVector(pages.data(), pages.size());
   auto hv = HashesToWire(b, hashes);
-  return conn->Send(fb::Op::Release, fb::CreateRelease(b, TierToWire(tier), pv, hv, conn->session().epoch).Union());
+  KVTIER_ASSIGN_OR_RETURN(
+      Ticket t,
+      conn->Send(fb::Op::Release, fb::CreateRelease(b, TierToWire(tier), pv, hv, conn->session().epoch).Union()));
+  if (!pages.empty()) lease_ends_[t] = {tier, std::vector<PageId>(pages.begin(), pages.end())};
+  return t;
 }
 
 Result<std::vector<Status>> Client::WaitRelease(Ticket t) {
@@ -156,6 +180,8 @@ Result<std::vector<Status>> Client::WaitRelease(Ticket t) {
     }
     return Status::Ok();
   }));
+  // Statuses come pages first, then hashes.
+  EndLeases(t, [&](size_t i) { return i < out.size() && out[i].ok(); });
   return out;
 }
 

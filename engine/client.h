@@ -29,11 +29,13 @@
 // Thread-compatible: use one Client per thread, or serialize calls.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/kv_layout.h"
@@ -62,6 +64,12 @@ struct ClientOptions {
   // LoadBlocks. Default: "auto".
   std::string device = "auto";
   int cuda_device = 0;
+  // Host pages are mapped read-only except the ones this session holds leased: a page
+  // turns read-only once committed (or released), and acquired blocks are never
+  // writable, so a stray write into cached bytes faults instead of changing what other
+  // engines read. (Within a tenant this guards against bugs, not against a hostile
+  // engine, which could mprotect its own mapping back: tenants never share a segment.)
+  bool protect_committed_pages = true;
 };
 
 // An engine's paged KV cache in its own (device) memory: one tensor per layer, in one of
@@ -216,6 +224,13 @@ class Client {
 
   ClientOptions options_;
   std::unique_ptr<SegmentMap> segments_;
+  // Leased pages named by a Commit or Release in flight: read-only once it succeeds.
+  struct LeaseEnd {
+    TierKind tier;
+    std::vector<PageId> pages;
+  };
+  std::unordered_map<Ticket, LeaseEnd> lease_ends_;
+  void EndLeases(Ticket t, const std::function<bool(size_t)>& ended);
   std::unique_ptr<Connection> conn_;
 };
 

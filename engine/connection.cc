@@ -88,7 +88,8 @@ Result<Ticket> Connection::Send(fb::Op type, flatbuffers::Offset<void> op) {
   Status st = SendFrame(fd_, {builder_.GetBufferPointer(), builder_.GetSize()}, {});
   builder_.Clear();
   if (!st.ok()) {
-    broken_ = st.code() == StatusCode::kUnavailable ? st : Unavailable("kvtierd connection: " + st.message());
+    broken_ =
+        RefusalOr(st.code() == StatusCode::kUnavailable ? st : Unavailable("kvtierd connection: " + st.message()));
     return broken_;
   }
   outstanding_.insert(id);
@@ -190,6 +191,23 @@ Status Connection::ReadMore() {
   }
   in_.Produced(n);
   return Status::Ok();
+}
+
+Status Connection::RefusalOr(Status failed) {
+  // Only what is already queued: never wait on a connection that is gone.
+  for (int reads = 0; reads < 16; ++reads) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)) break;
+    auto n = RecvSome(fd_, in_.WritableSpace(64 * 1024), &fds_);
+    if (!n.ok() || *n == 0) break;
+    in_.Produced(*n);
+  }
+  for (;;) {
+    auto frame = in_.Next();
+    if (!frame.ok() || !frame->has_value()) return failed;
+    auto resp = VerifyResponseFrame((*frame)->frame);
+    if (resp.ok() && (*resp)->id() == 0) return StatusFromResponse(**resp);
+  }
 }
 
 Status Connection::TakeSegments(const fb::Response& r) {

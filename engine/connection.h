@@ -100,6 +100,10 @@ class Connection {
   Result<std::pair<uint64_t, std::span<const uint8_t>>> NextResponse();
   Status TakeSegments(const fb::Response& r);
   Status ReadMore();
+  // After a failed write: the daemon may have refused the connection with an error frame
+  // and closed it before the request arrived (a full session table), and that frame says
+  // why. Returns its status if one is already received, else `failed`.
+  Status RefusalOr(Status failed);
   Status Parse(std::span<const uint8_t> frame, fb::Reply expected,
                const std::function<Status(const fb::Response&)>& parse);
 

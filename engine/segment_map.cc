@@ -3,6 +3,9 @@
 #include <errno.h>
 #include <sys/mman.h>
 
+#include <cstdio>
+#include <cstring>
+
 namespace kvtier {
 
 SegmentMap::~SegmentMap() {
@@ -38,11 +41,37 @@ Status SegmentMap::Map(const SegmentGrantView& g) {
       // Pinned and mapped for the device: the gather kernel writes it over the bus.
       m.registered = device_->RegisterHost(m.addr, m.bytes).ok();
     }
+    if (g.tier == TierKind::kHost && protect_) {
+      // Read-only but for the pages this session holds leased (a segment granted again
+      // while some are).
+      Protect(m.addr, m.bytes, false);
+      const uint64_t pb = page_bytes(TierKind::kHost);
+      for (uint32_t p = g.first_page; pb > 0 && p < g.first_page + g.num_pages; ++p) {
+        if (writable_.count(p)) Protect(m.addr + uint64_t{p - g.first_page} * pb, pb, true);
+      }
+    }
   }
   const auto key = std::make_pair(static_cast<int>(g.tier), g.index);
   if (auto old = mappings_.find(key); old != mappings_.end()) Unmap(old->second);
   mappings_[key] = m;
   return Status::Ok();
+}
+
+void SegmentMap::Protect(uint8_t* addr, uint64_t bytes, bool writable) {
+  if (::mprotect(addr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ) == 0 || protect_failed_logged_) return;
+  protect_failed_logged_ = true;
+  std::fprintf(stderr, "kvtier client: mprotect of a host page failed (%s); pages stay as they are\n",
+               std::strerror(errno));
+}
+
+void SegmentMap::SetWritable(TierKind tier, std::span<const PageId> pages, bool writable) {
+  if (tier != TierKind::kHost || !protect_) return;
+  const uint64_t pb = page_bytes(tier);
+  for (PageId p : pages) {
+    if (p == kNoPage) continue;
+    if (writable ? !writable_.insert(p).second : writable_.erase(p) == 0) continue;  // no change
+    if (auto* addr = static_cast<uint8_t*>(PageAddress(tier, p))) Protect(addr, pb, writable);
+  }
 }
 
 void SegmentMap::Unmap(const Mapping& m) {

@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/client.h"  // TierInfo
@@ -35,7 +36,8 @@ struct SegmentGrantView {
 class SegmentMap {
  public:
   // `device`: "auto" (CUDA when visible, else host-emulated), "cuda" or "host-emulated".
-  SegmentMap(std::string device, int cuda_device) : device_name_(std::move(device)), cuda_device_(cuda_device) {}
+  SegmentMap(std::string device, int cuda_device, bool protect = true)
+      : device_name_(std::move(device)), cuda_device_(cuda_device), protect_(protect) {}
   ~SegmentMap();
   SegmentMap(const SegmentMap&) = delete;
   SegmentMap& operator=(const SegmentMap&) = delete;
@@ -51,6 +53,13 @@ class SegmentMap {
   Status EnsureDevice();
   DeviceBackend* device() const { return device_.get(); }
   std::string_view device_name() const { return device_ ? device_->name() : std::string_view("none"); }
+
+  // Host pages are mapped read-only except those marked writable (leased by this session):
+  // Allocate marks its pages, Commit and Release unmark them. Other tiers are unaffected
+  // (device memory has no CPU protection). An mprotect the kernel refuses (too many
+  // mappings: vm.max_map_count) leaves the page as it was and is logged once.
+  void SetWritable(TierKind tier, std::span<const PageId> pages, bool writable);
+  bool IsWritable(PageId host_page) const { return !protect_ || writable_.count(host_page) != 0; }
 
   // Address of a mapped page (device memory for a CUDA GPU tier); nullptr when unmapped.
   void* PageAddress(TierKind tier, PageId page) const;
@@ -69,6 +78,7 @@ class SegmentMap {
     bool registered = false;  // host memory pinned for the device
   };
   void Unmap(const Mapping& m);
+  void Protect(uint8_t* addr, uint64_t bytes, bool writable);
 
   std::string device_name_;
   int cuda_device_;
@@ -76,6 +86,9 @@ class SegmentMap {
   std::vector<TierInfo> tiers_;
   std::string gpu_backend_;
   std::map<std::pair<int, uint32_t>, Mapping> mappings_;  // (tier, segment) -> mapping
+  bool protect_;
+  bool protect_failed_logged_ = false;
+  std::unordered_set<PageId> writable_;  // host pages this session holds leased
 };
 
 }  // namespace kvtier

@@ -225,6 +225,10 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
     opts.max_log_file_size = 4 << 20;
     opts.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
     opts.avoid_flush_during_shutdown = false;
+    // No preallocation of the log: with it, a full file system surfaces only after up to
+    // 1.1 x write_buffer_size more index writes, and the preallocated space is held from
+    // the slot files' file system meanwhile. The index's writes are small appends.
+    opts.allow_fallocate = false;
     rocksdb::BlockBasedTableOptions t;
     if (!cache_) cache_ = rocksdb::NewLRUCache(o.block_cache_bytes);
     t.block_cache = cache_;

@@ -78,8 +78,8 @@ TEST(AlertRules, PassPromtoolCheckAndTheirUnitTests) {
   EXPECT_NE(test.out.find("SUCCESS"), std::string::npos) << test.out;
   // The alerts the operations guide promises are there.
   const std::string rules = ReadFile(kMonitoring + "/alerts.yml");
-  for (const char* a :
-       {"KvtierDown", "KvtierGpuTierFull", "KvtierThrashing", "KvtierChecksumFailures", "KvtierIoErrors"}) {
+  for (const char* a : {"KvtierDown", "KvtierGpuTierFull", "KvtierThrashing", "KvtierChecksumFailures",
+                        "KvtierIoErrors", "KvtierNvmeIndexNotWritable", "KvtierSlotFileLost"}) {
     EXPECT_NE(rules.find("alert: " + std::string(a)), std::string::npos) << a;
   }
 }
