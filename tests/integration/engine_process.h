@@ -4,11 +4,14 @@
 // child step in lockstep.
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -115,6 +118,19 @@ inline ControlClientOptions ControlOptions(const std::string& socket) {
 inline Result<DaemonStats> StatsOf(const std::string& socket, bool with_sessions = false) {
   KVTIER_ASSIGN_OR_RETURN(auto c, ControlClient::Connect(ControlOptions(socket)));
   return c->Stats(with_sessions);
+}
+
+// A bare connection to the daemon's socket (for tests that speak raw frames); -1 on failure.
+inline int RawConnect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace kvtier::testing

@@ -254,18 +254,6 @@ TEST(Hardening, AStartOnAFullFileSystemFailsClearlyAndLeavesNothingBehind) {
 
 // ---- 4. no lock-out by idle connections -----------------------------------------------
 
-int RawConnect(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // The one frame the daemon sends before closing (within 5 s), as a status and message.
 std::optional<std::pair<fb::Status, std::string>> ErrorFrameThenClose(int fd) {
   FrameAssembler in(1 << 20);
