@@ -226,6 +226,7 @@ void BlockTable::Reside(BlockId id, TierKind kind, PageId p) {
   t.page_block[p] = id;
   ++t.blocks;
   Enter(t, id);
+  if (residency_listener_) residency_listener_(blocks_[id], kind, true);
 }
 
 void BlockTable::RemoveResidency(BlockId id, TierKind kind) {
@@ -233,6 +234,7 @@ void BlockTable::RemoveResidency(BlockId id, TierKind kind) {
   Block& b = blocks_[id];
   const PageId p = b.page[TierIndex(kind)];
   KVTIER_CHECK(p != kNoPage && t.state[p] == PageState::kBlock) << "block not resident";
+  if (residency_listener_) residency_listener_(b, kind, false);
   Leave(t, id);
   --t.blocks;
   b.page[TierIndex(kind)] = kNoPage;

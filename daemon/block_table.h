@@ -25,6 +25,7 @@
 // Owned by the control thread; not thread-safe.
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -124,6 +125,12 @@ class BlockTable {
   // kInternal describing the first broken accounting identity, if any.
   Status CheckInvariants() const;
 
+  // Called when a block becomes readable in a tier (Reside, a fill that ended well:
+  // `resident` true) and when its copy there goes (RemoveResidency, before the block
+  // itself may go: false). Spills do not change where a block is readable.
+  using ResidencyListener = std::function<void(const Block& b, TierKind tier, bool resident)>;
+  void SetResidencyListener(ResidencyListener listener) { residency_listener_ = std::move(listener); }
+
  private:
   struct Tier {
     TierKind kind = TierKind::kHost;
@@ -167,6 +174,7 @@ class BlockTable {
   std::vector<Block> blocks_;
   std::vector<BlockId> free_ids_;
   std::unordered_map<Key, BlockId, KeyHash> index_;
+  ResidencyListener residency_listener_;
 };
 
 }  // namespace kvtier

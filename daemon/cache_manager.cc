@@ -41,6 +41,34 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme), mo, cm->blocks_.get(), &cm->namespaces_,
                                                         &cm->counters_, std::move(hooks)));
   }
+  if (KvEvents* events = options.events) {
+    NamespaceTable* namespaces = &cm->namespaces_;
+    cm->blocks_->SetResidencyListener([events, namespaces](const BlockTable::Block& b, TierKind tier, bool resident) {
+      const std::string& ns = namespaces->Get(b.ns).encoded;
+      if (resident) {
+        events->Stored(ns, tier, b.hash, b.parent);
+      } else {
+        events->Removed(ns, tier, b.hash);
+      }
+    });
+    if (cm->mover_) {
+      cm->mover_->nvme().SetIndexListener([events](const std::string& key, const BlockRecord* stored) {
+        std::string ns;
+        BlockHash hash;
+        if (!DecodeBlockKey(key, nullptr, nullptr, &ns, &hash)) return;
+        if (stored == nullptr) {
+          events->Removed(ns, TierKind::kNvme, hash);
+          return;
+        }
+        BlockHash parent;
+        if (BlockHash::ValidSize(stored->parent.size())) {
+          parent = BlockHash(
+              std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(stored->parent.data()), stored->parent.size()));
+        }
+        events->Stored(ns, TierKind::kNvme, hash, parent);
+      });
+    }
+  }
   return cm;
 }
 
@@ -64,6 +92,9 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
   s.tenant_ = namespaces_.InternTenant(tenant);
   s.ns_ = namespaces_.Acquire(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes, tenant,
                               layout.model_id);
+  if (options_.events) {
+    options_.events->AddNamespace(namespaces_.Get(s.ns_).encoded, tenant, layout.model_id, layout.tokens_per_block);
+  }
   s.attached_ = true;
   sessions_[s.id_] = &s;
   return Status::Ok();

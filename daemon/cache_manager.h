@@ -50,6 +50,7 @@
 
 #include "daemon/block_table.h"
 #include "daemon/cache_types.h"
+#include "daemon/events/kv_events.h"
 #include "daemon/eviction_history.h"
 #include "daemon/namespace_table.h"
 #include "daemon/nvme_mover.h"
@@ -101,6 +102,9 @@ class CacheManager {
     // as a fraction; a tenant with a quota on the tier is bounded by that instead. 1: no
     // cap (kvtierd's default is security.max_leased_share, 0.5).
     double max_leased_share = 1.0;
+    // Where BlockStored / BlockRemoved events go (events: in the config); null: none.
+    // Outlives the manager.
+    KvEvents* events = nullptr;
     // The GPU tier's memory (required when tiers[kGpu].enabled); outlives the manager.
     DeviceBackend* device_backend = nullptr;
     int gpu_device = 0;

@@ -441,6 +441,52 @@ const std::vector<Key>& Keys() {
        "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
        "of a large tier leaves the disk to fetches and spills; 0: as fast as the disk goes.",
        KVTIER_SET((Bytes("tiers.nvme.verify_rate", n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
+      {"events.enabled", "false",
+       "Publish KV events (BlockStored, BlockRemoved, AllBlocksCleared: vLLM's KV event wire "
+       "form, which llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events "
+       "section in the config turns them on unless it says enabled: false.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->events.enabled, Boolean("events.enabled", n));
+         c->events.enabled_given = true;
+         return Status::Ok();
+       }},
+      {"events.publish", "tcp://127.0.0.1:5557",
+       "Endpoint the PUB socket binds (tcp://HOST:PORT, ipc://PATH). Loopback by default: "
+       "name another address to publish to other hosts.",
+       KVTIER_SET(Scalar("events.publish", n), events.options.publish)},
+      {"events.replay", "\"\"",
+       "Endpoint of a ROUTER socket that resends kept messages from a sequence number on "
+       "(vLLM's replay socket); empty: none.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         if (n.IsNull()) return Status::Ok();
+         KVTIER_ASSIGN_OR_RETURN(c->events.options.replay, Scalar("events.replay", n));
+         return Status::Ok();
+       }},
+      {"events.topic", "kv@{host}@{model}",
+       "Topic of each namespace's messages; {host}, {model} and {tenant} are replaced. "
+       "Tenants of one model share a topic unless it names {tenant}.",
+       KVTIER_SET(Scalar("events.topic", n), events.options.topic)},
+      {"events.flush_interval", "50ms", "How often gathered events are sent (a message per topic).",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("events.flush_interval", n));
+         auto d = ParseDurationNanos(s);
+         if (!d.ok()) return Bad("events.flush_interval", d.status().message());
+         if (*d < 1'000'000 || *d > 10'000'000'000) return Bad("events.flush_interval", "must be in [1ms, 10s]");
+         c->events.options.flush_interval_ns = *d;
+         return Status::Ok();
+       }},
+      {"events.batch_size", "256", "Most block hashes in one message.",
+       KVTIER_SET((Integer<uint32_t>("events.batch_size", n, 1, 1 << 16)), events.options.batch_size)},
+      {"events.buffer_events", "100000",
+       "Most events waiting to be sent; past it events are dropped and counted "
+       "(kvtier_events_dropped_total).",
+       KVTIER_SET((Integer<uint32_t>("events.buffer_events", n, 1, 1 << 26)), events.options.queue_events)},
+      {"events.replay_messages", "10000", "Messages kept for the replay socket.",
+       KVTIER_SET((Integer<uint32_t>("events.replay_messages", n, 0, 1 << 22)), events.options.replay_batches)},
+      {"events.send_hwm", "10000",
+       "Messages queued for each subscriber (ZMQ_SNDHWM); a subscriber that falls further "
+       "behind misses messages (the replay socket has them), it never slows the daemon.",
+       KVTIER_SET((Integer<int>("events.send_hwm", n, 1, 1 << 24)), events.options.send_hwm)},
   };
   return keys;
 }
@@ -504,6 +550,21 @@ Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* con
 
 Status ValidateConfig(const DaemonConfig& c) {
   const TierOptions& h = c.host;
+  if (c.events.enabled) {
+    for (const auto& [key, endpoint] :
+         {std::pair<std::string_view, const std::string&>{"events.publish", c.events.options.publish},
+          {"events.replay", c.events.options.replay}}) {
+      if (key == "events.replay" && endpoint.empty()) continue;
+      if (endpoint.rfind("tcp://", 0) != 0 && endpoint.rfind("ipc://", 0) != 0) {
+        return Bad(key, "'" + endpoint + "' is not a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH)");
+      }
+    }
+    if (c.events.options.publish == c.events.options.replay &&
+        c.events.options.publish.find('*') == std::string::npos) {
+      return Bad("events.replay", "must differ from events.publish");
+    }
+    if (c.events.options.topic.empty()) return Bad("events.topic", "must not be empty");
+  }
   // A file-system socket only: its directory and mode are the access control (an abstract
   // socket has neither).
   if (c.socket_path.empty() || c.socket_path[0] == '@' || c.socket_path.find('\0') != std::string::npos) {
@@ -656,6 +717,10 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml_text) {
     }
   }
   if (config.max_entries_auto) config.max_entries_per_request = MaxEntriesForFrame(config.max_frame_bytes);
+  // An events section means events, unless it says otherwise.
+  if (root.IsMap() && static_cast<const YAML::Node&>(root)["events"] && !config.events.enabled_given) {
+    config.events.enabled = true;
+  }
   KVTIER_RETURN_IF_ERROR(ValidateConfig(config));
   return config;
 }

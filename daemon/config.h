@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "daemon/cache_types.h"
+#include "daemon/events/kv_events.h"
 #include "protocol/base/defaults.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/status.h"
@@ -69,6 +70,12 @@ struct SecurityConfig {
   double max_leased_share = 0.5;
 };
 
+struct EventsConfig {
+  bool enabled = false;
+  bool enabled_given = false;  // events.enabled was in the config
+  KvEventsOptions options;
+};
+
 struct DaemonConfig {
   std::string socket_path = kDefaultSocketPath;
   std::string socket_group;  // empty: the daemon's group
@@ -109,6 +116,7 @@ struct DaemonConfig {
   int gpu_device = 0;
   NvmeTierConfig nvme;
   SecurityConfig security;
+  EventsConfig events;
 };
 
 // Parses YAML text. Unknown keys, wrong types and out-of-range values are

@@ -63,6 +63,7 @@ Daemon::~Daemon() {
   server_.reset();
   dispatcher_.reset();
   cache_.reset();
+  events_.reset();
   device_.reset();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
@@ -169,6 +170,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
       return opened.status().WithContext("data_dir " + config.data_dir + "'s file system is full");
     }
     KVTIER_ASSIGN_OR_RETURN(nvme, std::move(opened));
+  }
+  if (config.events.enabled) {
+    KVTIER_ASSIGN_OR_RETURN(d->events_, KvEvents::Open(config.events.options));
+    co.events = d->events_.get();
   }
   KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default()));
 
@@ -311,6 +316,19 @@ void Daemon::RegisterMetrics() {
                [cache] { return static_cast<double>(cache->pending_allocates()); });
   m.AddCounterFn("kvtier_allocate_waits_total", "Allocate requests that had to wait for room.", {},
                  [cache] { return cache->counters().allocate_waits; });
+  if (const KvEvents* events = events_.get()) {
+    m.AddCounterFn("kvtier_events_published_total",
+                   "Block hashes announced on the KV event socket (BlockStored, BlockRemoved; AllBlocksCleared "
+                   "counts one).",
+                   {}, [events] { return events->counters().events; });
+    m.AddCounterFn("kvtier_event_messages_total", "Messages sent on the KV event socket.", {},
+                   [events] { return events->counters().messages; });
+    m.AddCounterFn("kvtier_events_dropped_total",
+                   "KV events dropped because events.buffer_events were already waiting to be sent.", {},
+                   [events] { return events->counters().dropped; });
+    m.AddCounterFn("kvtier_event_replays_total", "Replay requests answered on events.replay.", {},
+                   [events] { return events->counters().replays; });
+  }
   const NvmeTier* nvme = cache_->nvme();
   if (nvme == nullptr) return;
   m.AddGaugeFn("kvtier_nvme_info", "Always 1; labels say which I/O and index backends the NVMe tier uses.",

@@ -59,6 +59,7 @@ class Daemon {
   MetricsRegistry metrics_;
   std::unique_ptr<TenantResolver> tenants_;
   std::unique_ptr<DeviceBackend> device_;  // before cache_: the GPU pool's memory lives in it
+  std::unique_ptr<KvEvents> events_;       // before cache_, which reports to it
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<Dispatcher> dispatcher_;

@@ -11,6 +11,7 @@ PACKAGES=(
   clang libclang-rt-14-dev clang-format
   prometheus fio tmux systemd
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libopenblas0-pthread
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
 )
 
 missing=()

@@ -553,6 +553,7 @@ void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
       SpillDone done = std::move(op.spill_done);
       const uint32_t slot = op.slot;
       const std::string key = std::move(op.key);
+      const BlockRecord record = std::move(op.record);
       ops_.erase(it);
       if (SlotLost(slot)) {
         // The file went while the entry was being written: the entry goes again.
@@ -560,6 +561,7 @@ void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
         if (done) done(DataLoss("the slot file was lost during the spill"), slot);
         continue;
       }
+      if (index_listener_) index_listener_(key, &record);
       if (done) done(Status::Ok(), slot);
     }
   });
@@ -710,6 +712,7 @@ void NvmeTier::DeleteEntry(const std::string& key, uint32_t slot) {
     }
     --deleting_;
     FreeSlot(slot);
+    if (index_listener_) index_listener_(key, nullptr);
     if (drop_listener_) drop_listener_(key, slot);
   });
 }

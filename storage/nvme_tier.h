@@ -144,6 +144,12 @@ class NvmeTier {
   void SetDropListener(std::function<void(const std::string& key, uint32_t slot)> listener) {
     drop_listener_ = std::move(listener);
   }
+  // Called (on the control thread) when the entry of `key` becomes findable (its spill is
+  // indexed: `stored` is its record) and when it stops being findable (its entry deleted:
+  // `stored` is null). Entries loaded at start are not reported.
+  void SetIndexListener(std::function<void(const std::string& key, const BlockRecord* stored)> listener) {
+    index_listener_ = std::move(listener);
+  }
 
   // The IoEngine's eventfd; call OnIoReady() when it is readable.
   int notify_fd() const { return io_->notify_fd(); }
@@ -273,6 +279,7 @@ class NvmeTier {
   uint32_t lost_ = 0;
   int consecutive_errors_ = 0;
   std::function<void(const std::string&, uint32_t)> drop_listener_;
+  std::function<void(const std::string&, const BlockRecord*)> index_listener_;
   NvmeCounters counters_;
 };
 

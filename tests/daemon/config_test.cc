@@ -94,6 +94,11 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       // NVMe limits are refused, not silently ignored: the NVMe tier does not keep them.
       {"security:\n  tenants: [{name: a, uids: [1], quota: {nvme: 10GiB}}]\n", "security.tenants[0].quota.nvme"},
       {"security:\n  unknown_quota: {nvme: 1GiB}\n", "security.unknown_quota.nvme"},
+      {"events: {publish: 'localhost:5557'}\n", "events.publish"},
+      {"events: {replay: 'tcp://127.0.0.1:5557'}\n", "events.replay"},  // the publish default
+      {"events: {flush_interval: 0}\n", "events.flush_interval"},
+      {"events: {batch_size: 0}\n", "events.batch_size"},
+      {"events: {topic: ''}\n", "events.topic"},
   };
   for (const Case& c : cases) {
     auto r = ParseConfig(c.yaml);
@@ -149,6 +154,20 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_TRUE(d.security.allow_unknown);
   EXPECT_EQ(d.socket_mode, 0660u);
   EXPECT_EQ(d.heartbeat_ttl_ns, 0);
+}
+
+// Events are off by default; an events section turns them on unless it says otherwise.
+TEST(Config, AnEventsSectionMeansEvents) {
+  EXPECT_FALSE(ParseConfig("")->events.enabled);
+  auto on = ParseConfig("events: {publish: 'tcp://127.0.0.1:6000', topic: 'kv@{host}@{model}-{tenant}'}\n");
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->events.enabled);
+  EXPECT_EQ(on->events.options.publish, "tcp://127.0.0.1:6000");
+  EXPECT_EQ(on->events.options.topic, "kv@{host}@{model}-{tenant}");
+  auto off = ParseConfig("events: {enabled: false, publish: 'tcp://127.0.0.1:6000'}\n");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->events.enabled);
+  EXPECT_FALSE(ParseConfig(DefaultConfigYaml())->events.enabled);
 }
 
 TEST(Config, InvalidYamlIsAnError) {

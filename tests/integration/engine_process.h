@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <sstream>
 #include <string>
 
 #include "engine/client.h"
@@ -118,6 +119,27 @@ inline ControlClientOptions ControlOptions(const std::string& socket) {
 inline Result<DaemonStats> StatsOf(const std::string& socket, bool with_sessions = false) {
   KVTIER_ASSIGN_OR_RETURN(auto c, ControlClient::Connect(ControlOptions(socket)));
   return c->Stats(with_sessions);
+}
+
+// The metrics URL a daemon logged at start ("" if none within 10 s).
+inline std::string MetricsUrl(const DaemonProcess& d) {
+  // The line that names it may reach the log a moment after the socket is up.
+  (void)WaitUntil([&] { return d.Log().find("metrics at ") != std::string::npos; });
+  const std::string log = d.Log();
+  const size_t at = log.find("metrics at ");
+  if (at == std::string::npos) return "";
+  const size_t end = log.find_first_of(" \n", at + 11);
+  return log.substr(at + 11, end - at - 11);
+}
+
+// One unlabelled series of a scrape of `url`; -1 when absent.
+inline double Metric(const std::string& url, const std::string& name) {
+  CmdResult r = Sh("curl -fsS -m 5 " + url);
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
 }
 
 // A bare connection to the daemon's socket (for tests that speak raw frames); -1 on failure.

@@ -42,23 +42,6 @@ DaemonProcess::Options NvmeOptions() {
   return o;
 }
 
-std::string MetricsUrl(const DaemonProcess& d) {
-  const std::string log = d.Log();
-  const size_t at = log.find("metrics at ");
-  if (at == std::string::npos) return "";
-  const size_t end = log.find_first_of(" \n", at + 11);
-  return log.substr(at + 11, end - at - 11);
-}
-
-double Metric(const std::string& url, const std::string& name) {
-  CmdResult r = Sh("curl -fsS -m 5 " + url);
-  std::istringstream in(r.out);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return -1;
-}
-
 // kvtier-load against the daemon: 128 KiB blocks (llama3.1-8b at one token per block),
 // every byte it reads back verified.
 nlohmann::json Load(const DaemonProcess& d, double seconds) {
@@ -144,7 +127,9 @@ TEST(Hardening, ASlotFileTruncatedUnderALoadIsNoticedAndNothingWrongIsServed) {
   auto s = StatsOf(d.socket_path());
   ASSERT_TRUE(s.ok());
   for (const auto& t : s->tiers) {
-    if (t.tier == TierKind::kNvme) EXPECT_EQ(t.blocks, 0u);
+    if (t.tier == TierKind::kNvme) {
+      EXPECT_EQ(t.blocks, 0u);
+    }
   }
   nlohmann::json after = Load(d, 1.0);  // served from memory
   EXPECT_EQ(after.value("corrupt", -1), 0) << after.dump();

@@ -1,0 +1,352 @@
+#include "daemon/events/kv_events.h"
+
+#include <unistd.h>
+
+#define MSGPACK_NO_BOOST 1
+#include <algorithm>
+#include <chrono>
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+
+uint64_t EventHash(const BlockHash& hash) {
+  auto b = hash.bytes();
+  uint64_t v = 0;
+  const size_t from = b.size() >= 8 ? b.size() - 8 : 0;
+  for (size_t i = from; i < b.size(); ++i) v = (v << 8) | b[i];
+  return v;
+}
+
+std::string_view EventMedium(TierKind tier) {
+  switch (tier) {
+    case TierKind::kGpu:
+      return "GPU";
+    case TierKind::kHost:
+      return "CPU_TIER1";
+    case TierKind::kNvme:
+      return "CPU_TIER2";
+  }
+  return "CPU_TIER1";
+}
+
+namespace {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+void PackStr(Packer& pk, std::string_view s) {
+  pk.pack_str(static_cast<uint32_t>(s.size()));
+  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+
+void PackHashes(Packer& pk, const std::vector<uint64_t>& hashes) {
+  pk.pack_array(static_cast<uint32_t>(hashes.size()));
+  for (uint64_t h : hashes) pk.pack_uint64(h);
+}
+
+}  // namespace
+
+std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_array(3);
+  pk.pack_double(timestamp);
+  pk.pack_array(static_cast<uint32_t>(events.size()));
+  for (const KvEvent& e : events) {
+    switch (e.kind) {
+      case KvEvent::Kind::kStored:
+        pk.pack_array(8);
+        PackStr(pk, "BlockStored");
+        PackHashes(pk, e.hashes);
+        if (e.parent) {
+          pk.pack_uint64(*e.parent);
+        } else {
+          pk.pack_nil();
+        }
+        pk.pack_array(0);  // token ids: kvtierd sees hashes, not tokens
+        pk.pack_uint32(e.block_size);
+        pk.pack_nil();  // lora_id
+        PackStr(pk, EventMedium(e.tier));
+        pk.pack_nil();  // lora_name
+        break;
+      case KvEvent::Kind::kRemoved:
+        pk.pack_array(3);
+        PackStr(pk, "BlockRemoved");
+        PackHashes(pk, e.hashes);
+        PackStr(pk, EventMedium(e.tier));
+        break;
+      case KvEvent::Kind::kCleared:
+        pk.pack_array(1);
+        PackStr(pk, "AllBlocksCleared");
+        break;
+    }
+  }
+  pk.pack_nil();  // data_parallel_rank
+  return std::string(buf.data(), buf.size());
+}
+
+std::string ExpandTopic(std::string_view pattern, std::string_view host, std::string_view model,
+                        std::string_view tenant) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size();) {
+    auto take = [&](std::string_view name, std::string_view value) {
+      if (pattern.substr(i, name.size()) != name) return false;
+      out.append(value);
+      i += name.size();
+      return true;
+    };
+    if (take("{host}", host) || take("{model}", model) || take("{tenant}", tenant)) continue;
+    out.push_back(pattern[i++]);
+  }
+  return out;
+}
+
+struct KvEvents::Sockets {
+  zmq::context_t ctx{1};
+  zmq::socket_t pub{ctx, zmq::socket_type::pub};
+  std::optional<zmq::socket_t> replay;
+};
+
+KvEvents::KvEvents(const KvEventsOptions& options) : options_(options), sockets_(std::make_unique<Sockets>()) {}
+
+Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options) {
+  std::unique_ptr<KvEvents> e(new KvEvents(options));
+  e->host_ = options.hostname;
+  if (e->host_.empty()) {
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) == 0) e->host_ = name;
+  }
+  Sockets& s = *e->sockets_;
+  try {
+    s.pub.set(zmq::sockopt::sndhwm, options.send_hwm);
+    s.pub.set(zmq::sockopt::linger, 200);
+    s.pub.bind(options.publish);
+    e->publish_endpoint_ = s.pub.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& err) {
+    return InvalidArgument("events.publish '" + options.publish + "': cannot bind: " + err.what());
+  }
+  if (!options.replay.empty()) {
+    try {
+      s.replay.emplace(s.ctx, zmq::socket_type::router);
+      s.replay->set(zmq::sockopt::linger, 0);
+      s.replay->set(zmq::sockopt::sndhwm, std::max<int>(options.send_hwm, static_cast<int>(options.replay_batches) + 1));
+      s.replay->bind(options.replay);
+      e->replay_endpoint_ = s.replay->get(zmq::sockopt::last_endpoint);
+    } catch (const zmq::error_t& err) {
+      return InvalidArgument("events.replay '" + options.replay + "': cannot bind: " + err.what());
+    }
+  }
+  KvEvents* raw = e.get();
+  e->thread_ = std::thread([raw] { raw->Run(); });
+  KVTIER_LOG(NOTICE) << "events: publishing on " << e->publish_endpoint_
+                     << (e->replay_endpoint_.empty() ? "" : ", replay on " + e->replay_endpoint_);
+  return e;
+}
+
+KvEvents::~KvEvents() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
+                            uint32_t tokens_per_block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (by_namespace_.count(std::string(encoded_ns))) return;
+  const std::string name = ExpandTopic(options_.topic, host_, model, tenant);
+  Topic*& t = by_name_[name];
+  if (t == nullptr) {
+    topics_.push_back(std::make_unique<Topic>());
+    t = topics_.back().get();
+    t->name = name;
+    t->block_size = tokens_per_block;
+    (void)Append(*t, KvEvent::Kind::kCleared, TierKind::kHost);
+  }
+  by_namespace_.emplace(std::string(encoded_ns), t);
+}
+
+KvEvent* KvEvents::Append(Topic& t, KvEvent::Kind kind, TierKind tier) {
+  if (queued_ >= options_.queue_events) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  if (t.pending.empty()) order_.push_back(&t);
+  ++queued_;
+  t.pending.push_back(KvEvent{kind, {}, std::nullopt, t.block_size, tier});
+  return &t.pending.back();
+}
+
+void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
+                   const BlockHash* parent) {
+  const uint64_t h = EventHash(hash);
+  const std::optional<uint64_t> p = parent && !parent->empty() ? std::optional(EventHash(*parent)) : std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_namespace_.find(std::string(encoded_ns));
+  if (it == by_namespace_.end()) return;
+  Topic& t = *it->second;
+  // Consecutive removals join one BlockRemoved; the next block of a chain being stored
+  // joins the previous BlockStored (vLLM's form).
+  if (!t.pending.empty()) {
+    KvEvent& last = t.pending.back();
+    const bool joins = last.kind == kind && last.tier == tier && last.hashes.size() < options_.batch_size &&
+                       (kind == KvEvent::Kind::kRemoved || (p && last.hashes.back() == *p));
+    if (joins) {
+      if (queued_ >= options_.queue_events) {
+        dropped_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      ++queued_;
+      last.hashes.push_back(h);
+      return;
+    }
+  }
+  KvEvent* e = Append(t, kind, tier);
+  if (e == nullptr) return;
+  e->hashes.push_back(h);
+  if (kind == KvEvent::Kind::kStored) e->parent = p;
+}
+
+KvEvents::Counters KvEvents::counters() const {
+  Counters c;
+  c.events = events_.load(std::memory_order_relaxed);
+  c.messages = messages_.load(std::memory_order_relaxed);
+  c.dropped = dropped_.load(std::memory_order_relaxed);
+  c.replays = replays_.load(std::memory_order_relaxed);
+  return c;
+}
+
+// ---- the publisher thread ---------------------------------------------------------------
+
+namespace {
+std::string SeqBytes(uint64_t seq) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i, seq >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(seq & 0xff);
+  return out;
+}
+}  // namespace
+
+void KvEvents::Run() {
+  using Clock = std::chrono::steady_clock;
+  const auto interval = std::chrono::nanoseconds(std::max<int64_t>(options_.flush_interval_ns, 1'000'000));
+  auto next_flush = Clock::now() + interval;
+  for (;;) {
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      stopping = stop_;
+    }
+    if (sockets_->replay) {
+      // Replay requests are served as they come; the batches go out every interval.
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_flush - Clock::now());
+      zmq::pollitem_t item{static_cast<void*>(*sockets_->replay), 0, ZMQ_POLLIN, 0};
+      try {
+        // At most 100 ms at a time, so a stop is seen promptly.
+        zmq::poll(&item, 1, std::chrono::milliseconds(stopping ? 0 : std::clamp<int64_t>(wait.count(), 0, 100)));
+      } catch (const zmq::error_t&) {
+        item.revents = 0;
+      }
+      if (item.revents & ZMQ_POLLIN) ServeReplay();
+    } else if (!stopping) {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait_until(lock, next_flush, [&] { return stop_; });
+    }
+    if (stopping || Clock::now() >= next_flush) {
+      PublishPending();
+      next_flush = Clock::now() + interval;
+    }
+    if (stopping) return;
+  }
+}
+
+void KvEvents::PublishPending() {
+  std::vector<std::pair<std::string, std::vector<KvEvent>>> batches;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Topic* t : order_) batches.emplace_back(t->name, std::move(t->pending));
+    for (Topic* t : order_) t->pending.clear();
+    order_.clear();
+    queued_ = 0;
+  }
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (auto& [topic, events] : batches) {
+    // At most batch_size hashes a message.
+    for (size_t at = 0; at < events.size();) {
+      size_t end = at, hashes = 0;
+      while (end < events.size() && (end == at || hashes + events[end].hashes.size() <= options_.batch_size)) {
+        hashes += std::max<size_t>(1, events[end].hashes.size());
+        ++end;
+      }
+      std::string payload = EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at));
+      const uint64_t seq = next_seq_++;
+      const std::string seq_bytes = SeqBytes(seq);
+      try {
+        sockets_->pub.send(zmq::buffer(topic), zmq::send_flags::sndmore);
+        sockets_->pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
+        sockets_->pub.send(zmq::buffer(payload), zmq::send_flags::none);
+      } catch (const zmq::error_t& err) {
+        KVTIER_LOG(WARNING) << "events: send failed: " << err.what();
+      }
+      messages_.fetch_add(1, std::memory_order_relaxed);
+      events_.fetch_add(hashes, std::memory_order_relaxed);
+      if (options_.replay_batches > 0 && sockets_->replay) {
+        auto entry = std::make_pair(seq, std::make_pair(topic, std::move(payload)));
+        if (ring_.size() < options_.replay_batches) {
+          ring_.push_back(std::move(entry));
+        } else {
+          ring_[ring_next_] = std::move(entry);
+          ring_next_ = (ring_next_ + 1) % ring_.size();
+        }
+      }
+      at = end;
+    }
+  }
+}
+
+void KvEvents::ServeReplay() {
+  zmq::socket_t& r = *sockets_->replay;
+  for (int served = 0; served < 16; ++served) {
+    std::vector<zmq::message_t> parts;
+    try {
+      for (;;) {
+        zmq::message_t m;
+        if (!r.recv(m, zmq::recv_flags::dontwait)) break;
+        const bool more = m.more();
+        parts.push_back(std::move(m));
+        if (!more) break;
+      }
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (parts.empty()) return;
+    // [identity, "", start sequence]; anything else is ignored.
+    if (parts.size() != 3 || parts[2].size() != 8) continue;
+    uint64_t start = 0;
+    const auto* b = static_cast<const uint8_t*>(parts[2].data());
+    for (int i = 0; i < 8; ++i) start = (start << 8) | b[i];
+    const std::string identity(static_cast<const char*>(parts[0].data()), parts[0].size());
+    auto send = [&](const std::string& seq, const std::string& payload) {
+      r.send(zmq::buffer(identity), zmq::send_flags::sndmore);
+      r.send(zmq::const_buffer(), zmq::send_flags::sndmore);
+      r.send(zmq::buffer(seq), zmq::send_flags::sndmore);
+      r.send(zmq::buffer(payload), zmq::send_flags::none);
+    };
+    try {
+      // Oldest first: the ring's next slot is its oldest entry once it is full.
+      for (size_t i = 0; i < ring_.size(); ++i) {
+        const auto& [seq, kept] = ring_[(ring_next_ + i) % ring_.size()];
+        if (seq >= start) send(SeqBytes(seq), kept.second);
+      }
+      send(std::string(8, '\xff'), std::string());
+    } catch (const zmq::error_t& err) {
+      KVTIER_LOG(WARNING) << "events: replay failed: " << err.what();
+    }
+    replays_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace kvtier

@@ -1,0 +1,163 @@
+#pragma once
+// KvEvents: what kvtierd tells cache-aware routers about the blocks it holds, in the form
+// vLLM's KV event publisher uses (vllm/distributed/kv_events.py) and llm-d's KV-cache
+// indexer (pkg/kvevents/engineadapter/vllm_adapter.go) and Dynamo's KV router
+// (lib/kv-router/src/zmq_wire) decode:
+//
+//   ZMQ PUB multipart  [topic, sequence (8 bytes, big-endian), msgpack payload]
+//   payload            [timestamp (float seconds), [event, ...], data_parallel_rank (nil)]
+//   events             ["BlockStored", [hash, ...], parent hash or nil, [] (token ids),
+//                        block_size (tokens), nil (lora_id), medium, nil (lora_name)]
+//                      ["BlockRemoved", [hash, ...], medium]
+//                      ["AllBlocksCleared"]
+//
+// A block hash is announced as an unsigned 64-bit integer: its last 8 bytes read
+// big-endian, as vLLM turns bytes hashes into integers. A BlockStored's hashes are a chain
+// (each the parent of the next), the first's parent given. Media: "GPU", "CPU_TIER1"
+// (host) and "CPU_TIER2" (NVMe), which Dynamo maps to device, host-pinned and disk, and
+// which llm-d takes as device tiers as they are (lowercased).
+//
+// One topic per namespace (tenant x model): events.topic with {host}, {model} and {tenant}
+// replaced, "kv@{host}@{model}" by default (llm-d reads pod and model from it). One
+// sequence numbers every message on the socket, so a subscriber to every topic sees
+// consecutive numbers; one subscribed to a single topic sees them increase.
+//
+// The first time a topic is used in a run it gets AllBlocksCleared: what a router knew of
+// it from an earlier run is gone. (Blocks that survive a restart on NVMe are announced
+// again as they are spilled, not at load.)
+//
+// Threads: Stored/Removed/AddNamespace are called on the control thread and only append
+// to a batch under a mutex; the publisher thread takes the batches every flush_interval,
+// encodes, numbers and sends them, keeps the last replay_batches messages for the replay
+// socket and answers its requests ([identity, "", start sequence (8 bytes)] -> every kept
+// message from that sequence on as [identity, "", sequence, payload], then sequence -1
+// and an empty payload, as vLLM's replay socket does). Bounds: at most queue_events
+// events wait for the publisher thread (more are dropped and counted); the PUB socket's
+// send high-water mark bounds what waits for each subscriber, past which ZMQ drops that
+// subscriber's messages (it can ask the replay socket for them): a subscriber that never
+// reads never slows the daemon or grows it beyond that.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "protocol/base/block_key.h"
+#include "protocol/base/status.h"
+#include "protocol/base/tier.h"
+
+namespace kvtier {
+
+struct KvEventsOptions {
+  std::string publish = "tcp://127.0.0.1:5557";  // bound, as vLLM's default
+  std::string replay;                            // ROUTER endpoint; empty: no replay socket
+  std::string topic = "kv@{host}@{model}";
+  std::string hostname;             // for {host}; empty: gethostname()
+  uint32_t batch_size = 256;        // most events in one message
+  int64_t flush_interval_ns = 50'000'000;
+  uint32_t queue_events = 100'000;  // most events waiting for the publisher thread
+  uint32_t replay_batches = 10'000;
+  int send_hwm = 10'000;            // ZMQ_SNDHWM: messages queued per subscriber
+};
+
+// One event before encoding.
+struct KvEvent {
+  enum class Kind : uint8_t { kStored, kRemoved, kCleared };
+  Kind kind = Kind::kStored;
+  std::vector<uint64_t> hashes;
+  std::optional<uint64_t> parent;  // kStored: of hashes[0]
+  uint32_t block_size = 0;         // kStored: tokens per block
+  TierKind tier = TierKind::kHost;
+};
+
+// The announced form of a block hash: its last 8 bytes, big-endian.
+uint64_t EventHash(const BlockHash& hash);
+// The medium a tier is announced as ("GPU", "CPU_TIER1", "CPU_TIER2").
+std::string_view EventMedium(TierKind tier);
+// The msgpack payload of one message: [ts, [events...], nil].
+std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events);
+// events.topic with {host}, {model} and {tenant} replaced.
+std::string ExpandTopic(std::string_view pattern, std::string_view host, std::string_view model,
+                        std::string_view tenant);
+
+class KvEvents {
+ public:
+  struct Counters {
+    uint64_t events = 0;    // events published
+    uint64_t messages = 0;  // messages (batches) published
+    uint64_t dropped = 0;   // events dropped because the queue was full
+    uint64_t replays = 0;   // replay requests answered
+  };
+
+  // Binds the sockets (an endpoint in use or malformed is an error naming the key) and
+  // starts the publisher thread.
+  static Result<std::unique_ptr<KvEvents>> Open(const KvEventsOptions& options);
+  // Publishes what is queued, then stops the thread.
+  ~KvEvents();
+  KvEvents(const KvEvents&) = delete;
+  KvEvents& operator=(const KvEvents&) = delete;
+
+  // A namespace events may name: its topic and the block size its BlockStored carry.
+  // Idempotent. The first namespace of a topic queues AllBlocksCleared on it.
+  void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
+                    uint32_t tokens_per_block);
+  // A block became findable in `tier` / stopped being findable there. Events of a
+  // namespace never added are not published (their topic is unknown).
+  void Stored(std::string_view encoded_ns, TierKind tier, const BlockHash& hash, const BlockHash& parent) {
+    Add(encoded_ns, KvEvent::Kind::kStored, tier, hash, &parent);
+  }
+  void Removed(std::string_view encoded_ns, TierKind tier, const BlockHash& hash) {
+    Add(encoded_ns, KvEvent::Kind::kRemoved, tier, hash, nullptr);
+  }
+
+  Counters counters() const;
+  // The endpoints as bound (a port of 0 or * resolved).
+  const std::string& publish_endpoint() const { return publish_endpoint_; }
+  const std::string& replay_endpoint() const { return replay_endpoint_; }
+
+ private:
+  struct Sockets;
+  struct Topic {
+    std::string name;
+    uint32_t block_size = 0;
+    std::vector<KvEvent> pending;
+  };
+  explicit KvEvents(const KvEventsOptions& options);
+  // REQUIRES: mu_ held. The topic's batch to append to, or nullptr when full.
+  KvEvent* Append(Topic& t, KvEvent::Kind kind, TierKind tier);
+  void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
+           const BlockHash* parent);
+  void Run();
+  void PublishPending();
+  void ServeReplay();
+
+  KvEventsOptions options_;
+  std::string host_;
+  std::string publish_endpoint_, replay_endpoint_;
+  std::unique_ptr<Sockets> sockets_;  // used by the publisher thread only (after Open)
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::vector<std::unique_ptr<Topic>> topics_;                  // guarded by mu_
+  std::unordered_map<std::string, Topic*> by_namespace_;        // guarded by mu_
+  std::unordered_map<std::string, Topic*> by_name_;             // guarded by mu_
+  std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
+  uint64_t queued_ = 0;        // events pending; guarded by mu_
+
+  std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0};
+  uint64_t next_seq_ = 0;                                        // publisher thread
+  std::vector<std::pair<uint64_t, std::pair<std::string, std::string>>> ring_;  // seq, (topic, payload)
+  size_t ring_next_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,254 @@
+// KvEvents: the wire form (decoded with msgpack-cxx here, with Python as llm-d decodes it
+// in tests/integration/events_test.cc), and the publisher over real ZMQ sockets.
+#include "daemon/events/kv_events.h"
+
+#include <gtest/gtest.h>
+
+#define MSGPACK_NO_BOOST 1
+#include <chrono>
+#include <msgpack.hpp>
+#include <thread>
+#include <zmq.hpp>
+
+#include "tests/support/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using testing::HashChain;
+
+uint64_t BigEndian(const uint8_t* b) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | b[i];
+  return v;
+}
+
+TEST(KvEvents, AHashIsItsLastEightBytesBigEndian) {
+  for (size_t size : {16u, 32u}) {
+    const BlockHash h = HashChain(7, 1, size)[0];
+    EXPECT_EQ(EventHash(h), BigEndian(h.bytes().data() + size - 8));
+  }
+}
+
+TEST(KvEvents, TopicsNameHostModelAndTenant) {
+  EXPECT_EQ(ExpandTopic("kv@{host}@{model}", "node1", "llama3-8b", "t"), "kv@node1@llama3-8b");
+  EXPECT_EQ(ExpandTopic("{tenant}/{model}/{x}", "h", "m", "acme"), "acme/m/{x}");
+}
+
+// The payload is [ts, [events], nil] with positional events, as vLLM's msgspec encoder
+// writes array_like tagged structs.
+TEST(KvEvents, TheBatchIsPositionalAsVllmWritesIt) {
+  std::vector<KvEvent> events(3);
+  events[0].kind = KvEvent::Kind::kStored;
+  events[0].hashes = {1, 0xfedcba9876543210ull};
+  events[0].parent = 42;
+  events[0].block_size = 16;
+  events[0].tier = TierKind::kNvme;
+  events[1].kind = KvEvent::Kind::kRemoved;
+  events[1].hashes = {5};
+  events[1].tier = TierKind::kGpu;
+  events[2].kind = KvEvent::Kind::kCleared;
+  const std::string payload = EncodeEventBatch(1700000000.25, events);
+  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& batch = oh.get();
+  ASSERT_EQ(batch.type, msgpack::type::ARRAY);
+  ASSERT_EQ(batch.via.array.size, 3u);
+  EXPECT_EQ(batch.via.array.ptr[0].as<double>(), 1700000000.25);
+  EXPECT_TRUE(batch.via.array.ptr[2].is_nil());
+  const msgpack::object& list = batch.via.array.ptr[1];
+  ASSERT_EQ(list.via.array.size, 3u);
+  const msgpack::object* stored = list.via.array.ptr[0].via.array.ptr;
+  ASSERT_EQ(list.via.array.ptr[0].via.array.size, 8u);
+  EXPECT_EQ(stored[0].as<std::string>(), "BlockStored");
+  EXPECT_EQ(stored[1].as<std::vector<uint64_t>>(), (std::vector<uint64_t>{1, 0xfedcba9876543210ull}));
+  EXPECT_EQ(stored[2].as<uint64_t>(), 42u);
+  EXPECT_EQ(stored[3].via.array.size, 0u);
+  EXPECT_EQ(stored[4].as<uint32_t>(), 16u);
+  EXPECT_TRUE(stored[5].is_nil());
+  EXPECT_EQ(stored[6].as<std::string>(), "CPU_TIER2");
+  EXPECT_TRUE(stored[7].is_nil());
+  const msgpack::object* removed = list.via.array.ptr[1].via.array.ptr;
+  ASSERT_EQ(list.via.array.ptr[1].via.array.size, 3u);
+  EXPECT_EQ(removed[0].as<std::string>(), "BlockRemoved");
+  EXPECT_EQ(removed[1].as<std::vector<uint64_t>>(), std::vector<uint64_t>{5});
+  EXPECT_EQ(removed[2].as<std::string>(), "GPU");
+  ASSERT_EQ(list.via.array.ptr[2].via.array.size, 1u);
+  EXPECT_EQ(list.via.array.ptr[2].via.array.ptr[0].as<std::string>(), "AllBlocksCleared");
+}
+
+struct Message {
+  std::string topic;
+  uint64_t seq = 0;
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> events;  // tag, hashes
+};
+
+Message Decode(std::vector<zmq::message_t>& parts) {
+  Message m;
+  m.topic = parts[0].to_string();
+  m.seq = BigEndian(static_cast<const uint8_t*>(parts[1].data()));
+  msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(parts[2].data()), parts[2].size());
+  const msgpack::object& list = oh.get().via.array.ptr[1];
+  for (uint32_t i = 0; i < list.via.array.size; ++i) {
+    const msgpack::object& e = list.via.array.ptr[i];
+    std::vector<uint64_t> hashes;
+    if (e.via.array.size > 1) hashes = e.via.array.ptr[1].as<std::vector<uint64_t>>();
+    m.events.emplace_back(e.via.array.ptr[0].as<std::string>(), std::move(hashes));
+  }
+  return m;
+}
+
+// Messages received until `n` hashes (AllBlocksCleared counting one) or `wait`; the probes
+// of Join are skipped.
+std::vector<Message> Receive(zmq::socket_t& sub, size_t n,
+                             std::chrono::milliseconds wait = std::chrono::milliseconds(5000), bool* saw_probe = nullptr) {
+  std::vector<Message> out;
+  size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (got < n && std::chrono::steady_clock::now() < deadline) {
+    std::vector<zmq::message_t> parts;
+    zmq::message_t m;
+    if (!sub.recv(m, zmq::recv_flags::dontwait)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    parts.push_back(std::move(m));
+    while (parts.back().more()) {
+      zmq::message_t more;
+      (void)sub.recv(more);
+      parts.push_back(std::move(more));
+    }
+    EXPECT_EQ(parts.size(), 3u);
+    EXPECT_EQ(parts[1].size(), 8u);
+    out.push_back(Decode(parts));
+    if (out.back().topic.find("@probe") != std::string::npos) {
+      out.pop_back();
+      if (saw_probe) *saw_probe = true;
+      if (saw_probe) break;
+      continue;
+    }
+    for (const auto& [tag, hashes] : out.back().events) got += std::max<size_t>(1, hashes.size());
+  }
+  return out;
+}
+
+KvEventsOptions LoopbackOptions() {
+  KvEventsOptions o;
+  o.publish = "tcp://127.0.0.1:*";
+  o.replay = "tcp://127.0.0.1:*";
+  o.hostname = "node1";
+  o.flush_interval_ns = 5'000'000;
+  return o;
+}
+
+// A SUB socket that has joined: ZMQ drops what is published before a subscription lands,
+// so wait until a probe namespace's AllBlocksCleared arrives.
+void Join(KvEvents& events, zmq::socket_t& sub) {
+  for (int i = 0; i < 200; ++i) {
+    events.AddNamespace("probe" + std::to_string(i), "t", "probe" + std::to_string(i), 16);
+    bool joined = false;
+    (void)Receive(sub, 1, std::chrono::milliseconds(50), &joined);
+    if (joined) return;
+  }
+  FAIL() << "the subscriber never joined";
+}
+
+TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
+  auto events = KvEvents::Open(LoopbackOptions());
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.connect((*events)->publish_endpoint());
+  Join(**events, sub);
+  const auto chain = HashChain(3, 4);
+  (*events)->AddNamespace("ns", "t", "llama3-8b", 16);
+  (*events)->Stored("ns", TierKind::kHost, chain[0], BlockHash());
+  for (size_t i = 1; i < chain.size(); ++i) (*events)->Stored("ns", TierKind::kHost, chain[i], chain[i - 1]);
+  (*events)->Removed("ns", TierKind::kHost, chain[3]);
+  (*events)->Removed("ns", TierKind::kHost, chain[2]);
+  (*events)->Stored("unknown-ns", TierKind::kHost, chain[0], BlockHash());  // never published
+  std::vector<Message> got = Receive(sub, 1 + 4 + 2);
+  ASSERT_FALSE(got.empty());
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> all;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].topic, "kv@node1@llama3-8b");
+    if (i > 0) {
+      EXPECT_EQ(got[i].seq, got[i - 1].seq + 1);
+    }
+    all.insert(all.end(), got[i].events.begin(), got[i].events.end());
+  }
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].first, "AllBlocksCleared");
+  EXPECT_EQ(all[1].first, "BlockStored");
+  std::vector<uint64_t> want;
+  for (const BlockHash& h : chain) want.push_back(EventHash(h));
+  EXPECT_EQ(all[1].second, want);
+  EXPECT_EQ(all[2].first, "BlockRemoved");
+  EXPECT_EQ(all[2].second, (std::vector<uint64_t>{want[3], want[2]}));
+  for (const Message& m : Receive(sub, 1, std::chrono::milliseconds(200))) {
+    EXPECT_TRUE(m.events.empty()) << "an event of an unknown namespace was published: " << m.topic;
+  }
+}
+
+TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {
+  auto events = KvEvents::Open(LoopbackOptions());
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  for (int i = 0; i < 5; ++i) {
+    (*events)->AddNamespace("ns" + std::to_string(i), "t", "m" + std::to_string(i), 16);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // one message each
+  }
+  ASSERT_TRUE(testing::WaitUntil([&] { return (*events)->counters().messages == 5; }));
+  zmq::context_t ctx;
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.connect((*events)->replay_endpoint());
+  const uint8_t start[8] = {0, 0, 0, 0, 0, 0, 0, 2};
+  dealer.send(zmq::const_buffer(), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(start, 8), zmq::send_flags::none);
+  std::vector<uint64_t> seqs;
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<zmq::message_t> parts;
+    zmq::message_t m;
+    if (!dealer.recv(m)) break;
+    parts.push_back(std::move(m));
+    while (parts.back().more()) {
+      zmq::message_t more;
+      (void)dealer.recv(more);
+      parts.push_back(std::move(more));
+    }
+    ASSERT_EQ(parts.size(), 3u);  // "", sequence, payload
+    const uint64_t seq = BigEndian(static_cast<const uint8_t*>(parts[1].data()));
+    if (seq == ~0ull) {
+      EXPECT_EQ(parts[2].size(), 0u);
+      break;
+    }
+    seqs.push_back(seq);
+  }
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ((*events)->counters().replays, 1u);
+}
+
+TEST(KvEvents, ABoundedQueueDropsAndCountsInsteadOfGrowing) {
+  KvEventsOptions o = LoopbackOptions();
+  o.queue_events = 10;
+  o.flush_interval_ns = 10'000'000'000;  // nothing leaves while the test fills the queue
+  auto events = KvEvents::Open(o);
+  ASSERT_TRUE(events.ok());
+  (*events)->AddNamespace("ns", "t", "m", 16);  // AllBlocksCleared: one
+  const auto hashes = HashChain(9, 100);
+  for (const BlockHash& h : hashes) (*events)->Removed("ns", TierKind::kNvme, h);
+  EXPECT_EQ((*events)->counters().dropped, 91u);
+}
+
+TEST(KvEvents, AnEndpointInUseIsAnErrorNamingTheKey) {
+  auto first = KvEvents::Open(LoopbackOptions());
+  ASSERT_TRUE(first.ok());
+  KvEventsOptions o;
+  o.publish = (*first)->publish_endpoint();
+  auto second = KvEvents::Open(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("events.publish"), std::string::npos) << second.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvtier
