@@ -131,7 +131,8 @@ Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options)
     try {
       s.replay.emplace(s.ctx, zmq::socket_type::router);
       s.replay->set(zmq::sockopt::linger, 0);
-      s.replay->set(zmq::sockopt::sndhwm, std::max<int>(options.send_hwm, static_cast<int>(options.replay_batches) + 1));
+      s.replay->set(zmq::sockopt::sndhwm,
+                    std::max<int>(options.send_hwm, static_cast<int>(options.replay_batches) + 1));
       s.replay->bind(options.replay);
       e->replay_endpoint_ = s.replay->get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& err) {

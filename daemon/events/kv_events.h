@@ -60,12 +60,12 @@ struct KvEventsOptions {
   std::string publish = "tcp://127.0.0.1:5557";  // bound, as vLLM's default
   std::string replay;                            // ROUTER endpoint; empty: no replay socket
   std::string topic = "kv@{host}@{model}";
-  std::string hostname;             // for {host}; empty: gethostname()
-  uint32_t batch_size = 256;        // most events in one message
+  std::string hostname;       // for {host}; empty: gethostname()
+  uint32_t batch_size = 256;  // most events in one message
   int64_t flush_interval_ns = 50'000'000;
   uint32_t queue_events = 100'000;  // most events waiting for the publisher thread
   uint32_t replay_batches = 10'000;
-  int send_hwm = 10'000;            // ZMQ_SNDHWM: messages queued per subscriber
+  int send_hwm = 10'000;  // ZMQ_SNDHWM: messages queued per subscriber
 };
 
 // One event before encoding.
@@ -147,14 +147,14 @@ class KvEvents {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
-  std::vector<std::unique_ptr<Topic>> topics_;                  // guarded by mu_
-  std::unordered_map<std::string, Topic*> by_namespace_;        // guarded by mu_
-  std::unordered_map<std::string, Topic*> by_name_;             // guarded by mu_
-  std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
-  uint64_t queued_ = 0;        // events pending; guarded by mu_
+  std::vector<std::unique_ptr<Topic>> topics_;            // guarded by mu_
+  std::unordered_map<std::string, Topic*> by_namespace_;  // guarded by mu_
+  std::unordered_map<std::string, Topic*> by_name_;       // guarded by mu_
+  std::vector<Topic*> order_;                             // topics with pending events, first-come; guarded by mu_
+  uint64_t queued_ = 0;                                   // events pending; guarded by mu_
 
   std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0};
-  uint64_t next_seq_ = 0;                                        // publisher thread
+  uint64_t next_seq_ = 0;                                                       // publisher thread
   std::vector<std::pair<uint64_t, std::pair<std::string, std::string>>> ring_;  // seq, (topic, payload)
   size_t ring_next_ = 0;
   std::thread thread_;

@@ -100,7 +100,8 @@ Message Decode(std::vector<zmq::message_t>& parts) {
 // Messages received until `n` hashes (AllBlocksCleared counting one) or `wait`; the probes
 // of Join are skipped.
 std::vector<Message> Receive(zmq::socket_t& sub, size_t n,
-                             std::chrono::milliseconds wait = std::chrono::milliseconds(5000), bool* saw_probe = nullptr) {
+                             std::chrono::milliseconds wait = std::chrono::milliseconds(5000),
+                             bool* saw_probe = nullptr) {
   std::vector<Message> out;
   size_t got = 0;
   const auto deadline = std::chrono::steady_clock::now() + wait;

@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -162,8 +162,9 @@ TEST(Events, ASubscriberThatNeverReadsLeavesTheDaemonBoundedAndServing) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   auto load = [&](double seconds) {
-    CmdResult r = Sh("timeout 60 " + BinaryPath("kvtier-load") + " -s " + d.socket_path() +
-                     " --sessions 2 --prefixes 2000 --depth 8 --tokens-per-block 1 --json --seconds " + std::to_string(seconds));
+    CmdResult r =
+        Sh("timeout 60 " + BinaryPath("kvtier-load") + " -s " + d.socket_path() +
+           " --sessions 2 --prefixes 2000 --depth 8 --tokens-per-block 1 --json --seconds " + std::to_string(seconds));
     return nlohmann::json::parse(r.out.substr(std::min(r.out.find('{'), r.out.size())), nullptr, false);
   };
   nlohmann::json warm = load(1.0);
@@ -183,8 +184,8 @@ TEST(Events, ASubscriberThatNeverReadsLeavesTheDaemonBoundedAndServing) {
   EXPECT_GT(published, 5000) << "too little traffic for the test to mean anything";
   EXPECT_EQ(dropped, 0);
   EXPECT_LT(rss_after, rss_before + 32 * 1024) << "RSS grew from " << rss_before << " to " << rss_after << " KiB";
-  std::cout << "published " << published << " events in " << r.value("requests", 0) << " requests; RSS "
-            << rss_before << " -> " << rss_after << " KiB\n";
+  std::cout << "published " << published << " events in " << r.value("requests", 0) << " requests; RSS " << rss_before
+            << " -> " << rss_after << " KiB\n";
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
