@@ -32,6 +32,13 @@ int main(int argc, char** argv) {
   soak->add_option("--check-rss", args.check_rss,
                    "Fail when the daemon's RSS grows (default true; sanitizer builds say false: their shadow "
                    "memory and freed-memory quarantine grow with the run)");
+  auto* events = app.add_subcommand(
+      "events",
+      "Allocate+Commit p50/p99 (a BlockStored and a BlockRemoved each) against a daemon publishing KV events "
+      "to a subscriber that never reads vs one without events, interleaved; RSS before and after");
+  events->add_option("--iterations", args.iterations, "Operations per daemon")->check(CLI::Range(100, 10'000'000));
+  events->add_option("--rounds", args.rounds, "Interleaved rounds")->check(CLI::Range(1, 1000));
+  events->add_flag("--json", args.json, "Print one JSON object");
   for (auto* sub : {rpc, nvme, restart, soak}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");
@@ -44,5 +51,6 @@ int main(int argc, char** argv) {
   if (nvme->parsed()) return kvtier::bench::RunNvmeBench(args);
   if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
   if (soak->parsed()) return kvtier::bench::RunSoakBench(args);
+  if (events->parsed()) return kvtier::bench::RunEventsBench(args);
   return 2;
 }

@@ -22,5 +22,6 @@ int RunRpcBench(const BenchArgs& args);
 int RunNvmeBench(const BenchArgs& args);
 int RunRestartBench(const BenchArgs& args);
 int RunSoakBench(const BenchArgs& args);
+int RunEventsBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench
