@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -67,10 +68,20 @@ void SegmentMap::Protect(uint8_t* addr, uint64_t bytes, bool writable) {
 void SegmentMap::SetWritable(TierKind tier, std::span<const PageId> pages, bool writable) {
   if (tier != TierKind::kHost || !protect_) return;
   const uint64_t pb = page_bytes(tier);
+  std::vector<uint8_t*> changed;
+  changed.reserve(pages.size());
   for (PageId p : pages) {
     if (p == kNoPage) continue;
     if (writable ? !writable_.insert(p).second : writable_.erase(p) == 0) continue;  // no change
-    if (auto* addr = static_cast<uint8_t*>(PageAddress(tier, p))) Protect(addr, pb, writable);
+    if (auto* addr = static_cast<uint8_t*>(PageAddress(tier, p))) changed.push_back(addr);
+  }
+  // One mprotect per run of adjacent pages (an Allocate's pages usually are one run).
+  std::sort(changed.begin(), changed.end());
+  for (size_t i = 0; i < changed.size();) {
+    size_t j = i + 1;
+    while (j < changed.size() && changed[j] == changed[j - 1] + pb) ++j;
+    Protect(changed[i], pb * (j - i), writable);
+    i = j;
   }
 }
 
