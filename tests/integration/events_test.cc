@@ -55,7 +55,7 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
   constexpr size_t kBlocks = 100;
   const auto chain = HashChain(2024, kBlocks);
   std::string result;
-  std::thread subscriber([&] {
+  std::jthread subscriber([&] {
     result = Sh("timeout 90 /usr/bin/python3 " + std::string(KVTIER_SOURCE_DIR) +
                 "/tests/integration/kv_event_subscriber.py --endpoint " + pub + " --replay " + rep + " --expect " +
                 std::to_string(kBlocks) + " --seconds 60 --idle 1.5 --drop 3,4")
@@ -70,11 +70,11 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     for (size_t i = 0; i < kBlocks; ++i) {
       auto pages = (*c)->Allocate(TierKind::kHost, 1);
-      ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+      ASSERT_TRUE(pages.ok()) << pages.status().ToString() << d.Log();
       FillBlockPattern(chain[i], (*c)->PageBytes(TierKind::kHost, (*pages)[0]).first(layout.block_bytes));
       const std::vector<CommitEntry> e = {{(*pages)[0], chain[i], i ? chain[i - 1] : BlockHash()}};
       auto r = (*c)->Commit(TierKind::kHost, e);
-      ASSERT_TRUE(r.ok() && (*r)[0].status.ok());
+      ASSERT_TRUE(r.ok() && (*r)[0].status.ok()) << (r.ok() ? (*r)[0].status : r.status()).ToString() << d.Log();
       if (i % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // several messages
     }
   }
@@ -161,7 +161,7 @@ TEST(Events, ASubscriberThatNeverReadsLeavesTheDaemonBoundedAndServing) {
   ASSERT_FALSE(pub.empty()) << d.Log();
   // Connects, subscribes, then sleeps with a 4 KiB receive buffer: the kernel buffers fill
   // and stay full.
-  std::thread stuck([&] {
+  std::jthread stuck([&] {
     Sh("timeout 30 /usr/bin/python3 -c \"import zmq,time; c=zmq.Context(); s=c.socket(zmq.SUB); "
        "s.setsockopt(zmq.RCVBUF, 4096); s.setsockopt(zmq.RCVHWM, 1); s.connect('" +
        pub + "'); s.setsockopt(zmq.SUBSCRIBE, b''); time.sleep(8)\"");
@@ -178,7 +178,7 @@ TEST(Events, ASubscriberThatNeverReadsLeavesTheDaemonBoundedAndServing) {
   nlohmann::json r = load(4.0);
   const uint64_t rss_after = RssKiB(d.pid());
   auto stats = StatsOf(d.socket_path());
-  ASSERT_TRUE(stats.ok());
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString() << d.Log();
   const double published = Metric(stats->metrics_url, "kvtier_events_published_total");
   const double dropped = Metric(stats->metrics_url, "kvtier_events_dropped_total");
   stuck.join();
