@@ -49,6 +49,20 @@ Result<T> Integer(std::string_view path, const YAML::Node& n, long long lo, long
   return static_cast<T>(v);
 }
 
+// A duration ("10s", "50ms") in [lo_ns, hi_ns], or 0 when `zero_ok`; `range` says the
+// bounds in the error.
+Result<int64_t> Duration(std::string_view path, const YAML::Node& n, int64_t lo_ns, int64_t hi_ns, bool zero_ok,
+                         std::string_view range) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
+  auto d = ParseDurationNanos(s);
+  if (!d.ok()) return Bad(path, d.status().message());
+  if (zero_ok && *d == 0) return *d;
+  if (*d < lo_ns || *d > hi_ns) {
+    return Bad(path, "must be " + std::string(range));
+  }
+  return *d;
+}
+
 Result<uint64_t> Bytes(std::string_view path, const YAML::Node& n, uint64_t lo, uint64_t hi) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   auto v = ParseBytes(s);
@@ -190,25 +204,13 @@ const std::vector<Key>& Keys() {
       {"protocol.heartbeat_ttl", "0",
        "A session that sends nothing (not even Ping) for this long is expired: its references "
        "are dropped and its leased pages quarantined until its process exits. 0: never.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("protocol.heartbeat_ttl", n));
-         auto d = ParseDurationNanos(s);
-         if (!d.ok()) return Bad("protocol.heartbeat_ttl", d.status().message());
-         if (*d != 0 && *d < 100'000'000) return Bad("protocol.heartbeat_ttl", "must be 0 or at least 100ms");
-         c->heartbeat_ttl_ns = *d;
-         return Status::Ok();
-       }},
+       KVTIER_SET((Duration("protocol.heartbeat_ttl", n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
+                  heartbeat_ttl_ns)},
       {"protocol.hello_timeout", "10s",
        "A connection that has not sent Hello this long after connecting is answered with an "
        "error and closed (0: never).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("protocol.hello_timeout", n));
-         auto d = ParseDurationNanos(s);
-         if (!d.ok()) return Bad("protocol.hello_timeout", d.status().message());
-         if (*d != 0 && *d < 100'000'000) return Bad("protocol.hello_timeout", "must be 0 or at least 100ms");
-         c->hello_timeout_ns = *d;
-         return Status::Ok();
-       }},
+       KVTIER_SET((Duration("protocol.hello_timeout", n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
+                  hello_timeout_ns)},
       {"protocol.max_sessions_per_uid", "256",
        "Connections one uid may hold at once (admins excepted); 0: no limit but max_sessions.",
        KVTIER_SET((Integer<uint32_t>("protocol.max_sessions_per_uid", n, 0, 1 << 20)), max_sessions_per_uid)},
@@ -467,14 +469,8 @@ const std::vector<Key>& Keys() {
        "Tenants of one model share a topic unless it names {tenant}.",
        KVTIER_SET(Scalar("events.topic", n), events.options.topic)},
       {"events.flush_interval", "50ms", "How often gathered events are sent (a message per topic).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("events.flush_interval", n));
-         auto d = ParseDurationNanos(s);
-         if (!d.ok()) return Bad("events.flush_interval", d.status().message());
-         if (*d < 1'000'000 || *d > 10'000'000'000) return Bad("events.flush_interval", "must be in [1ms, 10s]");
-         c->events.options.flush_interval_ns = *d;
-         return Status::Ok();
-       }},
+       KVTIER_SET((Duration("events.flush_interval", n, 1'000'000, 10'000'000'000, false, "in [1ms, 10s]")),
+                  events.options.flush_interval_ns)},
       {"events.batch_size", "256", "Most block hashes in one message.",
        KVTIER_SET((Integer<uint32_t>("events.batch_size", n, 1, 1 << 16)), events.options.batch_size)},
       {"events.buffer_events", "100000",
