@@ -158,7 +158,7 @@ KvEvents::~KvEvents() {
 void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
                             uint32_t tokens_per_block) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (by_namespace_.count(std::string(encoded_ns))) return;
+  if (by_namespace_.find(encoded_ns) != by_namespace_.end()) return;
   const std::string name = ExpandTopic(options_.topic, host_, model, tenant);
   Topic*& t = by_name_[name];
   if (t == nullptr) {
@@ -187,7 +187,7 @@ void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tie
   const uint64_t h = EventHash(hash);
   const std::optional<uint64_t> p = parent && !parent->empty() ? std::optional(EventHash(*parent)) : std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_namespace_.find(std::string(encoded_ns));
+  auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) return;
   Topic& t = *it->second;
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored

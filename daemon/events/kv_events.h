@@ -40,6 +40,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -147,11 +148,16 @@ class KvEvents {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
-  std::vector<std::unique_ptr<Topic>> topics_;            // guarded by mu_
-  std::unordered_map<std::string, Topic*> by_namespace_;  // guarded by mu_
-  std::unordered_map<std::string, Topic*> by_name_;       // guarded by mu_
-  std::vector<Topic*> order_;                             // topics with pending events, first-come; guarded by mu_
-  uint64_t queued_ = 0;                                   // events pending; guarded by mu_
+  std::vector<std::unique_ptr<Topic>> topics_;  // guarded by mu_
+  // Looked up by string_view on every event: no string built per event.
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, Topic*, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
+  std::unordered_map<std::string, Topic*> by_name_;                                  // guarded by mu_
+  std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
+  uint64_t queued_ = 0;        // events pending; guarded by mu_
 
   std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0};
   uint64_t next_seq_ = 0;                                                       // publisher thread
