@@ -1,0 +1,821 @@
+#include "storage/redis_cluster.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <limits.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+timeval ToTimeval(int64_t ns) {
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
+  tv.tv_usec = static_cast<suseconds_t>((ns % 1'000'000'000) / 1000);
+  return tv;
+}
+
+// CRC16-XMODEM (polynomial 0x1021, initial 0), the checksum Redis Cluster slots keys by.
+constexpr std::array<uint16_t, 256> MakeCrc16Table() {
+  std::array<uint16_t, 256> t{};
+  for (int i = 0; i < 256; ++i) {
+    uint16_t crc = static_cast<uint16_t>(i << 8);
+    for (int b = 0; b < 8; ++b) crc = static_cast<uint16_t>(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    t[i] = crc;
+  }
+  return t;
+}
+constexpr std::array<uint16_t, 256> kCrc16Table = MakeCrc16Table();
+
+uint16_t Crc16(std::string_view s) {
+  uint16_t crc = 0;
+  for (unsigned char c : s) crc = static_cast<uint16_t>((crc << 8) ^ kCrc16Table[((crc >> 8) ^ c) & 0xff]);
+  return crc;
+}
+
+void AppendCount(std::string& s, char kind, size_t n) {
+  s += kind;
+  s += std::to_string(n);
+  s += "\r\n";
+}
+
+void AppendBulk(std::string& s, std::string_view a) {
+  AppendCount(s, '$', a.size());
+  s.append(a);
+  s += "\r\n";
+}
+
+// Error replies that say the cluster (not this node) cannot serve now.
+bool ClusterRefusal(std::string_view e) {
+  for (std::string_view p : {"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN"}) {
+    if (e.substr(0, p.size()) == p) return true;
+  }
+  return false;
+}
+
+// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381".
+bool ParseRedirect(std::string_view e, bool* ask, uint16_t* slot, std::string* address) {
+  std::string_view rest;
+  if (e.substr(0, 6) == "MOVED ") {
+    *ask = false;
+    rest = e.substr(6);
+  } else if (e.substr(0, 4) == "ASK ") {
+    *ask = true;
+    rest = e.substr(4);
+  } else {
+    return false;
+  }
+  const size_t sp = rest.find(' ');
+  if (sp == std::string_view::npos || sp == 0) return false;
+  uint32_t s = 0;
+  for (char c : rest.substr(0, sp)) {
+    if (c < '0' || c > '9') return false;
+    s = s * 10 + static_cast<uint32_t>(c - '0');
+    if (s >= RedisCluster::kSlots) return false;
+  }
+  *slot = static_cast<uint16_t>(s);
+  *address = std::string(rest.substr(sp + 1));
+  return !address->empty();
+}
+
+}  // namespace
+
+// ---- requests, nodes, connections ----------------------------------------------------
+
+struct RedisCluster::Request {
+  enum class Kind : uint8_t { kGet, kSet, kExists, kDel };
+  Kind kind = Kind::kGet;
+  std::string key;
+  Value value;  // kSet
+  bool prepared = false;
+  ValueSink sink;  // kGet
+  Done done;
+  int64_t start_ns = 0;
+  uint16_t slot = 0;
+  int redirects = 0;
+  bool asking = false;  // send ASKING first (an ASK redirect)
+  bool small() const { return kind == Kind::kExists || kind == Kind::kDel; }
+};
+
+// One connection to one node: a thread that writes what is queued and reads the replies.
+class RedisCluster::Connection {
+ public:
+  Connection(RedisCluster* owner, Node* node) : owner_(owner), node_(node), buf_(256 << 10) {
+    thread_ = std::jthread([this](std::stop_token st) { Run(st); });
+  }
+  ~Connection() {
+    thread_.request_stop();
+    thread_.join();
+  }
+  // The thread ends after the batch it is serving; the destructor joins it.
+  void RequestStop() { thread_.request_stop(); }
+  void Enqueue(Request r) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back(std::move(r));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  // The reply being read, filled by the reader's object functions below (which run on
+  // this connection's thread, inside redisReaderGetReply).
+  struct ReplySlot {
+    int type = 0;
+    long long integer = 0;
+    std::string text;
+    Status sink_status;
+  };
+  static thread_local Connection* current_connection_;
+  static void* CreateString(const redisReadTask* task, char* str, size_t len);
+  static void* CreateArray(const redisReadTask* task, int elements);
+  static void* CreateInteger(const redisReadTask* task, long long value);
+  static void* CreateNil(const redisReadTask* task);
+  static void FreeObject(void*) {}
+  static redisReplyObjectFunctions functions_;
+
+  void Run(std::stop_token st);
+  bool Connect(std::string* error);
+  void Close();
+  void Serve(std::vector<Request>& batch, std::vector<std::function<void()>>& out);
+  // Writes requests [from, end) of the batch; false (with *error) on an I/O error.
+  bool Write(std::vector<Request>& batch, size_t from, std::string* error);
+  // Reads one reply into slot_ by `deadline_ns`.
+  bool Read(int64_t deadline_ns, std::string* error, bool* timed_out);
+  // The outcome of request `r` from slot_ (or a redirect, which re-queues it).
+  void Finish(Request& r, std::vector<std::function<void()>>& out);
+  void Fail(Request& r, const Status& st, std::vector<std::function<void()>>& out);
+
+  RedisCluster* owner_;
+  Node* node_;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<Request> queue_;
+  // Connection thread only.
+  redisContext* ctx_ = nullptr;
+  redisReader* reader_ = nullptr;
+  std::vector<char> buf_;
+  Request* current_ = nullptr;
+  ReplySlot slot_;
+  std::jthread thread_;  // last: started once the rest exists
+};
+
+thread_local RedisCluster::Connection* RedisCluster::Connection::current_connection_ = nullptr;
+redisReplyObjectFunctions RedisCluster::Connection::functions_ = {&Connection::CreateString, &Connection::CreateArray,
+                                                                  &Connection::CreateInteger, &Connection::CreateNil,
+                                                                  &Connection::FreeObject};
+
+// Every object is the connection's one slot; elements of arrays (never expected for the
+// commands sent on data connections) leave it alone.
+void* RedisCluster::Connection::CreateString(const redisReadTask* task, char* str, size_t len) {
+  Connection* c = current_connection_;
+  if (task->parent == nullptr) {
+    c->slot_.type = task->type;
+    if (task->type == REDIS_REPLY_STRING && c->current_ && c->current_->sink) {
+      c->slot_.sink_status = c->current_->sink({reinterpret_cast<const uint8_t*>(str), len});
+    } else {
+      c->slot_.text.assign(str, len);
+    }
+  }
+  return &c->slot_;
+}
+
+void* RedisCluster::Connection::CreateArray(const redisReadTask* task, int) {
+  Connection* c = current_connection_;
+  if (task->parent == nullptr) c->slot_.type = REDIS_REPLY_ARRAY;
+  return &c->slot_;
+}
+
+void* RedisCluster::Connection::CreateInteger(const redisReadTask* task, long long value) {
+  Connection* c = current_connection_;
+  if (task->parent == nullptr) {
+    c->slot_.type = REDIS_REPLY_INTEGER;
+    c->slot_.integer = value;
+  }
+  return &c->slot_;
+}
+
+void* RedisCluster::Connection::CreateNil(const redisReadTask* task) {
+  Connection* c = current_connection_;
+  if (task->parent == nullptr) c->slot_.type = REDIS_REPLY_NIL;
+  return &c->slot_;
+}
+
+class RedisCluster::Node {
+ public:
+  Node(RedisCluster* owner, std::string address, std::string host, int port, uint32_t value_connections)
+      : address(std::move(address)),
+        host(std::move(host)),
+        port(port),
+        owner_(owner),
+        open_period_ns_(owner->options_.breaker_open_ns) {
+    for (uint32_t i = 0; i <= value_connections; ++i) conns_.push_back(std::make_unique<Connection>(owner, this));
+  }
+  // Asks the connection threads to end (the destructor joins them).
+  void RequestStop() {
+    for (auto& c : conns_) c->RequestStop();
+  }
+
+  void Enqueue(Request r) {
+    if (r.small() || conns_.size() == 1) {
+      conns_[0]->Enqueue(std::move(r));
+      return;
+    }
+    const uint32_t n = static_cast<uint32_t>(conns_.size() - 1);
+    conns_[1 + next_.fetch_add(1, std::memory_order_relaxed) % n]->Enqueue(std::move(r));
+  }
+  bool Admit(int64_t now) const { return now >= open_until_ns_.load(std::memory_order_acquire); }
+  bool open(int64_t now) const { return !Admit(now); }
+  void Success() {
+    if (consecutive_.exchange(0, std::memory_order_acq_rel) == 0) return;
+    open_period_ns_.store(owner_->options_.breaker_open_ns, std::memory_order_relaxed);
+    open_until_ns_.store(0, std::memory_order_release);
+  }
+  void Failure(int64_t now) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    if (consecutive_.fetch_add(1, std::memory_order_acq_rel) + 1 < owner_->options_.breaker_failures) return;
+    const int64_t period = open_period_ns_.load(std::memory_order_relaxed);
+    if (open_until_ns_.load(std::memory_order_acquire) < now) {
+      KVTIER_LOG(WARNING) << "remote tier: node " << address << " failed " << consecutive_.load()
+                          << " times in a row; circuit breaker open for " << period / 1'000'000 << " ms";
+    }
+    open_until_ns_.store(now + period, std::memory_order_release);
+    open_period_ns_.store(std::min(period * 2, owner_->options_.breaker_open_ns * 8), std::memory_order_relaxed);
+    owner_->RequestRefresh();  // the slots may have moved (a failover)
+  }
+  uint64_t failures() const { return failures_.load(std::memory_order_relaxed); }
+
+  const std::string address;
+  const std::string host;
+  const int port;
+
+ private:
+  RedisCluster* owner_;
+  std::atomic<int64_t> open_until_ns_{0};
+  std::atomic<uint32_t> consecutive_{0};
+  std::atomic<int64_t> open_period_ns_;
+  std::atomic<uint64_t> failures_{0};
+  std::atomic<uint32_t> next_{0};
+  std::vector<std::unique_ptr<Connection>> conns_;  // [0]: small requests; the rest: values
+};
+
+// ---- a connection's thread -------------------------------------------------------------
+
+void RedisCluster::Connection::Run(std::stop_token st) {
+  current_connection_ = this;
+  const uint32_t max_batch = std::max<uint32_t>(1, owner_->options_.max_batch);
+  while (!st.stop_requested()) {
+    std::vector<Request> batch;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!cv_.wait(l, st, [this] { return !queue_.empty(); })) break;
+      const size_t n = std::min<size_t>(queue_.size(), max_batch);
+      batch.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    std::vector<std::function<void()>> out;
+    out.reserve(batch.size());
+    Serve(batch, out);
+    owner_->Deliver(std::move(out));
+  }
+  Close();
+}
+
+bool RedisCluster::Connection::Connect(std::string* error) {
+  const RedisClusterOptions& o = owner_->options_;
+  ctx_ = redisConnectWithTimeout(node_->host.c_str(), node_->port, ToTimeval(o.connect_timeout_ns));
+  if (ctx_ == nullptr || ctx_->err) {
+    *error = ctx_ ? std::string(ctx_->errstr) : std::string("out of memory");
+    Close();
+    return false;
+  }
+  if (redisSetTimeout(ctx_, ToTimeval(o.timeout_ns)) != REDIS_OK) {
+    *error = "cannot set socket timeouts";
+    Close();
+    return false;
+  }
+  reader_ = redisReaderCreateWithFunctions(&functions_);
+  if (reader_ == nullptr) {
+    *error = "out of memory";
+    Close();
+    return false;
+  }
+  reader_->maxbuf = 0;  // keep the buffer: values are large and arrive all the time
+  owner_->counters_.connects.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void RedisCluster::Connection::Close() {
+  if (reader_) redisReaderFree(reader_);
+  reader_ = nullptr;
+  if (ctx_) redisFree(ctx_);
+  ctx_ = nullptr;
+}
+
+bool RedisCluster::Connection::Write(std::vector<Request>& batch, size_t from, std::string* error) {
+  // The RESP framing of every request, then one writev loop over framing and values.
+  std::vector<std::string> frames(batch.size() - from);
+  std::vector<iovec> iov;
+  iov.reserve(frames.size() * 3);
+  static const char kAsking[] = "*1\r\n$6\r\nASKING\r\n";
+  static const char kCrLf[] = "\r\n";
+  size_t total = 0;
+  auto add = [&](const void* p, size_t n) {
+    if (n == 0) return;
+    iov.push_back(iovec{const_cast<void*>(p), n});
+    total += n;
+  };
+  for (size_t i = from; i < batch.size(); ++i) {
+    Request& r = batch[i];
+    std::string& f = frames[i - from];
+    if (r.asking) add(kAsking, sizeof(kAsking) - 1);
+    switch (r.kind) {
+      case Request::Kind::kGet:
+        f = "*2\r\n$3\r\nGET\r\n";
+        AppendBulk(f, r.key);
+        add(f.data(), f.size());
+        break;
+      case Request::Kind::kExists:
+        f = "*2\r\n$6\r\nEXISTS\r\n";
+        AppendBulk(f, r.key);
+        add(f.data(), f.size());
+        break;
+      case Request::Kind::kDel:
+        f = "*2\r\n$3\r\nDEL\r\n";
+        AppendBulk(f, r.key);
+        add(f.data(), f.size());
+        break;
+      case Request::Kind::kSet:
+        if (!r.prepared && r.value.prepare) r.value.prepare(r.value);
+        r.prepared = true;
+        f = "*3\r\n$3\r\nSET\r\n";
+        AppendBulk(f, r.key);
+        AppendCount(f, '$', r.value.head.size() + r.value.body.size());
+        add(f.data(), f.size());
+        add(r.value.head.data(), r.value.head.size());
+        add(r.value.body.data(), r.value.body.size());
+        add(kCrLf, 2);
+        break;
+    }
+  }
+  size_t at = 0;  // first iovec not fully written
+  while (at < iov.size()) {
+    const int n = static_cast<int>(std::min<size_t>(iov.size() - at, IOV_MAX));
+    const ssize_t w = ::writev(ctx_->fd, iov.data() + at, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      *error = errno == EAGAIN || errno == EWOULDBLOCK ? "write timed out" : std::string("write: ") + strerror(errno);
+      return false;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (at < iov.size() && left >= iov[at].iov_len) left -= iov[at++].iov_len;
+    if (left > 0) {
+      iov[at].iov_base = static_cast<char*>(iov[at].iov_base) + left;
+      iov[at].iov_len -= left;
+    }
+  }
+  owner_->counters_.bytes_sent.fetch_add(total, std::memory_order_relaxed);
+  return true;
+}
+
+bool RedisCluster::Connection::Read(int64_t deadline_ns, std::string* error, bool* timed_out) {
+  slot_.type = 0;
+  slot_.text.clear();
+  slot_.sink_status = Status::Ok();
+  for (;;) {
+    void* obj = nullptr;
+    if (redisReaderGetReply(reader_, &obj) != REDIS_OK) {
+      *error = std::string("protocol error: ") + reader_->errstr;
+      return false;
+    }
+    if (obj != nullptr) return true;
+    const int64_t left = deadline_ns - NowNs();
+    if (left <= 0) {
+      *timed_out = true;
+      *error = "no reply within the timeout";
+      return false;
+    }
+    pollfd p{ctx_->fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, left / 1'000'000)));
+    if (ready < 0 && errno != EINTR) {
+      *error = std::string("poll: ") + strerror(errno);
+      return false;
+    }
+    if (ready <= 0) continue;  // deadline checked above
+    const ssize_t n = ::read(ctx_->fd, buf_.data(), buf_.size());
+    if (n == 0) {
+      *error = "connection closed by the server";
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      *error = std::string("read: ") + strerror(errno);
+      return false;
+    }
+    owner_->counters_.bytes_received.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    if (redisReaderFeed(reader_, buf_.data(), static_cast<size_t>(n)) != REDIS_OK) {
+      *error = "out of memory";
+      return false;
+    }
+  }
+}
+
+void RedisCluster::Connection::Fail(Request& r, const Status& st, std::vector<std::function<void()>>& out) {
+  RedisReply rep;
+  rep.status = st;
+  rep.latency_ns = NowNs() - r.start_ns;
+  owner_->counters_.requests.fetch_add(1, std::memory_order_relaxed);
+  owner_->counters_.failures.fetch_add(1, std::memory_order_relaxed);
+  if (r.done) out.push_back([done = std::move(r.done), rep] { done(rep); });
+}
+
+void RedisCluster::Connection::Finish(Request& r, std::vector<std::function<void()>>& out) {
+  RedisReply rep;
+  switch (slot_.type) {
+    case REDIS_REPLY_ERROR: {
+      bool ask = false;
+      uint16_t slot = 0;
+      std::string address;
+      if (ParseRedirect(slot_.text, &ask, &slot, &address)) {
+        owner_->Redirect(std::move(r), slot, address, ask);
+        return;
+      }
+      rep.status = ClusterRefusal(slot_.text) ? Unavailable("redis " + node_->address + ": " + slot_.text)
+                                              : Internal("redis " + node_->address + ": " + slot_.text);
+      break;
+    }
+    case REDIS_REPLY_NIL:
+      if (r.kind == Request::Kind::kGet) rep.status = NotFound("no such key");
+      break;
+    case REDIS_REPLY_STRING:
+      if (r.kind == Request::Kind::kGet) rep.status = slot_.sink_status;
+      break;
+    case REDIS_REPLY_INTEGER:
+      rep.integer = slot_.integer;
+      break;
+    case REDIS_REPLY_STATUS:
+      break;
+    default:
+      rep.status = Internal("redis " + node_->address + ": unexpected reply type " + std::to_string(slot_.type));
+  }
+  rep.latency_ns = NowNs() - r.start_ns;
+  owner_->counters_.requests.fetch_add(1, std::memory_order_relaxed);
+  if (!rep.status.ok() && rep.status.code() != StatusCode::kNotFound && rep.status.code() != StatusCode::kDataLoss) {
+    owner_->counters_.failures.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (r.done) out.push_back([done = std::move(r.done), rep = std::move(rep)] { done(rep); });
+}
+
+void RedisCluster::Connection::Serve(std::vector<Request>& batch, std::vector<std::function<void()>>& out) {
+  size_t from = 0;
+  // A connection the server closed while it was idle fails its next batch; the rest of
+  // that batch is tried once more on a new connection (every command here is idempotent).
+  for (int attempt = 0; attempt < 2 && from < batch.size(); ++attempt) {
+    std::string error;
+    const bool reused = ctx_ != nullptr;
+    if (!ctx_ && !Connect(&error)) {
+      node_->Failure(NowNs());
+      for (size_t i = from; i < batch.size(); ++i) {
+        Fail(batch[i], Unavailable("redis " + node_->address + ": cannot connect: " + error), out);
+      }
+      return;
+    }
+    bool timed_out = false;
+    bool ok = Write(batch, from, &error);
+    const int64_t deadline = NowNs() + owner_->options_.timeout_ns;
+    const size_t written_from = from;
+    for (; ok && from < batch.size(); ++from) {
+      Request& r = batch[from];
+      if (r.asking && !(ok = Read(deadline, &error, &timed_out))) break;  // ASKING's +OK
+      current_ = &r;
+      ok = Read(deadline, &error, &timed_out);
+      current_ = nullptr;
+      if (!ok) break;
+      Finish(r, out);
+    }
+    if (ok) {
+      node_->Success();
+      return;
+    }
+    Close();
+    if (timed_out) owner_->counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
+    // Retry only what a stale idle connection lost: nothing of this batch was answered.
+    if (reused && !timed_out && from == written_from && attempt == 0) continue;
+    node_->Failure(NowNs());
+    for (; from < batch.size(); ++from) Fail(batch[from], Unavailable("redis " + node_->address + ": " + error), out);
+  }
+}
+
+// ---- the cluster -----------------------------------------------------------------------
+
+uint16_t RedisCluster::KeySlot(std::string_view key) {
+  const size_t open = key.find('{');
+  if (open != std::string_view::npos) {
+    const size_t close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
+  }
+  return Crc16(key) & (kSlots - 1);
+}
+
+bool RedisCluster::ParseAddress(std::string_view address, std::string* host, int* port) {
+  std::string_view h, p;
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find("]:");
+    if (close == std::string_view::npos) return false;
+    h = address.substr(1, close - 1);
+    p = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string_view::npos) return false;
+    h = address.substr(0, colon);
+    p = address.substr(colon + 1);
+  }
+  if (h.empty() || p.empty() || p.size() > 5) return false;
+  int v = 0;
+  for (char c : p) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  if (v <= 0 || v > 65535) return false;
+  *host = std::string(h);
+  *port = v;
+  return true;
+}
+
+RedisCluster::RedisCluster(const RedisClusterOptions& options, Post post) : options_(options), post_(std::move(post)) {}
+
+Result<std::unique_ptr<RedisCluster>> RedisCluster::Open(const RedisClusterOptions& options, Post post) {
+  if (options.seeds.empty()) return InvalidArgument("a Redis Cluster needs at least one seed node");
+  for (const std::string& s : options.seeds) {
+    std::string host;
+    int port = 0;
+    if (!ParseAddress(s, &host, &port)) return InvalidArgument("'" + s + "' is not host:port");
+  }
+  if (options.connections_per_node == 0 || options.timeout_ns <= 0 || options.connect_timeout_ns <= 0 ||
+      options.breaker_failures == 0) {
+    return InvalidArgument("Redis Cluster options out of range");
+  }
+  std::unique_ptr<RedisCluster> c(new RedisCluster(options, std::move(post)));
+  if (!c->RefreshOnce()) {
+    KVTIER_LOG(WARNING) << "remote tier: no Redis Cluster node answered CLUSTER SLOTS yet (seeds "
+                        << options.seeds.front() << (options.seeds.size() > 1 ? ", ..." : "")
+                        << "); remote lookups miss until one does";
+  }
+  RedisCluster* raw = c.get();
+  c->refresher_ = std::jthread([raw](std::stop_token st) { raw->RefreshLoop(st); });
+  return c;
+}
+
+RedisCluster::~RedisCluster() {
+  refresher_.request_stop();
+  refresh_cv_.notify_all();
+  if (refresher_.joinable()) refresher_.join();
+  // From here no node is handed out (a redirect fails instead), so no connection thread
+  // queues work on another; every thread is asked to end before any is joined.
+  std::vector<std::unique_ptr<Node>> nodes;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    nodes = std::move(nodes_);
+    slots_.clear();
+    masters_.clear();
+  }
+  for (auto& n : nodes) n->RequestStop();
+  nodes.clear();  // joins
+}
+
+RedisCluster::Node* RedisCluster::NodeAt(const std::string& address) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_) return nullptr;
+  for (auto& n : nodes_) {
+    if (n->address == address) return n.get();
+  }
+  std::string host;
+  int port = 0;
+  if (!ParseAddress(address, &host, &port) || nodes_.size() >= 1024) return nullptr;
+  nodes_.push_back(std::make_unique<Node>(this, address, host, port, options_.connections_per_node));
+  return nodes_.back().get();
+}
+
+RedisCluster::Node* RedisCluster::Route(uint16_t slot) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return slots_.empty() ? nullptr : slots_[slot];
+}
+
+void RedisCluster::Deliver(std::vector<std::function<void()>> fns) {
+  if (fns.empty()) return;
+  post_([fns = std::move(fns)] {
+    for (const auto& f : fns) f();
+  });
+}
+
+void RedisCluster::Submit(Request r) {
+  r.start_ns = NowNs();
+  r.slot = KeySlot(r.key);
+  Node* n = Route(r.slot);
+  auto fail = [this, &r](Status st) {
+    counters_.requests.fetch_add(1, std::memory_order_relaxed);
+    counters_.failures.fetch_add(1, std::memory_order_relaxed);
+    RedisReply rep;
+    rep.status = std::move(st);
+    std::vector<std::function<void()>> fns;
+    if (r.done) fns.push_back([done = std::move(r.done), rep] { done(rep); });
+    Deliver(std::move(fns));
+  };
+  if (n == nullptr) {
+    RequestRefresh();
+    return fail(Unavailable("no Redis Cluster slot map yet"));
+  }
+  if (!n->Admit(r.start_ns)) {
+    counters_.breaker_rejections.fetch_add(1, std::memory_order_relaxed);
+    return fail(Unavailable("redis " + n->address + " is down (circuit breaker open)"));
+  }
+  n->Enqueue(std::move(r));
+}
+
+void RedisCluster::Redirect(Request r, uint16_t slot, const std::string& address, bool ask) {
+  counters_.redirects.fetch_add(1, std::memory_order_relaxed);
+  Node* n = ++r.redirects > kMaxRedirects ? nullptr : NodeAt(address);
+  if (n != nullptr && !ask) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!slots_.empty()) slots_[slot] = n;
+  }
+  if (!ask) RequestRefresh();
+  r.asking = ask;
+  if (n == nullptr || !n->Admit(NowNs())) {
+    counters_.requests.fetch_add(1, std::memory_order_relaxed);
+    counters_.failures.fetch_add(1, std::memory_order_relaxed);
+    RedisReply rep;
+    rep.status = Unavailable("redis: slot " + std::to_string(slot) + " redirected to " + address + ", not reachable");
+    std::vector<std::function<void()>> fns;
+    if (r.done) fns.push_back([done = std::move(r.done), rep] { done(rep); });
+    Deliver(std::move(fns));
+    return;
+  }
+  n->Enqueue(std::move(r));
+}
+
+void RedisCluster::Get(std::string key, ValueSink sink, Done done) {
+  Request r;
+  r.kind = Request::Kind::kGet;
+  r.key = std::move(key);
+  r.sink = std::move(sink);
+  r.done = std::move(done);
+  Submit(std::move(r));
+}
+
+void RedisCluster::Set(std::string key, Value value, Done done) {
+  Request r;
+  r.kind = Request::Kind::kSet;
+  r.key = std::move(key);
+  r.value = std::move(value);
+  r.done = std::move(done);
+  Submit(std::move(r));
+}
+
+void RedisCluster::Exists(std::string key, Done done) {
+  Request r;
+  r.kind = Request::Kind::kExists;
+  r.key = std::move(key);
+  r.done = std::move(done);
+  Submit(std::move(r));
+}
+
+void RedisCluster::Del(std::string key, Done done) {
+  Request r;
+  r.kind = Request::Kind::kDel;
+  r.key = std::move(key);
+  r.done = std::move(done);
+  Submit(std::move(r));
+}
+
+std::vector<RedisCluster::NodeState> RedisCluster::Masters() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<NodeState> out;
+  const int64_t now = NowNs();
+  for (const Node* n : masters_) out.push_back(NodeState{n->address, n->open(now), n->failures()});
+  return out;
+}
+
+bool RedisCluster::Available() const {
+  std::lock_guard<std::mutex> l(mu_);
+  const int64_t now = NowNs();
+  for (const Node* n : masters_) {
+    if (n->Admit(now)) return true;
+  }
+  return false;
+}
+
+void RedisCluster::RequestRefresh() {
+  {
+    std::lock_guard<std::mutex> l(refresh_mu_);
+    refresh_wanted_ = true;
+  }
+  refresh_cv_.notify_one();
+}
+
+void RedisCluster::RefreshLoop(std::stop_token stop) {
+  constexpr auto kMinGap = std::chrono::milliseconds(200);
+  auto last = std::chrono::steady_clock::now();
+  while (!stop.stop_requested()) {
+    {
+      std::unique_lock<std::mutex> l(refresh_mu_);
+      refresh_cv_.wait_for(l, stop, std::chrono::nanoseconds(options_.refresh_interval_ns),
+                           [this] { return refresh_wanted_; });
+      if (stop.stop_requested()) return;
+      // At most one refresh per kMinGap, however often it is asked for.
+      const auto next = last + kMinGap;
+      if (std::chrono::steady_clock::now() < next) {
+        refresh_cv_.wait_until(l, stop, next, [] { return false; });
+        if (stop.stop_requested()) return;
+      }
+      refresh_wanted_ = false;
+    }
+    RefreshOnce();
+    last = std::chrono::steady_clock::now();
+  }
+}
+
+bool RedisCluster::RefreshOnce() {
+  std::vector<std::string> candidates;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const Node* n : masters_) candidates.push_back(n->address);
+  }
+  for (const std::string& s : options_.seeds) {
+    if (std::find(candidates.begin(), candidates.end(), s) == candidates.end()) candidates.push_back(s);
+  }
+  for (const std::string& address : candidates) {
+    std::string host;
+    int port = 0;
+    if (!ParseAddress(address, &host, &port)) continue;
+    redisContext* ctx = redisConnectWithTimeout(host.c_str(), port, ToTimeval(options_.connect_timeout_ns));
+    if (ctx == nullptr || ctx->err) {
+      if (ctx) redisFree(ctx);
+      continue;
+    }
+    redisSetTimeout(ctx, ToTimeval(options_.timeout_ns));
+    auto* reply = static_cast<redisReply*>(redisCommand(ctx, "CLUSTER SLOTS"));
+    // slot -> address of its master
+    std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::string>> ranges;
+    bool ok = false;
+    if (reply && reply->type == REDIS_REPLY_ERROR && std::strstr(reply->str, "cluster support disabled")) {
+      ranges.push_back({{0, kSlots - 1}, address});  // one standalone server holds everything
+      ok = true;
+    } else if (reply && reply->type == REDIS_REPLY_ARRAY) {
+      ok = true;
+      for (size_t i = 0; i < reply->elements && ok; ++i) {
+        const redisReply* e = reply->element[i];
+        ok = e->type == REDIS_REPLY_ARRAY && e->elements >= 3 && e->element[0]->type == REDIS_REPLY_INTEGER &&
+             e->element[1]->type == REDIS_REPLY_INTEGER && e->element[2]->type == REDIS_REPLY_ARRAY &&
+             e->element[2]->elements >= 2 && e->element[2]->element[0]->type == REDIS_REPLY_STRING &&
+             e->element[2]->element[1]->type == REDIS_REPLY_INTEGER;
+        if (!ok) break;
+        const long long lo = e->element[0]->integer, hi = e->element[1]->integer;
+        ok = lo >= 0 && hi >= lo && hi < kSlots;
+        if (!ok) break;
+        std::string ip(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
+        if (ip.empty() || ip == "?") ip = host;  // "the node you asked"
+        const bool v6 = ip.find(':') != std::string::npos;
+        ranges.push_back({{static_cast<uint32_t>(lo), static_cast<uint32_t>(hi)},
+                          (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(e->element[2]->element[1]->integer)});
+      }
+    }
+    if (reply) freeReplyObject(reply);
+    redisFree(ctx);
+    if (!ok || ranges.empty()) continue;
+    std::vector<Node*> slots(kSlots, nullptr);
+    std::vector<Node*> masters;
+    for (const auto& [range, addr] : ranges) {
+      Node* n = NodeAt(addr);
+      if (n == nullptr) continue;
+      if (std::find(masters.begin(), masters.end(), n) == masters.end()) masters.push_back(n);
+      for (uint32_t s = range.first; s <= range.second; ++s) slots[s] = n;
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      slots_ = std::move(slots);
+      masters_ = std::move(masters);
+    }
+    counters_.refreshes.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,379 @@
+// RedisCluster and RemoteTier against real Redis Clusters (Debian's redis-server on
+// loopback ports the test picks): routing across masters, MOVED after a reshard, a
+// master killed (fail fast, then its replica takes over), a stalled master (timeouts, the
+// circuit breaker), a standalone server, and values that do not verify.
+#include "storage/remote_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "protocol/base/block_key.h"
+#include "storage/redis_cluster.h"
+#include "tests/support/redis_cluster_process.h"
+
+namespace kvtier {
+namespace {
+
+using testing::RedisClusterProcess;
+
+// The owner's thread of these tests: posted callbacks queue here and run in Pump().
+class Loop {
+ public:
+  RedisCluster::Post Poster() {
+    return [this](std::function<void()> fn) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        q_.push_back(std::move(fn));
+      }
+      cv_.notify_one();
+    };
+  }
+  // Runs posted work until `done` or `timeout`.
+  bool Pump(const std::function<bool()>& done, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (done()) return true;
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (!cv_.wait_until(l, deadline, [this] { return !q_.empty(); })) return done();
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      fn();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+};
+
+std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+#define REQUIRE_REDIS() \
+  if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/deps.sh)"
+
+RedisClusterOptions ClientOptions(const RedisClusterProcess& rc) {
+  RedisClusterOptions o;
+  o.seeds = rc.Seeds();
+  o.timeout_ns = 500'000'000;
+  o.breaker_open_ns = 300'000'000;
+  return o;
+}
+
+// Sets n keys "k:<i>" to Bytes(size, i) and returns how many succeeded.
+int SetAll(RedisCluster& c, Loop& loop, int n, size_t size, const std::string& prefix = "k:") {
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < n; ++i) values.push_back(Bytes(size, static_cast<uint32_t>(i)));
+  int ok = 0, done = 0;
+  for (int i = 0; i < n; ++i) {
+    RedisCluster::Value v;
+    v.body = values[i];
+    c.Set(prefix + std::to_string(i), std::move(v), [&](const RedisReply& r) {
+      ok += r.status.ok();
+      ++done;
+    });
+  }
+  EXPECT_TRUE(loop.Pump([&] { return done == n; }));
+  return ok;
+}
+
+// GETs n keys and counts (ok with the right bytes, not found, failed).
+struct GetCounts {
+  int ok = 0, wrong = 0, missing = 0, failed = 0;
+};
+GetCounts GetAll(RedisCluster& c, Loop& loop, int n, size_t size, const std::string& prefix = "k:") {
+  GetCounts g;
+  int done = 0;
+  for (int i = 0; i < n; ++i) {
+    auto good = std::make_shared<bool>(false);
+    c.Get(
+        prefix + std::to_string(i),
+        [good, size, i](std::span<const uint8_t> v) {
+          const auto want = Bytes(size, static_cast<uint32_t>(i));
+          *good = v.size() == want.size() && std::equal(v.begin(), v.end(), want.begin());
+          return Status::Ok();
+        },
+        [&, good](const RedisReply& r) {
+          ++done;
+          if (r.status.ok()) {
+            ++(*good ? g.ok : g.wrong);
+          } else if (r.status.code() == StatusCode::kNotFound) {
+            ++g.missing;
+          } else {
+            ++g.failed;
+          }
+        });
+  }
+  EXPECT_TRUE(loop.Pump([&] { return done == n; }));
+  return g;
+}
+
+TEST(RedisCluster, SpreadsKeysOverMastersAndReadsThemBack) {
+  REQUIRE_REDIS();
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(rc.Start().ok());
+  Loop loop;
+  auto c = RedisCluster::Open(ClientOptions(rc), loop.Poster());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)->Masters().size(), 3u);
+  ASSERT_EQ(SetAll(**c, loop, 300, 20000), 300);
+  // Every master holds some: requests went where their slots live (no MOVED needed).
+  for (size_t i = 0; i < 3; ++i) EXPECT_GT(std::stoi(rc.Cli(i, "dbsize")), 30) << "master " << i;
+  EXPECT_EQ((*c)->counters().redirects.load(), 0u);
+  const GetCounts g = GetAll(**c, loop, 300, 20000);
+  EXPECT_EQ(g.ok, 300);
+  EXPECT_EQ(g.wrong + g.missing + g.failed, 0);
+  // The slot each key went to is the one Redis computes.
+  for (const char* k : {"k:1", "k:77", "kvtier:00ff"}) {
+    EXPECT_EQ(std::stoi(rc.Cli(0, std::string("cluster keyslot ") + k)), RedisCluster::KeySlot(k)) << k;
+  }
+  int exists = 0, done = 0;
+  for (const char* k : {"k:5", "k:299", "absent"}) {
+    (*c)->Exists(k, [&](const RedisReply& r) {
+      exists += r.status.ok() ? static_cast<int>(r.integer) : 0;
+      ++done;
+    });
+  }
+  (*c)->Del("k:5", [&](const RedisReply& r) { done += r.status.ok() && r.integer == 1; });
+  ASSERT_TRUE(loop.Pump([&] { return done == 4; }));
+  EXPECT_EQ(exists, 2);
+  const GetCounts after = GetAll(**c, loop, 6, 20000);
+  EXPECT_EQ(after.missing, 1);  // k:5
+}
+
+TEST(RedisCluster, FollowsMovedAfterAReshard) {
+  REQUIRE_REDIS();
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(rc.Start().ok());
+  Loop loop;
+  auto opts = ClientOptions(rc);
+  opts.refresh_interval_ns = 3600'000'000'000;  // only MOVED can tell it
+  auto c = RedisCluster::Open(opts, loop.Poster());
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(SetAll(**c, loop, 200, 1000), 200);
+  // Move 2000 slots (and their keys) from the first master to the second behind the
+  // client's back.
+  const std::string from = rc.Cli(0, "cluster myid"), to = rc.Cli(1, "cluster myid");
+  const std::string cmd = "--cluster reshard " + rc.Addresses()[0] + " --cluster-from " + from.substr(0, 40) +
+                          " --cluster-to " + to.substr(0, 40) + " --cluster-slots 2000 --cluster-yes";
+  rc.Cli(0, cmd);
+  ASSERT_TRUE(rc.WaitHealthy(0));
+  const GetCounts g = GetAll(**c, loop, 200, 1000);
+  EXPECT_EQ(g.ok, 200) << "missing " << g.missing << " failed " << g.failed;
+  EXPECT_GT((*c)->counters().redirects.load(), 0u);
+}
+
+TEST(RedisCluster, DeadMasterFailsFastThenItsReplicaServes) {
+  REQUIRE_REDIS();
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 1});
+  ASSERT_TRUE(rc.Start().ok());
+  Loop loop;
+  auto c = RedisCluster::Open(ClientOptions(rc), loop.Poster());
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(SetAll(**c, loop, 200, 4000), 200);
+  // Replication is asynchronous: wait until every replica has what its master has.
+  ASSERT_TRUE(testing::WaitUntil([&] { return rc.Cli(0, "wait 1 100").find('1') != std::string::npos; }));
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        int total = 0;
+        for (size_t i = 3; i < 6; ++i) total += std::atoi(rc.Cli(i, "dbsize").c_str());
+        return total == 200;
+      },
+      std::chrono::seconds(10)));
+  rc.Kill(0);
+  // Every request ends (misses, never a hang); once the breaker opens they fail at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  GetCounts during = GetAll(**c, loop, 200, 4000);
+  during = GetAll(**c, loop, 200, 4000);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(during.wrong, 0);
+  EXPECT_GT(during.failed, 0);  // the dead master's slots
+  EXPECT_GT((*c)->counters().breaker_rejections.load(), 0u);
+  // The replica takes over (cluster-node-timeout 1 s); the refreshed map finds it.
+  ASSERT_TRUE(rc.WaitHealthy(1));
+  GetCounts after;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        after = GetAll(**c, loop, 200, 4000);
+        return after.ok == 200;
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(200)))
+      << "ok " << after.ok << " failed " << after.failed << " missing " << after.missing;
+  EXPECT_EQ(after.wrong, 0);
+}
+
+TEST(RedisCluster, StalledMasterTimesOutAndRecovers) {
+  REQUIRE_REDIS();
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0, .node_timeout_ms = 60000});
+  ASSERT_TRUE(rc.Start().ok());
+  Loop loop;
+  auto opts = ClientOptions(rc);
+  opts.timeout_ns = 200'000'000;
+  auto c = RedisCluster::Open(opts, loop.Poster());
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(SetAll(**c, loop, 90, 1000), 90);
+  rc.Pause(0);  // SIGSTOP: connected, never answers
+  const auto t0 = std::chrono::steady_clock::now();
+  const GetCounts during = GetAll(**c, loop, 90, 1000);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GT(during.failed, 0);
+  EXPECT_EQ(during.failed + during.ok, 90);
+  EXPECT_LT(took, std::chrono::seconds(3)) << "requests to a stalled node must end at their timeout";
+  EXPECT_GT((*c)->counters().timeouts.load(), 0u);
+  const auto t1 = std::chrono::steady_clock::now();
+  const GetCounts fast = GetAll(**c, loop, 90, 1000);  // the breaker is open: no wait at all
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(150));
+  EXPECT_EQ(fast.failed, during.failed);
+  rc.Resume(0);
+  GetCounts after;
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        after = GetAll(**c, loop, 90, 1000);
+        return after.ok == 90;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(100)));
+}
+
+TEST(RedisCluster, StandaloneServerServesEverySlot) {
+  REQUIRE_REDIS();
+  RedisClusterProcess rc({.masters = 1, .replicas_per_master = 0, .cluster = false});
+  ASSERT_TRUE(rc.Start().ok());
+  Loop loop;
+  RedisClusterOptions o;
+  o.seeds = rc.Seeds(1);
+  auto c = RedisCluster::Open(o, loop.Poster());
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(SetAll(**c, loop, 50, 100), 50);
+  EXPECT_EQ(GetAll(**c, loop, 50, 100).ok, 50);
+}
+
+TEST(RedisCluster, UnreachableClusterMissesAtOnce) {
+  Loop loop;
+  RedisClusterOptions o;
+  o.seeds = {"127.0.0.1:1"};  // nothing listens on port 1
+  auto c = RedisCluster::Open(o, loop.Poster());
+  ASSERT_TRUE(c.ok()) << "an unreachable cluster is not a start failure";
+  EXPECT_FALSE((*c)->Available());
+  const GetCounts g = GetAll(**c, loop, 10, 10);
+  EXPECT_EQ(g.failed, 10);
+}
+
+// ---- RemoteTier --------------------------------------------------------------------------
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server not installed";
+    rc_ = std::make_unique<RedisClusterProcess>(RedisClusterProcess::Options{.masters = 3, .replicas_per_master = 0});
+    ASSERT_TRUE(rc_->Start().ok());
+    RemoteTierOptions o;
+    o.cluster = ClientOptions(*rc_);
+    auto t = RemoteTier::Open(o, loop_.Poster());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tier_ = std::move(t).value();
+  }
+  std::string Key(int i) {
+    return EncodeBlockKey(EncodeNamespace("tenant", "fingerprint-0001"),
+                          BlockHash(std::vector<uint8_t>(16, static_cast<uint8_t>(i))));
+  }
+  Status Put(int i, const std::vector<uint8_t>& data) {
+    std::optional<Status> st;
+    RemoteBlockMeta m{static_cast<uint32_t>(data.size()), "fingerprint-0001", std::string(16, 'p')};
+    tier_->Put(Key(i), m, data, [&](Status s) { st = s; });
+    EXPECT_TRUE(loop_.Pump([&] { return st.has_value(); }));
+    return st.value_or(Internal("no answer"));
+  }
+  Status Fetch(int i, std::vector<uint8_t>* out, uint32_t length, RemoteBlockMeta* meta = nullptr) {
+    out->assign(length, 0);
+    std::optional<Status> st;
+    tier_->Fetch(Key(i), "fingerprint-0001", length, *out, [&](Status s, RemoteBlockMeta m) {
+      st = s;
+      if (meta) *meta = m;
+    });
+    EXPECT_TRUE(loop_.Pump([&] { return st.has_value(); }));
+    return st.value_or(Internal("no answer"));
+  }
+  std::vector<bool> Exists(std::vector<int> ids) {
+    std::vector<std::string> keys;
+    for (int i : ids) keys.push_back(Key(i));
+    std::optional<std::vector<bool>> found;
+    tier_->Exists(keys, [&](std::vector<bool> f) { found = std::move(f); });
+    EXPECT_TRUE(loop_.Pump([&] { return found.has_value(); }));
+    return found.value_or(std::vector<bool>());
+  }
+
+  Loop loop_;
+  std::unique_ptr<RedisClusterProcess> rc_;
+  std::unique_ptr<RemoteTier> tier_;
+};
+
+TEST_F(RemoteTierTest, PutFetchAndExists) {
+  const auto data = Bytes(65536, 9);
+  ASSERT_TRUE(Put(1, data).ok());
+  std::vector<uint8_t> got;
+  RemoteBlockMeta meta;
+  ASSERT_TRUE(Fetch(1, &got, 65536, &meta).ok());
+  EXPECT_EQ(got, data);
+  EXPECT_EQ(meta.parent, std::string(16, 'p'));
+  EXPECT_EQ(Fetch(2, &got, 65536).code(), StatusCode::kNotFound);
+  EXPECT_EQ(Exists({1, 2, 1}), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(tier_->counters().fetch_hits, 1u);
+  EXPECT_EQ(tier_->counters().fetch_misses, 1u);
+  EXPECT_EQ(tier_->counters().put_bytes, 65536u);
+}
+
+TEST_F(RemoteTierTest, OverwrittenValueIsAMissCountedAndDeleted) {
+  const auto data = Bytes(8192, 4);
+  ASSERT_TRUE(Put(3, data).ok());
+  // Someone writes other bytes of the same length under the key.
+  const std::string key = RemoteKey("kvtier:", Key(3));
+  std::string value = rc_->Cli(0, "-c --no-raw get " + key);
+  ASSERT_FALSE(value.empty());
+  rc_->Cli(0, "-c set " + key + " " + std::string(8192 + 60, 'x'));
+  std::vector<uint8_t> got;
+  EXPECT_EQ(Fetch(3, &got, 8192).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(got, std::vector<uint8_t>(8192, 0)) << "bytes of a value that did not verify reached the destination";
+  EXPECT_EQ(tier_->counters().checksum_failures, 1u);
+  // Deleted: the next reader misses without reading it.
+  ASSERT_TRUE(testing::WaitUntil([&] { return Exists({3}) == std::vector<bool>{false}; }));
+  // A value for another layout (length) is refused the same way.
+  ASSERT_TRUE(Put(4, data).ok());
+  EXPECT_EQ(Fetch(4, &got, 4096).code(), StatusCode::kDataLoss);
+}
+
+TEST_F(RemoteTierTest, DeadClusterCostsNothing) {
+  ASSERT_TRUE(Put(5, Bytes(1024, 5)).ok());
+  for (size_t i = 0; i < rc_->size(); ++i) rc_->Kill(i);
+  std::vector<uint8_t> got;
+  // The first requests find the nodes gone and open their breakers...
+  for (int round = 0; round < 4; ++round) EXPECT_EQ(Fetch(5, &got, 1024).code(), StatusCode::kUnavailable);
+  std::vector<int> many;
+  for (int i = 0; i < 40; ++i) many.push_back(i);  // keys on every master
+  for (int round = 0; round < 4; ++round) EXPECT_EQ(Exists(many), std::vector<bool>(40, false));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(Exists({5, 6}), (std::vector<bool>{false, false}));
+  // ...after which a lookup is answered without a request on the wire.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  EXPECT_FALSE(tier_->available());
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,164 @@
+#include "tests/support/redis_cluster_process.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace kvtier::testing {
+namespace {
+
+bool PortFree(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Runs `cmd` with /bin/sh; its stdout.
+std::string Shell(const std::string& cmd) {
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  ::pclose(f);
+  return out;
+}
+
+std::string Tail(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last;
+}
+
+}  // namespace
+
+RedisClusterProcess::RedisClusterProcess(const Options& options) : options_(options) {}
+
+RedisClusterProcess::~RedisClusterProcess() {
+  for (pid_t p : pids_) {
+    if (p <= 0) continue;
+    ::kill(p, SIGCONT);
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+}
+
+bool RedisClusterProcess::Available() {
+  return ::access("/usr/bin/redis-server", X_OK) == 0 && ::access("/usr/bin/redis-cli", X_OK) == 0;
+}
+
+Status RedisClusterProcess::Start() {
+  const int n = options_.cluster ? options_.masters * (1 + options_.replicas_per_master) : 1;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(20000, 50000);
+  for (int i = 0; i < n; ++i) {
+    int port = 0;
+    // The cluster bus listens at port + 10000: both must be free.
+    for (int tries = 0; tries < 200 && port == 0; ++tries) {
+      const int p = pick(rng);
+      if (PortFree(p) && PortFree(p + 10000)) port = p;
+    }
+    if (port == 0) return Internal("no free port pair for redis-server");
+    const std::string dir = dir_.File("r" + std::to_string(port));
+    ::mkdir(dir.c_str(), 0700);
+    const pid_t pid = ::fork();
+    if (pid < 0) return ErrnoStatus(errno, "fork");
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const std::string log = dir + "/log";
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      const std::string ps = std::to_string(port), nt = std::to_string(options_.node_timeout_ms);
+      const std::string conf = dir + "/nodes.conf";
+      if (options_.cluster) {
+        ::execl("/usr/bin/redis-server", "redis-server", "--port", ps.c_str(), "--bind", "127.0.0.1", "--dir",
+                dir.c_str(), "--save", "", "--appendonly", "no", "--maxmemory", options_.maxmemory.c_str(),
+                "--maxmemory-policy", "allkeys-lru", "--cluster-enabled", "yes", "--cluster-config-file", conf.c_str(),
+                "--cluster-node-timeout", nt.c_str(), "--daemonize", "no", static_cast<char*>(nullptr));
+      } else {
+        ::execl("/usr/bin/redis-server", "redis-server", "--port", ps.c_str(), "--bind", "127.0.0.1", "--dir",
+                dir.c_str(), "--save", "", "--appendonly", "no", "--maxmemory", options_.maxmemory.c_str(),
+                "--maxmemory-policy", "allkeys-lru", "--daemonize", "no", static_cast<char*>(nullptr));
+      }
+      ::_exit(127);
+    }
+    ports_.push_back(port);
+    pids_.push_back(pid);
+  }
+  // Every server answers PING.
+  for (size_t i = 0; i < ports_.size(); ++i) {
+    if (!WaitUntil([&] { return Cli(i, "ping").find("PONG") != std::string::npos; }, std::chrono::seconds(10),
+                   std::chrono::milliseconds(50))) {
+      return Internal("redis-server on port " + std::to_string(ports_[i]) +
+                      " did not answer: " + Tail(dir_.File("r" + std::to_string(ports_[i]) + "/log")));
+    }
+  }
+  if (!options_.cluster) return Status::Ok();
+  std::string nodes;
+  for (const std::string& a : Addresses()) nodes += " " + a;
+  const std::string out = Shell("/usr/bin/redis-cli --cluster create" + nodes + " --cluster-replicas " +
+                                std::to_string(options_.replicas_per_master) + " --cluster-yes 2>&1");
+  if (out.find("[OK] All 16384 slots covered") == std::string::npos) {
+    return Internal("redis-cli --cluster create failed: " + out.substr(out.size() > 400 ? out.size() - 400 : 0));
+  }
+  for (size_t i = 0; i < ports_.size(); ++i) {
+    if (!WaitHealthy(i)) return Internal("redis cluster node " + std::to_string(ports_[i]) + " is not ok");
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> RedisClusterProcess::Addresses() const {
+  std::vector<std::string> out;
+  for (int p : ports_) out.push_back("127.0.0.1:" + std::to_string(p));
+  return out;
+}
+
+std::vector<std::string> RedisClusterProcess::Seeds(size_t n) const {
+  auto a = Addresses();
+  if (a.size() > n) a.resize(n);
+  return a;
+}
+
+void RedisClusterProcess::Kill(size_t i) {
+  if (pids_[i] <= 0) return;
+  ::kill(pids_[i], SIGKILL);
+  ::waitpid(pids_[i], nullptr, 0);
+  pids_[i] = -1;
+}
+
+void RedisClusterProcess::Pause(size_t i) { ::kill(pids_[i], SIGSTOP); }
+void RedisClusterProcess::Resume(size_t i) { ::kill(pids_[i], SIGCONT); }
+
+std::string RedisClusterProcess::Cli(size_t i, const std::string& args) const {
+  return Shell("timeout 10 /usr/bin/redis-cli -p " + std::to_string(ports_[i]) + " " + args + " 2>/dev/null");
+}
+
+bool RedisClusterProcess::WaitHealthy(size_t i, int timeout_ms) const {
+  return WaitUntil([&] { return Cli(i, "cluster info").find("cluster_state:ok") != std::string::npos; },
+                   std::chrono::milliseconds(timeout_ms), std::chrono::milliseconds(100));
+}
+
+}  // namespace kvtier::testing
