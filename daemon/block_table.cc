@@ -15,7 +15,7 @@ Result<std::unique_ptr<BlockTable>> BlockTable::Open(const std::array<TierOption
     Tier& tier = bt->T(kind);
     tier.kind = kind;
     if (!o.enabled) continue;
-    if (kind == TierKind::kNvme) return InvalidArgument("the NVMe tier is opened apart (NvmeTier)");
+    if (!IsPoolTier(kind)) return InvalidArgument("only the GPU and host tiers have pools here");
     // Validate the policy name once, here, rather than at the first tenant.
     KVTIER_RETURN_IF_ERROR(MakeEvictionPolicy(o.policy).status());
     if (o.segment_bytes == 0 || o.capacity_bytes % o.segment_bytes != 0) {
@@ -270,23 +270,37 @@ void BlockTable::EndFill(BlockId id, bool ok) {
   Erase(id);
 }
 
-void BlockTable::BeginSpill(BlockId id) {
+void BlockTable::BeginRead(BlockId id) {
   Tier& host = T(TierKind::kHost);
   Block& b = blocks_[id];
   const PageId p = b.page[TierIndex(TierKind::kHost)];
-  KVTIER_CHECK(p != kNoPage && host.state[p] == PageState::kBlock && !b.spilling) << "spill of a block not in host";
+  KVTIER_CHECK(p != kNoPage && !b.promoting && b.readers < 255 &&
+               host.state[p] == (b.readers == 0 ? PageState::kBlock : PageState::kInFlight))
+      << "read of a block not in host";
+  if (b.readers++ > 0) return;
   Leave(host, id);
   SetState(host, p, PageState::kInFlight);
-  b.spilling = true;
+}
+
+void BlockTable::EndRead(BlockId id) {
+  Tier& host = T(TierKind::kHost);
+  Block& b = blocks_[id];
+  KVTIER_CHECK(b.readers > 0) << "a read ended that did not begin";
+  if (--b.readers > 0) return;
+  SetState(host, b.page[TierIndex(TierKind::kHost)], PageState::kBlock);
+  Enter(host, id);
+}
+
+void BlockTable::BeginSpill(BlockId id) {
+  KVTIER_CHECK(!blocks_[id].spilling) << "a second spill of one block";
+  BeginRead(id);
+  blocks_[id].spilling = true;
 }
 
 void BlockTable::EndSpill(BlockId id) {
-  Tier& host = T(TierKind::kHost);
-  Block& b = blocks_[id];
-  KVTIER_CHECK(b.spilling) << "a spill ended that did not begin";
-  b.spilling = false;
-  SetState(host, b.page[TierIndex(TierKind::kHost)], PageState::kBlock);
-  Enter(host, id);
+  KVTIER_CHECK(blocks_[id].spilling) << "a spill ended that did not begin";
+  blocks_[id].spilling = false;
+  EndRead(id);
 }
 
 void BlockTable::NoteUse(BlockId id, int64_t now_ns, bool hit) {

@@ -52,7 +52,9 @@ class BlockTable {
     uint32_t gen = 0;  // bumped on reuse of the id; async completions check it
     bool live = false;
     bool spilling = false;   // host page being written to NVMe
-    bool promoting = false;  // host page being filled from NVMe
+    bool promoting = false;  // host page being filled (from NVMe or the remote tier)
+    uint8_t readers = 0;     // moves reading the host page (an NVMe spill, a remote put)
+    bool on_remote = false;  // the remote tier holds it (put by us, or read from it)
     uint32_t hits = 0;       // lookups and acquires that found it
     int64_t last_use_ns = 0;
   };
@@ -63,7 +65,7 @@ class BlockTable {
   static Result<std::unique_ptr<BlockTable>> Open(const std::array<TierOptions, kTierCount>& tiers,
                                                   DeviceBackend* device, int gpu_device, NamespaceTable* namespaces);
 
-  bool enabled(TierKind t) const { return t != TierKind::kNvme && tiers_[TierIndex(t)].pool != nullptr; }
+  bool enabled(TierKind t) const { return IsPoolTier(t) && tiers_[TierIndex(t)].pool != nullptr; }
   TierPool* pool(TierKind t) { return tiers_[TierIndex(t)].pool.get(); }
   const TierPool* pool(TierKind t) const { return tiers_[TierIndex(t)].pool.get(); }
   // REQUIRES: enabled(t) for everything that takes a tier below.
@@ -96,13 +98,21 @@ class BlockTable {
   void BeginFill(BlockId id, PageId p);
   // The fill ended: the block is readable in host, or (failed) it goes with its page.
   void EndFill(BlockId id, bool ok);
-  // A spill: the block's host page is read by the NVMe tier; the block is no victim
-  // meanwhile. REQUIRES: resident in host, not spilling.
+  // A read of the block's host page by a move (an NVMe spill, a remote put): the page is
+  // in flight and the block no victim until the last such read ends; sessions still read
+  // it. REQUIRES: resident in host (in state block, or already being read).
+  void BeginRead(BlockId id);
+  void EndRead(BlockId id);
+  // A spill: a read (above) by the NVMe tier. REQUIRES: resident in host, not spilling.
   void BeginSpill(BlockId id);
   void EndSpill(BlockId id);
   void Ref(BlockId id);
   void Unref(BlockId id);  // REQUIRES: refs > 0
   void SetNvmeSlot(BlockId id, PageId slot) { blocks_[id].page[TierIndex(TierKind::kNvme)] = slot; }
+  void SetOnRemote(BlockId id, bool on) { blocks_[id].on_remote = on; }
+  // The parent learnt once a block's bytes arrived (a remote promotion). REQUIRES: not
+  // resident yet (the eviction policies learn parents when a block enters a tier).
+  void SetParent(BlockId id, const BlockHash& parent) { blocks_[id].parent = parent; }
   // A hit (lookup or acquire) or a store at `now_ns`.
   void NoteUse(BlockId id, int64_t now_ns, bool hit);
   // Best tier the block is readable from (GPU, then host); nullopt while it is filled.
@@ -170,7 +180,7 @@ class BlockTable {
   };
 
   NamespaceTable* namespaces_;
-  std::array<Tier, kTierCount> tiers_;  // [kNvme] unused
+  std::array<Tier, kTierCount> tiers_;  // [kNvme], [kRemote] unused
   std::vector<Block> blocks_;
   std::vector<BlockId> free_ids_;
   std::unordered_map<Key, BlockId, KeyHash> index_;

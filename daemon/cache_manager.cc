@@ -19,7 +19,7 @@ CacheManager::CacheManager(const Options& options)
     : options_(options), namespaces_(options.tenant_limits, options.unknown_limits) {}
 
 Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options, std::unique_ptr<NvmeTier> nvme,
-                                                         const Clock* clock) {
+                                                         const Clock* clock, std::unique_ptr<RemoteTier> remote) {
   std::unique_ptr<CacheManager> cm(new CacheManager(options));
   cm->clock_ = clock ? clock : SystemClock::Default();
   KVTIER_ASSIGN_OR_RETURN(
@@ -31,15 +31,27 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
       raw->ServePendingAllocates();
       raw->EnforceWatermark(TierKind::kHost);
     };
-    hooks.after_promotion = [raw](BlockId id, const Status& st, std::vector<NvmeMover::Waiter> waiters) {
-      raw->OnPromoted(id, st, std::move(waiters));
-    };
+    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
     hooks.last_copy_dropped = [raw](const std::string& key) { raw->RememberEviction(key, TierKind::kNvme); };
     NvmeMover::Options mo;
     mo.write_policy = options.write_policy;
     mo.max_spills_in_flight = options.max_spills_in_flight;
     KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme), mo, cm->blocks_.get(), &cm->namespaces_,
                                                         &cm->counters_, std::move(hooks)));
+  }
+  if (remote) {
+    CacheManager* raw = cm.get();
+    RemoteMover::Hooks hooks;
+    hooks.after_put = [raw] {
+      raw->ServePendingAllocates();
+      raw->EnforceWatermark(TierKind::kHost);
+    };
+    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
+    RemoteMover::Options ro;
+    ro.write_policy = options.remote_write_policy;
+    ro.max_puts_in_flight = options.max_remote_puts_in_flight;
+    KVTIER_ASSIGN_OR_RETURN(cm->remote_, RemoteMover::Open(std::move(remote), ro, cm->blocks_.get(), &cm->namespaces_,
+                                                           &cm->counters_, std::move(hooks)));
   }
   if (KvEvents* events = options.events) {
     NamespaceTable* namespaces = &cm->namespaces_;
@@ -72,8 +84,12 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   return cm;
 }
 
-// The NVMe tier's threads must stop before the state its callbacks touch goes.
-CacheManager::~CacheManager() { mover_.reset(); }
+// The movers' threads must stop before the state their callbacks touch (and the pages
+// they read) goes.
+CacheManager::~CacheManager() {
+  remote_.reset();
+  mover_.reset();
+}
 
 // ---- sessions ------------------------------------------------------------------------
 
@@ -108,6 +124,7 @@ uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
   for (auto it = pending_acquires_.begin(); it != pending_acquires_.end();) {
     it = it->second.session == s.id_ ? pending_acquires_.erase(it) : std::next(it);
   }
+  std::erase_if(pending_lookups_, [&](const auto& p) { return p.second.session == s.id_; });
   std::erase_if(pending_allocates_, [&](const PendingAllocate& p) { return p.session == s.id_; });
   for (TierKind kind : kAllTiers) {
     for (PageId p : s.leased_[TierIndex(kind)]) {
@@ -195,7 +212,7 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
                                                                   AllocateDone done) {
   using R = Result<std::vector<PageId>>;
   if (!s.attached_) return R(FailedPrecondition("session has no namespace"));
-  if (kind == TierKind::kNvme) return R(InvalidArgument("nvme pages cannot be leased"));
+  if (!IsPoolTier(kind)) return R(InvalidArgument(std::string(TierKindName(kind)) + " pages cannot be leased"));
   if (!tier_enabled(kind)) return R(InvalidArgument(std::string(TierKindName(kind)) + " tier is not enabled"));
   if (kind == TierKind::kGpu && draining_) {
     return R(Unavailable("kvtierd is draining for maintenance (kvctl drain): no new GPU leases"));
@@ -216,7 +233,7 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
   } else {
     room = Room::kLater;
   }
-  if (room == Room::kLater && done) {
+  if ((room == Room::kLater || (room == Room::kNone && OthersWillRelease(s, kind))) && done) {
     pending_allocates_.push_back(
         PendingAllocate{s.id_, kind, count, clock_->NowNanos() + options_.allocate_wait_ns, std::move(done)});
     ++s.pending_;
@@ -245,7 +262,7 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
     CacheResult& r = out[i];
     const PageId page = pages[i];
     r.tier = kind;
-    if (!s.attached_ || !tier_enabled(kind) || kind == TierKind::kNvme || leased.count(page) == 0) {
+    if (!s.attached_ || !IsPoolTier(kind) || !tier_enabled(kind) || leased.count(page) == 0) {
       r.status = StatusCode::kFailedPrecondition;
       continue;
     }
@@ -289,10 +306,14 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
         blocks_->block(id).page[TierIndex(TierKind::kNvme)] == kNoPage) {
       mover_->QueueWriteThrough(id);
     }
+    if (remote_ && remote_->write_through() && kind == TierKind::kHost && !blocks_->block(id).on_remote) {
+      remote_->QueuePut(id);
+    }
   }
   if (mover_) mover_->PumpWriteThrough();
+  if (remote_) remote_->PumpPuts();
   // New cached blocks may be what the watermark needed to act on.
-  if (tier_enabled(kind) && kind != TierKind::kNvme) EnforceWatermark(kind);
+  if (IsPoolTier(kind) && tier_enabled(kind)) EnforceWatermark(kind);
   return out;
 }
 
@@ -300,7 +321,7 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind, st
                                               std::span<const BlockHash> hashes) {
   std::vector<StatusCode> out;
   out.reserve(pages.size() + hashes.size());
-  const bool usable = s.attached_ && tier_enabled(kind) && kind != TierKind::kNvme;
+  const bool usable = s.attached_ && IsPoolTier(kind) && tier_enabled(kind);
   for (PageId page : pages) {
     if (!usable || page >= blocks_->pool(kind)->capacity()) {
       out.push_back(StatusCode::kFailedPrecondition);
@@ -325,7 +346,7 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind, st
   return out;
 }
 
-CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> hashes) {
+std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> hashes, LookupDone done) {
   CacheLookup r;
   ++counters_.lookups;
   counters_.lookup_blocks += hashes.size();
@@ -340,7 +361,7 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
       auto tier = blocks_->ReadableTier(b);
       if (!tier) {
         if (!b.promoting) break;
-        tier = TierKind::kNvme;  // on its way up
+        tier = PromotingFrom(b);  // on its way up
       } else {
         touched.emplace_back(id, *tier);  // an engine wants it: it is in use
       }
@@ -359,19 +380,28 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
       for (size_t j = i; recs.ok() && j < hashes.size(); ++j) {
         const BlockId id = blocks_->Find(s.ns_, hashes[j]);
         if (id != kNoBlock) {
-          auto tier = blocks_->ReadableTier(blocks_->block(id));
-          if (!tier && !blocks_->block(id).promoting) break;
-          r.tiers.push_back(tier ? *tier : TierKind::kNvme);
+          const Block& b = blocks_->block(id);
+          auto tier = blocks_->ReadableTier(b);
+          if (!tier && !b.promoting) break;
+          r.tiers.push_back(tier ? *tier : PromotingFrom(b));
           continue;
         }
         const auto& rec = (*recs)[j - i];
         if (!rec) break;
         r.tiers.push_back(TierKind::kNvme);
         mover_->nvme().Touch(rec->slot);
-        if (options_.prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false) != kNoBlock) {
+        if (options_.prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false).id != kNoBlock) {
           ++counters_.prefetches;
         }
       }
+    }
+    // What the local tiers do not hold, the cluster may: asked without waiting here.
+    const size_t local = r.tiers.size();
+    if (local < hashes.size() && remote_ && done && remote_->available()) {
+      const uint64_t id = next_pending_++;
+      pending_lookups_[id] = PendingLookup{s.id_, std::move(r), hashes.size(), std::move(done)};
+      remote_->FindPrefix(s.ns_, hashes.subspan(local), [this, id](size_t found) { FinishLookup(id, found); });
+      return std::nullopt;
     }
     for (TierKind t : r.tiers) ++counters_.block_hits[TierIndex(t)];
   }
@@ -380,12 +410,24 @@ CacheLookup CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> has
   return r;
 }
 
+void CacheManager::FinishLookup(uint64_t lookup, size_t remote_blocks) {
+  auto it = pending_lookups_.find(lookup);
+  if (it == pending_lookups_.end()) return;  // its session went away
+  PendingLookup p = std::move(it->second);
+  pending_lookups_.erase(it);
+  p.result.tiers.insert(p.result.tiers.end(), remote_blocks, TierKind::kRemote);
+  for (TierKind t : p.result.tiers) ++counters_.block_hits[TierIndex(t)];
+  p.result.matched = p.result.tiers.size();
+  counters_.block_misses += p.asked - p.result.matched;
+  p.done(std::move(p.result));
+}
+
 std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, std::span<const BlockHash> hashes,
                                                               AcquireDone done) {
   std::vector<CacheResult> out(hashes.size());
-  std::vector<std::pair<size_t, BlockId>> waits;                          // entry, promoting block
-  std::vector<size_t> on_nvme;                                            // entries to look for in the NVMe index
-  std::vector<std::pair<size_t, BlockRecord>> queued;                     // entries waiting for a host page
+  std::vector<std::pair<size_t, BlockId>> waits;  // entry, promoting block
+  std::vector<size_t> lower;                      // entries to look for on NVMe, then in the remote tier
+  std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;     // entries waiting for a host page
   const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
   for (size_t n = 0; n < hashes.size(); ++n) {
     const size_t i = reverse ? hashes.size() - 1 - n : n;
@@ -398,8 +440,8 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
     std::optional<TierKind> tier;
     if (id != kNoBlock) tier = blocks_->ReadableTier(blocks_->block(id));
     if (!tier) {
-      if (s.attached_ && mover_) {
-        on_nvme.push_back(i);
+      if (s.attached_ && (mover_ || remote_)) {
+        lower.push_back(i);
       } else {
         out[i].status = StatusCode::kNotFound;
         ++counters_.acquire_misses;
@@ -411,40 +453,58 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
     out[i].tier = *tier;
     out[i].page = blocks_->block(id).page[TierIndex(*tier)];
   }
-  if (!on_nvme.empty()) {
-    std::vector<BlockHash> wanted;
-    wanted.reserve(on_nvme.size());
-    for (size_t i : on_nvme) wanted.push_back(hashes[i]);
-    auto recs = mover_->FindMany(s.ns_, wanted);
-    for (size_t k = 0; k < on_nvme.size(); ++k) {
-      const size_t i = on_nvme[k];
+  if (!lower.empty()) {
+    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(lower.size()));
+    if (mover_) {
+      std::vector<BlockHash> wanted;
+      wanted.reserve(lower.size());
+      for (size_t i : lower) wanted.push_back(hashes[i]);
+      recs = mover_->FindMany(s.ns_, wanted);
+    }
+    const bool ask_remote = remote_ && remote_->available();
+    for (size_t k = 0; k < lower.size(); ++k) {
+      const size_t i = lower[k];
       const BlockId again = blocks_->Find(s.ns_, hashes[i]);  // an earlier entry may have started it
       if (again != kNoBlock && blocks_->block(again).promoting) {
         waits.emplace_back(i, again);
         continue;
       }
-      if (!recs.ok() || !(*recs)[k]) {
+      std::optional<BlockRecord> rec;
+      if (recs.ok()) rec = std::move((*recs)[k]);
+      if (!rec && !ask_remote) {
         out[i].status = StatusCode::kNotFound;
         ++counters_.acquire_misses;
         continue;
       }
       if (!done) {
-        out[i].status = StatusCode::kUnavailable;  // the caller cannot wait for NVMe
+        // The caller cannot wait for a read: an NVMe block is there but not now; a remote
+        // one may not be there at all.
+        out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
         continue;
       }
-      const BlockId id =
-          queued_promotions_.empty() ? Promote(s.ns_, s.tenant_, hashes[i], *(*recs)[k], true) : kNoBlock;
-      if (id == kNoBlock) {
+      Promoted p;
+      if (queued_promotions_.empty()) {
+        p = Promote(s.ns_, s.tenant_, hashes[i], rec, true);
+      } else {
+        p.room = Room::kLater;  // behind the queued ones
+      }
+      if (p.id == kNoBlock && p.room != Room::kLater) {
+        // Every host page is leased or referenced and nothing in flight frees one: a miss
+        // now, rather than a wait that holds this Acquire's other blocks meanwhile.
+        out[i].status = StatusCode::kResourceExhausted;
+        continue;
+      }
+      if (p.id == kNoBlock) {
         // No host page yet (spills are freeing some): read it when one frees up.
-        queued.emplace_back(i, *(*recs)[k]);
+        queued.emplace_back(i, std::move(rec));
         continue;
       }
-      waits.emplace_back(i, id);
+      waits.emplace_back(i, p.id);
     }
   }
   if (waits.empty() && queued.empty()) return out;
   const uint64_t acq = next_pending_++;
-  for (auto [i, id] : waits) mover_->AddWaiter(id, {acq, i});
+  for (auto [i, id] : waits) AddWaiter(id, {acq, i});
   for (auto& [i, rec] : queued) {
     const BlockHash& hash = hashes[i];
     auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(),
@@ -463,15 +523,22 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
 
 // ---- waiting requests ----------------------------------------------------------------
 
-BlockId CacheManager::Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& rec,
-                              bool may_evict) {
-  const bool room = may_evict
-                        ? MakeRoom(TierKind::kHost, tenant) == Room::kNow
-                        : blocks_->pool(TierKind::kHost)->AvailableTo(tenant) > 0 && !AtQuota(TierKind::kHost, tenant);
-  return room ? mover_->StartPromotion(ns, tenant, hash, rec) : kNoBlock;
+CacheManager::Promoted CacheManager::Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash,
+                                             const std::optional<BlockRecord>& rec, bool may_evict) {
+  Promoted p;
+  if (may_evict) {
+    p.room = MakeRoom(TierKind::kHost, tenant);
+  } else {
+    const bool free = blocks_->pool(TierKind::kHost)->AvailableTo(tenant) > 0 && !AtQuota(TierKind::kHost, tenant);
+    p.room = free ? Room::kNow : Room::kNone;
+  }
+  if (p.room != Room::kNow) return p;
+  p.id = rec ? mover_->StartPromotion(ns, tenant, hash, *rec) : remote_->StartPromotion(ns, tenant, hash);
+  if (p.id == kNoBlock) p.room = Room::kNone;
+  return p;
 }
 
-CacheResult CacheManager::ResultForWaiter(const NvmeMover::Waiter& w, BlockId id, std::optional<TierKind> tier) {
+CacheResult CacheManager::ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier) {
   CacheResult r;
   auto p = pending_acquires_.find(w.first);
   auto s = p == pending_acquires_.end() ? sessions_.end() : sessions_.find(p->second.session);
@@ -485,7 +552,9 @@ CacheResult CacheManager::ResultForWaiter(const NvmeMover::Waiter& w, BlockId id
   return r;
 }
 
-void CacheManager::OnPromoted(BlockId id, const Status& st, std::vector<NvmeMover::Waiter> waiters) {
+void CacheManager::OnPromoted(BlockId id, const Status& st) {
+  std::vector<Waiter> waiters;
+  if (auto node = promotion_waiters_.extract(id)) waiters = std::move(node.mapped());
   if (st.ok()) {
     for (const auto& w : waiters) {
       if (!pending_acquires_.count(w.first)) continue;  // its session went away
@@ -531,16 +600,18 @@ void CacheManager::ServeQueuedPromotions() {
       const auto waiters = std::move(q.waiters);
       queued_promotions_.pop_front();
       if (blocks_->block(existing).promoting) {
-        for (const auto& w : waiters) mover_->AddWaiter(existing, w);
+        for (const auto& w : waiters) AddWaiter(existing, w);
       } else {
         const auto tier = blocks_->ReadableTier(blocks_->block(existing));
         for (const auto& w : waiters) FinishAcquireEntry(w.first, w.second, ResultForWaiter(w, existing, tier));
       }
       continue;
     }
-    const BlockId id = Promote(q.ns, q.tenant, q.hash, q.record, true);
+    const Promoted p = Promote(q.ns, q.tenant, q.hash, q.record, true);
+    const BlockId id = p.id;
     if (id == kNoBlock) {
-      if (clock_->NowNanos() < q.deadline_ns) return;  // still no page: keep waiting
+      // Still no page: keep waiting while spills in flight will free one, else a miss.
+      if (p.room == Room::kLater && clock_->NowNanos() < q.deadline_ns) return;
       for (const auto& w : q.waiters) {
         CacheResult r;
         r.status = StatusCode::kResourceExhausted;
@@ -549,7 +620,7 @@ void CacheManager::ServeQueuedPromotions() {
       queued_promotions_.pop_front();
       continue;
     }
-    for (const auto& w : q.waiters) mover_->AddWaiter(id, w);
+    for (const auto& w : q.waiters) AddWaiter(id, w);
     queued_promotions_.pop_front();
   }
 }
@@ -574,7 +645,10 @@ void CacheManager::ServePendingAllocates() {
     }
     Room room;
     auto pages = TakePages(*s->second, p.tier, p.count, &room);
-    if (!pages && room == Room::kLater && clock_->NowNanos() < p.deadline_ns) return;
+    if (!pages && (room == Room::kLater || (room == Room::kNone && OthersWillRelease(*s->second, p.tier))) &&
+        clock_->NowNanos() < p.deadline_ns) {
+      return;
+    }
     PendingAllocate done = std::move(p);
     pending_allocates_.pop_front();
     --s->second->pending_;
@@ -600,6 +674,7 @@ void CacheManager::Tick() {
     mover_->nvme().Maintain();
     mover_->PumpWriteThrough();
   }
+  if (remote_) remote_->PumpPuts();  // the cluster may be back
   ServePendingAllocates();
   EnforceWatermark(TierKind::kHost);
 }
@@ -619,7 +694,7 @@ void CacheManager::VerifyNvme(std::function<void(VerifyReport)> done) {
 std::vector<SegmentGrant> CacheManager::TakeSegmentGrants(SessionCache& s, TierKind kind,
                                                           std::span<const PageId> pages) {
   std::vector<SegmentGrant> out;
-  if (kind == TierKind::kNvme || !tier_enabled(kind)) return out;
+  if (!IsPoolTier(kind) || !tier_enabled(kind)) return out;
   const TierPool& pool = *blocks_->pool(kind);
   auto& sent = s.sent_gen_[TierIndex(kind)];
   if (sent.size() < pool.segment_count()) sent.resize(pool.segment_count(), 0);
@@ -652,7 +727,7 @@ std::vector<SegmentGrant> CacheManager::TakeAllSegmentGrants(SessionCache& s) {
 // ---- accounting ----------------------------------------------------------------------
 
 TierCounts CacheManager::Counts(TierKind kind) const {
-  if (kind != TierKind::kNvme) return blocks_->Counts(kind);
+  if (IsPoolTier(kind)) return blocks_->Counts(kind);
   TierCounts c;
   if (!mover_) return c;
   const NvmeCounts n = mover_->nvme().Counts();

@@ -19,6 +19,11 @@
 // still lives: the process may still write through its mapping, which cannot be revoked,
 // so the pages are reused only once the process is gone (ReleaseQuarantine).
 //
+// With a remote tier (a Redis Cluster shared by a fleet; RemoteMover): Lookup goes on
+// past the local tiers into the cluster — it is then answered later, through `done` —
+// Acquire reads blocks found only there into host pages, and committed blocks are put
+// there in the background (write_through) or when evicted (write_back).
+//
 // With an NVMe tier: above the host high watermark cached blocks are demoted (spilled,
 // then their host page freed) down to the low watermark; write_through spills every
 // committed block in the background and keeps the host copy. A block only on NVMe lives
@@ -54,12 +59,14 @@
 #include "daemon/eviction_history.h"
 #include "daemon/namespace_table.h"
 #include "daemon/nvme_mover.h"
+#include "daemon/remote_mover.h"
 #include "kernels/device_backend.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/layout.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 #include "storage/nvme_tier.h"
+#include "storage/remote_tier.h"
 
 namespace kvtier {
 
@@ -94,7 +101,9 @@ class CacheManager {
   struct Options {
     std::array<TierOptions, kTierCount> tiers;  // indexed by TierIndex (host, GPU)
     uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
-    WritePolicy write_policy = WritePolicy::kWriteBack;
+    WritePolicy write_policy = WritePolicy::kWriteBack;  // NVMe
+    WritePolicy remote_write_policy = WritePolicy::kWriteThrough;
+    uint32_t max_remote_puts_in_flight = 32;
     bool prefetch = false;  // Lookup starts promoting NVMe hits
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
@@ -113,9 +122,11 @@ class CacheManager {
     TenantLimits unknown_limits;
   };
 
-  // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's.
+  // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's;
+  // `remote` (may be null) the remote tier.
   static Result<std::unique_ptr<CacheManager>> Open(const Options& options, std::unique_ptr<NvmeTier> nvme = nullptr,
-                                                    const Clock* clock = nullptr);
+                                                    const Clock* clock = nullptr,
+                                                    std::unique_ptr<RemoteTier> remote = nullptr);
   ~CacheManager();
 
   // Binds a session to tenant x layout. kInvalidArgument for a bad layout or a block that
@@ -130,6 +141,7 @@ class CacheManager {
 
   using AllocateDone = std::function<void(Result<std::vector<PageId>>)>;
   using AcquireDone = std::function<void(std::vector<CacheResult>)>;
+  using LookupDone = std::function<void(CacheLookup)>;
 
   // Leases `count` free pages (all or nothing), evicting (or demoting) cached blocks of the
   // session's tenant if needed. Returns the result now, or nullopt when the request waits
@@ -151,12 +163,17 @@ class CacheManager {
   // there.
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
                                   std::span<const BlockHash> hashes);
-  // Longest present prefix of the chain in the session's namespace, on any tier.
-  CacheLookup Lookup(SessionCache& s, std::span<const BlockHash> hashes);
-  // References each present block (kNotFound per missing entry). Blocks only on NVMe are
-  // promoted into host pages first: then the results come later through `done` (nullopt
-  // now), once every entry is settled; an entry whose bytes fail verification is
-  // kDataLoss. With a null `done`, NVMe-only blocks are kUnavailable.
+  // Longest present prefix of the chain in the session's namespace, on any tier. When
+  // the local tiers end the prefix early and the remote tier can be asked, the answer
+  // comes later through `done` (nullopt now; not at all if the session detaches first);
+  // with a null `done`, or no remote tier, it is the local answer, now.
+  std::optional<CacheLookup> Lookup(SessionCache& s, std::span<const BlockHash> hashes, LookupDone done);
+  CacheLookup Lookup(SessionCache& s, std::span<const BlockHash> hashes) { return *Lookup(s, hashes, nullptr); }
+  // References each present block (kNotFound per missing entry). Blocks only on NVMe or
+  // in the remote tier are promoted into host pages first: then the results come later
+  // through `done` (nullopt now), once every entry is settled; an entry whose bytes fail
+  // verification is kDataLoss. With a null `done`, such blocks are kUnavailable (remote
+  // ones kNotFound).
   std::optional<std::vector<CacheResult>> Acquire(SessionCache& s, std::span<const BlockHash> hashes, AcquireDone done);
   std::vector<CacheResult> Acquire(SessionCache& s, std::span<const BlockHash> hashes) {
     return *Acquire(s, hashes, nullptr);
@@ -192,8 +209,11 @@ class CacheManager {
   bool draining() const { return draining_; }
   NvmeTier* nvme() { return mover_ ? &mover_->nvme() : nullptr; }
   const NvmeTier* nvme() const { return mover_ ? &mover_->nvme() : nullptr; }
+  RemoteMover* remote() { return remote_.get(); }
+  const RemoteMover* remote() const { return remote_.get(); }
   size_t pending_promotions() const {
-    return (mover_ ? mover_->promotions_in_flight() : 0) + queued_promotions_.size();
+    return (mover_ ? mover_->promotions_in_flight() : 0) + (remote_ ? remote_->promotions_in_flight() : 0) +
+           queued_promotions_.size();
   }
   size_t pending_allocates() const { return pending_allocates_.size(); }
 
@@ -203,7 +223,9 @@ class CacheManager {
   // Every segment of every tier its tenant owns now; marks them sent.
   std::vector<SegmentGrant> TakeAllSegmentGrants(SessionCache& s);
 
-  bool tier_enabled(TierKind t) const { return t == TierKind::kNvme ? mover_ != nullptr : blocks_->enabled(t); }
+  bool tier_enabled(TierKind t) const {
+    return t == TierKind::kNvme ? mover_ != nullptr : t == TierKind::kRemote ? remote_ != nullptr : blocks_->enabled(t);
+  }
   const TierPool* pool(TierKind t) const { return blocks_->pool(t); }
   TierCounts Counts(TierKind t) const;
   const CacheCounters& counters() const { return counters_; }
@@ -230,14 +252,23 @@ class CacheManager {
     int64_t deadline_ns;
     AllocateDone done;
   };
-  // An NVMe block to promote once the host tier has a page for it.
+  // Who waits for a promotion: (a pending Acquire's id, its entry index).
+  using Waiter = std::pair<uint64_t, size_t>;
+  // A block to promote once the host tier has a page for it: from NVMe (its index
+  // record), or from the remote tier (no record).
   struct QueuedPromotion {
     NamespaceId ns;
     TenantId tenant;
     BlockHash hash;
-    BlockRecord record;
+    std::optional<BlockRecord> record;
     int64_t deadline_ns;
-    std::vector<NvmeMover::Waiter> waiters;
+    std::vector<Waiter> waiters;
+  };
+  struct PendingLookup {
+    SessionId session;
+    CacheLookup result;  // the local part
+    size_t asked = 0;    // hashes in the request
+    LookupDone done;
   };
   enum class Room { kNow, kLater, kNone, kOverQuota };
   using Block = BlockTable::Block;
@@ -255,17 +286,40 @@ class CacheManager {
   Status CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_t count) const;
 
   // ---- waiting requests (cache_manager.cc) ----
-  // Reads an NVMe-only block into a host page; kNoBlock when no page can be had now
-  // (`may_evict` false: only a page free without evicting anything).
-  BlockId Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& rec, bool may_evict);
-  void OnPromoted(BlockId id, const Status& st, std::vector<NvmeMover::Waiter> waiters);
+  // Reads a block into a host page — from NVMe (`rec`) or from the remote tier (no rec).
+  // `id` is kNoBlock when no page can be had now (`may_evict` false: only a page free
+  // without evicting anything); `room` then says whether one will free up (kLater).
+  struct Promoted {
+    BlockId id = kNoBlock;
+    Room room = Room::kNone;
+  };
+  Promoted Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const std::optional<BlockRecord>& rec,
+                   bool may_evict);
+  // Host pages will be released soon by someone other than `s`: Acquires wait for reads,
+  // reads are in flight, or other sessions reference host blocks (engines release what they
+  // acquired once they have copied it). An Allocate of host pages that finds none to free
+  // then waits for them (up to allocate_wait) rather than failing; a GPU Allocate does not
+  // (managed-pool engines hold GPU blocks for as long as they run on them).
+  bool OthersWillRelease(const SessionCache& s, TierKind tier) const {
+    return tier == TierKind::kHost && (!pending_acquires_.empty() || pending_promotions() > 0 ||
+                                       blocks_->Counts(tier).referenced > s.refs_.size());
+  }
+  // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
+  void AddWaiter(BlockId id, Waiter w) { promotion_waiters_[id].push_back(w); }
+  void OnPromoted(BlockId id, const Status& st);
+  // The remote tier's answer to a Lookup that went past the local tiers.
+  void FinishLookup(uint64_t lookup, size_t remote_blocks);
+  // The tier a promoting block is on its way up from.
+  TierKind PromotingFrom(const Block& b) const {
+    return b.on_remote && b.page[TierIndex(TierKind::kNvme)] == kNoPage ? TierKind::kRemote : TierKind::kNvme;
+  }
   void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
   // Starts queued promotions and serves waiting Allocates (in that order) as pages free up.
   void ServePendingAllocates();
   void ServeQueuedPromotions();
   // A result for a waiter of block `id` (readable in `tier`), referencing it for the
   // waiter's session; kUnavailable when the session went or the block is not readable.
-  CacheResult ResultForWaiter(const NvmeMover::Waiter& w, BlockId id, std::optional<TierKind> tier);
+  CacheResult ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier);
 
   // ---- pressure (cache_pressure.cc) ----
   // Frees (or starts freeing) the page of the tenant's coldest cached block: a block with
@@ -299,7 +353,8 @@ class CacheManager {
   const Clock* clock_ = nullptr;
   NamespaceTable namespaces_;
   std::unique_ptr<BlockTable> blocks_;
-  std::unique_ptr<NvmeMover> mover_;  // null without an NVMe tier
+  std::unique_ptr<NvmeMover> mover_;     // null without an NVMe tier
+  std::unique_ptr<RemoteMover> remote_;  // null without a remote tier
   EvictionHistory history_;
   // Per pool tier: between crossing the high watermark and reaching the low one.
   std::array<bool, kTierCount> evicting_{};
@@ -307,6 +362,8 @@ class CacheManager {
   std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
   std::deque<PendingAllocate> pending_allocates_;
   std::deque<QueuedPromotion> queued_promotions_;
+  std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
+  std::unordered_map<uint64_t, PendingLookup> pending_lookups_;
   uint64_t next_pending_ = 1;
   std::unordered_map<uint64_t, std::vector<std::pair<TierKind, PageId>>> quarantines_;
   uint64_t next_quarantine_ = 1;

@@ -61,6 +61,10 @@ void CacheManager::DemoteToHost(BlockId id) {
   if (st.ok()) {
     blocks_->Reside(id, TierKind::kHost, *hp);
     ++counters_.gpu_demotions;
+    if (remote_ && remote_->write_through() && !b.on_remote) {
+      remote_->QueuePut(id);
+      remote_->PumpPuts();
+    }
   } else {
     KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
     blocks_->Free(TierKind::kHost, *hp);
@@ -82,6 +86,13 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     return Evicted::kDropped;
   }
   const Block& b = blocks_->block(victim);
+  // write_back to the remote tier: a block leaving host is put first (it stays pinned in
+  // host until the put is answered, then goes on down as below).
+  if (kind == TierKind::kHost && remote_ && !remote_->write_through() && !b.on_remote && remote_->available()) {
+    if (remote_->busy()) return Evicted::kBusy;
+    remote_->StartPut(victim);
+    return Evicted::kDemoting;
+  }
   if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable()) {
     if (mover_->busy()) return Evicted::kBusy;
     mover_->StartSpill(victim, /*keep_host=*/false);
@@ -124,9 +135,12 @@ void CacheManager::EnforceWatermark(TierKind kind) {
 
 CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
   const TierPool& pool = *blocks_->pool(kind);
-  // Spills in flight will make room: a demotion frees its page, a write-through makes its
-  // block droppable.
-  auto spills_will_help = [&] { return kind == TierKind::kHost && mover_ && mover_->spills_in_flight() > 0; };
+  // Spills in flight will make room: a demotion frees its page, a write-through (to NVMe or
+  // the remote tier) makes its block droppable again.
+  auto spills_will_help = [&] {
+    return kind == TierKind::kHost &&
+           ((mover_ && mover_->spills_in_flight() > 0) || (remote_ && remote_->puts_in_flight() > 0));
+  };
   // A tenant at its quota makes room among its own blocks, or gets none.
   while (AtQuota(kind, tenant)) {
     const Evicted e = EvictOne(kind, tenant);

@@ -443,6 +443,71 @@ const std::vector<Key>& Keys() {
        "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
        "of a large tier leaves the disk to fetches and spills; 0: as fast as the disk goes.",
        KVTIER_SET((Bytes("tiers.nvme.verify_rate", n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
+      {"tiers.remote.nodes", "[]",
+       "Seed nodes of a Redis Cluster (or one standalone Redis) shared by the kvtierd nodes of "
+       "a fleet, as host:port; none means no remote tier. The rest of the cluster is found "
+       "with CLUSTER SLOTS, e.g. [\"10.0.0.5:7000\", \"10.0.0.6:7000\"].",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         const std::string key = "tiers.remote.nodes";
+         if (n.IsNull()) return Status::Ok();
+         if (!n.IsSequence()) return Bad(key, "expected a list of host:port");
+         c->remote.nodes.clear();
+         for (size_t i = 0; i < n.size(); ++i) {
+           const std::string at = key + "[" + std::to_string(i) + "]";
+           KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(at, n[i]));
+           std::string host;
+           int port = 0;
+           if (!RedisCluster::ParseAddress(s, &host, &port)) return Bad(at, "'" + s + "' is not host:port");
+           c->remote.nodes.push_back(s);
+         }
+         return Status::Ok();
+       }},
+      {"tiers.remote.write_policy", "write_through",
+       "write_through: every block committed to host is also put into the cluster in the "
+       "background (other nodes reuse it at once); write_back: a block is put when it leaves "
+       "host memory and the cluster does not hold it yet.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.remote.write_policy", n));
+         if (s != "write_back" && s != "write_through") {
+           return Bad("tiers.remote.write_policy", "'" + s + "' is not write_back or write_through");
+         }
+         c->remote.write_policy = s;
+         return Status::Ok();
+       }},
+      {"tiers.remote.connect_timeout", "200ms", "Longest wait for a connection to a cluster node.",
+       KVTIER_SET((Duration("tiers.remote.connect_timeout", n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
+                  remote.connect_timeout_ns)},
+      {"tiers.remote.timeout", "1s",
+       "Longest wait for the replies to what was sent to a node; past it the requests are misses "
+       "and the connection is opened again.",
+       KVTIER_SET((Duration("tiers.remote.timeout", n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
+                  remote.timeout_ns)},
+      {"tiers.remote.connections_per_node", "2",
+       "Connections to each master for block values (GET, SET), each with its own thread; "
+       "lookups (EXISTS) have one more of their own.",
+       KVTIER_SET((Integer<uint32_t>("tiers.remote.connections_per_node", n, 1, 64)), remote.connections_per_node)},
+      {"tiers.remote.max_batch", "64", "Most requests a connection writes at once (pipelining).",
+       KVTIER_SET((Integer<uint32_t>("tiers.remote.max_batch", n, 1, 4096)), remote.max_batch)},
+      {"tiers.remote.breaker_failures", "3",
+       "Failed batches in a row after which a node's circuit breaker opens: its requests are "
+       "misses at once, without being sent.",
+       KVTIER_SET((Integer<uint32_t>("tiers.remote.breaker_failures", n, 1, 1000)), remote.breaker_failures)},
+      {"tiers.remote.breaker_open", "1s",
+       "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing).",
+       KVTIER_SET((Duration("tiers.remote.breaker_open", n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
+                  remote.breaker_open_ns)},
+      {"tiers.remote.refresh_interval", "10s",
+       "How often the slot map is read again (also at once after MOVED or a failing node).",
+       KVTIER_SET((Duration("tiers.remote.refresh_interval", n, 100'000'000, 3600'000'000'000, false,
+                            "in [100ms, 1h]")),
+                  remote.refresh_interval_ns)},
+      {"tiers.remote.key_prefix", "\"kvtier:\"",
+       "Prefix of every key kvtierd writes; the rest is the hex of tenant, model fingerprint and "
+       "block hash.",
+       KVTIER_SET(Scalar("tiers.remote.key_prefix", n), remote.key_prefix)},
+      {"tiers.remote.max_puts_in_flight", "32",
+       "Most puts at once; each pins its block's host page until the cluster answers.",
+       KVTIER_SET((Integer<uint32_t>("tiers.remote.max_puts_in_flight", n, 1, 4096)), remote.max_puts_in_flight)},
       {"events.enabled", "false",
        "Publish KV events (BlockStored, BlockRemoved, AllBlocksCleared: vLLM's KV event wire "
        "form, which llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events "
@@ -635,6 +700,10 @@ Status ValidateConfig(const DaemonConfig& c) {
     if (g.capacity_bytes % g.segment_bytes != 0) {
       return InvalidArgument("config key 'tiers.gpu.capacity' must be a multiple of tiers.gpu.segment_bytes");
     }
+  }
+  if (c.remote.enabled() && !h.enabled) {
+    return InvalidArgument("config key 'tiers.remote.nodes' needs the host tier enabled (remote blocks are read "
+                           "into host pages)");
   }
   if (c.nvme.enabled()) {
     if (c.nvme.low_watermark >= c.nvme.high_watermark) {

@@ -18,6 +18,7 @@
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 #include "storage/nvme_tier.h"
+#include "storage/remote_tier.h"
 #include "storage/segment_memory.h"
 
 namespace kvtier {
@@ -39,6 +40,22 @@ struct NvmeTierConfig {
   uint64_t index_cache_bytes = 16ull << 20;
   uint64_t verify_bytes_per_s = NvmeTierOptions{}.verify_bytes_per_s;
   bool enabled() const { return !files.empty(); }
+};
+
+// The remote tier: a Redis Cluster (or one Redis) shared by the kvtierd nodes of a fleet.
+struct RemoteTierConfig {
+  std::vector<std::string> nodes;  // seed nodes, host:port; none: no remote tier
+  std::string write_policy = "write_through";
+  int64_t connect_timeout_ns = RedisClusterOptions{}.connect_timeout_ns;
+  int64_t timeout_ns = RedisClusterOptions{}.timeout_ns;
+  uint32_t connections_per_node = RedisClusterOptions{}.connections_per_node;
+  uint32_t max_batch = RedisClusterOptions{}.max_batch;
+  uint32_t breaker_failures = RedisClusterOptions{}.breaker_failures;
+  int64_t breaker_open_ns = RedisClusterOptions{}.breaker_open_ns;
+  int64_t refresh_interval_ns = RedisClusterOptions{}.refresh_interval_ns;
+  std::string key_prefix = RemoteTierOptions{}.key_prefix;
+  uint32_t max_puts_in_flight = 32;
+  bool enabled() const { return !nodes.empty(); }
 };
 
 // Bytes per tier; 0 means no limit (quota) or nothing reserved (reserve).
@@ -115,6 +132,7 @@ struct DaemonConfig {
   std::string gpu_backend = "auto";
   int gpu_device = 0;
   NvmeTierConfig nvme;
+  RemoteTierConfig remote;
   SecurityConfig security;
   EventsConfig events;
 };

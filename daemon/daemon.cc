@@ -171,11 +171,44 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     }
     KVTIER_ASSIGN_OR_RETURN(nvme, std::move(opened));
   }
+  std::unique_ptr<RemoteTier> remote;
+  if (config.remote.enabled()) {
+    const RemoteTierConfig& rc = config.remote;
+    RemoteTierOptions ro;
+    ro.cluster.seeds = rc.nodes;
+    ro.cluster.connect_timeout_ns = rc.connect_timeout_ns;
+    ro.cluster.timeout_ns = rc.timeout_ns;
+    ro.cluster.connections_per_node = rc.connections_per_node;
+    ro.cluster.max_batch = rc.max_batch;
+    ro.cluster.breaker_failures = rc.breaker_failures;
+    ro.cluster.breaker_open_ns = rc.breaker_open_ns;
+    ro.cluster.refresh_interval_ns = rc.refresh_interval_ns;
+    ro.key_prefix = rc.key_prefix;
+    // Latency of every cluster request, by operation, observed on the control thread.
+    std::unordered_map<std::string, Histogram*> latency;
+    for (const char* op : {"get", "set", "exists"}) {
+      latency[op] = d->metrics_.AddHistogram(
+          "kvtier_remote_request_duration_seconds",
+          "Time from a remote-tier request being queued to its reply (or failure), by Redis command.",
+          RpcLatencyBuckets(), {{"op", op}});
+    }
+    auto observe = [latency](std::string_view op, double seconds, bool) {
+      auto it = latency.find(std::string(op));
+      if (it != latency.end()) it->second->Observe(seconds);
+    };
+    boost::asio::io_context* io_ctx = &d->io_;
+    KVTIER_ASSIGN_OR_RETURN(
+        remote, RemoteTier::Open(
+                    ro, [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, observe));
+    co.remote_write_policy = rc.write_policy == "write_back" ? WritePolicy::kWriteBack : WritePolicy::kWriteThrough;
+    co.max_remote_puts_in_flight = rc.max_puts_in_flight;
+  }
   if (config.events.enabled) {
     KVTIER_ASSIGN_OR_RETURN(d->events_, KvEvents::Open(config.events.options));
     co.events = d->events_.get();
   }
-  KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default()));
+  KVTIER_ASSIGN_OR_RETURN(d->cache_,
+                          CacheManager::Open(co, std::move(nvme), SystemClock::Default(), std::move(remote)));
 
   Server::Options so;
   so.socket_path = config.socket_path;
@@ -228,9 +261,17 @@ void Daemon::RegisterMetrics() {
   const int64_t started_wall = SystemClock::Default()->WallSeconds();
   m.AddGaugeFn("kvtier_start_time_seconds", "Unix time kvtierd started.", {},
                [started_wall] { return static_cast<double>(started_wall); });
+  const char* hits_help =
+      "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
+      "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.";
   for (TierKind kind : kAllTiers) {
     if (!cache->tier_enabled(kind)) continue;
     const std::string tier(TierKindName(kind));
+    if (kind == TierKind::kRemote) {  // no pool of its own: hits only (the rest below)
+      m.AddCounterFn("kvtier_block_hits_total", hits_help, {{"tier", tier}},
+                     [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
+      continue;
+    }
     m.AddGaugeFn("kvtier_tier_capacity_bytes", "Bytes of a tier's pool.", {{"tier", tier}}, [cache, kind] {
       TierCounts c = cache->Counts(kind);
       return static_cast<double>(c.capacity) * static_cast<double>(c.page_bytes);
@@ -261,10 +302,8 @@ void Daemon::RegisterMetrics() {
                      return kind == TierKind::kNvme ? cache->nvme()->counters().evictions
                                                     : cache->counters().evictions[TierIndex(kind)];
                    });
-    m.AddCounterFn("kvtier_block_hits_total",
-                   "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
-                   "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.",
-                   {{"tier", tier}}, [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
+    m.AddCounterFn("kvtier_block_hits_total", hits_help, {{"tier", tier}},
+                   [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
   }
   m.AddCounterFn("kvtier_lookups_total", "Lookup requests served.", {}, [cache] { return cache->counters().lookups; });
   m.AddCounterFn("kvtier_lookup_blocks_total", "Block hashes asked about by lookups.", {},
@@ -329,6 +368,7 @@ void Daemon::RegisterMetrics() {
     m.AddCounterFn("kvtier_event_replays_total", "Replay requests answered on events.replay.", {},
                    [events] { return events->counters().replays; });
   }
+  RegisterRemoteMetrics();
   const NvmeTier* nvme = cache_->nvme();
   if (nvme == nullptr) return;
   m.AddGaugeFn("kvtier_nvme_info", "Always 1; labels say which I/O and index backends the NVMe tier uses.",
@@ -373,6 +413,68 @@ void Daemon::RegisterMetrics() {
                  {}, [nvme] { return nvme->counters().files_lost; });
   m.AddCounterFn("kvtier_nvme_syncs_total", "fdatasync calls issued for spilled data (strict durability).", {},
                  [nvme] { return nvme->counters().syncs; });
+}
+
+void Daemon::RegisterRemoteMetrics() {
+  const RemoteMover* rm = cache_->remote();
+  if (rm == nullptr) return;
+  MetricsRegistry& m = metrics_;
+  const CacheManager* cache = cache_.get();
+  const RemoteTier* rt = &rm->remote();
+  auto nodes = [rt](bool up) {
+    double n = 0;
+    for (const auto& node : rt->Masters()) n += node.breaker_open != up ? 1 : 0;
+    return n;
+  };
+  const char* nodes_help =
+      "Masters of the remote tier's Redis Cluster, by state (open: its circuit breaker is open, its "
+      "requests are misses without being sent).";
+  m.AddGaugeFn("kvtier_remote_nodes", nodes_help, {{"state", "up"}}, [nodes] { return nodes(true); });
+  m.AddGaugeFn("kvtier_remote_nodes", nodes_help, {{"state", "open"}}, [nodes] { return nodes(false); });
+  m.AddCounterFn("kvtier_remote_lookups_total", "Block keys looked for in the remote tier (EXISTS).", {},
+                 [rt] { return rt->counters().exists; });
+  m.AddCounterFn("kvtier_remote_lookup_hits_total", "Block keys the remote tier held when looked for.", {},
+                 [rt] { return rt->counters().exists_found; });
+  const char* fetch_help = "Remote blocks read into host pages, by result (miss: the key was gone).";
+  m.AddCounterFn("kvtier_remote_fetches_total", fetch_help, {{"result", "hit"}},
+                 [rt] { return rt->counters().fetch_hits; });
+  m.AddCounterFn("kvtier_remote_fetches_total", fetch_help, {{"result", "miss"}},
+                 [rt] { return rt->counters().fetch_misses; });
+  const char* moved = "Block bytes moved between tiers, by path.";
+  m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "remote_to_host"}},
+                 [rt] { return rt->counters().fetch_bytes; });
+  m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "host_to_remote"}},
+                 [rt] { return rt->counters().put_bytes; });
+  m.AddCounterFn("kvtier_remote_puts_total", "Blocks stored in the remote tier.", {},
+                 [cache] { return cache->counters().remote_puts; });
+  m.AddCounterFn("kvtier_remote_put_failures_total", "Puts into the remote tier that failed.", {},
+                 [cache] { return cache->counters().remote_put_failures; });
+  m.AddCounterFn("kvtier_remote_puts_skipped_total",
+                 "Write-throughs to the remote tier not made: the queue was full, or the block left host first.",
+                 {}, [rm] { return rm->puts_skipped(); });
+  m.AddGaugeFn("kvtier_remote_puts_in_flight", "Puts into the remote tier waiting for the cluster.", {},
+               [rm] { return static_cast<double>(rm->puts_in_flight()); });
+  m.AddGaugeFn("kvtier_remote_puts_queued", "Write-throughs to the remote tier waiting for their turn.", {},
+               [rm] { return static_cast<double>(rm->puts_queued()); });
+  m.AddCounterFn("kvtier_remote_errors_total",
+                 "Remote-tier requests that failed (node down or its breaker open, timeout, error reply); each "
+                 "is a miss or a put not made.",
+                 {}, [rt] { return rt->counters().errors; });
+  m.AddCounterFn("kvtier_remote_checksum_failures_total",
+                 "Remote values that did not verify (overwritten, cut short, foreign); each was a miss and was "
+                 "deleted from the cluster.",
+                 {}, [rt] { return rt->counters().checksum_failures; });
+  m.AddCounterFn("kvtier_remote_breaker_rejections_total",
+                 "Remote-tier requests failed at once because their node's circuit breaker was open.", {},
+                 [rt] { return rt->cluster_counters().breaker_rejections.load(std::memory_order_relaxed); });
+  m.AddCounterFn("kvtier_remote_timeouts_total", "Batches of remote-tier requests whose replies were late.", {},
+                 [rt] { return rt->cluster_counters().timeouts.load(std::memory_order_relaxed); });
+  m.AddCounterFn("kvtier_remote_redirects_total", "MOVED and ASK replies followed.", {},
+                 [rt] { return rt->cluster_counters().redirects.load(std::memory_order_relaxed); });
+  m.AddCounterFn("kvtier_remote_slot_map_refreshes_total", "Cluster slot maps read (CLUSTER SLOTS).", {},
+                 [rt] { return rt->cluster_counters().refreshes.load(std::memory_order_relaxed); });
+  m.AddCounterFn("kvtier_remote_promotions_total", "Remote blocks read and verified into host pages.", {},
+                 [cache] { return cache->counters().remote_promotions; });
 }
 
 void Daemon::WatchNvme() {

@@ -45,6 +45,7 @@ class Daemon {
   explicit Daemon(const DaemonConfig& config);
   Result<std::unique_ptr<NvmeTier>> OpenNvme(IoEngineWrapper wrap_io);
   void RegisterMetrics();
+  void RegisterRemoteMetrics();
   void WatchNvme();
   void ScheduleTick();
   // After the loop stops: stops scans, lets spills, fetches and index writes in flight

@@ -178,7 +178,7 @@ Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply*
     case fb::Op::Release:
       return OnRelease(ctx, *req.op_as_Release(), type, body);
     case fb::Op::Lookup:
-      return OnLookup(ctx, *req.op_as_Lookup(), type, body);
+      return OnLookup(ctx, req, type, body, deferred);
     case fb::Op::Acquire:
       return OnAcquire(ctx, req, type, body, fds, deferred);
     default:
@@ -261,7 +261,7 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
 
   std::vector<flatbuffers::Offset<fb::TierInfo>> tiers;
   for (TierKind kind : kAllTiers) {
-    if (!cache_->tier_enabled(kind)) continue;
+    if (!cache_->tier_enabled(kind) || kind == TierKind::kRemote) continue;  // no pages or slots to describe
     const TierCounts c = cache_->Counts(kind);
     const TierPool* pool = cache_->pool(kind);
     const uint32_t pps = pool ? pool->pages_per_segment() : 0;
@@ -364,15 +364,30 @@ Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Repl
   return Status::Ok();
 }
 
-Status Dispatcher::OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type, BodyOffset* body) {
-  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m.hashes()));
-  CacheLookup r = cache_->Lookup(ctx.cache, hashes);
+Status Dispatcher::LookupReply(Builder& b, const CacheLookup& r, fb::Reply* type, BodyOffset* body) {
   std::vector<uint8_t> tiers(r.tiers.size());
   for (size_t i = 0; i < r.tiers.size(); ++i) tiers[i] = static_cast<uint8_t>(r.tiers[i]);
-  auto v = builder_.CreateVector(reinterpret_cast<const fb::Tier*>(tiers.data()), tiers.size());
-  *body = fb::CreateLookupReply(builder_, static_cast<uint32_t>(r.matched), v).Union();
+  auto v = b.CreateVector(reinterpret_cast<const fb::Tier*>(tiers.data()), tiers.size());
+  *body = fb::CreateLookupReply(b, static_cast<uint32_t>(r.matched), v).Union();
   *type = fb::Reply::LookupReply;
   return Status::Ok();
+}
+
+Status Dispatcher::OnLookup(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
+                            bool* deferred) {
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, req.op_as_Lookup()->hashes()));
+  SessionContext* c = &ctx;
+  const uint64_t id = req.id();
+  const int64_t start = clock_->NowNanos();
+  auto now = cache_->Lookup(ctx.cache, hashes, [this, c, id, start](CacheLookup r) {
+    SendLater(c, id, fb::Op::Lookup, start,
+              [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) { return LookupReply(b, r, ty, bo); });
+  });
+  if (!now) {
+    *deferred = true;  // the remote tier is asked
+    return Status::Ok();
+  }
+  return LookupReply(builder_, *now, type, body);
 }
 
 Status Dispatcher::AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results,
@@ -436,7 +451,7 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
   std::vector<flatbuffers::Offset<fb::TierStats>> tiers;
   const NvmeTier* nvme = cache_->nvme();
   for (TierKind kind : kAllTiers) {
-    if (!cache_->tier_enabled(kind)) continue;
+    if (!cache_->tier_enabled(kind) || kind == TierKind::kRemote) continue;  // StatsReply.remote
     const TierCounts c = cache_->Counts(kind);
     const bool is_nvme = kind == TierKind::kNvme;
     const std::string backend = is_nvme ? nvme->Describe() : cache_->pool(kind)->memory().Describe();
@@ -474,17 +489,34 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
   const CacheCounters& cc = cache_->counters();
   uint64_t hits = 0;
   for (uint64_t h : cc.block_hits) hits += h;
-  const uint64_t checksum = nvme ? nvme->counters().checksum_failures : 0;
+  const uint64_t checksum = (nvme ? nvme->counters().checksum_failures : 0) +
+                            (cache_->remote() ? cache_->remote()->remote().counters().checksum_failures : 0);
   uint64_t evictions_total = nvme ? nvme->counters().evictions : 0;
   for (uint64_t e : cc.evictions) evictions_total += e;
   const uint64_t io_errors = nvme ? nvme->counters().io_errors : 0;
+  flatbuffers::Offset<fb::RemoteTierStats> remote;
+  if (const RemoteMover* rm = cache_->remote()) {
+    const RemoteCounters& rc = rm->remote().counters();
+    const RedisClusterCounters& cc = rm->remote().cluster_counters();
+    std::vector<flatbuffers::Offset<fb::RemoteNode>> nodes;
+    for (const auto& n : rm->remote().Masters()) {
+      nodes.push_back(fb::CreateRemoteNode(builder_, builder_.CreateString(n.address), !n.breaker_open, n.failures));
+    }
+    auto mean = [](uint64_t ns, uint64_t n) { return n ? static_cast<double>(ns) * 1e-9 / static_cast<double>(n) : 0.0; };
+    remote = fb::CreateRemoteTierStats(
+        builder_, builder_.CreateVector(nodes), builder_.CreateString(rm->write_through() ? "write_through" : "write_back"),
+        rc.exists, rc.exists_found, rc.fetches, rc.fetch_hits, rc.fetch_bytes, rc.puts, rc.put_bytes, rc.errors,
+        rc.checksum_failures, mean(rc.exists_ns, rc.exists), mean(rc.fetch_ns, rc.fetches), mean(rc.put_ns, rc.puts),
+        rm->puts_in_flight(), static_cast<uint32_t>(rm->puts_queued()), rm->puts_skipped(),
+        cc.breaker_rejections.load(std::memory_order_relaxed), cc.timeouts.load(std::memory_order_relaxed));
+  }
   *body = fb::CreateStatsReply(builder_, builder_.CreateString(info_->version),
                                static_cast<double>(now - info_->started_ns) * 1e-9,
                                builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec,
                                session_count, cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions,
                                cc.promotions, static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions,
                                cc.refetches_after_evict, nvme ? nvme->counters().spill_bytes : 0,
-                               nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(), evictions_total)
+                               nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(), evictions_total, remote)
               .Union();
   *type = fb::Reply::StatsReply;
   return Status::Ok();

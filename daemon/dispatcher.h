@@ -3,8 +3,9 @@
 // frame. Transport-free (the session moves bytes; the dispatcher never touches a socket),
 // so the fuzzer and unit tests drive it directly.
 //
-// Most requests are answered before HandleFrame returns. Acquire of NVMe blocks, Allocate
-// that waits for demotions, and Verify are answered later, through the session's
+// Most requests are answered before HandleFrame returns. Acquire of NVMe or remote
+// blocks, Lookup that asks the remote tier, Allocate that waits for demotions, and Verify
+// are answered later, through the session's
 // `async_sink`, while the session's other requests keep flowing.
 //
 // Protocol rules enforced here: every frame passes the FlatBuffers Verifier first; a frame
@@ -123,7 +124,8 @@ class Dispatcher {
   Status CheckEpoch(uint64_t epoch) const;
   Status OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type, BodyOffset* body);
   Status OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type, BodyOffset* body);
-  Status OnLookup(SessionContext& ctx, const fb::Lookup& m, fb::Reply* type, BodyOffset* body);
+  Status OnLookup(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body, bool* deferred);
+  Status LookupReply(Builder& b, const CacheLookup& r, fb::Reply* type, BodyOffset* body);
   Status OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
                    std::vector<int>* fds, bool* deferred);
   Status OnVerify(SessionContext& ctx, const fb::Request& req, bool* deferred);

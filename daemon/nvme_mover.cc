@@ -87,8 +87,9 @@ void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, u
   if (st.ok()) {
     blocks_->SetNvmeSlot(id, slot);
     ++(keep_host ? counters_->write_throughs : counters_->demotions);
-    // Demoted: the host copy goes unless someone took a reference meanwhile.
-    if (!keep_host && b.refs == 0) blocks_->RemoveResidency(id, TierKind::kHost);
+    // Demoted: the host copy goes unless someone took a reference meanwhile, or a remote
+    // put still reads it (the copy then stays, droppable now that NVMe has it).
+    if (!keep_host && b.refs == 0 && b.readers == 0) blocks_->RemoveResidency(id, TierKind::kHost);
   } else {
     ++counters_->spill_failures;
     KVTIER_LOG(DEBUG) << "spill failed: " << st.ToString();
@@ -107,7 +108,7 @@ void NvmeMover::PumpWriteThrough() {
     const PageId host = b.page[TierIndex(TierKind::kHost)];
     if (!b.live || b.gen != gen || b.spilling || b.promoting || host == kNoPage ||
         b.page[TierIndex(TierKind::kNvme)] != kNoPage ||
-        blocks_->state(TierKind::kHost, host) != BlockTable::PageState::kBlock) {
+        (blocks_->state(TierKind::kHost, host) != BlockTable::PageState::kBlock && b.readers == 0)) {
       continue;  // gone, or already on NVMe
     }
     StartSpill(id, /*keep_host=*/true);
@@ -142,7 +143,7 @@ BlockId NvmeMover::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHa
   blocks_->SetNvmeSlot(id, rec.slot);
   blocks_->BeginFill(id, *page);
   const uint32_t gen = blocks_->block(id).gen;
-  promotions_[id] = Promotion{gen, {}};
+  promotions_[id] = gen;
   TierPool* pool = blocks_->pool(TierKind::kHost);
   const int buf = BufferIndex(*page);
   nvme_->Fetch(namespaces_->BlockKey(ns, hash), rec, {pool->PageAddress(*page), pool->page_bytes()}, buf,
@@ -153,8 +154,7 @@ BlockId NvmeMover::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHa
 void NvmeMover::OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord rec) {
   const BlockTable::Block& b = blocks_->block(id);
   KVTIER_CHECK(b.live && b.gen == gen && b.promoting) << "promotion completion for a block that moved";
-  auto node = promotions_.extract(id);
-  std::vector<Waiter> waiters = std::move(node.mapped().waiters);
+  promotions_.erase(id);
   if (st.ok()) {
     const std::string key = namespaces_->BlockKey(b.ns, b.hash);
     blocks_->EndFill(id, true);
@@ -164,7 +164,7 @@ void NvmeMover::OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord rec)
     blocks_->EndFill(id, false);
     ++counters_->promotion_failures;
   }
-  hooks_.after_promotion(id, st, std::move(waiters));
+  hooks_.after_promotion(id, st);
 }
 
 }  // namespace kvtier

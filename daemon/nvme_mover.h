@@ -28,13 +28,11 @@ namespace kvtier {
 
 class NvmeMover {
  public:
-  // Who waits for a promotion: (the cache manager's pending request id, entry index).
-  using Waiter = std::pair<uint64_t, size_t>;
   struct Hooks {
     // A spill ended, well or not: pages may be free and blocks droppable now.
     std::function<void()> after_spill;
     // A promotion ended. OK: block `id` is readable in host; otherwise it is gone.
-    std::function<void(BlockId id, const Status& status, std::vector<Waiter> waiters)> after_promotion;
+    std::function<void(BlockId id, const Status& status)> after_promotion;
     // The NVMe copy of `key` went and no block holds the key: its last copy left the cache.
     std::function<void(const std::string& key)> last_copy_dropped;
   };
@@ -78,8 +76,6 @@ class NvmeMover {
   // kNoBlock when the host tier has no page for the tenant now (the caller makes room
   // first and checks quotas).
   BlockId StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& record);
-  // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
-  void AddWaiter(BlockId id, Waiter w) { promotions_.at(id).waiters.push_back(w); }
   size_t promotions_in_flight() const { return promotions_.size(); }
 
   // ---- the index (read on the control thread: see NvmeTier) ----
@@ -96,11 +92,6 @@ class NvmeMover {
   void OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord record);
   void OnDropped(const std::string& key, uint32_t slot);
 
-  struct Promotion {
-    uint32_t gen;
-    std::vector<Waiter> waiters;
-  };
-
   std::unique_ptr<NvmeTier> nvme_;
   Options options_;
   BlockTable* blocks_;
@@ -111,7 +102,7 @@ class NvmeMover {
   uint32_t spills_in_flight_ = 0;
   uint32_t demotions_in_flight_ = 0;
   std::deque<std::pair<BlockId, uint32_t>> write_through_queue_;  // (block, gen)
-  std::unordered_map<BlockId, Promotion> promotions_;
+  std::unordered_map<BlockId, uint32_t> promotions_;  // block -> its gen
 };
 
 }  // namespace kvtier

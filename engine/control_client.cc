@@ -53,6 +53,31 @@ Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
     out.fetch_bytes = s->fetch_bytes();
     out.draining = s->draining();
     out.evictions = s->evictions();
+    if (const fb::RemoteTierStats* rs = s->remote()) {
+      RemoteStatsInfo ri;
+      if (rs->nodes()) {
+        for (const fb::RemoteNode* n : *rs->nodes()) ri.nodes.push_back({Str(n->address()), n->up(), n->failures()});
+      }
+      ri.write_policy = Str(rs->write_policy());
+      ri.lookups = rs->lookups();
+      ri.lookup_hits = rs->lookup_hits();
+      ri.fetches = rs->fetches();
+      ri.fetch_hits = rs->fetch_hits();
+      ri.fetch_bytes = rs->fetch_bytes();
+      ri.puts = rs->puts();
+      ri.put_bytes = rs->put_bytes();
+      ri.errors = rs->errors();
+      ri.checksum_failures = rs->checksum_failures();
+      ri.lookup_mean_s = rs->lookup_mean_s();
+      ri.fetch_mean_s = rs->fetch_mean_s();
+      ri.put_mean_s = rs->put_mean_s();
+      ri.puts_in_flight = rs->puts_in_flight();
+      ri.puts_queued = rs->puts_queued();
+      ri.puts_skipped = rs->puts_skipped();
+      ri.breaker_rejections = rs->breaker_rejections();
+      ri.timeouts = rs->timeouts();
+      out.remote = std::move(ri);
+    }
     if (s->tiers()) {
       for (const fb::TierStats* t : *s->tiers()) {
         TierStatsInfo i;

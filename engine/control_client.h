@@ -52,6 +52,24 @@ struct TierStatsInfo {
   uint64_t used_bytes() const { return uint64_t{capacity_pages - free_pages} * page_bytes; }
 };
 
+// The remote tier (a Redis Cluster shared by kvtierd nodes) as one kvtierd sees it.
+struct RemoteStatsInfo {
+  struct Node {
+    std::string address;
+    bool up = true;  // false while its circuit breaker is open
+    uint64_t failures = 0;
+  };
+  std::vector<Node> nodes;
+  std::string write_policy;
+  uint64_t lookups = 0, lookup_hits = 0;  // keys asked about, found
+  uint64_t fetches = 0, fetch_hits = 0, fetch_bytes = 0;
+  uint64_t puts = 0, put_bytes = 0;
+  uint64_t errors = 0, checksum_failures = 0;
+  double lookup_mean_s = 0, fetch_mean_s = 0, put_mean_s = 0;
+  uint32_t puts_in_flight = 0, puts_queued = 0;
+  uint64_t puts_skipped = 0, breaker_rejections = 0, timeouts = 0;
+};
+
 struct SessionStatsInfo {
   uint64_t id = 0;
   bool control = false;
@@ -77,6 +95,7 @@ struct DaemonStats {
   uint32_t pending_fetches = 0;
   uint64_t gpu_demotions = 0, refetches_after_evict = 0, spill_bytes = 0, fetch_bytes = 0, evictions = 0;
   bool draining = false;
+  std::optional<RemoteStatsInfo> remote;  // with a remote tier
 };
 
 // kvctl explain: why a block is or is not a hit.

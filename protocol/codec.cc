@@ -109,6 +109,8 @@ std::optional<TierKind> TierFromWire(fb::Tier t) {
       return TierKind::kHost;
     case fb::Tier::Nvme:
       return TierKind::kNvme;
+    case fb::Tier::Remote:
+      return TierKind::kRemote;
     default:
       return std::nullopt;  // None, or a tier of a newer peer
   }

@@ -28,6 +28,8 @@ std::string_view EventMedium(TierKind tier) {
       return "CPU_TIER1";
     case TierKind::kNvme:
       return "CPU_TIER2";
+    case TierKind::kRemote:
+      return "REMOTE";  // not published: see docs/architecture.md (KV events)
   }
   return "CPU_TIER1";
 }

@@ -35,6 +35,7 @@ namespace {
 
 using json = nlohmann::json;
 using kvtier::DaemonStats;
+using kvtier::RemoteStatsInfo;
 
 std::string Duration(double s) {
   long t = static_cast<long>(s);
@@ -84,6 +85,57 @@ json TierJson(const kvtier::TierStatsInfo& t) {
               {"ready", t.ready}};
 }
 
+json RemoteJson(const RemoteStatsInfo& r) {
+  json nodes = json::array();
+  for (const auto& n : r.nodes) nodes.push_back(json{{"address", n.address}, {"up", n.up}, {"failures", n.failures}});
+  return json{{"name", "remote"},
+              {"nodes", nodes},
+              {"write_policy", r.write_policy},
+              {"lookups", r.lookups},
+              {"lookup_hits", r.lookup_hits},
+              {"fetches", r.fetches},
+              {"hits", r.fetch_hits},
+              {"bytes_read", r.fetch_bytes},
+              {"puts", r.puts},
+              {"bytes_written", r.put_bytes},
+              {"errors", r.errors},
+              {"checksum_failures", r.checksum_failures},
+              {"lookup_mean_s", r.lookup_mean_s},
+              {"fetch_mean_s", r.fetch_mean_s},
+              {"put_mean_s", r.put_mean_s},
+              {"puts_in_flight", r.puts_in_flight},
+              {"puts_queued", r.puts_queued},
+              {"puts_skipped", r.puts_skipped},
+              {"breaker_rejections", r.breaker_rejections},
+              {"timeouts", r.timeouts}};
+}
+
+// "3 masters, 3 up"
+std::string RemoteNodes(const RemoteStatsInfo& r) {
+  size_t up = 0;
+  for (const auto& n : r.nodes) up += n.up ? 1 : 0;
+  return std::to_string(r.nodes.size()) + " masters, " + std::to_string(up) + " up";
+}
+
+void PrintRemote(const RemoteStatsInfo& r) {
+  std::printf("remote: redis cluster, %s, %s\n", RemoteNodes(r).c_str(), r.write_policy.c_str());
+  for (const auto& n : r.nodes) {
+    std::printf("  node     %-21s %s, %llu failed batches\n", n.address.c_str(), n.up ? "up" : "DOWN (breaker open)",
+                static_cast<unsigned long long>(n.failures));
+  }
+  std::printf("  lookups  %llu keys, %llu found (mean %.0f us)\n", static_cast<unsigned long long>(r.lookups),
+              static_cast<unsigned long long>(r.lookup_hits), r.lookup_mean_s * 1e6);
+  std::printf("  reads    %llu, %llu hits, %s (mean %.0f us)\n", static_cast<unsigned long long>(r.fetches),
+              static_cast<unsigned long long>(r.fetch_hits), kvtier::FormatBytes(r.fetch_bytes).c_str(),
+              r.fetch_mean_s * 1e6);
+  std::printf("  puts     %llu, %s (mean %.0f us); %u in flight, %u queued, %llu skipped\n",
+              static_cast<unsigned long long>(r.puts), kvtier::FormatBytes(r.put_bytes).c_str(), r.put_mean_s * 1e6,
+              r.puts_in_flight, r.puts_queued, static_cast<unsigned long long>(r.puts_skipped));
+  std::printf("  errors   %llu (%llu refused by open breakers, %llu timed-out batches); %llu checksum failures\n",
+              static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.breaker_rejections),
+              static_cast<unsigned long long>(r.timeouts), static_cast<unsigned long long>(r.checksum_failures));
+}
+
 int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
   if (as_json) {
     json j{{"version", s.version},
@@ -103,6 +155,7 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
            {"pending_fetches", s.pending_fetches},
            {"tiers", json::array()}};
     for (const auto& t : s.tiers) j["tiers"].push_back(TierJson(t));
+    if (s.remote) j["remote"] = RemoteJson(*s.remote);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -118,6 +171,11 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
     std::printf("%-6s %12s %12s %6.1f%% %10llu\n", t.name.c_str(), kvtier::FormatBytes(t.capacity_bytes()).c_str(),
                 kvtier::FormatBytes(t.used_bytes()).c_str(), pct, static_cast<unsigned long long>(t.blocks));
   }
+  if (s.remote) {
+    std::printf("%-6s %s; %llu hits, %s read, %llu errors\n", "remote", RemoteNodes(*s.remote).c_str(),
+                static_cast<unsigned long long>(s.remote->fetch_hits),
+                kvtier::FormatBytes(s.remote->fetch_bytes).c_str(), static_cast<unsigned long long>(s.remote->errors));
+  }
   return 0;
 }
 
@@ -125,7 +183,9 @@ int Tiers(const DaemonStats& s, bool as_json) {
   if (as_json) {
     json j = json::array();
     for (const auto& t : s.tiers) j.push_back(TierJson(t));
-    std::cout << json{{"tiers", j}}.dump(2) << "\n";
+    json out{{"tiers", j}};
+    if (s.remote) out["remote"] = RemoteJson(*s.remote);
+    std::cout << out.dump(2) << "\n";
     return 0;
   }
   for (const auto& t : s.tiers) {
@@ -145,6 +205,7 @@ int Tiers(const DaemonStats& s, bool as_json) {
                   t.ready ? "" : " (loading)");
     }
   }
+  if (s.remote) PrintRemote(*s.remote);
   if (s.demotions + s.promotions + s.checksum_failures + s.io_errors > 0) {
     std::printf("moves: %llu demotions, %llu promotions; %llu checksum failures, %llu I/O errors\n",
                 static_cast<unsigned long long>(s.demotions), static_cast<unsigned long long>(s.promotions),

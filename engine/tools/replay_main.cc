@@ -11,7 +11,7 @@
 //   FLOPs(T) = 2 P T + 2 L H T^2        P: active parameters, L: layers, H: hidden size
 //   prefill(T, c) = (FLOPs(T) - FLOPs(c)) / (gpu_tflops x mfu)   with c tokens cached
 //   load = cached bytes / bandwidth of the tier each block came from (GPU: HBM; host:
-//          PCIe; NVMe: disk, then PCIe)
+//          PCIe; NVMe: disk, then PCIe; remote: network, then PCIe)
 //   TTFT = prefill + load, for no cache (c = 0); a GPU-only prefix cache: the engine's own
 //   LRU over --gpu-cache bytes of HBM (simulated over the same trace with the daemon's LRU
 //   class); and kvtier: that same GPU cache in front of the daemon, so a request's
@@ -52,7 +52,7 @@ struct Args {
   double speed = 0;
   uint32_t max_requests = 0;
   double params_billion = 0, hidden = 0;
-  double gpu_tflops = 989, mfu = 0.5, hbm_gbs = 4800, pcie_gbs = 50, nvme_gbs = 6;
+  double gpu_tflops = 989, mfu = 0.5, hbm_gbs = 4800, pcie_gbs = 50, nvme_gbs = 6, remote_gbs = 12.5;
   bool json = false;
 };
 
@@ -124,7 +124,7 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
       std::this_thread::sleep_until(start +
                                     std::chrono::microseconds(static_cast<int64_t>(q.timestamp_ms * 1000 / a.speed)));
     }
-    Record rec{static_cast<uint32_t>(i), static_cast<uint32_t>(q.blocks.size()), {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0};
+    Record rec{static_cast<uint32_t>(i), static_cast<uint32_t>(q.blocks.size()), {}, {}, 0, 0, 0, 0, 0};
     if (!client) {
       if (!connect()) return 1;
       rec.reconnects = 1;
@@ -241,6 +241,7 @@ int main(int argc, char** argv) {
   app.add_option("--hbm-gbs", a.hbm_gbs, "HBM GB/s (H200: 4800; a GPU cache hit is read at this rate)");
   app.add_option("--pcie-gbs", a.pcie_gbs, "Host-to-GPU GB/s");
   app.add_option("--nvme-gbs", a.nvme_gbs, "NVMe read GB/s");
+  app.add_option("--remote-gbs", a.remote_gbs, "Remote tier (network) read GB/s (100 Gbit/s: 12.5)");
   app.add_flag("--json", a.json, "Print one JSON object");
   CLI11_PARSE(app, argc, argv);
 
@@ -331,7 +332,7 @@ int main(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Aggregates.
-  uint64_t requests = 0, blocks = 0, hits[kTierCount] = {0, 0, 0}, corrupt = 0, errors = 0, unavailable = 0,
+  uint64_t requests = 0, blocks = 0, hits[kTierCount] = {}, corrupt = 0, errors = 0, unavailable = 0,
            reconnects = 0;
   std::vector<double> lat;
   for (size_t i = 0; i < n; ++i) {
@@ -345,7 +346,8 @@ int main(int argc, char** argv) {
     reconnects += recs[i].reconnects;
     lat.push_back(recs[i].latency_us);
   }
-  const uint64_t total_hits = hits[0] + hits[1] + hits[2];
+  uint64_t total_hits = 0;
+  for (uint64_t h : hits) total_hits += h;
 
   // Modeled TTFT.
   // Without a preset or flags: 8B parameters and a hidden size of 4 query heads per KV head.
@@ -359,6 +361,7 @@ int main(int argc, char** argv) {
   const double hbm_s = model_block_bytes / (a.hbm_gbs * 1e9);
   const double host_s = model_block_bytes / (a.pcie_gbs * 1e9);
   const double nvme_s = model_block_bytes / (a.nvme_gbs * 1e9) + host_s;
+  const double remote_s = model_block_bytes / (a.remote_gbs * 1e9) + host_s;
   uint64_t gpu_only_hits = 0;
   std::vector<double> ttft_none, ttft_gpu, ttft_kvtier;
   uint64_t kvtier_cached_blocks = 0;
@@ -375,10 +378,11 @@ int main(int argc, char** argv) {
     ttft_none.push_back(prefill(0));
     ttft_gpu.push_back(prefill(g) + g * hbm_s);
     // kvtier: the GPU cache's prefix, then what the daemon served beyond it.
-    const uint32_t beyond = r.beyond_gpu[0] + r.beyond_gpu[1] + r.beyond_gpu[2];
+    uint32_t beyond = 0;
+    for (uint32_t b : r.beyond_gpu) beyond += b;
     kvtier_cached_blocks += g + beyond;
     ttft_kvtier.push_back(prefill(g + beyond) + (g + r.beyond_gpu[0]) * hbm_s + r.beyond_gpu[1] * host_s +
-                          r.beyond_gpu[2] * nvme_s);
+                          r.beyond_gpu[2] * nvme_s + r.beyond_gpu[3] * remote_s);
   }
   auto mean = [](const std::vector<double>& v) {
     double s = 0;
@@ -392,12 +396,13 @@ int main(int argc, char** argv) {
                    {"sessions", a.sessions},
                    {"seconds", secs},
                    {"model", layout.ToString()},
-                   {"hits", {{"gpu", hits[0]}, {"host", hits[1]}, {"nvme", hits[2]}}},
+                   {"hits", {{"gpu", hits[0]}, {"host", hits[1]}, {"nvme", hits[2]}, {"remote", hits[3]}}},
                    {"hit_ratio", ratio},
                    {"bytes_moved",
                     {{"gpu", hits[0] * layout.block_bytes},
                      {"host", hits[1] * layout.block_bytes},
                      {"nvme", hits[2] * layout.block_bytes},
+                     {"remote", hits[3] * layout.block_bytes},
                      {"committed", (blocks - total_hits) * layout.block_bytes}}},
                    {"corrupt", corrupt},
                    {"errors", errors},
@@ -414,6 +419,7 @@ int main(int argc, char** argv) {
                      {"hbm_gbs", a.hbm_gbs},
                      {"pcie_gbs", a.pcie_gbs},
                      {"nvme_gbs", a.nvme_gbs},
+                     {"remote_gbs", a.remote_gbs},
                      {"gpu_only_hit_ratio", blocks ? static_cast<double>(gpu_only_hits) / blocks : 0},
                      {"kvtier_hit_ratio", blocks ? static_cast<double>(kvtier_cached_blocks) / blocks : 0},
                      {"no_cache_mean_s", mean(ttft_none)},
@@ -431,10 +437,10 @@ int main(int argc, char** argv) {
     std::printf("kvtier-replay %s: %llu requests, %llu blocks over %d sessions in %.1f s (%s)\n", trace->name.c_str(),
                 static_cast<unsigned long long>(requests), static_cast<unsigned long long>(blocks), a.sessions, secs,
                 layout.ToString().c_str());
-    std::printf("  hits: %.1f%% (gpu %llu, host %llu, nvme %llu); corrupt %llu, errors %llu\n", 100 * ratio,
-                static_cast<unsigned long long>(hits[0]), static_cast<unsigned long long>(hits[1]),
-                static_cast<unsigned long long>(hits[2]), static_cast<unsigned long long>(corrupt),
-                static_cast<unsigned long long>(errors));
+    std::printf("  hits: %.1f%% (gpu %llu, host %llu, nvme %llu, remote %llu); corrupt %llu, errors %llu\n",
+                100 * ratio, static_cast<unsigned long long>(hits[0]), static_cast<unsigned long long>(hits[1]),
+                static_cast<unsigned long long>(hits[2]), static_cast<unsigned long long>(hits[3]),
+                static_cast<unsigned long long>(corrupt), static_cast<unsigned long long>(errors));
     if (unavailable > 0) {
       std::printf("  daemon unavailable during %llu requests (misses); %llu reconnects\n",
                   static_cast<unsigned long long>(unavailable), static_cast<unsigned long long>(reconnects));

@@ -1,0 +1,147 @@
+#include "daemon/remote_mover.h"
+
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+
+RemoteMover::RemoteMover(std::unique_ptr<RemoteTier> remote, const Options& options, BlockTable* blocks,
+                         NamespaceTable* namespaces, CacheCounters* counters, Hooks hooks)
+    : remote_(std::move(remote)),
+      options_(options),
+      blocks_(blocks),
+      namespaces_(namespaces),
+      counters_(counters),
+      hooks_(std::move(hooks)) {}
+
+RemoteMover::~RemoteMover() { remote_.reset(); }
+
+Result<std::unique_ptr<RemoteMover>> RemoteMover::Open(std::unique_ptr<RemoteTier> remote, const Options& options,
+                                                       BlockTable* blocks, NamespaceTable* namespaces,
+                                                       CacheCounters* counters, Hooks hooks) {
+  if (!blocks->enabled(TierKind::kHost)) return InvalidArgument("the remote tier needs the host tier");
+  if (options.max_puts_in_flight == 0) return InvalidArgument("max_puts_in_flight must be at least 1");
+  KVTIER_LOG(INFO) << "remote tier: " << remote->Describe() << ", "
+                   << (options.write_policy == WritePolicy::kWriteThrough ? "write_through" : "write_back");
+  return std::unique_ptr<RemoteMover>(
+      new RemoteMover(std::move(remote), options, blocks, namespaces, counters, std::move(hooks)));
+}
+
+// ---- puts --------------------------------------------------------------------------------
+
+void RemoteMover::QueuePut(BlockId id) {
+  if (put_queue_.size() >= options_.max_queued_puts) {
+    ++puts_skipped_;
+    return;
+  }
+  put_queue_.emplace_back(id, blocks_->block(id).gen);
+}
+
+void RemoteMover::PumpPuts() {
+  while (!put_queue_.empty() && !busy() && remote_->available()) {
+    const auto [id, gen] = put_queue_.front();
+    put_queue_.pop_front();
+    const BlockTable::Block& b = blocks_->block(id);
+    if (!b.live || b.gen != gen || b.promoting || b.on_remote || b.page[TierIndex(TierKind::kHost)] == kNoPage) {
+      if (!b.live || b.gen != gen || b.page[TierIndex(TierKind::kHost)] == kNoPage) ++puts_skipped_;
+      continue;  // gone from host before its turn, or already there
+    }
+    StartPut(id);
+  }
+}
+
+void RemoteMover::StartPut(BlockId id) {
+  blocks_->BeginRead(id);
+  const BlockTable::Block& b = blocks_->block(id);
+  ++puts_in_flight_;
+  const NamespaceTable::Namespace& n = namespaces_->Get(b.ns);
+  RemoteBlockMeta meta;
+  meta.length = static_cast<uint32_t>(n.block_bytes);
+  meta.fingerprint = n.fingerprint;
+  meta.parent.assign(reinterpret_cast<const char*>(b.parent.bytes().data()), b.parent.size());
+  const TierPool* pool = blocks_->pool(TierKind::kHost);
+  const PageId page = b.page[TierIndex(TierKind::kHost)];
+  remote_->Put(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), n.block_bytes},
+               [this, id, gen = b.gen](Status st) { OnPut(id, gen, st); });
+}
+
+void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
+  --puts_in_flight_;
+  const BlockTable::Block& b = blocks_->block(id);
+  // The page was pinned: the block cannot have left host meanwhile.
+  KVTIER_CHECK(b.live && b.gen == gen && b.readers > 0) << "remote put completion for a block that moved";
+  blocks_->EndRead(id);
+  if (st.ok()) {
+    blocks_->SetOnRemote(id, true);
+    ++counters_->remote_puts;
+  } else {
+    ++counters_->remote_put_failures;
+    KVTIER_LOG(DEBUG) << "remote put failed: " << st.ToString();
+  }
+  hooks_.after_put();
+  PumpPuts();
+}
+
+// ---- promotions ----------------------------------------------------------------------------
+
+BlockId RemoteMover::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash) {
+  const std::optional<PageId> page = blocks_->Take(TierKind::kHost, tenant);
+  if (!page) return kNoBlock;
+  const BlockId id = blocks_->Create(ns, tenant, hash, BlockHash());  // the parent comes with the value
+  blocks_->SetOnRemote(id, true);
+  blocks_->BeginFill(id, *page);
+  const uint32_t gen = blocks_->block(id).gen;
+  promotions_[id] = gen;
+  const NamespaceTable::Namespace& n = namespaces_->Get(ns);
+  TierPool* pool = blocks_->pool(TierKind::kHost);
+  remote_->Fetch(namespaces_->BlockKey(ns, hash), n.fingerprint, static_cast<uint32_t>(n.block_bytes),
+                 {pool->PageAddress(*page), pool->page_bytes()},
+                 [this, id, gen](Status st, RemoteBlockMeta meta) { OnPromoted(id, gen, st, meta); });
+  return id;
+}
+
+void RemoteMover::OnPromoted(BlockId id, uint32_t gen, const Status& st, const RemoteBlockMeta& meta) {
+  const BlockTable::Block& b = blocks_->block(id);
+  KVTIER_CHECK(b.live && b.gen == gen && b.promoting) << "remote promotion completion for a block that moved";
+  promotions_.erase(id);
+  if (st.ok()) {
+    if (BlockHash::ValidSize(meta.parent.size())) {
+      blocks_->SetParent(id, BlockHash(std::span<const uint8_t>(
+                                 reinterpret_cast<const uint8_t*>(meta.parent.data()), meta.parent.size())));
+    }
+    blocks_->EndFill(id, true);
+    ++counters_->remote_promotions;
+  } else {
+    blocks_->EndFill(id, false);
+    if (st.code() != StatusCode::kNotFound) ++counters_->remote_promotion_failures;
+  }
+  hooks_.after_promotion(id, st);
+}
+
+// ---- lookups -------------------------------------------------------------------------------
+
+void RemoteMover::FindPrefix(NamespaceId ns, std::span<const BlockHash> hashes, std::function<void(size_t)> done) {
+  auto keys_of = [this, ns](std::span<const BlockHash> hs) {
+    std::vector<std::string> keys;
+    keys.reserve(hs.size());
+    for (const BlockHash& h : hs) keys.push_back(namespaces_->BlockKey(ns, h));
+    return keys;
+  };
+  auto leading = [](const std::vector<bool>& found) {
+    size_t n = 0;
+    while (n < found.size() && found[n]) ++n;
+    return n;
+  };
+  const size_t first = std::min(hashes.size(), kFirstProbe);
+  std::vector<std::string> rest = keys_of(hashes.subspan(first));
+  remote_->Exists(keys_of(hashes.first(first)), [this, first, leading, rest = std::move(rest),
+                                                 done = std::move(done)](std::vector<bool> found) mutable {
+    const size_t n = leading(found);
+    if (n < first || rest.empty()) return done(n);
+    // All of the first ones are there: the rest of the chain is worth asking about.
+    remote_->Exists(std::move(rest), [first, leading, done = std::move(done)](std::vector<bool> more) {
+      done(first + leading(more));
+    });
+  });
+}
+
+}  // namespace kvtier
