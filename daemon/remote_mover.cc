@@ -105,8 +105,8 @@ void RemoteMover::OnPromoted(BlockId id, uint32_t gen, const Status& st, const R
   promotions_.erase(id);
   if (st.ok()) {
     if (BlockHash::ValidSize(meta.parent.size())) {
-      blocks_->SetParent(id, BlockHash(std::span<const uint8_t>(
-                                 reinterpret_cast<const uint8_t*>(meta.parent.data()), meta.parent.size())));
+      blocks_->SetParent(id, BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(meta.parent.data()),
+                                                                meta.parent.size())));
     }
     blocks_->EndFill(id, true);
     ++counters_->remote_promotions;
@@ -138,9 +138,8 @@ void RemoteMover::FindPrefix(NamespaceId ns, std::span<const BlockHash> hashes, 
     const size_t n = leading(found);
     if (n < first || rest.empty()) return done(n);
     // All of the first ones are there: the rest of the chain is worth asking about.
-    remote_->Exists(std::move(rest), [first, leading, done = std::move(done)](std::vector<bool> more) {
-      done(first + leading(more));
-    });
+    remote_->Exists(std::move(rest),
+                    [first, leading, done = std::move(done)](std::vector<bool> more) { done(first + leading(more)); });
   });
 }
 

@@ -19,6 +19,7 @@
 
 #include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
+#include "tests/support/redis_cluster_process.h"
 
 namespace kvtier::testing {
 namespace {
@@ -202,8 +203,45 @@ TEST_F(MultiUser, TheSamePromptNeverHitsAcrossTenantsOnAnyTierOrAcrossRestart) {
 
   EXPECT_EQ(across, 0u);
   EXPECT_GE(static_cast<double>(within), 0.99 * static_cast<double>(asked)) << within << " of " << asked;
-  for (TierKind t : kAllTiers) EXPECT_TRUE(tiers & (1u << TierIndex(t))) << "no hit on " << TierKindName(t);
+  for (TierKind t : {TierKind::kGpu, TierKind::kHost, TierKind::kNvme}) {
+    EXPECT_TRUE(tiers & (1u << TierIndex(t))) << "no hit on " << TierKindName(t);
+  }
   EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_F(MultiUser, TenantsNeverShareBlocksThroughTheRemoteTier) {
+  if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server not installed";
+  RedisClusterProcess cluster({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(cluster.Start().ok());
+  DaemonProcess::Options o = Options(kTwoTenants);
+  o.remote_nodes = cluster.Seeds();
+  DaemonProcess n1(o), n2(o);  // two nodes of one fleet
+  for (DaemonProcess* d : {&n1, &n2}) {
+    ASSERT_EQ(::chmod(d->dir().c_str(), 0755), 0);
+    ASSERT_TRUE(d->Start().ok()) << d->Log();
+  }
+  const auto prompt = HashChain(41, 10);
+  int rc = -1;
+  RunAs(
+      kUserA, n1, [&](Client& c) { return Store(c, TierKind::kHost, prompt, kUserA).ok() ? Hits{1} : Hits{}; }, &rc);
+  ASSERT_EQ(rc, 0) << n1.Log();
+  ASSERT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(n1.socket_path());
+    return s.ok() && s->remote && s->remote->puts >= prompt.size();
+  }));
+  // On the other node, org_b asks for the same hashes: nothing, although the cluster
+  // holds them (under org_a's namespace).
+  Hits b = RunAs(
+      kUserB, n2, [&](Client& c) { return Probe(c, prompt, kUserB); }, &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(b.verified + b.foreign, 0u);
+  // org_a finds all of it there, its own bytes, from the remote tier.
+  Hits a = RunAs(
+      kUserA, n2, [&](Client& c) { return Probe(c, prompt, kUserA); }, &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(a.verified, prompt.size());
+  EXPECT_EQ(a.foreign, 0u);
+  EXPECT_TRUE(a.tiers & (1u << TierIndex(TierKind::kRemote))) << "tiers " << a.tiers;
 }
 
 TEST_F(MultiUser, UnknownUsersAreRefusedAndTheSocketIsTheGroupsOnly) {

@@ -99,6 +99,12 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
     c << "  nvme:\n    files: [{path: " << slot_file() << ", capacity: " << options_.nvme_capacity << "}]\n"
       << options_.nvme_yaml;
   }
+  if (!options_.remote_nodes.empty()) {
+    c << "  remote:\n    nodes: [";
+    for (size_t i = 0; i < options_.remote_nodes.size(); ++i)
+      c << (i ? ", " : "") << '"' << options_.remote_nodes[i] << '"';
+    c << "]\n" << options_.remote_yaml;
+  }
   c << options_.extra_yaml;
 }
 

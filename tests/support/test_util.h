@@ -65,6 +65,10 @@ class DaemonProcess {
     std::string nvme_yaml;  // indented for tiers.nvme, e.g. "    durability: relaxed\n"
     std::string nvme_file;  // the slot file; empty: slots0 in the temp dir
     std::string data_dir;   // empty: data in the temp dir
+    // A remote tier on these Redis seed nodes (none = no remote tier), with these extra
+    // keys (indented for tiers.remote, e.g. "    write_policy: write_back\n").
+    std::vector<std::string> remote_nodes;
+    std::string remote_yaml;
     // A host-emulated GPU tier of this size ("" = none), in segments of gpu_segment_bytes.
     std::string gpu_capacity;
     std::string gpu_segment_bytes = "4MiB";

@@ -1,0 +1,273 @@
+// The remote tier end to end: kvtierd "nodes" (real daemon processes with their own
+// sockets and data dirs) sharing a real Redis Cluster that the test starts on loopback
+// ports — a replay on one node served from the cluster on another, a value overwritten in
+// the cluster (a miss, never served), a master killed mid-replay (misses only, then hits
+// again once its replica took over), write_back, and a cluster that is not there at all.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/tools/block_pattern.h"
+#include "engine/tools/trace.h"
+#include "storage/remote_tier.h"
+#include "tests/integration/engine_process.h"
+#include "tests/support/redis_cluster_process.h"
+
+namespace kvtier::testing {
+namespace {
+
+#define REQUIRE_REDIS() \
+  if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/deps.sh)"
+
+// A node as the scale-out check runs them: 4 MiB of host, 8 MiB of NVMe, 16 KiB blocks.
+DaemonProcess::Options Node(const RedisClusterProcess& rc, const std::string& remote_yaml = "") {
+  DaemonProcess::Options o;
+  o.host_capacity = "4MiB";
+  o.page_bytes = "16KiB";
+  o.segment_bytes = "1MiB";
+  o.nvme_capacity = "8MiB";
+  o.nvme_yaml = "    durability: relaxed\n";
+  o.remote_nodes = rc.Seeds();
+  o.remote_yaml = remote_yaml;
+  o.log_level = "notice";
+  return o;
+}
+
+nlohmann::json Replay(const DaemonProcess& d, const std::string& trace, const TempDir& dir, int* code) {
+  CmdResult r = Sh("(" + BinaryPath("kvtier-replay") + " --trace " + trace + " -s " + d.socket_path() +
+                   " --block-bytes 16KiB --sessions 2 --json 2>" + dir.File("replay.err") + ")");
+  *code = r.code;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+uint64_t Hits(const nlohmann::json& j, const char* tier) { return j["hits"][tier].get<uint64_t>(); }
+
+// One engine storing `chain` with the replay's block pattern.
+Status Store(Client& c, const std::vector<BlockHash>& chain, size_t bytes) {
+  KVTIER_ASSIGN_OR_RETURN(auto pages, c.Allocate(TierKind::kHost, static_cast<uint32_t>(chain.size())));
+  std::vector<CommitEntry> e;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    auto* p = static_cast<uint8_t*>(c.PageAddress(TierKind::kHost, pages[i]));
+    FillBlockPattern(chain[i], {p, bytes});
+    e.push_back({pages[i], chain[i], i ? chain[i - 1] : BlockHash()});
+  }
+  KVTIER_ASSIGN_OR_RETURN(auto r, c.Commit(TierKind::kHost, e));
+  for (const auto& x : r) KVTIER_RETURN_IF_ERROR(x.status);
+  return Status::Ok();
+}
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_REDIS();
+    trace_ = GenerateTrace("conversation", 300, 21);
+    ASSERT_TRUE(trace_.ok());
+    ASSERT_TRUE(WriteTrace(*trace_, dir_.File("t.jsonl")).ok());
+  }
+  std::string trace() const { return dir_.File("t.jsonl"); }
+  TempDir dir_;
+  Result<Trace> trace_ = Internal("unset");
+};
+
+TEST_F(RemoteTierTest, ASecondNodeIsServedFromTheClusterWhatTheFirstStored) {
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(rc.Start().ok());
+  DaemonProcess a(Node(rc)), b(Node(rc));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  int code = -1;
+  auto ja = Replay(a, trace(), dir_, &code);
+  ASSERT_EQ(code, 0) << Sh("cat " + dir_.File("replay.err")).out;
+  // Write-through drains in the background: every block a committed is in the cluster.
+  ASSERT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(a.socket_path());
+    return s.ok() && s->remote && s->remote->puts_in_flight == 0 && s->remote->puts_queued == 0;
+  }));
+  auto jb = Replay(b, trace(), dir_, &code);
+  ASSERT_EQ(code, 0) << Sh("cat " + dir_.File("replay.err")).out;
+  EXPECT_EQ(jb["corrupt"], 0);
+  EXPECT_EQ(jb["errors"], 0);
+  EXPECT_GE(jb["hit_ratio"].get<double>(), 0.9) << jb.dump();
+  EXPECT_GT(jb["hit_ratio"].get<double>(), ja["hit_ratio"].get<double>());
+  // b never saw these prompts: whatever its own tiers did not hold yet came from the
+  // cluster (the generated conversations reuse their own prefixes, so b's tiers serve
+  // some of the rest).
+  const uint64_t total = Hits(jb, "gpu") + Hits(jb, "host") + Hits(jb, "nvme") + Hits(jb, "remote");
+  EXPECT_GT(3 * Hits(jb, "remote"), total) << jb.dump();
+  // What operators see: kvctl and the metrics say the same.
+  auto s = StatsOf(b.socket_path());
+  ASSERT_TRUE(s.ok() && s->remote.has_value());
+  EXPECT_EQ(s->remote->nodes.size(), 3u);
+  // Each remote block is read once, however many lookups saw it on its way up.
+  EXPECT_GT(s->remote->fetch_hits, 0u);
+  EXPECT_LE(s->remote->fetch_hits, Hits(jb, "remote"));
+  EXPECT_EQ(s->remote->checksum_failures, 0u);
+  EXPECT_EQ(s->remote->errors, 0u);
+  const CmdResult tiers = Sh(BinaryPath("kvctl") + " -s " + b.socket_path() + " tiers");
+  EXPECT_NE(tiers.out.find("remote: redis cluster, 3 masters, 3 up"), std::string::npos) << tiers.out;
+  const std::string url = MetricsUrl(b);
+  EXPECT_EQ(Metric(url, "kvtier_block_hits_total{tier=\"remote\"}"), static_cast<double>(Hits(jb, "remote")));
+  EXPECT_EQ(Metric(url, "kvtier_remote_nodes{state=\"up\"}"), 3);
+  EXPECT_GT(Metric(url, "kvtier_bytes_moved_total{path=\"remote_to_host\"}"), 0);
+  EXPECT_EQ(Metric(url, "kvtier_remote_checksum_failures_total"), 0);
+  EXPECT_EQ(a.Stop(), 0) << a.Log();
+  EXPECT_EQ(b.Stop(), 0) << b.Log();
+}
+
+TEST_F(RemoteTierTest, AValueOverwrittenInTheClusterIsAMissNeverServed) {
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(rc.Start().ok());
+  DaemonProcess a(Node(rc)), b(Node(rc));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  const ModelLayout layout = TestLayout("remote-model");
+  const auto chain = HashChain(31, 6);
+  {
+    ClientOptions o = EngineOptions(a.socket_path());
+    o.layout = layout;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(Store(**c, chain, layout.block_bytes).ok());
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(a.socket_path());
+    return s.ok() && s->remote && s->remote->puts == chain.size();
+  }));
+  // Someone writes other bytes under the key of the chain's fourth block.
+  const std::string ns = EncodeNamespace("uid=" + std::to_string(::getuid()), layout.Fingerprint());
+  const std::string key = RemoteKey("kvtier:", EncodeBlockKey(ns, chain[3]));
+  ASSERT_NE(rc.Cli(0, "-c exists " + key).find('1'), std::string::npos) << "no such key: " << key;
+  rc.Cli(0, "-c set " + key + " " + std::string(layout.block_bytes + 80, 'z'));
+  ClientOptions o = EngineOptions(b.socket_path());
+  o.layout = layout;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  auto l = (*c)->Lookup(chain);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->matched, chain.size());  // the key exists: Lookup cannot tell
+  for (TierKind t : l->tiers) EXPECT_EQ(t, TierKind::kRemote);
+  auto acq = (*c)->Acquire(chain);
+  ASSERT_TRUE(acq.ok());
+  std::vector<BlockHash> held;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const BlockResult& r = (*acq)[i];
+    if (i == 3) {
+      EXPECT_EQ(r.status.code(), StatusCode::kDataLoss) << "an overwritten value was served";
+      continue;
+    }
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.ToString();
+    held.push_back(chain[i]);
+    auto bytes = (*c)->PageBytes(r.tier, r.page);
+    EXPECT_TRUE(CheckBlockPattern(chain[i], bytes.first(layout.block_bytes))) << i;
+  }
+  ASSERT_TRUE((*c)->Release(TierKind::kHost, {}, held).ok());
+  auto s = StatsOf(b.socket_path());
+  ASSERT_TRUE(s.ok() && s->remote);
+  EXPECT_EQ(s->remote->checksum_failures, 1u);
+  EXPECT_EQ(s->checksum_failures, 1u);
+  EXPECT_EQ(Metric(MetricsUrl(b), "kvtier_remote_checksum_failures_total"), 1);
+  // The bad value is gone from the cluster: the next lookup ends the prefix before it.
+  ASSERT_TRUE(WaitUntil([&] { return rc.Cli(0, "-c exists " + key).find('0') != std::string::npos; }));
+  auto again = (*c)->Lookup(chain);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->matched, 3u);
+}
+
+TEST_F(RemoteTierTest, AMasterKilledMidReplayCostsMissesOnlyAndHitsComeBack) {
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 1, .node_timeout_ms = 1000});
+  ASSERT_TRUE(rc.Start().ok());
+  DaemonProcess a(Node(rc)), b(Node(rc)), c(Node(rc));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  ASSERT_TRUE(c.Start().ok()) << c.Log();
+  int code = -1;
+  Replay(a, trace(), dir_, &code);
+  ASSERT_EQ(code, 0);
+  ASSERT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(a.socket_path());
+    return s.ok() && s->remote && s->remote->puts_in_flight == 0 && s->remote->puts_queued == 0;
+  }));
+  ASSERT_TRUE(WaitUntil([&] { return rc.Cli(0, "wait 1 200").find('1') != std::string::npos; }));
+  nlohmann::json jb;
+  std::thread replay([&] { jb = Replay(b, trace(), dir_, &code); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  rc.Kill(1);
+  replay.join();
+  ASSERT_EQ(code, 0) << Sh("cat " + dir_.File("replay.err")).out;
+  EXPECT_EQ(jb["corrupt"], 0);
+  EXPECT_EQ(jb["errors"], 0) << "a dead master must cost misses, never errors";
+  auto sb = StatsOf(b.socket_path());
+  ASSERT_TRUE(sb.ok() && sb->remote);
+  // Once the replica has taken over, a third node is served from the whole cluster again.
+  ASSERT_TRUE(rc.WaitHealthy(0));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto s = StatsOf(c.socket_path());
+        if (!s.ok() || !s->remote) return false;
+        for (const auto& n : s->remote->nodes) {
+          if (n.address == rc.Addresses()[1]) return false;  // the dead one is still in its map
+        }
+        return s->remote->nodes.size() == 3;
+      },
+      std::chrono::seconds(20)));
+  auto jc = Replay(c, trace(), dir_, &code);
+  ASSERT_EQ(code, 0);
+  EXPECT_EQ(jc["corrupt"], 0);
+  EXPECT_EQ(jc["errors"], 0);
+  EXPECT_GE(jc["hit_ratio"].get<double>(), 0.9) << jc.dump();
+}
+
+TEST_F(RemoteTierTest, WriteBackPutsWhatLeavesHostMemory) {
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(rc.Start().ok());
+  // No NVMe tier: host is the last local tier, and write_back puts what it evicts.
+  DaemonProcess::Options o = Node(rc, "    write_policy: write_back\n");
+  o.nvme_capacity.clear();
+  DaemonProcess a(o), b(Node(rc));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  int code = -1;
+  auto ja = Replay(a, trace(), dir_, &code);
+  ASSERT_EQ(code, 0) << Sh("cat " + dir_.File("replay.err")).out;
+  EXPECT_EQ(ja["errors"], 0);
+  auto sa = StatsOf(a.socket_path());
+  ASSERT_TRUE(sa.ok() && sa->remote);
+  EXPECT_EQ(sa->remote->write_policy, "write_back");
+  // Only what was evicted was put: every stored block but those host still holds (at
+  // most its 256 pages).
+  const double stored = Metric(MetricsUrl(a), "kvtier_commits_total{outcome=\"stored\"}");
+  const double blocks_in_host = static_cast<double>(sa->tiers[0].blocks);
+  ASSERT_EQ(sa->tiers[0].name, "host");
+  EXPECT_GT(sa->remote->puts, 0u);
+  EXPECT_LE(static_cast<double>(sa->remote->puts), stored);
+  EXPECT_GE(static_cast<double>(sa->remote->puts) + blocks_in_host, stored) << "a block left host without a put";
+  auto jb = Replay(b, trace(), dir_, &code);
+  ASSERT_EQ(code, 0);
+  EXPECT_EQ(jb["corrupt"], 0);
+  EXPECT_GT(Hits(jb, "remote"), 0u);
+}
+
+TEST_F(RemoteTierTest, AClusterThatIsNotThereCostsNothing) {
+  // Nothing listens there: kvtierd starts, serves from its local tiers, and counts errors.
+  DaemonProcess::Options o = Node(RedisClusterProcess());
+  o.remote_nodes = {"127.0.0.1:1"};
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  int code = -1;
+  auto j = Replay(d, trace(), dir_, &code);
+  ASSERT_EQ(code, 0);
+  EXPECT_EQ(j["errors"], 0);
+  EXPECT_EQ(j["corrupt"], 0);
+  EXPECT_EQ(Hits(j, "remote"), 0u);
+  EXPECT_GT(j["hit_ratio"].get<double>(), 0.3);
+  auto s = StatsOf(d.socket_path());
+  ASSERT_TRUE(s.ok() && s->remote);
+  EXPECT_TRUE(s->remote->nodes.empty());  // no slot map was ever read
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing
