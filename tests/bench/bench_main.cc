@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "protocol/base/units.h"
+
 int main(int argc, char** argv) {
   CLI::App app{
       "kvtier-bench: benchmarks of kvtier, each against a baseline measured in the same run.\n"
@@ -39,6 +41,25 @@ int main(int argc, char** argv) {
   events->add_option("--iterations", args.iterations, "Operations per daemon")->check(CLI::Range(100, 10'000'000));
   events->add_option("--rounds", args.rounds, "Interleaved rounds")->check(CLI::Range(1, 1000));
   events->add_flag("--json", args.json, "Print one JSON object");
+  auto* remote = app.add_subcommand(
+      "remote",
+      "Bytes/s kvtierd reads from the remote tier (a Redis Cluster it starts; each Acquire of one block by C "
+      "sessions, verified) vs redis-benchmark GET of the same value size and concurrency, interleaved");
+  remote->add_option("--concurrency", args.concurrency, "Sessions, and redis-benchmark -c")->check(CLI::Range(1, 256));
+  remote->add_option("--rounds", args.rounds, "Interleaved rounds")->check(CLI::Range(1, 100));
+  remote->add_option("--iterations", args.iterations, "Fetches per round (all sessions)")
+      ->check(CLI::Range(16, 10'000'000));
+  remote->add_option("--blocks", args.remote_blocks, "Distinct blocks (at least 4 per session)")
+      ->check(CLI::Range(4, 100000));
+  remote->add_option_function<std::string>(
+      "--block-bytes",
+      [&args](const std::string& s) {
+        auto b = kvtier::ParseBytes(s);
+        if (!b.ok() || *b < 4096) throw CLI::ValidationError("--block-bytes", "a size of at least 4KiB");
+        args.block_bytes = *b;
+      },
+      "Block (value) size, e.g. 2MiB");
+  remote->add_flag("--json", args.json, "Print one JSON object");
   for (auto* sub : {rpc, nvme, restart, soak}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");
@@ -52,5 +73,10 @@ int main(int argc, char** argv) {
   if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
   if (soak->parsed()) return kvtier::bench::RunSoakBench(args);
   if (events->parsed()) return kvtier::bench::RunEventsBench(args);
+  if (remote->parsed()) {
+    if (args.iterations == 20000) args.iterations = 4096;  // this mode's default
+    if (args.rounds == 10) args.rounds = 5;
+    return kvtier::bench::RunRemoteBench(args);
+  }
   return 2;
 }

@@ -16,6 +16,9 @@ struct BenchArgs {
   double seconds = 60;                                            // soak: duration
   std::string host_capacity = "64MiB", nvme_capacity = "384MiB";  // soak: its daemon's tiers
   bool check_rss = true;                                          // soak: fail when the daemon's RSS grows
+  uint64_t block_bytes = 2ull << 20;                              // remote: value size
+  int concurrency = 16;                                           // remote: sessions, redis-benchmark -c
+  int remote_blocks = 96;                                         // remote: distinct blocks cycled through
 };
 
 int RunRpcBench(const BenchArgs& args);
@@ -23,5 +26,6 @@ int RunNvmeBench(const BenchArgs& args);
 int RunRestartBench(const BenchArgs& args);
 int RunSoakBench(const BenchArgs& args);
 int RunEventsBench(const BenchArgs& args);
+int RunRemoteBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench
