@@ -102,22 +102,20 @@ Result<std::vector<uint32_t>> IdList(const std::string& path, const YAML::Node& 
   return out;
 }
 
-// {host: 1GiB, gpu: 0, nvme: 100GiB}
+// {host: 1GiB, gpu: 0, nvme: 100GiB, remote: 50GiB}
 Status TierBytesMap(const std::string& path, const YAML::Node& n, TierBytes* out) {
   if (n.IsNull()) return Status::Ok();
-  if (!n.IsMap()) return Bad(path, "expected {host: SIZE, gpu: SIZE, nvme: SIZE}");
+  if (!n.IsMap()) return Bad(path, "expected {host: SIZE, gpu: SIZE, nvme: SIZE, remote: SIZE}");
   for (const auto& kv : n) {
     const std::string tier = kv.first.Scalar();
-    uint64_t* field = tier == "host" ? &out->host : tier == "gpu" ? &out->gpu : tier == "nvme" ? &out->nvme : nullptr;
-    if (!field) return InvalidArgument("config key '" + path + "." + tier + "' is unknown (host, gpu, nvme)");
+    uint64_t* field = tier == "host"     ? &out->host
+                      : tier == "gpu"    ? &out->gpu
+                      : tier == "nvme"   ? &out->nvme
+                      : tier == "remote" ? &out->remote
+                                         : nullptr;
+    if (!field) return InvalidArgument("config key '" + path + "." + tier + "' is unknown (host, gpu, nvme, remote)");
     auto b = ParseBytes(kv.second.IsScalar() ? kv.second.Scalar() : std::string());
     if (!b.ok()) return Bad(path + "." + tier, b.status().message());
-    if (tier == "nvme" && *b != 0) {
-      // Refused rather than ignored: a limit the daemon does not keep would be a lie.
-      return Bad(path + ".nvme",
-                 "per-tenant NVMe quotas and reserves are not enforced yet (the NVMe tier is "
-                 "one LRU shared by all tenants; namespaces still keep them apart); leave it 0");
-    }
     *field = *b;
   }
   return Status::Ok();
@@ -243,16 +241,18 @@ const std::vector<Key>& Keys() {
          c->security.max_leased_share = v;
          return Status::Ok();
        }},
-      {"security.unknown_quota", "{host: 0, gpu: 0, nvme: 0}",
-       "Most each unknown tenant may hold per tier (0: no limit).",
+      {"security.unknown_quota", "{host: 0, gpu: 0}",
+       "Most each unknown tenant may hold per tier (0: no limit); host and GPU only (NVMe and remote "
+       "limits are for configured tenants).",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          return TierBytesMap("security.unknown_quota", n, &c->security.unknown_quota);
        }},
       {"security.tenants", "[]",
        "Tenants by peer identity. Blocks are shared only within a tenant (and model). E.g. "
-       "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, gpu: 20GiB}, "
-       "reserve: {host: 2GiB}}]: quota is the most the tenant may hold per tier; reserve "
-       "is what other tenants can never push it below (host and GPU; NVMe: not yet).",
+       "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, gpu: 20GiB, nvme: 100GiB, "
+       "remote: 50GiB}, reserve: {host: 2GiB, nvme: 20GiB}}]: quota is the most the tenant may hold "
+       "per tier (remote: what this kvtierd keeps in the cluster for it, oldest deleted first); "
+       "reserve is what other tenants can never push it below (host, GPU, NVMe).",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          const std::string key = "security.tenants";
          if (n.IsNull()) return Status::Ok();
@@ -744,9 +744,23 @@ Status ValidateConfig(const DaemonConfig& c) {
       reserved.host += t.reserve.host;
       reserved.gpu += t.reserve.gpu;
       reserved.nvme += t.reserve.nvme;
+      reserved.remote += t.reserve.remote;
     }
     uint64_t nvme_bytes = 0;
     for (const auto& f : c.nvme.files) nvme_bytes += f.capacity_bytes;
+    if (s.unknown_quota.nvme > 0 || s.unknown_quota.remote > 0) {
+      return InvalidArgument(
+          "config key 'security.unknown_quota': NVMe and remote quotas are for configured tenants "
+          "(security.tenants); an unknown tenant's blocks there count with everyone else's");
+    }
+    if (reserved.remote > 0) {
+      // Refused rather than ignored: the cluster evicts by its own LRU across every tenant
+      // (maxmemory-policy), which no kvtierd can hold back for one of them.
+      return InvalidArgument(
+          "config key 'security.tenants[].reserve.remote': the remote tier cannot reserve room for a tenant (the "
+          "cluster's own eviction is shared by all); give the other tenants a remote quota instead, or the tenant "
+          "a cluster of its own");
+    }
     // Reserves must fit below the low watermark, or eviction could never honour them.
     for (auto [r, cap, low, tier] :
          {std::tuple{reserved.host, h.capacity_bytes, h.low_watermark, "host"},

@@ -63,6 +63,7 @@ struct TierBytes {
   uint64_t host = 0;
   uint64_t gpu = 0;
   uint64_t nvme = 0;
+  uint64_t remote = 0;  // quota only: what this kvtierd keeps in the cluster for the tenant
 };
 
 // One configured tenant: the peers it covers (by uid, or by any of their groups) and its

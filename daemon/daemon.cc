@@ -89,6 +89,31 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
   o.low_watermark = c.low_watermark;
   o.policy = c.policy;
   o.verify_bytes_per_s = c.verify_bytes_per_s;
+  // Tenants with NVMe limits are owners 1..n of the tier's slots; everyone else is owner 0.
+  std::unordered_map<std::string, uint16_t> owners;
+  auto slots = [&](uint64_t bytes) {
+    return bytes == 0 ? 0u : static_cast<uint32_t>(std::max<uint64_t>(1, bytes / config_.host.page_bytes));
+  };
+  for (const TenantConfig& t : config_.security.tenants) {
+    if (t.quota.nvme == 0 && t.reserve.nvme == 0) continue;
+    if (o.quota_slots.empty()) {
+      o.quota_slots.push_back(0);
+      o.reserve_slots.push_back(0);
+    }
+    owners[t.name] = static_cast<uint16_t>(o.quota_slots.size());
+    if (nvme_owners_.empty()) nvme_owners_.push_back("");
+    nvme_owners_.push_back(t.name);
+    o.quota_slots.push_back(slots(t.quota.nvme));
+    o.reserve_slots.push_back(slots(t.reserve.nvme));
+  }
+  if (!owners.empty()) {
+    o.owner_of = [owners = std::move(owners)](std::string_view key) -> uint16_t {
+      std::string tenant;
+      if (!DecodeBlockKey(key, &tenant, nullptr, nullptr, nullptr)) return 0;
+      auto it = owners.find(tenant);
+      return it == owners.end() ? 0 : it->second;
+    };
+  }
   boost::asio::io_context* io_ctx = &io_;
   return NvmeTier::Open(
       o, std::move(engine), std::move(store),
@@ -129,6 +154,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     l.quota_bytes[TierIndex(TierKind::kHost)] = quota.host;
     l.quota_bytes[TierIndex(TierKind::kGpu)] = quota.gpu;
     l.quota_bytes[TierIndex(TierKind::kNvme)] = quota.nvme;
+    l.quota_bytes[TierIndex(TierKind::kRemote)] = quota.remote;
     l.reserve_bytes[TierIndex(TierKind::kHost)] = reserve.host;
     l.reserve_bytes[TierIndex(TierKind::kGpu)] = reserve.gpu;
     l.reserve_bytes[TierIndex(TierKind::kNvme)] = reserve.nvme;
@@ -413,6 +439,17 @@ void Daemon::RegisterMetrics() {
                  {}, [nvme] { return nvme->counters().files_lost; });
   m.AddCounterFn("kvtier_nvme_syncs_total", "fdatasync calls issued for spilled data (strict durability).", {},
                  [nvme] { return nvme->counters().syncs; });
+  m.AddCounterFn("kvtier_nvme_quota_refusals_total",
+                 "Spills refused because the tenant was at its NVMe quota with nothing of its own to give up.", {},
+                 [nvme] { return nvme->counters().quota_refusals; });
+  for (size_t o = 1; o < nvme_owners_.size(); ++o) {
+    m.AddGaugeFn("kvtier_nvme_tenant_bytes",
+                 "NVMe bytes a tenant with NVMe limits holds (blocks indexed or being written), by tenant.",
+                 {{"tenant", nvme_owners_[o]}}, [nvme, o] {
+                   return static_cast<double>(nvme->held_by(static_cast<uint16_t>(o))) *
+                          static_cast<double>(nvme->slot_bytes());
+                 });
+  }
 }
 
 void Daemon::RegisterRemoteMetrics() {
@@ -475,6 +512,9 @@ void Daemon::RegisterRemoteMetrics() {
                  [rt] { return rt->cluster_counters().refreshes.load(std::memory_order_relaxed); });
   m.AddCounterFn("kvtier_remote_promotions_total", "Remote blocks read and verified into host pages.", {},
                  [cache] { return cache->counters().remote_promotions; });
+  m.AddCounterFn("kvtier_remote_quota_deletes_total",
+                 "Values this kvtierd deleted from the cluster because their tenant was past its remote quota.", {},
+                 [rm] { return rm->quota_deletes(); });
 }
 
 void Daemon::WatchNvme() {

@@ -66,6 +66,8 @@ class Daemon {
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<MetricsHttpServer> http_;
   std::unique_ptr<boost::asio::posix::stream_descriptor> nvme_events_;
+  // Tenants with NVMe limits, by their owner id in the NVMe tier (index 0: everyone else).
+  std::vector<std::string> nvme_owners_;
   boost::asio::steady_timer tick_;
   bool stopping_ = false;
   // systemd's watchdog (WatchdogSec=): pinged from the control loop's tick at half the

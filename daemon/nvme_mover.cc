@@ -93,6 +93,15 @@ void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, u
   } else {
     ++counters_->spill_failures;
     KVTIER_LOG(DEBUG) << "spill failed: " << st.ToString();
+    // The tenant's NVMe quota is full of blocks it cannot give up now: a demotion has
+    // nowhere to go, so the block leaves host as it would with no NVMe tier (else the same
+    // victim would be spilled again and again).
+    if (!keep_host && st.code() == StatusCode::kResourceExhausted && b.refs == 0 && b.readers == 0) {
+      const std::string key = namespaces_->BlockKey(b.ns, b.hash);
+      const bool last_copy = b.page[TierIndex(TierKind::kGpu)] == kNoPage;
+      blocks_->RemoveResidency(id, TierKind::kHost);
+      if (last_copy && hooks_.last_copy_dropped) hooks_.last_copy_dropped(key);
+    }
   }
   hooks_.after_spill();
   PumpWriteThrough();

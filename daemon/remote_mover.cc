@@ -64,6 +64,21 @@ void RemoteMover::StartPut(BlockId id) {
                [this, id, gen = b.gen](Status st) { OnPut(id, gen, st); });
 }
 
+void RemoteMover::Charge(TenantId tenant, std::string key, uint64_t bytes) {
+  const uint64_t quota = namespaces_->limits(tenant).quota_bytes[TierIndex(TierKind::kRemote)];
+  if (quota == 0) return;  // nothing to keep: no memory spent on tenants without one
+  if (accounts_.size() <= tenant) accounts_.resize(tenant + 1);
+  Account& a = accounts_[tenant];
+  a.keys.emplace_back(std::move(key), bytes);
+  a.bytes += bytes;
+  while (a.bytes > quota && !a.keys.empty()) {
+    remote_->Delete(a.keys.front().first);
+    a.bytes -= a.keys.front().second;
+    a.keys.pop_front();
+    ++quota_deletes_;
+  }
+}
+
 void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
   --puts_in_flight_;
   const BlockTable::Block& b = blocks_->block(id);
@@ -73,6 +88,7 @@ void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
   if (st.ok()) {
     blocks_->SetOnRemote(id, true);
     ++counters_->remote_puts;
+    Charge(b.tenant, namespaces_->BlockKey(b.ns, b.hash), namespaces_->Get(b.ns).block_bytes);
   } else {
     ++counters_->remote_put_failures;
     KVTIER_LOG(DEBUG) << "remote put failed: " << st.ToString();

@@ -11,6 +11,11 @@
 // straight into the socket, and it is neither evicted nor reused until the put is
 // answered. Sessions still read it.
 //
+// Quotas: a tenant with a remote quota (security.tenants[].quota.remote) has what this
+// kvtierd put for it remembered, oldest first (its block keys: about 50 bytes each); past
+// the quota the oldest are deleted from the cluster. Each node keeps its own account (a
+// fleet of N nodes holds at most N quotas of a tenant) and starts it anew at restart.
+//
 // Promotions: a block found only in the cluster is read into a fresh host page, verified
 // on the client's thread, then becomes a host block (remembered as on the remote tier, so
 // it is never put back).
@@ -75,6 +80,12 @@ class RemoteMover {
   uint32_t puts_in_flight() const { return puts_in_flight_; }
   size_t puts_queued() const { return put_queue_.size(); }
   uint64_t puts_skipped() const { return puts_skipped_; }
+  // Values deleted because their tenant was past its remote quota.
+  uint64_t quota_deletes() const { return quota_deletes_; }
+  // Bytes this kvtierd keeps in the cluster for `tenant` (tenants with a quota only).
+  uint64_t stored_bytes(TenantId tenant) const {
+    return tenant < accounts_.size() ? accounts_[tenant].bytes : 0;
+  }
 
   // ---- promotions ----
   // Reads the block (ns, hash) from the cluster into a new host block of `tenant`;
@@ -90,6 +101,8 @@ class RemoteMover {
   RemoteMover(std::unique_ptr<RemoteTier> remote, const Options& options, BlockTable* blocks,
               NamespaceTable* namespaces, CacheCounters* counters, Hooks hooks);
   void OnPut(BlockId id, uint32_t gen, const Status& st);
+  // A put of `key` (`bytes`) for `tenant` succeeded: counts against its quota, if any.
+  void Charge(TenantId tenant, std::string key, uint64_t bytes);
   void OnPromoted(BlockId id, uint32_t gen, const Status& st, const RemoteBlockMeta& meta);
 
   std::unique_ptr<RemoteTier> remote_;
@@ -100,6 +113,12 @@ class RemoteMover {
   Hooks hooks_;
   uint32_t puts_in_flight_ = 0;
   uint64_t puts_skipped_ = 0;
+  uint64_t quota_deletes_ = 0;
+  struct Account {
+    uint64_t bytes = 0;
+    std::deque<std::pair<std::string, uint64_t>> keys;  // oldest first
+  };
+  std::vector<Account> accounts_;  // by tenant
   std::deque<std::pair<BlockId, uint32_t>> put_queue_;  // (block, gen)
   std::unordered_map<BlockId, uint32_t> promotions_;    // block -> gen
 };

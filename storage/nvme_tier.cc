@@ -140,7 +140,17 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options,
   }
   std::unique_ptr<NvmeTier> t(new NvmeTier(options, std::move(io), std::move(store), std::move(post), clock));
   KVTIER_ASSIGN_OR_RETURN(t->files_, SlotFiles::Open(options.files, options.slot_bytes));
-  KVTIER_ASSIGN_OR_RETURN(t->policy_, MakeEvictionPolicy(options.policy, t->files_->slot_count()));
+  const size_t owners = options.owner_of ? std::max<size_t>(1, options.quota_slots.size()) : 1;
+  if (options.quota_slots.size() > 65535 || options.reserve_slots.size() > owners) {
+    return InvalidArgument("nvme owner limits out of range");
+  }
+  for (size_t o = 0; o < owners; ++o) {
+    // The first is sized for every slot; the others grow with the slots they see.
+    KVTIER_ASSIGN_OR_RETURN(auto p, MakeEvictionPolicy(options.policy, o == 0 ? t->files_->slot_count() : 0));
+    t->policies_.push_back(std::move(p));
+  }
+  t->held_.assign(owners, 0);
+  if (options.owner_of) t->owner_.assign(t->files_->slot_count(), 0);
   KVTIER_RETURN_IF_ERROR(t->Start());
   return t;
 }
@@ -175,11 +185,19 @@ Status NvmeTier::Start() {
   BlockIndexStore* store = store_.get();
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
-  scans_->Submit([store, capacity, weak, post](std::stop_token stop) {
+  auto owner_of = options_.owner_of;
+  const size_t owners = held_.size();
+  scans_->Submit([store, capacity, weak, post, owner_of, owners](std::stop_token stop) {
     // One word per slot (its entry's last access + 1; 0: no entry), not a growing list:
     // this runs once per start over what may be millions of entries.
     std::vector<uint32_t> last(capacity, 0);
     std::vector<uint64_t> tags(capacity, 0);
+    std::vector<uint16_t> who(owner_of ? capacity : 0, 0);
+    auto note_owner = [&](std::string_view key, uint32_t slot) {
+      if (!owner_of) return;
+      const uint16_t o = owner_of(key);
+      who[slot] = o < owners ? o : 0;
+    };
     std::vector<std::pair<std::string, uint32_t>> stale;
     std::unordered_set<uint32_t> dup;
     Status st = store->Scan([&](std::string_view key, const BlockRecord& r) {
@@ -190,6 +208,7 @@ Status NvmeTier::Start() {
       } else {
         last[r.slot] = std::max<uint32_t>(r.last_access, 1);
         tags[r.slot] = KeyTag(key);
+        note_owner(key, r.slot);
       }
       return !stop.stop_requested();
     });
@@ -203,6 +222,7 @@ Status NvmeTier::Start() {
             stale.emplace_back(std::string(key), r.slot);
           } else {
             tags[r.slot] = KeyTag(key);
+            note_owner(key, r.slot);
           }
         }
         return !stop.stop_requested();
@@ -210,14 +230,17 @@ Status NvmeTier::Start() {
     }
     if (stop.stop_requested()) return;  // shutting down: a partial view must not be used
     if (!st.ok()) KVTIER_LOG(ERROR) << "nvme: index scan: " << st.ToString();
-    post([weak, last = std::move(last), tags = std::move(tags), stale = std::move(stale)]() mutable {
-      if (auto self = weak.lock()) (*self)->OnLoaded(std::move(last), std::move(tags), std::move(stale));
+    post([weak, last = std::move(last), tags = std::move(tags), who = std::move(who),
+          stale = std::move(stale)]() mutable {
+      if (auto self = weak.lock()) {
+        (*self)->OnLoaded(std::move(last), std::move(tags), std::move(who), std::move(stale));
+      }
     });
   });
   return Status::Ok();
 }
 
-void NvmeTier::OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags,
+void NvmeTier::OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags, std::vector<uint16_t> owners,
                         std::vector<std::pair<std::string, uint32_t>> stale) {
   const uint32_t capacity = files_->slot_count();
   std::vector<uint32_t> order;
@@ -229,13 +252,16 @@ void NvmeTier::OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t>
     if (state_[slot] != SlotState::kUnknown) continue;  // dropped while we were scanning
     state_[slot] = SlotState::kIndexed;
     owner_tag_[slot] = tags[slot];
+    if (!owner_.empty()) owner_[slot] = owners[slot];
     ++indexed_;
-    policy_->Insert(slot, kNoBlock, slot);  // oldest first: the first victims
-    if (readers_.count(slot)) policy_->SetEvictable(slot, false);
+    ++held_[OwnerOfSlot(slot)];
+    PolicyOf(slot).Insert(slot, kNoBlock, slot);  // oldest first: the first victims
+    if (readers_.count(slot)) PolicyOf(slot).SetEvictable(slot, false);
   }
   std::vector<uint32_t>().swap(order);
   std::vector<uint32_t>().swap(last_access);
   std::vector<uint64_t>().swap(tags);
+  std::vector<uint16_t>().swap(owners);
   std::vector<bool> used(capacity, false);
   for (uint32_t s = 0; s < capacity; ++s) {
     if (state_[s] == SlotState::kUnknown) state_[s] = SlotState::kFree;
@@ -445,7 +471,11 @@ void NvmeTier::NoteIoError() {
 
 bool NvmeTier::spill_available() const {
   if (!ready_ || index_failed_ || clock_->NowNanos() < backoff_until_ns_) return false;
-  return free_->free_count() > 0 || policy_->evictable() > 0;
+  if (free_->free_count() > 0) return true;
+  for (const auto& p : policies_) {
+    if (p->evictable() > 0) return true;
+  }
+  return false;
 }
 
 // ---- spill ----
@@ -458,11 +488,23 @@ void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t>
   if (meta.length == 0 || meta.length > files_->slot_bytes() || IoLength(meta.length) > data.size()) {
     return fail(InvalidArgument("block does not fit an NVMe slot"));
   }
+  // An owner at its quota makes room among its own blocks first.
+  const uint16_t owner = OwnerOfKey(key);
+  const uint32_t quota = owner < options_.quota_slots.size() ? options_.quota_slots[owner] : 0;
+  while (quota > 0 && held_[owner] >= quota) {
+    if (EvictVictim(owner) == Victim::kNone) {
+      ++counters_.quota_refusals;
+      return fail(ResourceExhausted("the tenant's NVMe quota of " + std::to_string(quota) +
+                                    " slots is full of blocks being read or written"));
+    }
+  }
   std::optional<PageId> slot = free_->Allocate();
   if (!slot) {
     EnforceWatermark();
     return fail(Unavailable("nvme tier has no free slot yet"));
   }
+  if (!owner_.empty()) owner_[*slot] = owner;
+  ++held_[owner];
   state_[*slot] = SlotState::kWriting;
   write_gen_[*slot].fetch_add(1, std::memory_order_release);
   ++writing_;
@@ -490,6 +532,7 @@ void NvmeTier::FailSpill(uint64_t id, Status status) {
   Op op = std::move(it->second);
   ops_.erase(it);
   --writing_;
+  Unhold(op.slot);
   ReleaseSlot(op.slot);
   ++counters_.spill_failures;
   if (op.spill_done) op.spill_done(std::move(status), op.slot);
@@ -547,7 +590,7 @@ void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
       owner_tag_[op.slot] = KeyTag(op.key);
       --writing_;
       ++indexed_;
-      policy_->Insert(op.slot, kNoBlock, XXH3_64bits(op.key.data(), op.key.size()));
+      PolicyOf(op.slot).Insert(op.slot, kNoBlock, XXH3_64bits(op.key.data(), op.key.size()));
       ++counters_.spills;
       counters_.spill_bytes += op.record.length;
       SpillDone done = std::move(op.spill_done);
@@ -583,7 +626,7 @@ void NvmeTier::Fetch(std::string key, const BlockRecord& record, std::span<uint8
   }
   // A record read a while ago (a queued promotion) may name a slot evicted or reused since.
   if (!Owns(slot, key)) return fail(NotFound("block left the NVMe tier"));
-  if (readers_[slot]++ == 0 && ready_ && state_[slot] == SlotState::kIndexed) policy_->SetEvictable(slot, false);
+  if (readers_[slot]++ == 0 && ready_ && state_[slot] == SlotState::kIndexed) PolicyOf(slot).SetEvictable(slot, false);
   const SlotFiles::Location loc = files_->Locate(slot);
   Op op{Op::Kind::kFetch};
   op.slot = slot;
@@ -602,7 +645,7 @@ void NvmeTier::OnFetched(uint64_t id, int32_t result) {
   auto r = readers_.find(op.slot);
   if (r != readers_.end() && --r->second == 0) {
     readers_.erase(r);
-    if (ready_ && state_[op.slot] == SlotState::kIndexed) policy_->SetEvictable(op.slot, true);
+    if (ready_ && state_[op.slot] == SlotState::kIndexed) PolicyOf(op.slot).SetEvictable(op.slot, true);
     if (state_[op.slot] == SlotState::kRetired) {
       --retired_;
       ReleaseSlot(op.slot);
@@ -633,7 +676,7 @@ void NvmeTier::OnFetched(uint64_t id, int32_t result) {
 // ---- recency, drops, eviction ----
 
 void NvmeTier::Touch(uint32_t slot) {
-  if (ready_ && slot < state_.size() && state_[slot] == SlotState::kIndexed) policy_->Touch(slot);
+  if (ready_ && slot < state_.size() && state_[slot] == SlotState::kIndexed) PolicyOf(slot).Touch(slot);
 }
 
 void NvmeTier::RecordHit(const std::string& key, const BlockRecord& record) {
@@ -691,8 +734,9 @@ void NvmeTier::Drop(const std::string& key, uint32_t slot) {
     return;
   }
   if (state_[slot] == SlotState::kIndexed) {
-    if (ready_) policy_->Erase(slot);
+    if (ready_) PolicyOf(slot).Erase(slot);
     --indexed_;
+    Unhold(slot);
   }
   state_[slot] = SlotState::kDeleting;
   ++deleting_;
@@ -722,18 +766,40 @@ void NvmeTier::EnforceWatermark() {
   const double cap = files_->slot_count();
   auto used = [&] { return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_ - retired_); };
   if (used() <= options_.high_watermark * cap) return;
-  while (used() > options_.low_watermark * cap && EvictVictim() != Victim::kNone) {
+  while (used() > options_.low_watermark * cap) {
+    const std::optional<uint16_t> owner = WatermarkOwner();
+    if (!owner || EvictVictim(*owner) == Victim::kNone) break;
   }
 }
 
-NvmeTier::Victim NvmeTier::EvictVictim() {
-  const BlockId victim = policy_->Victim();
+std::optional<uint16_t> NvmeTier::WatermarkOwner() const {
+  std::optional<uint16_t> best;
+  uint32_t most = 0;
+  for (uint16_t o = 0; o < held_.size(); ++o) {
+    const uint32_t reserve = o < options_.reserve_slots.size() ? options_.reserve_slots[o] : 0;
+    if (held_[o] > reserve && held_[o] > most && policies_[o]->evictable() > 0) {
+      most = held_[o];
+      best = o;
+    }
+  }
+  return best;
+}
+
+uint16_t NvmeTier::OwnerOfKey(std::string_view key) const {
+  if (!options_.owner_of) return 0;
+  const uint16_t o = options_.owner_of(key);
+  return o < held_.size() ? o : 0;
+}
+
+NvmeTier::Victim NvmeTier::EvictVictim(uint16_t owner) {
+  const BlockId victim = policies_[owner]->Victim();
   if (victim == kNoBlock) return Victim::kNone;
   auto key = store_->KeyOfSlot(victim);
   if (!key.ok() || !*key || !Owns(victim, **key)) {
     // No entry names this slot any more: it is simply free.
-    policy_->Erase(victim);
+    PolicyOf(victim).Erase(victim);
     --indexed_;
+    Unhold(victim);
     FreeSlot(victim);
     return Victim::kFreed;
   }
@@ -853,7 +919,13 @@ void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
 uint32_t NvmeTier::EvictColdest(uint32_t n) {
   if (!ready_) return 0;
   uint32_t dropped = 0;
-  for (Victim v; dropped < n && (v = EvictVictim()) != Victim::kNone;) dropped += v == Victim::kDropped;
+  // As the watermark does: from whoever holds the most above its reserve.
+  while (dropped < n) {
+    const std::optional<uint16_t> owner = WatermarkOwner();
+    const Victim v = owner ? EvictVictim(*owner) : Victim::kNone;
+    if (v == Victim::kNone) break;
+    dropped += v == Victim::kDropped;
+  }
   return dropped;
 }
 
@@ -876,8 +948,9 @@ NvmeCounts NvmeTier::Counts() const {
 uint64_t NvmeTier::MemoryUsage() const {
   const uint64_t slots = files_->slot_count();
   // state byte + owner tag + write generation + free list entry + free bit + LRU node (two
-  // links) + LRU flag bits.
-  return slots * (1 + 8 + 4 + 4 + 8) + slots * 3 / 8 + store_->MemoryUsage();
+  // links) + LRU flag bits; with owners, a 2-byte owner and each further owner's policy.
+  const uint64_t owners = slots * (owner_.empty() ? 0 : 2 + 8 * (policies_.size() - 1));
+  return slots * (1 + 8 + 4 + 4 + 8) + slots * 3 / 8 + owners + store_->MemoryUsage();
 }
 
 std::string NvmeTier::Describe() const {

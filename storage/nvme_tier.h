@@ -65,6 +65,15 @@ struct NvmeTierOptions {
   // Most bytes per second the scrub (Verify) reads, so a scrub of a large tier leaves the
   // disk to fetches and spills. 0: as fast as the disk goes. Default: 0.
   uint64_t verify_bytes_per_s = 0;
+  // Owners (tenants), for per-owner limits. `owner_of` names the owner of a block key: 1..n
+  // for owners with limits, 0 for everyone else; it must be thread-safe (the restart load
+  // calls it on the scan thread). Null (the default): one owner, no limits, and no RAM per
+  // slot for them. quota_slots[o]: the most slots owner o holds (writing or indexed); past
+  // it its own coldest block makes room, and a spill with none to give fails
+  // kResourceExhausted. reserve_slots[o]: what the watermark never takes it below (the
+  // watermark takes from the owner holding the most above its reserve). 0: no limit.
+  std::function<uint16_t(std::string_view key)> owner_of;
+  std::vector<uint32_t> quota_slots, reserve_slots;  // by owner
 };
 
 // capacity = free + inflight + cached + lost.
@@ -75,6 +84,7 @@ struct NvmeCounts {
 
 struct NvmeCounters {
   uint64_t spills = 0, spill_bytes = 0, spill_failures = 0;
+  uint64_t quota_refusals = 0;  // spills refused: the owner was at its quota with nothing of its own to drop
   uint64_t fetches = 0, fetch_bytes = 0, fetch_failures = 0;
   uint64_t checksum_failures = 0;
   uint64_t io_errors = 0;
@@ -126,6 +136,8 @@ class NvmeTier {
   void RecordHit(const std::string& key, const BlockRecord& record);
   // Deletes the entry; the slot is freed once the delete is applied.
   void Drop(const std::string& key, uint32_t slot);
+  // Slots owner `o` holds (writing or indexed); with no owners, owner 0 holds them all.
+  uint32_t held_by(uint16_t o) const { return o < held_.size() ? held_[o] : 0; }
   // Reads and verifies every indexed block (at most verify_bytes_per_s), dropping those
   // that fail; on the scan thread, after the scans queued before it. A scrub stopped by
   // CancelScans() reports kAborted with what it checked so far.
@@ -206,7 +218,7 @@ class NvmeTier {
   NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io, std::unique_ptr<BlockIndexStore> store,
            Post post, const Clock* clock);
   Status Start();
-  void OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags,
+  void OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags, std::vector<uint16_t> owners,
                 std::vector<std::pair<std::string, uint32_t>> stale);
   uint32_t IoLength(uint32_t length) const;
   uint64_t NewOp(Op op);
@@ -229,10 +241,18 @@ class NvmeTier {
   // Deletes the entry of `key` in `slot` (state kDeleting); frees the slot once applied.
   void DeleteEntry(const std::string& key, uint32_t slot);
   void EnforceWatermark();
-  // Evicts the policy's coldest slot: its block dropped, or the slot freed when no entry
-  // names it any more; kNone when nothing is evictable.
+  // Evicts owner `o`'s coldest slot: its block dropped, or the slot freed when no entry
+  // names it any more; kNone when nothing of its is evictable.
   enum class Victim { kNone, kDropped, kFreed };
-  Victim EvictVictim();
+  Victim EvictVictim(uint16_t o);
+  // The owner the watermark takes from: the most slots above its reserve, with something
+  // evictable; nullopt when none.
+  std::optional<uint16_t> WatermarkOwner() const;
+  uint16_t OwnerOfKey(std::string_view key) const;
+  uint16_t OwnerOfSlot(uint32_t slot) const { return owner_.empty() ? 0 : owner_[slot]; }
+  EvictionPolicy& PolicyOf(uint32_t slot) { return *policies_[OwnerOfSlot(slot)]; }
+  // The slot stops being held by its owner (its block is dropped, or never was indexed).
+  void Unhold(uint32_t slot) { --held_[OwnerOfSlot(slot)]; }
   // True when `slot` holds the indexed block of `key` (while the index loads: unless it was
   // dropped since).
   bool Owns(uint32_t slot, const std::string& key) const;
@@ -256,7 +276,11 @@ class NvmeTier {
 
   std::vector<SlotState> state_;
   std::unique_ptr<PageAllocator> free_;
-  std::unique_ptr<EvictionPolicy> policy_;
+  // One policy per owner (one in all without owners), the owner of each slot (empty
+  // without owners) and the slots each holds.
+  std::vector<std::unique_ptr<EvictionPolicy>> policies_;
+  std::vector<uint16_t> owner_;
+  std::vector<uint32_t> held_;
   std::vector<uint64_t> owner_tag_;  // slot -> KeyTag of its block's key
   // slot -> writes started into it; read by the scrub thread to tell a block that changed
   // under its read from a bad one.

@@ -202,6 +202,11 @@ void RemoteTier::Put(const std::string& block_key, RemoteBlockMeta meta, std::sp
                 });
 }
 
+void RemoteTier::Delete(const std::string& block_key) {
+  ++counters_.deletes;
+  cluster_->Del(RemoteKey(options_.key_prefix, block_key), nullptr);
+}
+
 void RemoteTier::Fetch(const std::string& block_key, const std::string& fingerprint, uint32_t length,
                        std::span<uint8_t> dst, std::function<void(Status, RemoteBlockMeta)> done) {
   if (dst.size() < length) {

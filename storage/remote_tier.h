@@ -49,6 +49,7 @@ struct RemoteCounters {
   uint64_t exists = 0, exists_found = 0;
   uint64_t fetches = 0, fetch_hits = 0, fetch_misses = 0, fetch_bytes = 0;
   uint64_t puts = 0, put_bytes = 0;
+  uint64_t deletes = 0;
   uint64_t errors = 0;             // requests that failed (node down, timeout, error reply)
   uint64_t checksum_failures = 0;  // values that did not verify: misses, deleted
   uint64_t fetch_ns = 0, put_ns = 0, exists_ns = 0;
@@ -89,6 +90,10 @@ class RemoteTier {
   // verify (counted, deleted); kUnavailable: the cluster could not answer.
   void Fetch(const std::string& block_key, const std::string& fingerprint, uint32_t length, std::span<uint8_t> dst,
              std::function<void(Status, RemoteBlockMeta)> done);
+
+  // Deletes the value of `block_key` (fire and forget: a failure leaves it to the
+  // cluster's own eviction).
+  void Delete(const std::string& block_key);
 
   // Whether any master can be asked now (a slot map is known, not every breaker is open).
   bool available() const { return cluster_->Available(); }

@@ -91,9 +91,20 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
        "512MiB}}]\n",
        "security.tenants"},
       {"security:\n  unknown_quota: {host: 1GiB, ssd: 1}\n", "security.unknown_quota.ssd"},
-      // NVMe limits are refused, not silently ignored: the NVMe tier does not keep them.
-      {"security:\n  tenants: [{name: a, uids: [1], quota: {nvme: 10GiB}}]\n", "security.tenants[0].quota.nvme"},
-      {"security:\n  unknown_quota: {nvme: 1GiB}\n", "security.unknown_quota.nvme"},
+      // Limits the daemon could not keep are refused, not silently ignored: NVMe and remote
+      // quotas of unknown tenants, remote reserves (the cluster evicts on its own), NVMe
+      // reserves without an NVMe tier to hold them.
+      {"security:\n  unknown_quota: {nvme: 1GiB}\n", "security.unknown_quota"},
+      {"security:\n  unknown_quota: {remote: 1GiB}\n", "security.unknown_quota"},
+      {"security:\n  tenants: [{name: a, uids: [1], reserve: {remote: 1GiB}}]\n", "reserve.remote"},
+      {"security:\n  tenants: [{name: a, uids: [1], reserve: {nvme: 1GiB}}]\n", "nvme reserves"},
+      {"security:\n  tenants: [{name: a, uids: [1], quota: {nvme: 1GiB}, reserve: {nvme: 2GiB}}]\n",
+       "security.tenants[0].reserve.nvme"},
+      {"tiers:\n  remote: {nodes: ['127.0.0.1']}\n", "tiers.remote.nodes[0]"},
+      {"tiers:\n  remote: {nodes: ['127.0.0.1:6379'], write_policy: always}\n", "tiers.remote.write_policy"},
+      {"tiers:\n  remote: {nodes: ['127.0.0.1:6379'], timeout: 0}\n", "tiers.remote.timeout"},
+      {"tiers:\n  host: {enabled: false}\n  gpu: {enabled: true}\n  remote: {nodes: ['127.0.0.1:6379']}\n",
+       "tiers.remote.nodes"},
       {"events: {publish: 'localhost:5557'}\n", "events.publish"},
       {"events: {replay: 'tcp://127.0.0.1:5557'}\n", "events.replay"},  // the publish default
       {"events: {flush_interval: 0}\n", "events.flush_interval"},
@@ -128,10 +139,13 @@ TEST(Config, SecurityKeysParse) {
   auto c = ParseConfig(
       "socket:\n  group: kvtier\n  mode: \"0600\"\n"
       "protocol:\n  heartbeat_ttl: 1500ms\n"
+      "tiers:\n  nvme: {files: [{path: /tmp/x, capacity: 8GiB}]}\n"
+      "  remote: {nodes: ['10.0.0.5:7000', '[::1]:7001'], write_policy: write_back, timeout: 250ms}\n"
       "security:\n  allow_unknown: false\n  admin_uids: [1000, 1001]\n"
       "  unknown_quota: {host: 64MiB}\n"
       "  tenants:\n"
-      "    - {name: org_a, uids: [2000, 2001], quota: {host: 256MiB, gpu: 1GiB}, reserve: {host: 64MiB}}\n"
+      "    - {name: org_a, uids: [2000, 2001], quota: {host: 256MiB, gpu: 1GiB, nvme: 4GiB, remote: 8GiB},\n"
+      "       reserve: {host: 64MiB, nvme: 1GiB}}\n"
       "    - {name: org-b.prod, gids: [3000]}\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->socket_group, "kvtier");
@@ -146,9 +160,16 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_EQ(a.uids, (std::vector<uint32_t>{2000, 2001}));
   EXPECT_EQ(a.quota.host, 256ull << 20);
   EXPECT_EQ(a.quota.gpu, 1ull << 30);
-  EXPECT_EQ(a.quota.nvme, 0u);
+  EXPECT_EQ(a.quota.nvme, 4ull << 30);
+  EXPECT_EQ(a.quota.remote, 8ull << 30);
   EXPECT_EQ(a.reserve.host, 64ull << 20);
+  EXPECT_EQ(a.reserve.nvme, 1ull << 30);
   EXPECT_EQ(c->security.tenants[1].gids, (std::vector<uint32_t>{3000}));
+  EXPECT_EQ(c->remote.nodes, (std::vector<std::string>{"10.0.0.5:7000", "[::1]:7001"}));
+  EXPECT_EQ(c->remote.write_policy, "write_back");
+  EXPECT_EQ(c->remote.timeout_ns, 250'000'000);
+  EXPECT_TRUE(c->remote.enabled());
+  EXPECT_FALSE(DaemonConfig{}.remote.enabled());
   // The defaults: anyone may connect, as their own tenant; no TTL.
   DaemonConfig d;
   EXPECT_TRUE(d.security.allow_unknown);

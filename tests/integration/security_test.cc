@@ -319,6 +319,59 @@ TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) 
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+TEST_F(MultiUser, NvmeQuotasAndReservesHoldAgainstAFloodingTenant) {
+  // 64 host pages, 256 NVMe slots (64 KiB); a may keep 32 slots on NVMe, b is sure of 32.
+  DaemonProcess::Options o =
+      Options("  tenants: [{name: org_a, uids: [41001], quota: {nvme: 2MiB}},\n"
+              "            {name: org_b, uids: [41002], reserve: {nvme: 2MiB}}]\n");
+  o.gpu_capacity.clear();
+  o.nvme_yaml += "    high_watermark: 0.2\n    low_watermark: 0.15\n";  // the watermark acts early
+  DaemonProcess d(o);
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto kept = HashChain(22, 32);  // b's 2 MiB
+  int rc = -1;
+  RunAs(
+      kUserB, d,
+      [&](Client& c) {
+        (void)Store(c, TierKind::kHost, kept, kUserB);
+        return Hits{};
+      },
+      &rc);
+  ASSERT_EQ(rc, 0);
+  const std::string url = MetricsUrl(d);
+  ASSERT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_write_throughs_total") >= 32; }));
+  // a writes 12 MiB, which pushes b's copies out of host and drives NVMe past its
+  // watermark; a keeps at most 2 MiB there.
+  RunAs(
+      kUserA, d,
+      [&](Client& c) {
+        for (int r = 0; r < 12; ++r) (void)Store(c, TierKind::kHost, HashChain(200 + r, 16), kUserA);
+        return Hits{};
+      },
+      &rc);
+  ASSERT_EQ(rc, 0);
+  // Everything a stored went to NVMe (written through, or demoted when host needed room).
+  ASSERT_TRUE(WaitUntil([&] {
+    return Metric(url, "kvtier_write_throughs_total") + Metric(url, "kvtier_demotions_total") +
+               Metric(url, "kvtier_spill_failures_total") >=
+           32 + 12 * 16;
+  })) << Sh("curl -s " + url + " | grep -E 'write_through|demotions|spill|nvme_tenant|quota'").out;
+  EXPECT_LE(Metric(url, "kvtier_nvme_tenant_bytes{tenant=\"org_a\"}"), 2.0 * (1 << 20));
+  EXPECT_GE(Metric(url, "kvtier_nvme_tenant_bytes{tenant=\"org_b\"}"), 2.0 * (1 << 20));
+  Hits b = RunAs(
+      kUserB, d, [&](Client& c) { return Probe(c, kept, kUserB); }, &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(b.verified, kept.size()) << "b's reserve kept its blocks on NVMe";
+  EXPECT_TRUE(b.tiers & (1u << TierIndex(TierKind::kNvme)));
+  // a's oldest blocks went to make room for its newer ones.
+  Hits a = RunAs(
+      kUserA, d, [&](Client& c) { return Probe(c, HashChain(200, 16), kUserA); }, &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(a.verified + a.foreign, 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 // ---- liveness (any user) -----------------------------------------------------------
 
 Result<TierStatsInfo> HostStats(const DaemonProcess& d) {

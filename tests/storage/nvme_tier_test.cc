@@ -74,8 +74,10 @@ struct Page {
 class NvmeTierTest : public ::testing::Test {
  protected:
   std::unique_ptr<NvmeTier> Open(uint32_t slots = 16, Durability d = Durability::kStrict,
-                                 const std::string& faults = "", double high = 0.95, double low = 0.9) {
+                                 const std::string& faults = "", double high = 0.95, double low = 0.9,
+                                 const std::function<void(NvmeTierOptions&)>& tweak = nullptr) {
     NvmeTierOptions o;
+    if (tweak) tweak(o);
     o.files = {SlotFileSpec{dir_.File("slots0"), slots * kSlot}};
     o.slot_bytes = kSlot;
     o.durability = d;
@@ -454,6 +456,74 @@ TEST_F(NvmeTierTest, VerifyScrubsAndDropsWhatFails) {
   Settle(t.get());
   EXPECT_FALSE(t->Find("v2")->has_value());
   EXPECT_TRUE(t->Find("v3")->has_value());
+}
+
+// ---- owners (per-tenant NVMe limits) ----------------------------------------------------
+
+// Keys "a|..." are owner 1's, "b|..." owner 2's, anything else owner 0's.
+void TwoOwners(NvmeTierOptions& o, uint32_t quota_a, uint32_t reserve_b) {
+  o.owner_of = [](std::string_view key) -> uint16_t {
+    return key.substr(0, 2) == "a|" ? 1 : key.substr(0, 2) == "b|" ? 2 : 0;
+  };
+  o.quota_slots = {0, quota_a, 0};
+  o.reserve_slots = {0, 0, reserve_b};
+}
+
+TEST_F(NvmeTierTest, AnOwnerPastItsQuotaGivesUpItsOwnColdestBlocks) {
+  auto t = Open(16, Durability::kRelaxed, "", 0.95, 0.9, [](NvmeTierOptions& o) { TwoOwners(o, 4, 0); });
+  Page p(5);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(Spill(t.get(), "b|" + std::to_string(i), p).ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Spill(t.get(), "a|" + std::to_string(i), p).ok()) << i;
+  Settle(t.get());
+  EXPECT_EQ(t->held_by(1), 4u);
+  EXPECT_EQ(t->held_by(2), 6u);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(t->Find("a|" + std::to_string(i))->has_value(), i >= 6) << i;
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(t->Find("b|" + std::to_string(i))->has_value()) << i;
+  EXPECT_EQ(t->counters().quota_refusals, 0u);
+  const NvmeCounts c = t->Counts();
+  EXPECT_EQ(c.free + c.inflight + c.cached, c.capacity);
+}
+
+TEST_F(NvmeTierTest, TheWatermarkNeverTakesAnOwnerBelowItsReserve) {
+  // 16 slots, dropping above 12 down to 8; owner 2 keeps 6 whatever owner 1 does.
+  auto t = Open(16, Durability::kRelaxed, "", 0.75, 0.5, [](NvmeTierOptions& o) { TwoOwners(o, 0, 6); });
+  Page p(6);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(Spill(t.get(), "b|" + std::to_string(i), p).ok());
+  for (int i = 0; i < 40; ++i) (void)Spill(t.get(), "a|" + std::to_string(i), p);
+  Settle(t.get());
+  EXPECT_EQ(t->held_by(2), 6u);
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(t->Find("b|" + std::to_string(i))->has_value()) << i;
+  EXPECT_TRUE(t->Find("a|39")->has_value());
+  EXPECT_LE(t->held_by(1) + t->held_by(2), 13u);
+  // Without the reserve the same flood takes owner 2's blocks too.
+  t.reset();
+  std::filesystem::remove_all(dir_.File("index"));
+  std::filesystem::remove(dir_.File("slots0"));
+  t = Open(16, Durability::kRelaxed, "", 0.75, 0.5, [](NvmeTierOptions& o) { TwoOwners(o, 0, 0); });
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(Spill(t.get(), "b|" + std::to_string(i), p).ok());
+  for (int i = 0; i < 40; ++i) (void)Spill(t.get(), "a|" + std::to_string(i), p);
+  Settle(t.get());
+  EXPECT_LT(t->held_by(2), 6u);
+}
+
+TEST_F(NvmeTierTest, OwnersAreCountedAgainAfterARestart) {
+  auto opts = [](NvmeTierOptions& o) { TwoOwners(o, 3, 2); };
+  auto t = Open(16, Durability::kStrict, "", 0.95, 0.9, opts);
+  Page p(7);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Spill(t.get(), "a|" + std::to_string(i), p).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Spill(t.get(), "b|" + std::to_string(i), p).ok());
+  ASSERT_TRUE(Spill(t.get(), "c|0", p).ok());
+  Settle(t.get());
+  t.reset();
+  t = Open(16, Durability::kStrict, "", 0.95, 0.9, opts);
+  EXPECT_EQ(t->held_by(0), 1u);
+  EXPECT_EQ(t->held_by(1), 3u);
+  EXPECT_EQ(t->held_by(2), 2u);
+  // Still at its quota: a fourth block of owner 1 takes the place of its coldest.
+  ASSERT_TRUE(Spill(t.get(), "a|3", p).ok());
+  Settle(t.get());
+  EXPECT_EQ(t->held_by(1), 3u);
+  EXPECT_FALSE(t->Find("a|0")->has_value());
 }
 
 }  // namespace
