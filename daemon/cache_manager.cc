@@ -427,7 +427,7 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
   std::vector<CacheResult> out(hashes.size());
   std::vector<std::pair<size_t, BlockId>> waits;  // entry, promoting block
   std::vector<size_t> lower;                      // entries to look for on NVMe, then in the remote tier
-  std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;     // entries waiting for a host page
+  std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;      // entries waiting for a host page
   const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
   for (size_t n = 0; n < hashes.size(); ++n) {
     const size_t i = reverse ? hashes.size() - 1 - n : n;

@@ -498,9 +498,9 @@ const std::vector<Key>& Keys() {
                   remote.breaker_open_ns)},
       {"tiers.remote.refresh_interval", "10s",
        "How often the slot map is read again (also at once after MOVED or a failing node).",
-       KVTIER_SET((Duration("tiers.remote.refresh_interval", n, 100'000'000, 3600'000'000'000, false,
-                            "in [100ms, 1h]")),
-                  remote.refresh_interval_ns)},
+       KVTIER_SET(
+           (Duration("tiers.remote.refresh_interval", n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
+           remote.refresh_interval_ns)},
       {"tiers.remote.key_prefix", "\"kvtier:\"",
        "Prefix of every key kvtierd writes; the rest is the hex of tenant, model fingerprint and "
        "block hash.",
@@ -702,8 +702,9 @@ Status ValidateConfig(const DaemonConfig& c) {
     }
   }
   if (c.remote.enabled() && !h.enabled) {
-    return InvalidArgument("config key 'tiers.remote.nodes' needs the host tier enabled (remote blocks are read "
-                           "into host pages)");
+    return InvalidArgument(
+        "config key 'tiers.remote.nodes' needs the host tier enabled (remote blocks are read "
+        "into host pages)");
   }
   if (c.nvme.enabled()) {
     if (c.nvme.low_watermark >= c.nvme.high_watermark) {

@@ -487,8 +487,8 @@ void Daemon::RegisterRemoteMetrics() {
   m.AddCounterFn("kvtier_remote_put_failures_total", "Puts into the remote tier that failed.", {},
                  [cache] { return cache->counters().remote_put_failures; });
   m.AddCounterFn("kvtier_remote_puts_skipped_total",
-                 "Write-throughs to the remote tier not made: the queue was full, or the block left host first.",
-                 {}, [rm] { return rm->puts_skipped(); });
+                 "Write-throughs to the remote tier not made: the queue was full, or the block left host first.", {},
+                 [rm] { return rm->puts_skipped(); });
   m.AddGaugeFn("kvtier_remote_puts_in_flight", "Puts into the remote tier waiting for the cluster.", {},
                [rm] { return static_cast<double>(rm->puts_in_flight()); });
   m.AddGaugeFn("kvtier_remote_puts_queued", "Write-throughs to the remote tier waiting for their turn.", {},

@@ -102,7 +102,7 @@ class NvmeMover {
   uint32_t spills_in_flight_ = 0;
   uint32_t demotions_in_flight_ = 0;
   std::deque<std::pair<BlockId, uint32_t>> write_through_queue_;  // (block, gen)
-  std::unordered_map<BlockId, uint32_t> promotions_;  // block -> its gen
+  std::unordered_map<BlockId, uint32_t> promotions_;              // block -> its gen
 };
 
 }  // namespace kvtier

@@ -83,9 +83,7 @@ class RemoteMover {
   // Values deleted because their tenant was past its remote quota.
   uint64_t quota_deletes() const { return quota_deletes_; }
   // Bytes this kvtierd keeps in the cluster for `tenant` (tenants with a quota only).
-  uint64_t stored_bytes(TenantId tenant) const {
-    return tenant < accounts_.size() ? accounts_[tenant].bytes : 0;
-  }
+  uint64_t stored_bytes(TenantId tenant) const { return tenant < accounts_.size() ? accounts_[tenant].bytes : 0; }
 
   // ---- promotions ----
   // Reads the block (ns, hash) from the cluster into a new host block of `tenant`;
@@ -118,7 +116,7 @@ class RemoteMover {
     uint64_t bytes = 0;
     std::deque<std::pair<std::string, uint64_t>> keys;  // oldest first
   };
-  std::vector<Account> accounts_;  // by tenant
+  std::vector<Account> accounts_;                       // by tenant
   std::deque<std::pair<BlockId, uint32_t>> put_queue_;  // (block, gen)
   std::unordered_map<BlockId, uint32_t> promotions_;    // block -> gen
 };

@@ -250,6 +250,46 @@ TEST_F(RemoteTierTest, WriteBackPutsWhatLeavesHostMemory) {
   EXPECT_GT(Hits(jb, "remote"), 0u);
 }
 
+TEST_F(RemoteTierTest, ATenantsRemoteQuotaDeletesItsOldestPuts) {
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(rc.Start().ok());
+  const ModelLayout layout = TestLayout("quota-model");
+  DaemonProcess::Options o = Node(rc);
+  o.page_bytes = "64KiB";
+  o.nvme_capacity = "16MiB";
+  // This test's own uid is the tenant: at most 10 blocks of it in the cluster from this node.
+  o.extra_yaml = "security:\n  tenants: [{name: capped, uids: [" + std::to_string(::getuid()) +
+                 "], quota: {remote: " + std::to_string(10 * layout.block_bytes) + "}}]\n";
+  DaemonProcess a(o);
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ClientOptions co = EngineOptions(a.socket_path());
+  co.layout = layout;
+  auto c = Client::Connect(co);
+  ASSERT_TRUE(c.ok());
+  const auto chain = HashChain(51, 30);
+  for (size_t from = 0; from < chain.size(); from += 10) {
+    std::vector<BlockHash> part(chain.begin() + static_cast<long>(from), chain.begin() + static_cast<long>(from) + 10);
+    ASSERT_TRUE(Store(**c, part, layout.block_bytes).ok());
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(a.socket_path());
+    return s.ok() && s->remote && s->remote->puts == chain.size();
+  }));
+  EXPECT_EQ(Metric(MetricsUrl(a), "kvtier_remote_quota_deletes_total"), 20);
+  // In the cluster: 10 of them (the oldest puts to complete went; puts run in parallel on
+  // several connections, so "oldest" is by completion).
+  const std::string ns = EncodeNamespace("capped", layout.Fingerprint());
+  auto exists = [&](const BlockHash& h) {
+    return rc.Cli(0, "-c exists " + RemoteKey("kvtier:", EncodeBlockKey(ns, h))).find('1') != std::string::npos;
+  };
+  auto held = [&] {
+    size_t n = 0;
+    for (const BlockHash& h : chain) n += exists(h);
+    return n;
+  };
+  ASSERT_TRUE(WaitUntil([&] { return held() == 10; })) << held();
+}
+
 TEST_F(RemoteTierTest, AClusterThatIsNotThereCostsNothing) {
   // Nothing listens there: kvtierd starts, serves from its local tiers, and counts errors.
   DaemonProcess::Options o = Node(RedisClusterProcess());

@@ -321,9 +321,9 @@ TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) 
 
 TEST_F(MultiUser, NvmeQuotasAndReservesHoldAgainstAFloodingTenant) {
   // 64 host pages, 256 NVMe slots (64 KiB); a may keep 32 slots on NVMe, b is sure of 32.
-  DaemonProcess::Options o =
-      Options("  tenants: [{name: org_a, uids: [41001], quota: {nvme: 2MiB}},\n"
-              "            {name: org_b, uids: [41002], reserve: {nvme: 2MiB}}]\n");
+  DaemonProcess::Options o = Options(
+      "  tenants: [{name: org_a, uids: [41001], quota: {nvme: 2MiB}},\n"
+      "            {name: org_b, uids: [41002], reserve: {nvme: 2MiB}}]\n");
   o.gpu_capacity.clear();
   o.nvme_yaml += "    high_watermark: 0.2\n    low_watermark: 0.15\n";  // the watermark acts early
   DaemonProcess d(o);
