@@ -332,8 +332,7 @@ int main(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Aggregates.
-  uint64_t requests = 0, blocks = 0, hits[kTierCount] = {}, corrupt = 0, errors = 0, unavailable = 0,
-           reconnects = 0;
+  uint64_t requests = 0, blocks = 0, hits[kTierCount] = {}, corrupt = 0, errors = 0, unavailable = 0, reconnects = 0;
   std::vector<double> lat;
   for (size_t i = 0; i < n; ++i) {
     if (!have[i]) continue;

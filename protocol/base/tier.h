@@ -16,8 +16,7 @@ enum class TierKind : uint8_t { kGpu = 0, kHost = 1, kNvme = 2, kRemote = 3 };
 using PageId = uint32_t;
 inline constexpr PageId kNoPage = 0xffffffffu;
 inline constexpr int kTierCount = 4;
-inline constexpr TierKind kAllTiers[kTierCount] = {TierKind::kGpu, TierKind::kHost, TierKind::kNvme,
-                                                   TierKind::kRemote};
+inline constexpr TierKind kAllTiers[kTierCount] = {TierKind::kGpu, TierKind::kHost, TierKind::kNvme, TierKind::kRemote};
 
 inline int TierIndex(TierKind t) { return static_cast<int>(t); }
 // The tiers whose pages engines lease and map (GPU, host); NVMe slots and remote values
