@@ -24,6 +24,10 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   cm->clock_ = clock ? clock : SystemClock::Default();
   KVTIER_ASSIGN_OR_RETURN(
       cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
+  if (nvme && options.nvme_quantization) {
+    if (!options.post) return InvalidArgument("a quantized NVMe tier needs an event loop to post to");
+    KVTIER_ASSIGN_OR_RETURN(cm->workers_, BlockWorkers::Open(options.block_workers, options.post));
+  }
   if (nvme) {
     CacheManager* raw = cm.get();
     NvmeMover::Hooks hooks;
@@ -36,6 +40,8 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     NvmeMover::Options mo;
     mo.write_policy = options.write_policy;
     mo.max_spills_in_flight = options.max_spills_in_flight;
+    mo.quantization = options.nvme_quantization;
+    mo.workers = cm->workers_.get();
     KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme), mo, cm->blocks_.get(), &cm->namespaces_,
                                                         &cm->counters_, std::move(hooks)));
   }
@@ -87,6 +93,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
 // The movers' threads must stop before the state their callbacks touch (and the pages
 // they read) goes.
 CacheManager::~CacheManager() {
+  workers_.reset();  // their jobs read pages and the movers' buffers
   remote_.reset();
   mover_.reset();
 }
@@ -106,8 +113,24 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
   }
   const std::string fingerprint = layout.Fingerprint();
   s.tenant_ = namespaces_.InternTenant(tenant);
-  s.ns_ = namespaces_.Acquire(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes, tenant,
-                              layout.model_id);
+  // Blocks the kernels can quantize: the canonical page ([layer][k,v][token][head][dim]) of
+  // 2-byte floats, rows a multiple of 4 bytes of codes.
+  std::optional<KvGeometry> kv;
+  const bool floats = layout.dtype == DType::kBFloat16 || layout.dtype == DType::kFloat16;
+  if (floats && layout.block_bytes == layout.NaturalBlockBytes() && layout.head_dim % 4 == 0) {
+    KvGeometry g;
+    g.num_layers = layout.num_layers;
+    g.num_blocks = 1;
+    g.block_tokens = layout.tokens_per_block;
+    g.kv_heads = layout.kv_heads;
+    g.head_dim = layout.head_dim;
+    g.elem_bytes = 2;
+    if (g.Validate().ok()) kv = g;
+  }
+  s.ns_ =
+      namespaces_.Acquire(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes, tenant,
+                          layout.model_id, kv, layout.dtype == DType::kFloat16 ? FloatKind::kFp16 : FloatKind::kBf16,
+                          namespaces_.limits(s.tenant_).kv_quantization);
   if (options_.events) {
     options_.events->AddNamespace(namespaces_.Get(s.ns_).encoded, tenant, layout.model_id, layout.tokens_per_block);
   }

@@ -104,6 +104,13 @@ class CacheManager {
     WritePolicy write_policy = WritePolicy::kWriteBack;  // NVMe
     WritePolicy remote_write_policy = WritePolicy::kWriteThrough;
     uint32_t max_remote_puts_in_flight = 32;
+    // The form blocks of tenants that opted in take on NVMe (the NVMe tier's slots are then
+    // sized for it); nullopt: full width.
+    std::optional<QuantKind> nvme_quantization;
+    // Threads that quantize, dequantize and copy blocks off the control thread, and how
+    // their completions reach it (the daemon's event loop). Used by the quantized tiers.
+    int block_workers = 2;
+    std::function<void(std::function<void()>)> post;
     bool prefetch = false;  // Lookup starts promoting NVMe hits
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
@@ -353,8 +360,9 @@ class CacheManager {
   const Clock* clock_ = nullptr;
   NamespaceTable namespaces_;
   std::unique_ptr<BlockTable> blocks_;
-  std::unique_ptr<NvmeMover> mover_;     // null without an NVMe tier
-  std::unique_ptr<RemoteMover> remote_;  // null without a remote tier
+  std::unique_ptr<BlockWorkers> workers_;  // null unless a tier needs them
+  std::unique_ptr<NvmeMover> mover_;       // null without an NVMe tier
+  std::unique_ptr<RemoteMover> remote_;    // null without a remote tier
   EvictionHistory history_;
   // Per pool tier: between crossing the high watermark and reaching the low one.
   std::array<bool, kTierCount> evicting_{};

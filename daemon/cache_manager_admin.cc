@@ -242,7 +242,7 @@ void CacheManager::DrainStep() {
     for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
       const Block& b = blocks_->block(id);
       if (b.live && !b.spilling && !b.promoting && b.page[TierIndex(TierKind::kHost)] != kNoPage &&
-          b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
+          b.page[TierIndex(TierKind::kNvme)] == kNoPage && mover_->Spillable(b)) {
         mover_->QueueWriteThrough(id);
       }
     }
@@ -258,7 +258,8 @@ DrainStatus CacheManager::Drain() const {
     const Block& b = blocks_->block(id);
     if (!b.live) continue;
     if (b.page[TierIndex(TierKind::kGpu)] != kNoPage) ++(b.refs > 0 ? d.gpu_blocks_pinned : d.gpu_blocks_left);
-    if (mover_ && b.page[TierIndex(TierKind::kHost)] != kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
+    if (mover_ && b.page[TierIndex(TierKind::kHost)] != kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage &&
+        mover_->Spillable(b)) {
       ++d.host_blocks_unspilled;
     }
   }

@@ -93,7 +93,8 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     remote_->StartPut(victim);
     return Evicted::kDemoting;
   }
-  if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable()) {
+  if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable() &&
+      mover_->Spillable(b)) {
     if (mover_->busy()) return Evicted::kBusy;
     mover_->StartSpill(victim, /*keep_host=*/false);
     return Evicted::kDemoting;

@@ -143,6 +143,8 @@ struct EvictReport {
 struct TenantLimits {
   std::array<uint64_t, kTierCount> quota_bytes{};
   std::array<uint64_t, kTierCount> reserve_bytes{};
+  // Whether its blocks may be stored quantized in the cold tiers that quantize (lossy).
+  bool kv_quantization = false;
 };
 
 }  // namespace kvtier

@@ -247,12 +247,17 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          return TierBytesMap("security.unknown_quota", n, &c->security.unknown_quota);
        }},
+      {"security.unknown_kv_quantization", "false",
+       "Whether unknown tenants' blocks may be stored quantized where a tier quantizes "
+       "(tiers.nvme.quantization); configured tenants say so themselves (kv_quantization).",
+       KVTIER_SET(Boolean("security.unknown_kv_quantization", n), security.unknown_kv_quantization)},
       {"security.tenants", "[]",
        "Tenants by peer identity. Blocks are shared only within a tenant (and model). E.g. "
        "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, gpu: 20GiB, nvme: 100GiB, "
        "remote: 50GiB}, reserve: {host: 2GiB, nvme: 20GiB}}]: quota is the most the tenant may hold "
        "per tier (remote: what this kvtierd keeps in the cluster for it, oldest deleted first); "
-       "reserve is what other tenants can never push it below (host, GPU, NVMe).",
+       "reserve is what other tenants can never push it below (host, GPU, NVMe); kv_quantization: "
+       "true lets its blocks be stored quantized where a tier quantizes (lossy; default false).",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          const std::string key = "security.tenants";
          if (n.IsNull()) return Status::Ok();
@@ -276,6 +281,8 @@ const std::vector<Key>& Keys() {
                KVTIER_RETURN_IF_ERROR(TierBytesMap(at + ".quota", kv.second, &t.quota));
              } else if (sub == "reserve") {
                KVTIER_RETURN_IF_ERROR(TierBytesMap(at + ".reserve", kv.second, &t.reserve));
+             } else if (sub == "kv_quantization") {
+               KVTIER_ASSIGN_OR_RETURN(t.kv_quantization, Boolean(at + ".kv_quantization", kv.second));
              } else {
                return InvalidArgument("config key '" + at + "." + sub + "' is unknown");
              }
@@ -508,6 +515,21 @@ const std::vector<Key>& Keys() {
       {"tiers.remote.max_puts_in_flight", "32",
        "Most puts at once; each pins its block's host page until the cluster answers.",
        KVTIER_SET((Integer<uint32_t>("tiers.remote.max_puts_in_flight", n, 1, 4096)), remote.max_puts_in_flight)},
+      {"tiers.nvme.quantization", "none",
+       "int8 or fp8: blocks of tenants that opted in (security.tenants[].kv_quantization) are "
+       "stored on NVMe quantized, one scale per token and head, and dequantized when read back "
+       "(lossy: QuantErrorBound); slots are then sized for them (33/64 of a host page), so the "
+       "same NVMe holds about twice the blocks, and blocks of other tenants, or of layouts the "
+       "kernels cannot quantize (not 2-byte floats, head_dim < 128), do not go to NVMe. none: "
+       "full width.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.quantization", n));
+         if (s != "none" && s != "int8" && s != "fp8") {
+           return Bad("tiers.nvme.quantization", "'" + s + "' is not none, int8 or fp8");
+         }
+         c->nvme.quantization = s;
+         return Status::Ok();
+       }},
       {"events.enabled", "false",
        "Publish KV events (BlockStored, BlockRemoved, AllBlocksCleared: vLLM's KV event wire "
        "form, which llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events "
@@ -608,6 +630,13 @@ Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* con
 }
 
 }  // namespace
+
+uint64_t NvmeSlotBytes(const DaemonConfig& c) {
+  const uint64_t page = c.host.page_bytes;
+  if (c.nvme.quantization == "none") return page;
+  const uint64_t q = (page * 33 + 63) / 64;
+  return std::min(page, (q + 4095) / 4096 * 4096);
+}
 
 Status ValidateConfig(const DaemonConfig& c) {
   const TierOptions& h = c.host;
@@ -711,12 +740,14 @@ Status ValidateConfig(const DaemonConfig& c) {
       return InvalidArgument("config key 'tiers.nvme.low_watermark' must be below high_watermark");
     }
     if (!h.enabled) return InvalidArgument("config key 'tiers.nvme.files' needs the host tier enabled");
+    const uint64_t slot = NvmeSlotBytes(c);
     for (size_t i = 0; i < c.nvme.files.size(); ++i) {
-      if (c.nvme.files[i].capacity_bytes < h.page_bytes) {
-        return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) +
-                               "].capacity' holds no slot of tiers.host.page_bytes");
+      if (c.nvme.files[i].capacity_bytes < slot) {
+        return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) + "].capacity' holds no slot of " +
+                               FormatBytes(slot));
       }
-      if (c.nvme.files[i].capacity_bytes % h.page_bytes != 0) {
+      // Quantized slots are not a divisor of page-sized capacities; the rest is left unused.
+      if (slot == h.page_bytes && c.nvme.files[i].capacity_bytes % h.page_bytes != 0) {
         return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) + "].capacity' (" +
                                FormatBytes(c.nvme.files[i].capacity_bytes) +
                                ") is not a whole number of slots of tiers.host.page_bytes (" +

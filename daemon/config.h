@@ -39,6 +39,7 @@ struct NvmeTierConfig {
   std::string policy = NvmeTierOptions{}.policy;
   uint64_t index_cache_bytes = 16ull << 20;
   uint64_t verify_bytes_per_s = NvmeTierOptions{}.verify_bytes_per_s;
+  std::string quantization = "none";  // none | int8 | fp8: the form of opted-in tenants' blocks
   bool enabled() const { return !files.empty(); }
 };
 
@@ -75,6 +76,7 @@ struct TenantConfig {
   std::vector<uint32_t> gids;
   TierBytes quota;
   TierBytes reserve;
+  bool kv_quantization = false;  // its blocks may be stored quantized in the tiers that quantize
 };
 
 struct SecurityConfig {
@@ -86,6 +88,7 @@ struct SecurityConfig {
   std::vector<uint32_t> admin_uids;
   // The most of a tier's pages one session may hold leased at once (1: no cap).
   double max_leased_share = 0.5;
+  bool unknown_kv_quantization = false;  // kv_quantization for unknown tenants
 };
 
 struct EventsConfig {
@@ -150,6 +153,11 @@ std::string DefaultConfigYaml();
 
 // The longest Unix socket path plus its terminating NUL (sizeof(sockaddr_un::sun_path)).
 inline constexpr size_t kMaxSocketPathBytes = 108;
+
+// The NVMe tier's slot size: a host page, or for a quantized tier 33/64 of one (a block of
+// 2-byte floats quantized with head_dim >= 128: half its bytes in codes, 4 bytes of scale
+// per head_dim), rounded up to 4 KiB so any device's direct I/O takes it.
+uint64_t NvmeSlotBytes(const DaemonConfig& config);
 
 // Cross-field checks (low < high watermark, sizes that divide, names that exist); called by
 // ParseConfig. What only the machine can say (memory, files, groups) is

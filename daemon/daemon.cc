@@ -83,7 +83,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<BlockIndexStore> store, OpenRocksDbBlockIndexStore(ro));
   NvmeTierOptions o;
   for (const auto& f : c.files) o.files.push_back(SlotFileSpec{f.path, f.capacity_bytes});
-  o.slot_bytes = config_.host.page_bytes;
+  o.slot_bytes = NvmeSlotBytes(config_);
   o.durability = c.durability == "relaxed" ? Durability::kRelaxed : Durability::kStrict;
   o.high_watermark = c.high_watermark;
   o.low_watermark = c.low_watermark;
@@ -160,8 +160,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     l.reserve_bytes[TierIndex(TierKind::kNvme)] = reserve.nvme;
     return l;
   };
-  for (const TenantConfig& t : config.security.tenants) co.tenant_limits[t.name] = limits(t.quota, t.reserve);
+  for (const TenantConfig& t : config.security.tenants) {
+    co.tenant_limits[t.name] = limits(t.quota, t.reserve);
+    co.tenant_limits[t.name].kv_quantization = t.kv_quantization;
+  }
   co.unknown_limits = limits(config.security.unknown_quota, TierBytes{});
+  co.unknown_limits.kv_quantization = config.security.unknown_kv_quantization;
+  {
+    boost::asio::io_context* io_ctx = &d->io_;
+    co.post = [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); };
+  }
   d->tenants_ = std::make_unique<TenantResolver>(config.security, ::geteuid());
   if (config.gpu.enabled) {
     auto backend = OpenDeviceBackend(config.gpu_backend);
@@ -183,6 +191,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
     co.write_policy =
         config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
     co.prefetch = config.nvme.prefetch;
+    if (config.nvme.quantization != "none") {
+      co.nvme_quantization = config.nvme.quantization == "int8" ? QuantKind::kInt8 : QuantKind::kFp8E4M3;
+    }
     co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth);
     const fs::space_info space = fs::space(config.data_dir, ec);
     if (!ec && space.available < kMinIndexFreeBytes) {

@@ -22,7 +22,8 @@ TenantId NamespaceTable::InternTenant(std::string_view name) {
 }
 
 NamespaceId NamespaceTable::Acquire(const std::string& encoded, const std::string& fingerprint, uint64_t block_bytes,
-                                    std::string_view tenant, std::string_view model) {
+                                    std::string_view tenant, std::string_view model,
+                                    std::optional<KvGeometry> kv_geometry, FloatKind float_kind, bool quantize) {
   if (auto it = ids_.find(encoded); it != ids_.end()) {
     ++namespaces_[it->second].users;
     return it->second;
@@ -35,7 +36,9 @@ NamespaceId NamespaceTable::Acquire(const std::string& encoded, const std::strin
     id = static_cast<NamespaceId>(namespaces_.size());
     namespaces_.emplace_back();
   }
-  namespaces_[id] = Namespace{encoded, fingerprint, block_bytes, 1, std::string(tenant), std::string(model)};
+  namespaces_[id] = Namespace{encoded,     fingerprint,         block_bytes,
+                              1,           std::string(tenant), std::string(model),
+                              kv_geometry, float_kind,          quantize && kv_geometry.has_value()};
   ids_[encoded] = id;
   return id;
 }

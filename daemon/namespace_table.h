@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/cache_types.h"
+#include "kernels/kv_layout.h"
 
 namespace kvtier {
 
@@ -27,6 +28,11 @@ class NamespaceTable {
     uint64_t block_bytes = 0;   // bytes of block data in a page
     uint32_t users = 0;         // attached sessions + resident blocks; 0: a free id
     std::string tenant, model;  // for kvctl
+    // The block's geometry when a block is the canonical page of 2-byte floats the kernels
+    // take (so it can be quantized and dequantized), with its float kind; else nullopt.
+    std::optional<KvGeometry> kv_geometry;
+    FloatKind float_kind = FloatKind::kBf16;
+    bool quantize = false;  // the tenant opted in to quantized cold tiers (and kv_geometry is set)
   };
 
   // Limits of configured tenants by name; every other tenant gets `unknown_limits`.
@@ -41,7 +47,9 @@ class NamespaceTable {
   // ---- namespaces ----
   // The namespace `encoded` with one more user; created with these facts if it is new.
   NamespaceId Acquire(const std::string& encoded, const std::string& fingerprint, uint64_t block_bytes,
-                      std::string_view tenant, std::string_view model);
+                      std::string_view tenant, std::string_view model,
+                      std::optional<KvGeometry> kv_geometry = std::nullopt, FloatKind float_kind = FloatKind::kBf16,
+                      bool quantize = false);
   // One more user of a live namespace (a block created in it).
   void AddUser(NamespaceId ns);
   // One user fewer; the namespace goes with its last. REQUIRES: ns is live.

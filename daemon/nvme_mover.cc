@@ -1,5 +1,8 @@
 #include "daemon/nvme_mover.h"
 
+#include <stdlib.h>
+
+#include "kernels/cpu_kernels.h"
 #include "protocol/base/logging.h"
 
 namespace kvtier {
@@ -13,14 +16,20 @@ NvmeMover::NvmeMover(std::unique_ptr<NvmeTier> nvme, const Options& options, Blo
       counters_(counters),
       hooks_(std::move(hooks)) {}
 
-NvmeMover::~NvmeMover() { nvme_.reset(); }
+NvmeMover::~NvmeMover() {
+  nvme_.reset();
+  for (uint8_t* p : staging_all_) ::free(p);
+}
 
 Result<std::unique_ptr<NvmeMover>> NvmeMover::Open(std::unique_ptr<NvmeTier> nvme, const Options& options,
                                                    BlockTable* blocks, NamespaceTable* namespaces,
                                                    CacheCounters* counters, Hooks hooks) {
   TierPool* host = blocks->pool(TierKind::kHost);
   if (host == nullptr) return InvalidArgument("the NVMe tier needs the host tier");
-  if (nvme->slot_bytes() != host->page_bytes()) return InvalidArgument("NVMe slots must be the size of host pages");
+  if (options.quantization ? nvme->slot_bytes() > host->page_bytes() : nvme->slot_bytes() != host->page_bytes()) {
+    return InvalidArgument("NVMe slots must be the size of host pages (smaller only for a quantized tier)");
+  }
+  if (options.quantization && options.workers == nullptr) return InvalidArgument("a quantized NVMe tier needs workers");
   std::unique_ptr<NvmeMover> m(new NvmeMover(std::move(nvme), options, blocks, namespaces, counters, std::move(hooks)));
   m->registered_segments_.assign(host->segment_count(), false);
   NvmeMover* raw = m.get();
@@ -32,7 +41,10 @@ Result<std::unique_ptr<NvmeMover>> NvmeMover::Open(std::unique_ptr<NvmeTier> nvm
     }
   });
   KVTIER_LOG(INFO) << "nvme tier: " << m->nvme_->Describe() << ", "
-                   << (options.write_policy == WritePolicy::kWriteThrough ? "write_through" : "write_back");
+                   << (options.write_policy == WritePolicy::kWriteThrough ? "write_through" : "write_back")
+                   << (!options.quantization                       ? ""
+                       : *options.quantization == QuantKind::kInt8 ? ", int8 for tenants that opted in"
+                                                                   : ", fp8 for tenants that opted in");
   return m;
 }
 
@@ -59,6 +71,27 @@ Result<std::vector<std::optional<BlockRecord>>> NvmeMover::FindMany(NamespaceId 
 
 // ---- spills ----------------------------------------------------------------------------
 
+bool NvmeMover::Quantizes(const NamespaceTable::Namespace& n) const {
+  return options_.quantization && n.quantize && QuantizedBlockBytes(*n.kv_geometry) <= nvme_->slot_bytes();
+}
+
+bool NvmeMover::Spillable(const BlockTable::Block& b) const {
+  const NamespaceTable::Namespace& n = namespaces_->Get(b.ns);
+  return n.block_bytes <= nvme_->slot_bytes() || Quantizes(n);
+}
+
+uint8_t* NvmeMover::TakeStaging() {
+  if (!staging_free_.empty()) {
+    uint8_t* p = staging_free_.back();
+    staging_free_.pop_back();
+    return p;
+  }
+  void* p = nullptr;
+  if (::posix_memalign(&p, 4096, nvme_->slot_bytes()) != 0) return nullptr;
+  staging_all_.push_back(static_cast<uint8_t*>(p));
+  return static_cast<uint8_t*>(p);
+}
+
 void NvmeMover::StartSpill(BlockId id, bool keep_host) {
   blocks_->BeginSpill(id);
   const BlockTable::Block& b = blocks_->block(id);
@@ -71,9 +104,34 @@ void NvmeMover::StartSpill(BlockId id, bool keep_host) {
   meta.length = static_cast<uint32_t>(n.block_bytes);
   meta.layout_fingerprint = n.fingerprint;
   meta.parent.assign(reinterpret_cast<const char*>(b.parent.bytes().data()), b.parent.size());
-  const int buf = BufferIndex(page);
-  nvme_->Spill(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), pool->page_bytes()}, buf,
-               [this, id, gen = b.gen, keep_host](Status st, uint32_t slot) {
+  uint8_t* staging = Quantizes(n) ? TakeStaging() : nullptr;
+  if (staging == nullptr) {
+    Spill(id, keep_host, std::move(meta), {pool->PageAddress(page), pool->page_bytes()}, BufferIndex(page), nullptr);
+    return;
+  }
+  // Quantized on a worker from the pinned page, then spilled from the staging buffer.
+  const KvGeometry g = *n.kv_geometry;
+  const QuantKind kind = *options_.quantization;
+  meta.length = static_cast<uint32_t>(QuantizedBlockBytes(g));
+  meta.quantization = kind == QuantKind::kInt8 ? 1 : 2;
+  const uint8_t* src = pool->PageAddress(page);
+  const FloatKind fk = n.float_kind;
+  options_.workers->Run(
+      [g, fk, kind, src, staging] {
+        QuantizeBlockCpu(g, fk, kind, src, staging);
+        return Status::Ok();
+      },
+      [this, id, keep_host, meta = std::move(meta), staging](Status) mutable {
+        Spill(id, keep_host, std::move(meta), {staging, nvme_->slot_bytes()}, -1, staging);
+      });
+}
+
+void NvmeMover::Spill(BlockId id, bool keep_host, BlockRecord meta, std::span<const uint8_t> data, int buf,
+                      uint8_t* staging) {
+  const BlockTable::Block& b = blocks_->block(id);
+  nvme_->Spill(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), data, buf,
+               [this, id, gen = b.gen, keep_host, staging](Status st, uint32_t slot) {
+                 if (staging) staging_free_.push_back(staging);
                  OnSpilled(id, gen, keep_host, std::move(st), slot);
                });
 }
@@ -116,7 +174,7 @@ void NvmeMover::PumpWriteThrough() {
     const BlockTable::Block& b = blocks_->block(id);
     const PageId host = b.page[TierIndex(TierKind::kHost)];
     if (!b.live || b.gen != gen || b.spilling || b.promoting || host == kNoPage ||
-        b.page[TierIndex(TierKind::kNvme)] != kNoPage ||
+        b.page[TierIndex(TierKind::kNvme)] != kNoPage || !Spillable(b) ||
         (blocks_->state(TierKind::kHost, host) != BlockTable::PageState::kBlock && b.readers == 0)) {
       continue;  // gone, or already on NVMe
     }
@@ -155,8 +213,25 @@ BlockId NvmeMover::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHa
   promotions_[id] = gen;
   TierPool* pool = blocks_->pool(TierKind::kHost);
   const int buf = BufferIndex(*page);
-  nvme_->Fetch(namespaces_->BlockKey(ns, hash), rec, {pool->PageAddress(*page), pool->page_bytes()}, buf,
-               [this, id, gen, rec](Status st) { OnPromoted(id, gen, std::move(st), rec); });
+  uint8_t* dst = pool->PageAddress(*page);
+  const NamespaceTable::Namespace& n = namespaces_->Get(ns);
+  std::optional<KvGeometry> g = n.kv_geometry;
+  const FloatKind fk = n.float_kind;
+  nvme_->Fetch(namespaces_->BlockKey(ns, hash), rec, {dst, pool->page_bytes()}, buf,
+               [this, id, gen, rec, dst, g, fk](Status st) {
+                 if (!st.ok() || rec.quantization == 0) return OnPromoted(id, gen, std::move(st), rec);
+                 // Stored quantized: back to the engine's floats, in the page, on a worker.
+                 if (!g || !options_.workers || QuantizedBlockBytes(*g) != rec.length) {
+                   return OnPromoted(id, gen, DataLoss("a quantized block this kvtierd cannot read back"), rec);
+                 }
+                 const QuantKind kind = rec.quantization == 1 ? QuantKind::kInt8 : QuantKind::kFp8E4M3;
+                 options_.workers->Run(
+                     [g = *g, fk, kind, dst] {
+                       DequantizeBlockCpu(g, fk, kind, dst, dst);
+                       return Status::Ok();
+                     },
+                     [this, id, gen, rec](Status s) { OnPromoted(id, gen, std::move(s), rec); });
+               });
   return id;
 }
 

@@ -7,6 +7,16 @@
 // verified, then becomes a host block; whoever waited for it is told through a hook.
 // Copies the NVMe tier drops (eviction, failed checksums) are forgotten by their blocks.
 //
+// Quantized NVMe tier (Options::quantization): a block of a namespace that may be
+// quantized (NamespaceTable: its tenant opted in, its layout is the kernels') is quantized
+// on the way down — on the BlockWorkers, from its pinned host page into a staging buffer
+// of one slot — and spilled in that form (the index record says which, and the checksum
+// covers the stored bytes); on the way up it is read into its host page and dequantized
+// there, on the workers, before the block is readable. The tier's slots are then smaller
+// than host pages (the daemon sizes them for quantized blocks), so a block that may not be
+// quantized and does not fit a slot never goes to NVMe (Spillable is false: eviction drops
+// it). Records read back as full width need no worker.
+//
 // Owns the NvmeTier and the registration of host segments as its I/O buffers. Owned by
 // the control thread; not thread-safe. NvmeTier delivers completions on the control
 // thread and never inside the call that started them, so every hook runs from the event
@@ -15,11 +25,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "daemon/block_table.h"
+#include "daemon/block_workers.h"
 #include "daemon/cache_types.h"
 #include "daemon/namespace_table.h"
 #include "storage/nvme_tier.h"
@@ -39,10 +51,15 @@ class NvmeMover {
   struct Options {
     WritePolicy write_policy = WritePolicy::kWriteBack;
     uint32_t max_spills_in_flight = 32;
+    // The form blocks that may be quantized take on NVMe; nullopt: full width. Needs
+    // `workers`.
+    std::optional<QuantKind> quantization;
+    BlockWorkers* workers = nullptr;  // outlives the mover
   };
 
   // kInvalidArgument unless the host tier is enabled with pages the size of the NVMe
-  // tier's slots. The tables and counters outlive the mover.
+  // tier's slots (or, with quantization, at least that size). The tables and counters
+  // outlive the mover.
   static Result<std::unique_ptr<NvmeMover>> Open(std::unique_ptr<NvmeTier> nvme, const Options& options,
                                                  BlockTable* blocks, NamespaceTable* namespaces,
                                                  CacheCounters* counters, Hooks hooks);
@@ -55,6 +72,9 @@ class NvmeMover {
   // ---- spills ----
   // Whether a spill may start now: the tier is loaded, not backing off, has a slot.
   bool spillable() const { return nvme_->spill_available(); }
+  // Whether block `b` can go to NVMe at all: its bytes (quantized, where it may be) fit a
+  // slot.
+  bool Spillable(const BlockTable::Block& b) const;
   // Whether max_spills_in_flight spills are in flight.
   bool busy() const { return spills_in_flight_ >= options_.max_spills_in_flight; }
   uint32_t spills_in_flight() const { return spills_in_flight_; }
@@ -90,6 +110,11 @@ class NvmeMover {
   int BufferIndex(PageId page);
   void OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, uint32_t slot);
   void OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord record);
+  // Spills host block `id` from `data` (its page, or its quantized form in a staging
+  // buffer, which goes back to the pool when the spill ends).
+  void Spill(BlockId id, bool keep_host, BlockRecord meta, std::span<const uint8_t> data, int buf, uint8_t* staging);
+  bool Quantizes(const NamespaceTable::Namespace& n) const;
+  uint8_t* TakeStaging();
   void OnDropped(const std::string& key, uint32_t slot);
 
   std::unique_ptr<NvmeTier> nvme_;
@@ -103,6 +128,8 @@ class NvmeMover {
   uint32_t demotions_in_flight_ = 0;
   std::deque<std::pair<BlockId, uint32_t>> write_through_queue_;  // (block, gen)
   std::unordered_map<BlockId, uint32_t> promotions_;              // block -> its gen
+  std::vector<uint8_t*> staging_free_;                            // slot-sized, aligned; quantized spills
+  std::vector<uint8_t*> staging_all_;
 };
 
 }  // namespace kvtier

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace kvtier {
 namespace {
@@ -41,11 +42,6 @@ float Load(FloatKind k, const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
   return k == FloatKind::kFp16 ? HalfToFloat(v) : Bf16ToFloat(v);
-}
-
-void Store(FloatKind k, uint8_t* p, float f) {
-  const uint16_t v = k == FloatKind::kFp16 ? FloatToHalf(f) : FloatToBf16(f);
-  std::memcpy(p, &v, 2);
 }
 
 }  // namespace
@@ -135,38 +131,121 @@ void QuantizeCpu(const KvQuantize& q) {
   const uint64_t rows = QuantRows(g);
   const uint32_t d = g.head_dim;
   const float qmax = q.output == QuantKind::kInt8 ? 127.0f : 448.0f;
+  std::vector<float> x(d);
   for (uint64_t r = 0; r < rows; ++r) {
     const uint8_t* src = q.src + r * d * 2;
     float m = 0;
-    for (uint32_t i = 0; i < d; ++i) m = std::max(m, std::fabs(Load(q.input, src + 2 * i)));
+    for (uint32_t i = 0; i < d; ++i) {
+      x[i] = Load(q.input, src + 2 * i);
+      m = std::max(m, std::fabs(x[i]));
+    }
     const float scale = m > 0 ? m / qmax : 1.0f;
     q.scales[r] = scale;
     const float inv = 1.0f / scale;
-    for (uint32_t i = 0; i < d; ++i) {
-      const float x = Load(q.input, src + 2 * i) * inv;
-      uint8_t code;
-      if (q.output == QuantKind::kInt8) {
-        const float c = std::clamp(std::nearbyint(x), -127.0f, 127.0f);
-        code = static_cast<uint8_t>(static_cast<int8_t>(c));
-      } else {
-        code = FloatToFp8E4M3(x);
+    uint8_t* out = q.codes + r * d;
+    if (q.output == QuantKind::kInt8) {
+      // Round half to even as nearbyint does in the default mode: adding 1.5 x 2^23 leaves
+      // the integer part in the mantissa (|x| <= 127 here).
+      constexpr float kMagic = 12582912.0f;
+      for (uint32_t i = 0; i < d; ++i) {
+        const float c = std::clamp((x[i] * inv + kMagic) - kMagic, -127.0f, 127.0f);
+        out[i] = static_cast<uint8_t>(static_cast<int8_t>(c));
       }
-      q.codes[r * d + i] = code;
+    } else {
+      for (uint32_t i = 0; i < d; ++i) out[i] = FloatToFp8E4M3(x[i] * inv);
     }
   }
 }
+
+namespace {
+
+// Code -> float before the row's scale.
+void CodeValues(QuantKind kind, float* value) {
+  for (int c = 0; c < 256; ++c) {
+    value[c] =
+        kind == QuantKind::kInt8 ? static_cast<float>(static_cast<int8_t>(c)) : Fp8E4M3ToFloat(static_cast<uint8_t>(c));
+  }
+}
+
+// One row of `d` codes to 2-byte floats in `out` (which may not overlap `in`). The
+// conversion is FloatToBf16 / FloatToHalf written branch-free for the values codes can
+// give (finite, or the quiet NaN of fp8's NaN code), so the compiler vectorizes it.
+void DequantizeRow(FloatKind kind, QuantKind qk, const float* value, const uint8_t* in, float scale, uint32_t d,
+                   uint16_t* out) {
+  if (kind == FloatKind::kBf16) {
+    if (qk == QuantKind::kInt8) {
+      for (uint32_t i = 0; i < d; ++i) {
+        const uint32_t u = Bits(static_cast<float>(static_cast<int8_t>(in[i])) * scale);
+        out[i] = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      }
+    } else {
+      for (uint32_t i = 0; i < d; ++i) {
+        const uint32_t u = Bits(value[in[i]] * scale);
+        out[i] = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      }
+    }
+    return;
+  }
+  for (uint32_t i = 0; i < d; ++i) out[i] = FloatToHalf(value[in[i]] * scale);
+}
+
+}  // namespace
 
 void DequantizeCpu(const KvQuantize& q, uint8_t* dst) {
   const KvGeometry& g = q.geometry;
   const uint64_t rows = QuantRows(g);
   const uint32_t d = g.head_dim;
+  float value[256];
+  CodeValues(q.output, value);
+  std::vector<uint16_t> row(d);
   for (uint64_t r = 0; r < rows; ++r) {
-    for (uint32_t i = 0; i < d; ++i) {
-      const uint8_t code = q.codes[r * d + i];
-      const float v =
-          q.output == QuantKind::kInt8 ? static_cast<float>(static_cast<int8_t>(code)) : Fp8E4M3ToFloat(code);
-      Store(q.input, dst + (r * d + i) * 2, v * q.scales[r]);
-    }
+    DequantizeRow(q.input, q.output, value, q.codes + r * d, q.scales[r], d, row.data());
+    std::memcpy(dst + r * d * 2, row.data(), d * 2);
+  }
+}
+
+void QuantizeBlockCpu(const KvGeometry& g, FloatKind in, QuantKind out, const uint8_t* src, uint8_t* dst) {
+  const uint64_t codes = g.BlockBytes() / 2;
+  // Scales are written through a float buffer and copied, so `dst` needs no alignment.
+  thread_local std::vector<float> scales;
+  scales.resize(QuantRows(g));
+  KvQuantize q;
+  q.geometry = g;
+  q.input = in;
+  q.output = out;
+  q.src = src;
+  q.codes = dst;
+  q.scales = scales.data();
+  QuantizeCpu(q);
+  std::memcpy(dst + codes, scales.data(), scales.size() * sizeof(float));
+}
+
+void DequantizeBlockCpu(const KvGeometry& g, FloatKind in, QuantKind out, const uint8_t* src, uint8_t* dst) {
+  const uint64_t rows = QuantRows(g);
+  const uint32_t d = g.head_dim;
+  const uint64_t codes = g.BlockBytes() / 2;
+  // Only the scales are set aside: the rows are done last to first, and row r's floats
+  // cover the codes of rows 2r and 2r + 1 — done already — and, for row 0, its own codes,
+  // read into the row buffer before it is written. So the stored form may be the page's
+  // own first bytes (a block fetched into its page).
+  thread_local std::vector<float> scales;
+  thread_local std::vector<uint16_t> row;
+  scales.resize(rows);
+  row.resize(d);
+  std::memcpy(scales.data(), src + codes, rows * sizeof(float));
+  const bool in_place = src >= dst && src < dst + g.BlockBytes();
+  thread_local std::vector<uint8_t> stored;
+  if (in_place && src != dst) {
+    // Elsewhere inside the page: the backward order's argument needs the codes at its
+    // start; copy them aside instead.
+    stored.assign(src, src + codes);
+    src = stored.data();
+  }
+  float value[256];
+  CodeValues(out, value);
+  for (uint64_t r = rows; r-- > 0;) {
+    DequantizeRow(in, out, value, src + r * d, scales[r], d, row.data());
+    std::memcpy(dst + r * d * 2, row.data(), d * 2);
   }
 }
 

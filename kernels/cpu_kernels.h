@@ -19,6 +19,13 @@ void QuantizeCpu(const KvQuantize& q);
 // The inverse: codes + scales -> one page of `q.input` kind floats written to `dst`.
 void DequantizeCpu(const KvQuantize& q, uint8_t* dst);
 
+// One page (`src`: g.BlockBytes() of `in` floats) to its stored quantized form in `dst`
+// (QuantizedBlockBytes(g): codes, then scales). REQUIRES: g.elem_bytes == 2.
+void QuantizeBlockCpu(const KvGeometry& g, FloatKind in, QuantKind out, const uint8_t* src, uint8_t* dst);
+// The inverse: the stored form at `src` to one page of `in` floats at `dst`. `src` may lie
+// inside [dst, dst + g.BlockBytes()) (a page fetched into itself): it is copied aside first.
+void DequantizeBlockCpu(const KvGeometry& g, FloatKind in, QuantKind out, const uint8_t* src, uint8_t* dst);
+
 // Scalar conversions (exposed for tests).
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);  // round to nearest even

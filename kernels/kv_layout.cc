@@ -17,8 +17,11 @@ Status KvGeometry::Validate() const {
 }
 
 double QuantErrorBound(QuantKind kind, double x, double row_max) {
-  if (kind == QuantKind::kInt8) return row_max / 254.0 + 1e-7;
-  return std::fabs(x) / 16.0 + row_max / 512.0 + 1e-7;
+  // The last terms: float32 arithmetic of the scale and the products (a few ulps of the
+  // row's largest magnitude), and an absolute floor for rows of zeros.
+  const double slop = row_max * 0x1p-20 + 1e-7;
+  if (kind == QuantKind::kInt8) return row_max / 254.0 + slop;
+  return std::fabs(x) / 16.0 + row_max / 512.0 + slop;
 }
 
 }  // namespace kvtier

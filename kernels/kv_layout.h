@@ -76,11 +76,17 @@ struct KvQuantize {
 
 constexpr uint64_t QuantRows(const KvGeometry& g) { return 2ull * g.num_layers * g.block_tokens * g.kv_heads; }
 
+// A quantized block as the cold tiers store it: the codes (one byte per element, in page
+// order), then one little-endian float scale per row. REQUIRES: elem_bytes == 2.
+constexpr uint64_t QuantizedBlockBytes(const KvGeometry& g) { return g.BlockBytes() / 2 + QuantRows(g) * 4; }
+
 // The documented error bound of a round trip (quantize then dequantize), per element x of
 // a row whose largest magnitude is m:
-//   int8:     |x - x'| <= m / 254 (half a step of m / 127) plus the input's own rounding
+//   int8:     |x - x'| <= m / 254 (half a step of m / 127)
 //   fp8_e4m3: |x - x'| <= |x| / 16 + m / 2^9 (half an ulp of 3 mantissa bits, and the
-//             subnormal step of the row's scale) plus the input's own rounding
+//             subnormal step of the row's scale)
+// each plus m x 2^-20 + 1e-7 for float32 arithmetic; x' as computed in float, before it is
+// rounded to the page's 2-byte float (which adds half an ulp of x').
 double QuantErrorBound(QuantKind kind, double x, double row_max);
 
 }  // namespace kvtier

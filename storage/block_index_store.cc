@@ -45,6 +45,7 @@ class Reader {
       for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
     });
   }
+  bool empty() const { return b_.empty(); }
   bool Bytes(std::string* v) {
     uint8_t n;
     if (!U8(&n)) return false;
@@ -75,6 +76,7 @@ std::string BlockRecord::Encode() const {
   PutU32(&s, hit_count);
   PutBytes(&s, parent);
   PutBytes(&s, layout_fingerprint);
+  if (quantization != 0) s.push_back(static_cast<char>(quantization));  // absent: full width (older records too)
   return s;
 }
 
@@ -87,6 +89,7 @@ Result<BlockRecord> BlockRecord::Decode(std::string_view bytes) {
       !r.Bytes(&rec.layout_fingerprint)) {
     return DataLoss("index record is corrupt");
   }
+  if (r.U8(&rec.quantization) && (rec.quantization > 2 || !r.empty())) return DataLoss("index record is corrupt");
   return rec;
 }
 

@@ -31,6 +31,9 @@ struct BlockRecord {
   std::string layout_fingerprint;
   uint32_t last_access = 0;  // Unix seconds
   uint32_t hit_count = 0;
+  // How the bytes are stored: 0 as the engine wrote them; 1 int8 and 2 fp8-e4m3 codes with
+  // one scale per row (kernels/kv_layout.h: QuantizedBlockBytes), `length` being that size.
+  uint8_t quantization = 0;
 
   std::string Encode() const;
   // kDataLoss for bytes that are not an encoded record.

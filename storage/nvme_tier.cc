@@ -501,6 +501,12 @@ void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t>
   std::optional<PageId> slot = free_->Allocate();
   if (!slot) {
     EnforceWatermark();
+    // Full with nothing above the high watermark to drop (it may be 1.0): make room for the
+    // next spill by dropping one block now, as the watermark would (its slot frees once
+    // the delete is applied).
+    if (deleting_ + retired_ == 0) {
+      if (const std::optional<uint16_t> o = WatermarkOwner()) EvictVictim(*o);
+    }
     return fail(Unavailable("nvme tier has no free slot yet"));
   }
   if (!owner_.empty()) owner_[*slot] = owner;

@@ -2,8 +2,13 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
+
+#include "kernels/cpu_kernels.h"
 
 namespace kvtier {
 namespace {
@@ -42,6 +47,63 @@ bool CheckBlockPattern(const BlockHash& hash, std::span<const uint8_t> bytes) {
     if (bytes[i] != static_cast<uint8_t>(tail >> (8 * k))) return false;
   }
   return true;
+}
+
+namespace {
+
+// Element i of the KV pattern, before rounding to the 2-byte float.
+float KvValue(uint64_t seed, uint64_t i, uint32_t row) {
+  const uint64_t r = Mix(seed ^ (0x5eed0000ull + i / row));                                       // the row's magnitude
+  const float magnitude = std::ldexp(1.0f, static_cast<int>(r % 9) - 4);                          // 2^-4 .. 2^4
+  const uint64_t u = Mix(seed ^ (i * 0x2545f4914f6cdd1dull));                                     // the element
+  const float unit = static_cast<float>(u >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f;  // [-1, 1)
+  return magnitude * unit;
+}
+
+uint16_t ToHalf(FloatKind kind, float f) { return kind == FloatKind::kFp16 ? FloatToHalf(f) : FloatToBf16(f); }
+float FromHalf(FloatKind kind, uint16_t h) { return kind == FloatKind::kFp16 ? HalfToFloat(h) : Bf16ToFloat(h); }
+
+}  // namespace
+
+void FillKvPattern(const BlockHash& hash, FloatKind kind, uint32_t row, std::span<uint8_t> out) {
+  const uint64_t seed = XXH3_64bits(hash.bytes().data(), hash.size());
+  const uint64_t n = out.size() / 2;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint16_t h = ToHalf(kind, KvValue(seed, i, row));
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+  if (out.size() % 2) out.back() = 0;
+}
+
+double KvPatternError(const BlockHash& hash, FloatKind kind, uint32_t row, std::optional<QuantKind> lossy,
+                      std::span<const uint8_t> bytes) {
+  const uint64_t seed = XXH3_64bits(hash.bytes().data(), hash.size());
+  const uint64_t n = bytes.size() / 2;
+  const double half_ulp = kind == FloatKind::kFp16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  double worst = 0;
+  std::vector<float> expect(row);
+  for (uint64_t start = 0; start < n; start += row) {
+    const uint64_t len = std::min<uint64_t>(row, n - start);
+    double row_max = 0;
+    for (uint64_t k = 0; k < len; ++k) {
+      expect[k] = FromHalf(kind, ToHalf(kind, KvValue(seed, start + k, row)));
+      row_max = std::max(row_max, std::fabs(static_cast<double>(expect[k])));
+    }
+    for (uint64_t k = 0; k < len; ++k) {
+      uint16_t h;
+      std::memcpy(&h, bytes.data() + 2 * (start + k), 2);
+      const double got = FromHalf(kind, h), want = expect[k];
+      if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
+      const double err = std::fabs(got - want);
+      if (!lossy) {
+        if (h != ToHalf(kind, static_cast<float>(want))) return std::numeric_limits<double>::infinity();
+        continue;
+      }
+      const double bound = QuantErrorBound(*lossy, want, row_max) + std::fabs(got) * half_ulp;
+      worst = std::max(worst, err / bound);
+    }
+  }
+  return worst;
 }
 
 BlockHash ChainHash(const BlockHash& parent, std::span<const uint32_t> tokens) {

@@ -54,6 +54,7 @@ struct Args {
   double params_billion = 0, hidden = 0;
   double gpu_tflops = 989, mfu = 0.5, hbm_gbs = 4800, pcie_gbs = 50, nvme_gbs = 6, remote_gbs = 12.5;
   bool json = false;
+  std::string quantization = "none";  // none | int8 | fp8: hits are checked within that bound
 };
 
 // What a session reports per request, through a pipe.
@@ -67,6 +68,7 @@ struct Record {
   double latency_us;     // lookup + acquire
   uint32_t unavailable;  // the daemon was gone (a restart, an upgrade): a miss, the session reconnects
   uint32_t reconnects;
+  float worst_error;  // --quantization: the largest error of a hit over its bound
 };
 
 std::vector<BlockHash> ChainOf(const TraceRequest& r) {
@@ -89,6 +91,10 @@ void Report(int session, const char* what, const Status& s) {
 // A failure that means the daemon went away (or restarted: handles of another epoch).
 int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, const std::vector<uint32_t>& gpu_hit,
                int index, int fd) {
+  std::optional<QuantKind> lossy;
+  if (a.quantization == "int8") lossy = QuantKind::kInt8;
+  if (a.quantization == "fp8") lossy = QuantKind::kFp8E4M3;
+  const FloatKind float_kind = layout.dtype == DType::kFloat16 ? FloatKind::kFp16 : FloatKind::kBf16;
   ClientOptions o;
   o.socket_path = a.socket;
   o.engine_name = "kvtier-replay-" + std::to_string(index);
@@ -124,7 +130,7 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
       std::this_thread::sleep_until(start +
                                     std::chrono::microseconds(static_cast<int64_t>(q.timestamp_ms * 1000 / a.speed)));
     }
-    Record rec{static_cast<uint32_t>(i), static_cast<uint32_t>(q.blocks.size()), {}, {}, 0, 0, 0, 0, 0};
+    Record rec{static_cast<uint32_t>(i), static_cast<uint32_t>(q.blocks.size()), {}, {}, 0, 0, 0, 0, 0, 0};
     if (!client) {
       if (!connect()) return 1;
       rec.reconnects = 1;
@@ -164,7 +170,17 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
           }
           held.push_back(chain[k]);
           auto bytes = client->PageBytes(r.tier, r.page);
-          if (bytes.size() < layout.block_bytes || !CheckBlockPattern(chain[k], bytes.first(layout.block_bytes))) {
+          bool good = bytes.size() >= layout.block_bytes;
+          if (good && lossy) {
+            // Possibly read back from a quantized tier: within the bound, not exact.
+            const double e =
+                KvPatternError(chain[k], float_kind, layout.head_dim, *lossy, bytes.first(layout.block_bytes));
+            rec.worst_error = std::max(rec.worst_error, static_cast<float>(std::min(e, 1e9)));
+            good = e <= 1.0;
+          } else if (good) {
+            good = CheckBlockPattern(chain[k], bytes.first(layout.block_bytes));
+          }
+          if (!good) {
             ++rec.corrupt;
             in_prefix = false;
             continue;
@@ -192,7 +208,11 @@ int RunSession(const Args& a, const Trace& trace, const ModelLayout& layout, con
       std::vector<CommitEntry> e;
       for (size_t k = from; k < from + n_chunk; ++k) {
         auto bytes = client->PageBytes(TierKind::kHost, (*pages)[k - from]);
-        FillBlockPattern(chain[k], bytes.first(layout.block_bytes));
+        if (lossy) {
+          FillKvPattern(chain[k], float_kind, layout.head_dim, bytes.first(layout.block_bytes));
+        } else {
+          FillBlockPattern(chain[k], bytes.first(layout.block_bytes));
+        }
         e.push_back({(*pages)[k - from], chain[k], k ? chain[k - 1] : BlockHash()});
       }
       if (auto c = client->Commit(TierKind::kHost, e); !c.ok()) {
@@ -242,6 +262,11 @@ int main(int argc, char** argv) {
   app.add_option("--pcie-gbs", a.pcie_gbs, "Host-to-GPU GB/s");
   app.add_option("--nvme-gbs", a.nvme_gbs, "NVMe read GB/s");
   app.add_option("--remote-gbs", a.remote_gbs, "Remote tier (network) read GB/s (100 Gbit/s: 12.5)");
+  app.add_option("--quantization", a.quantization,
+                 "none, int8 or fp8: blocks hold KV-like floats and each hit is checked within the error bound of "
+                 "that quantization (QuantErrorBound) instead of exactly; the layout must be 2-byte floats at "
+                 "its natural block size")
+      ->check(CLI::IsMember({"none", "int8", "fp8"}));
   app.add_flag("--json", a.json, "Print one JSON object");
   CLI11_PARSE(app, argc, argv);
 
@@ -273,6 +298,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     layout.block_bytes = *b;
+  }
+  if (a.quantization != "none" && ((layout.dtype != DType::kBFloat16 && layout.dtype != DType::kFloat16) ||
+                                   layout.block_bytes != layout.NaturalBlockBytes())) {
+    std::fprintf(stderr,
+                 "kvtier-replay: --quantization needs blocks of 2-byte floats at their natural size (%s has %llu "
+                 "bytes per block); give a geometry instead of --block-bytes, e.g. --layers 2 --kv-heads 2 "
+                 "--head-dim 128 --tokens-per-block 16\n",
+                 layout.ToString().c_str(), static_cast<unsigned long long>(layout.block_bytes));
+    return 2;
   }
   auto trace = LoadTrace(a.trace);
   if (!trace.ok()) {
@@ -345,6 +379,10 @@ int main(int argc, char** argv) {
     reconnects += recs[i].reconnects;
     lat.push_back(recs[i].latency_us);
   }
+  double worst_error = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (have[i]) worst_error = std::max(worst_error, static_cast<double>(recs[i].worst_error));
+  }
   uint64_t total_hits = 0;
   for (uint64_t h : hits) total_hits += h;
 
@@ -404,6 +442,8 @@ int main(int argc, char** argv) {
                      {"remote", hits[3] * layout.block_bytes},
                      {"committed", (blocks - total_hits) * layout.block_bytes}}},
                    {"corrupt", corrupt},
+                   {"quantization", a.quantization},
+                   {"max_error_over_bound", worst_error},
                    {"errors", errors},
                    {"unavailable", unavailable},
                    {"reconnects", reconnects},

@@ -60,6 +60,12 @@ int main(int argc, char** argv) {
       },
       "Block (value) size, e.g. 2MiB");
   remote->add_flag("--json", args.json, "Print one JSON object");
+  auto* quant = app.add_subcommand(
+      "quant",
+      "A quantized NVMe tier vs full width, same NVMe bytes (2 MiB bf16 blocks): blocks held (capacity_gain), the "
+      "worst round-trip error over its bound (int8, fp8), NVMe fetch throughput ratio (interleaved rounds)");
+  quant->add_option("--rounds", args.rounds, "Interleaved fetch rounds")->check(CLI::Range(1, 100));
+  quant->add_flag("--json", args.json, "Print one JSON object");
   for (auto* sub : {rpc, nvme, restart, soak}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");
@@ -73,6 +79,10 @@ int main(int argc, char** argv) {
   if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
   if (soak->parsed()) return kvtier::bench::RunSoakBench(args);
   if (events->parsed()) return kvtier::bench::RunEventsBench(args);
+  if (quant->parsed()) {
+    if (args.rounds == 10) args.rounds = 7;
+    return kvtier::bench::RunQuantBench(args);
+  }
   if (remote->parsed()) {
     if (args.iterations == 20000) args.iterations = 4096;  // this mode's default
     if (args.rounds == 10) args.rounds = 5;

@@ -27,5 +27,6 @@ int RunRestartBench(const BenchArgs& args);
 int RunSoakBench(const BenchArgs& args);
 int RunEventsBench(const BenchArgs& args);
 int RunRemoteBench(const BenchArgs& args);
+int RunQuantBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench

@@ -1,0 +1,60 @@
+#pragma once
+// BlockWorkers: a few threads that do the CPU work of moving blocks between tiers — the
+// quantization of a block on its way down to a quantized cold tier, its dequantization on
+// the way back up, the copy of a GPU block into a host page — so the control thread never
+// does it (a 2 MiB block costs about a millisecond of CPU to quantize).
+//
+// Run() queues `work`; one of the threads runs it, and `done` then runs with its status on
+// the owner's thread through `post`, never inside Run(). Jobs start in the order they were
+// queued (they may finish out of it with more than one thread). The caller keeps whatever
+// `work` touches alive and unchanged until `done`.
+//
+// Threads: Run and the accessors on the owner's (control) thread. The destructor asks the
+// threads to stop after their current job, joins them, and drops queued jobs and
+// completions not yet delivered.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "protocol/base/status.h"
+
+namespace kvtier {
+
+class BlockWorkers {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+
+  // kInvalidArgument for threads outside [1, 64].
+  static Result<std::unique_ptr<BlockWorkers>> Open(int threads, Post post);
+  ~BlockWorkers();
+  BlockWorkers(const BlockWorkers&) = delete;
+  BlockWorkers& operator=(const BlockWorkers&) = delete;
+
+  void Run(std::function<Status()> work, std::function<void(Status)> done);
+  // Jobs queued or running.
+  size_t pending() const { return pending_; }
+
+ private:
+  struct Job {
+    std::function<Status()> work;
+    std::function<void(Status)> done;
+  };
+  BlockWorkers(Post post) : post_(std::move(post)), self_(std::make_shared<BlockWorkers*>(this)) {}
+  void Loop(std::stop_token stop);
+
+  Post post_;
+  std::shared_ptr<BlockWorkers*> self_;  // expires with this object: late completions are dropped
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<Job> queue_;
+  size_t pending_ = 0;  // owner's thread only
+  std::vector<std::jthread> threads_;
+};
+
+}  // namespace kvtier
