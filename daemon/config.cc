@@ -450,6 +450,21 @@ const std::vector<Key>& Keys() {
        "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
        "of a large tier leaves the disk to fetches and spills; 0: as fast as the disk goes.",
        KVTIER_SET((Bytes("tiers.nvme.verify_rate", n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
+      {"tiers.nvme.quantization", "none",
+       "int8 or fp8: blocks of tenants that opted in (security.tenants[].kv_quantization) are "
+       "stored on NVMe quantized, one scale per token and head, and dequantized when read back "
+       "(lossy: QuantErrorBound); slots are then sized for them (33/64 of a host page), so the "
+       "same NVMe holds about twice the blocks, and blocks of other tenants, or of layouts the "
+       "kernels cannot quantize (not 2-byte floats, head_dim < 128), do not go to NVMe. none: "
+       "full width.",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.quantization", n));
+         if (s != "none" && s != "int8" && s != "fp8") {
+           return Bad("tiers.nvme.quantization", "'" + s + "' is not none, int8 or fp8");
+         }
+         c->nvme.quantization = s;
+         return Status::Ok();
+       }},
       {"tiers.remote.nodes", "[]",
        "Seed nodes of a Redis Cluster (or one standalone Redis) shared by the kvtierd nodes of "
        "a fleet, as host:port; none means no remote tier. The rest of the cluster is found "
@@ -515,21 +530,6 @@ const std::vector<Key>& Keys() {
       {"tiers.remote.max_puts_in_flight", "32",
        "Most puts at once; each pins its block's host page until the cluster answers.",
        KVTIER_SET((Integer<uint32_t>("tiers.remote.max_puts_in_flight", n, 1, 4096)), remote.max_puts_in_flight)},
-      {"tiers.nvme.quantization", "none",
-       "int8 or fp8: blocks of tenants that opted in (security.tenants[].kv_quantization) are "
-       "stored on NVMe quantized, one scale per token and head, and dequantized when read back "
-       "(lossy: QuantErrorBound); slots are then sized for them (33/64 of a host page), so the "
-       "same NVMe holds about twice the blocks, and blocks of other tenants, or of layouts the "
-       "kernels cannot quantize (not 2-byte floats, head_dim < 128), do not go to NVMe. none: "
-       "full width.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.quantization", n));
-         if (s != "none" && s != "int8" && s != "fp8") {
-           return Bad("tiers.nvme.quantization", "'" + s + "' is not none, int8 or fp8");
-         }
-         c->nvme.quantization = s;
-         return Status::Ok();
-       }},
       {"events.enabled", "false",
        "Publish KV events (BlockStored, BlockRemoved, AllBlocksCleared: vLLM's KV event wire "
        "form, which llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events "

@@ -94,7 +94,8 @@ Result<std::pair<double, double>> Fetch(Client& c, const ModelLayout& l, std::op
   const double secs = (NowUs() - t0) * 1e-6;
   double worst = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    if (!copies[i].empty()) worst = std::max(worst, KvPatternError(blocks[i], FloatKind::kBf16, l.head_dim, kind, copies[i]));
+    if (!copies[i].empty())
+      worst = std::max(worst, KvPatternError(blocks[i], FloatKind::kBf16, l.head_dim, kind, copies[i]));
   }
   return std::make_pair(worst, static_cast<double>(blocks.size()) / secs);
 }
@@ -192,19 +193,20 @@ int RunQuantBench(const BenchArgs& args) {
   }
   const double gain = nodes[0].nvme_blocks ? static_cast<double>(nodes[1].nvme_blocks) / nodes[0].nvme_blocks : 0;
   const double worst = std::max(nodes[1].worst, nodes[2].worst);
-  const json j{{"model", layout.ToString()},
-               {"block_bytes", block},
-               {"nvme_bytes", nvme_bytes},
-               {"nvme_blocks", {{"full", nodes[0].nvme_blocks}, {"int8", nodes[1].nvme_blocks}, {"fp8", nodes[2].nvme_blocks}}},
-               {"capacity_gain", gain},
-               {"max_error_over_bound", worst},
-               {"max_error_over_bound_by_kind", {{"int8", nodes[1].worst}, {"fp8", nodes[2].worst}}},
-               {"full_width_error", nodes[0].worst},
-               {"fetch_blocks_per_s", {{"full", Median(full_rate)}, {"int8", Median(int8_rate)}}},
-               {"fetch_ratio", Median(ratios)},
-               {"fetch_ratios", ratios},
-               {"rounds", rounds},
-               {"blocks_per_round", probe.size()}};
+  const json j{
+      {"model", layout.ToString()},
+      {"block_bytes", block},
+      {"nvme_bytes", nvme_bytes},
+      {"nvme_blocks", {{"full", nodes[0].nvme_blocks}, {"int8", nodes[1].nvme_blocks}, {"fp8", nodes[2].nvme_blocks}}},
+      {"capacity_gain", gain},
+      {"max_error_over_bound", worst},
+      {"max_error_over_bound_by_kind", {{"int8", nodes[1].worst}, {"fp8", nodes[2].worst}}},
+      {"full_width_error", nodes[0].worst},
+      {"fetch_blocks_per_s", {{"full", Median(full_rate)}, {"int8", Median(int8_rate)}}},
+      {"fetch_ratio", Median(ratios)},
+      {"fetch_ratios", ratios},
+      {"rounds", rounds},
+      {"blocks_per_round", probe.size()}};
   if (args.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {

@@ -105,6 +105,9 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"tiers:\n  remote: {nodes: ['127.0.0.1:6379'], timeout: 0}\n", "tiers.remote.timeout"},
       {"tiers:\n  host: {enabled: false}\n  gpu: {enabled: true}\n  remote: {nodes: ['127.0.0.1:6379']}\n",
        "tiers.remote.nodes"},
+      {"tiers:\n  nvme: {quantization: int4}\n", "tiers.nvme.quantization"},
+      {"security:\n  tenants: [{name: a, uids: [1], kv_quantization: maybe}]\n", "security.tenants[0].kv_quantization"},
+      {"security:\n  unknown_kv_quantization: 2\n", "security.unknown_kv_quantization"},
       {"events: {publish: 'localhost:5557'}\n", "events.publish"},
       {"events: {replay: 'tcp://127.0.0.1:5557'}\n", "events.replay"},  // the publish default
       {"events: {flush_interval: 0}\n", "events.flush_interval"},
@@ -139,13 +142,13 @@ TEST(Config, SecurityKeysParse) {
   auto c = ParseConfig(
       "socket:\n  group: kvtier\n  mode: \"0600\"\n"
       "protocol:\n  heartbeat_ttl: 1500ms\n"
-      "tiers:\n  nvme: {files: [{path: /tmp/x, capacity: 8GiB}]}\n"
+      "tiers:\n  nvme: {files: [{path: /tmp/x, capacity: 8GiB}], quantization: fp8}\n"
       "  remote: {nodes: ['10.0.0.5:7000', '[::1]:7001'], write_policy: write_back, timeout: 250ms}\n"
       "security:\n  allow_unknown: false\n  admin_uids: [1000, 1001]\n"
       "  unknown_quota: {host: 64MiB}\n"
       "  tenants:\n"
       "    - {name: org_a, uids: [2000, 2001], quota: {host: 256MiB, gpu: 1GiB, nvme: 4GiB, remote: 8GiB},\n"
-      "       reserve: {host: 64MiB, nvme: 1GiB}}\n"
+      "       reserve: {host: 64MiB, nvme: 1GiB}, kv_quantization: true}\n"
       "    - {name: org-b.prod, gids: [3000]}\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->socket_group, "kvtier");
@@ -166,6 +169,14 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_EQ(a.reserve.nvme, 1ull << 30);
   EXPECT_EQ(c->security.tenants[1].gids, (std::vector<uint32_t>{3000}));
   EXPECT_EQ(c->remote.nodes, (std::vector<std::string>{"10.0.0.5:7000", "[::1]:7001"}));
+  EXPECT_TRUE(a.kv_quantization);
+  EXPECT_FALSE(c->security.tenants[1].kv_quantization) << "tenants are not quantized unless they opt in";
+  EXPECT_FALSE(c->security.unknown_kv_quantization);
+  EXPECT_EQ(c->nvme.quantization, "fp8");
+  // A quantized tier's slots: 33/64 of a page, in 4 KiB.
+  EXPECT_EQ(NvmeSlotBytes(*c), 33ull << 15);  // 2 MiB pages -> 1056 KiB
+  DaemonConfig full;
+  EXPECT_EQ(NvmeSlotBytes(full), full.host.page_bytes);
   EXPECT_EQ(c->remote.write_policy, "write_back");
   EXPECT_EQ(c->remote.timeout_ns, 250'000'000);
   EXPECT_TRUE(c->remote.enabled());

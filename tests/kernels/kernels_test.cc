@@ -175,6 +175,41 @@ TEST_P(GpuQuantTest, RoundTripErrorIsWithinTheDocumentedBound) {
   EXPECT_GT(worst, 0.0) << "a lossy round trip lost nothing: the test is not testing";
 }
 
+TEST_P(GpuQuantTest, TheStoredBlockFormDequantizesInPlaceAsTheReferenceDoes) {
+  // The cold tiers' form: codes then scales, QuantizedBlockBytes long; read back into the
+  // start of the page it becomes (in place) it gives the reference's bytes exactly.
+  KvGeometry g = Geometry(KvLayoutKind::kKvFirst, 2);
+  g.head_dim = 128;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<uint8_t> src(g.BlockBytes());
+  for (size_t i = 0; i < src.size() / 2; ++i) {
+    const float x = dist(rng);
+    const uint16_t h = GetParam().input == FloatKind::kFp16 ? FloatToHalf(x) : FloatToBf16(x);
+    std::memcpy(src.data() + 2 * i, &h, 2);
+  }
+  std::vector<uint8_t> stored(QuantizedBlockBytes(g));
+  EXPECT_EQ(stored.size(), g.BlockBytes() / 2 + QuantRows(g) * 4);
+  QuantizeBlockCpu(g, GetParam().input, GetParam().quant, src.data(), stored.data());
+  // The reference, with separate buffers.
+  std::vector<uint8_t> codes(g.BlockBytes() / 2), expect(g.BlockBytes());
+  std::vector<float> scales(QuantRows(g));
+  KvQuantize q{g, GetParam().input, GetParam().quant, src.data(), codes.data(), scales.data()};
+  QuantizeCpu(q);
+  ASSERT_EQ(std::memcmp(codes.data(), stored.data(), codes.size()), 0);
+  ASSERT_EQ(std::memcmp(scales.data(), stored.data() + codes.size(), scales.size() * 4), 0);
+  DequantizeCpu(q, expect.data());
+  // In place: the page starts with the stored form, the rest is stale bytes.
+  std::vector<uint8_t> page(g.BlockBytes(), 0xa5);
+  std::memcpy(page.data(), stored.data(), stored.size());
+  DequantizeBlockCpu(g, GetParam().input, GetParam().quant, page.data(), page.data());
+  EXPECT_EQ(page, expect);
+  // And from another buffer.
+  std::vector<uint8_t> out(g.BlockBytes(), 0);
+  DequantizeBlockCpu(g, GetParam().input, GetParam().quant, stored.data(), out.data());
+  EXPECT_EQ(out, expect);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, GpuQuantTest,
                          ::testing::Values(QuantCase{QuantKind::kInt8, FloatKind::kBf16},
                                            QuantCase{QuantKind::kInt8, FloatKind::kFp16},

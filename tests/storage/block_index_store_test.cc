@@ -68,6 +68,27 @@ TEST_P(BlockIndexStoreTest, RecordsRoundTrip) {
   EXPECT_FALSE(S().KeyOfSlot(8)->has_value());
 }
 
+TEST(BlockRecord, TheQuantizationFieldIsOptionalOnTheWire) {
+  BlockRecord full = Rec(3);
+  const std::string old_form = full.Encode();  // as written before the field existed
+  auto back = BlockRecord::Decode(old_form);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->quantization, 0);
+  for (uint8_t q : {1, 2}) {
+    BlockRecord r = Rec(4);
+    r.quantization = q;
+    const std::string bytes = r.Encode();
+    EXPECT_EQ(bytes.size(), old_form.size() + 1);
+    auto d = BlockRecord::Decode(bytes);
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->quantization, q);
+    EXPECT_EQ(d->checksum, r.checksum);
+  }
+  // An unknown form, or bytes after it, is corruption: never read as something else.
+  EXPECT_EQ(BlockRecord::Decode(old_form + '\x03').status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(BlockRecord::Decode(old_form + std::string("\x01\x00", 2)).status().code(), StatusCode::kDataLoss);
+}
+
 TEST_P(BlockIndexStoreTest, DeleteRemovesBothDirectionsAndRecordOnlyKeepsTheSlot) {
   ASSERT_TRUE(Put("a", 1).ok());
   ASSERT_TRUE(Put("b", 2).ok());
