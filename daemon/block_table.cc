@@ -270,25 +270,27 @@ void BlockTable::EndFill(BlockId id, bool ok) {
   Erase(id);
 }
 
-void BlockTable::BeginRead(BlockId id) {
-  Tier& host = T(TierKind::kHost);
+void BlockTable::BeginRead(BlockId id, TierKind kind) {
+  Tier& t = T(kind);
   Block& b = blocks_[id];
-  const PageId p = b.page[TierIndex(TierKind::kHost)];
-  KVTIER_CHECK(p != kNoPage && !b.promoting && b.readers < 255 &&
-               host.state[p] == (b.readers == 0 ? PageState::kBlock : PageState::kInFlight))
-      << "read of a block not in host";
-  if (b.readers++ > 0) return;
-  Leave(host, id);
-  SetState(host, p, PageState::kInFlight);
+  const PageId p = b.page[TierIndex(kind)];
+  uint8_t& readers = b.readers[TierIndex(kind)];
+  KVTIER_CHECK(p != kNoPage && !b.promoting && readers < 255 &&
+               t.state[p] == (readers == 0 ? PageState::kBlock : PageState::kInFlight))
+      << "read of a block not in " << TierKindName(kind);
+  if (readers++ > 0) return;
+  Leave(t, id);
+  SetState(t, p, PageState::kInFlight);
 }
 
-void BlockTable::EndRead(BlockId id) {
-  Tier& host = T(TierKind::kHost);
+void BlockTable::EndRead(BlockId id, TierKind kind) {
+  Tier& t = T(kind);
   Block& b = blocks_[id];
-  KVTIER_CHECK(b.readers > 0) << "a read ended that did not begin";
-  if (--b.readers > 0) return;
-  SetState(host, b.page[TierIndex(TierKind::kHost)], PageState::kBlock);
-  Enter(host, id);
+  uint8_t& readers = b.readers[TierIndex(kind)];
+  KVTIER_CHECK(readers > 0) << "a read ended that did not begin";
+  if (--readers > 0) return;
+  SetState(t, b.page[TierIndex(kind)], PageState::kBlock);
+  Enter(t, id);
 }
 
 void BlockTable::BeginSpill(BlockId id) {

@@ -53,7 +53,9 @@ class BlockTable {
     bool live = false;
     bool spilling = false;   // host page being written to NVMe
     bool promoting = false;  // host page being filled (from NVMe or the remote tier)
-    uint8_t readers = 0;     // moves reading the host page (an NVMe spill, a remote put)
+    // Moves reading the block's page, by pool tier (TierIndex: GPU, host): an NVMe spill or
+    // a remote put of the host page, a demotion copying the GPU page down.
+    std::array<uint8_t, 2> readers{};
     bool on_remote = false;  // the remote tier holds it (put by us, or read from it)
     uint32_t hits = 0;       // lookups and acquires that found it
     int64_t last_use_ns = 0;
@@ -98,11 +100,13 @@ class BlockTable {
   void BeginFill(BlockId id, PageId p);
   // The fill ended: the block is readable in host, or (failed) it goes with its page.
   void EndFill(BlockId id, bool ok);
-  // A read of the block's host page by a move (an NVMe spill, a remote put): the page is
-  // in flight and the block no victim until the last such read ends; sessions still read
-  // it. REQUIRES: resident in host (in state block, or already being read).
-  void BeginRead(BlockId id);
-  void EndRead(BlockId id);
+  // A read of the block's page in pool tier `t` by a move (host: an NVMe spill, a remote
+  // put; GPU: a demotion's copy): the page is in flight and the block no victim there until
+  // the last such read ends; sessions still read it. REQUIRES: resident in `t` (in state
+  // block, or already being read).
+  void BeginRead(BlockId id, TierKind t = TierKind::kHost);
+  void EndRead(BlockId id, TierKind t = TierKind::kHost);
+  uint8_t readers(BlockId id, TierKind t = TierKind::kHost) const { return blocks_[id].readers[TierIndex(t)]; }
   // A spill: a read (above) by the NVMe tier. REQUIRES: resident in host, not spilling.
   void BeginSpill(BlockId id);
   void EndSpill(BlockId id);

@@ -9,6 +9,9 @@
 // queued (they may finish out of it with more than one thread). The caller keeps whatever
 // `work` touches alive and unchanged until `done`.
 //
+// The threads run at a lower priority (nice 10) than the control thread, so a burst of
+// copies takes CPU from nothing that answers requests.
+//
 // Threads: Run and the accessors on the owner's (control) thread. The destructor asks the
 // threads to stop after their current job, joins them, and drops queued jobs and
 // completions not yet delivered.
@@ -39,6 +42,8 @@ class BlockWorkers {
   void Run(std::function<Status()> work, std::function<void(Status)> done);
   // Jobs queued or running.
   size_t pending() const { return pending_; }
+  // The threads' nice value: below the control thread, which serves requests.
+  static constexpr int kNice = 10;
 
  private:
   struct Job {

@@ -24,6 +24,9 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   cm->clock_ = clock ? clock : SystemClock::Default();
   KVTIER_ASSIGN_OR_RETURN(
       cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
+  if (options.gpu_copy && options.post && cm->blocks_->enabled(TierKind::kGpu)) {
+    KVTIER_ASSIGN_OR_RETURN(cm->gpu_copier_, BlockWorkers::Open(1, options.post));
+  }
   if (nvme && options.nvme_quantization) {
     if (!options.post) return InvalidArgument("a quantized NVMe tier needs an event loop to post to");
     KVTIER_ASSIGN_OR_RETURN(cm->workers_, BlockWorkers::Open(options.block_workers, options.post));
@@ -94,6 +97,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
 // they read) goes.
 CacheManager::~CacheManager() {
   workers_.reset();  // their jobs read pages and the movers' buffers
+  gpu_copier_.reset();
   remote_.reset();
   mover_.reset();
 }

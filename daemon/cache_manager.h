@@ -38,8 +38,8 @@
 // Owned by the control thread; not thread-safe. No method waits for NVMe data I/O or a
 // copy, with two exceptions written as what they are: Lookup, Acquire, Commit and Explain
 // read the NVMe index on the control thread (RocksDB Get/MultiGet: memtable and block
-// cache when hot, the index's files when cold), and a GPU->host demotion copies the page
-// on the control thread (cudaMemcpy; a memcpy when host-emulated).
+// cache when hot, the index's files when cold), and without Options::gpu_copy a GPU->host
+// demotion copies the page on the control thread (the daemon always sets it).
 
 #include <array>
 #include <cstdint>
@@ -111,6 +111,12 @@ class CacheManager {
     // their completions reach it (the daemon's event loop). Used by the quantized tiers.
     int block_workers = 2;
     std::function<void(std::function<void()>)> post;
+    // Copies a GPU page down into a host page (device -> host), run on a copy thread of its
+    // own; with `post`, GPU->host demotions leave the control thread: the GPU page stays
+    // readable (and pinned) until the host copy is complete. Null: the control thread
+    // copies (synchronously). What it uses (a DeviceBackend of its own) outlives the manager.
+    std::function<Status(void* dst, const uint8_t* device_src, uint64_t bytes)> gpu_copy;
+    uint32_t max_gpu_demotions_in_flight = 16;
     bool prefetch = false;  // Lookup starts promoting NVMe hits
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
@@ -335,8 +341,15 @@ class CacheManager {
   // in flight (kBusy). kNone when nothing is evictable.
   enum class Evicted { kNone, kDropped, kDemoting, kBusy };
   Evicted EvictOne(TierKind tier, TenantId tenant);
-  // Copies GPU block `id` into a host page it gets now, if the host tier has room.
+  // Copies GPU block `id` into a host page it gets now, if the host tier has room (on the
+  // control thread: without a GPU copy thread).
   void DemoteToHost(BlockId id);
+  // Starts copying GPU block `id` into a host page on the GPU copy thread; false when the
+  // host tier has no page for it now.
+  bool StartGpuDemotion(BlockId id);
+  void OnGpuDemoted(BlockId id, const Status& st);
+  // Drops block `id`'s copy in `tier`, remembering the eviction when it was the last.
+  void DropCopy(BlockId id, TierKind tier);
   void EnforceWatermark(TierKind tier);
   // Ensures the tenant can get one page: evicts its own cached blocks, then other
   // tenants'. kLater when only spills in flight will free one.
@@ -360,9 +373,15 @@ class CacheManager {
   const Clock* clock_ = nullptr;
   NamespaceTable namespaces_;
   std::unique_ptr<BlockTable> blocks_;
-  std::unique_ptr<BlockWorkers> workers_;  // null unless a tier needs them
-  std::unique_ptr<NvmeMover> mover_;       // null without an NVMe tier
-  std::unique_ptr<RemoteMover> remote_;    // null without a remote tier
+  std::unique_ptr<BlockWorkers> workers_;     // null unless a tier needs them
+  std::unique_ptr<BlockWorkers> gpu_copier_;  // one thread; null without options_.gpu_copy
+  struct GpuDemotion {
+    uint32_t gen;
+    PageId host_page;
+  };
+  std::unordered_map<BlockId, GpuDemotion> gpu_demotions_;  // in flight
+  std::unique_ptr<NvmeMover> mover_;                        // null without an NVMe tier
+  std::unique_ptr<RemoteMover> remote_;                     // null without a remote tier
   EvictionHistory history_;
   // Per pool tier: between crossing the high watermark and reaching the low one.
   std::array<bool, kTierCount> evicting_{};

@@ -71,18 +71,72 @@ void CacheManager::DemoteToHost(BlockId id) {
   }
 }
 
+bool CacheManager::StartGpuDemotion(BlockId id) {
+  const Block& b = blocks_->block(id);
+  if (MakeRoom(TierKind::kHost, b.tenant) != Room::kNow) return false;
+  const std::optional<PageId> hp = blocks_->Take(TierKind::kHost, b.tenant);
+  if (!hp) return false;
+  // The GPU page stays readable, pinned, until its host copy is complete.
+  blocks_->BeginRead(id, TierKind::kGpu);
+  gpu_demotions_[id] = GpuDemotion{b.gen, *hp};
+  TierPool* gpu = blocks_->pool(TierKind::kGpu);
+  const PageId gp = b.page[TierIndex(TierKind::kGpu)];
+  const uint8_t* src = gpu->memory().DeviceAddress(gpu->SegmentOf(gp)) + gpu->OffsetInSegment(gp);
+  uint8_t* dst = blocks_->pool(TierKind::kHost)->PageAddress(*hp);
+  const uint64_t bytes = namespaces_.Get(b.ns).block_bytes;
+  gpu_copier_->Run([copy = options_.gpu_copy, dst, src, bytes] { return copy(dst, src, bytes); },
+                   [this, id](Status st) { OnGpuDemoted(id, st); });
+  return true;
+}
+
+void CacheManager::OnGpuDemoted(BlockId id, const Status& st) {
+  auto node = gpu_demotions_.extract(id);
+  KVTIER_CHECK(!node.empty()) << "a GPU demotion ended that did not begin";
+  const Block& b = blocks_->block(id);
+  KVTIER_CHECK(b.live && b.gen == node.mapped().gen) << "GPU demotion completion for a block that moved";
+  blocks_->EndRead(id, TierKind::kGpu);
+  const PageId hp = node.mapped().host_page;
+  if (st.ok() && b.page[TierIndex(TierKind::kHost)] == kNoPage) {
+    blocks_->Reside(id, TierKind::kHost, hp);
+    ++counters_.gpu_demotions;
+    if (remote_ && remote_->write_through() && !b.on_remote) {
+      remote_->QueuePut(id);
+      remote_->PumpPuts();
+    }
+  } else {
+    // Failed, or the block got a host copy meanwhile (a commit of the same key).
+    if (!st.ok()) KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
+    blocks_->Free(TierKind::kHost, hp);
+  }
+  // The GPU copy goes, as the eviction meant, unless a session took a reference meanwhile.
+  if (b.refs == 0) DropCopy(id, TierKind::kGpu);
+  ServePendingAllocates();
+  EnforceWatermark(TierKind::kGpu);
+}
+
+void CacheManager::DropCopy(BlockId id, TierKind kind) {
+  const Block& b = blocks_->block(id);
+  const TierKind other = kind == TierKind::kHost ? TierKind::kGpu : TierKind::kHost;
+  if (b.page[TierIndex(other)] == kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
+    RememberEviction(KeyOf(b), kind);
+  }
+  blocks_->RemoveResidency(id, kind);  // the other copies, if any, live on
+  ++counters_.evictions[TierIndex(kind)];
+}
+
 CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
   const BlockId victim = blocks_->Victim(kind, tenant);
   if (victim == kNoBlock) return Evicted::kNone;
   if (kind == TierKind::kGpu && tier_enabled(TierKind::kHost)) {
-    // GPU -> host: the block keeps living one tier down.
-    DemoteToHost(victim);
-    const Block& left = blocks_->block(victim);
-    if (left.page[TierIndex(TierKind::kHost)] == kNoPage && left.page[TierIndex(TierKind::kNvme)] == kNoPage) {
-      RememberEviction(KeyOf(left), kind);
+    // GPU -> host: the block keeps living one tier down. With the copy thread the GPU page
+    // is freed once its copy is in host; without it, the copy is made here.
+    if (gpu_copier_ && blocks_->block(victim).page[TierIndex(TierKind::kHost)] == kNoPage) {
+      if (gpu_demotions_.size() >= options_.max_gpu_demotions_in_flight) return Evicted::kBusy;
+      if (StartGpuDemotion(victim)) return Evicted::kDemoting;
+    } else if (!gpu_copier_) {
+      DemoteToHost(victim);
     }
-    blocks_->RemoveResidency(victim, kind);  // the host copy, if any, lives on
-    ++counters_.evictions[TierIndex(kind)];
+    DropCopy(victim, kind);
     return Evicted::kDropped;
   }
   const Block& b = blocks_->block(victim);
@@ -100,12 +154,7 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     return Evicted::kDemoting;
   }
   // Already on NVMe (so nothing is lost), or nowhere to go: the page is free at once.
-  const TierKind other = kind == TierKind::kHost ? TierKind::kGpu : TierKind::kHost;
-  if (b.page[TierIndex(TierKind::kNvme)] == kNoPage && b.page[TierIndex(other)] == kNoPage) {
-    RememberEviction(KeyOf(b), kind);
-  }
-  blocks_->RemoveResidency(victim, kind);
-  ++counters_.evictions[TierIndex(kind)];
+  DropCopy(victim, kind);
   return Evicted::kDropped;
 }
 
@@ -117,7 +166,8 @@ void CacheManager::EnforceWatermark(TierKind kind) {
   // Pages being demoted are as good as free for this purpose.
   auto projected = [&] {
     const double used = pool.capacity() - pool.free_count();
-    return used - (kind == TierKind::kHost && mover_ ? mover_->demotions_in_flight() : 0);
+    if (kind == TierKind::kGpu) return used - static_cast<double>(gpu_demotions_.size());
+    return used - (mover_ ? mover_->demotions_in_flight() : 0);
   };
   bool& evicting = evicting_[TierIndex(kind)];
   if (!evicting) {
@@ -136,11 +186,11 @@ void CacheManager::EnforceWatermark(TierKind kind) {
 
 CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
   const TierPool& pool = *blocks_->pool(kind);
-  // Spills in flight will make room: a demotion frees its page, a write-through (to NVMe or
-  // the remote tier) makes its block droppable again.
+  // Moves in flight will make room: a demotion frees its page (to NVMe; GPU to host), a
+  // write-through (to NVMe or the remote tier) makes its block droppable again.
   auto spills_will_help = [&] {
-    return kind == TierKind::kHost &&
-           ((mover_ && mover_->spills_in_flight() > 0) || (remote_ && remote_->puts_in_flight() > 0));
+    if (kind == TierKind::kGpu) return !gpu_demotions_.empty();
+    return (mover_ && mover_->spills_in_flight() > 0) || (remote_ && remote_->puts_in_flight() > 0);
   };
   // A tenant at its quota makes room among its own blocks, or gets none.
   while (AtQuota(kind, tenant)) {

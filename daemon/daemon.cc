@@ -62,8 +62,10 @@ Daemon::~Daemon() {
   http_.reset();
   server_.reset();
   dispatcher_.reset();
-  cache_.reset();
+  cache_.reset();  // joins the GPU copy thread
   events_.reset();
+  if (copy_device_) copy_device_->DestroyStream(copy_stream_);
+  copy_device_.reset();
   device_.reset();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
@@ -179,6 +181,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
       co.tiers[TierIndex(TierKind::kGpu)].page_bytes = config.host.page_bytes;  // a block moves between them
       co.device_backend = d->device_.get();
       co.gpu_device = config.gpu_device;
+      KVTIER_ASSIGN_OR_RETURN(d->copy_device_, OpenDeviceBackend(d->device_->name()));
+      KVTIER_ASSIGN_OR_RETURN(d->copy_stream_, d->copy_device_->CreateStream(config.gpu_device));
+      co.gpu_copy = [b = d->copy_device_.get(), s = d->copy_stream_](void* dst, const uint8_t* src, uint64_t n) {
+        KVTIER_RETURN_IF_ERROR(b->Copy(dst, src, n, CopyKind::kDeviceToHost, s));
+        return b->Synchronize(s);
+      };
       KVTIER_LOG(NOTICE) << "gpu tier: backend " << d->device_->name();
     } else if (config.gpu_backend == "auto") {
       KVTIER_LOG(NOTICE) << "gpu tier: " << backend.status().message() << "; running without one";

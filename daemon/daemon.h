@@ -60,7 +60,11 @@ class Daemon {
   MetricsRegistry metrics_;
   std::unique_ptr<TenantResolver> tenants_;
   std::unique_ptr<DeviceBackend> device_;  // before cache_: the GPU pool's memory lives in it
-  std::unique_ptr<KvEvents> events_;       // before cache_, which reports to it
+  // A backend of the GPU copy thread's own (one backend per thread), and its stream:
+  // GPU->host demotion copies run there, not on the control thread.
+  std::unique_ptr<DeviceBackend> copy_device_;
+  DeviceStream copy_stream_ = nullptr;
+  std::unique_ptr<KvEvents> events_;  // before cache_, which reports to it
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<Dispatcher> dispatcher_;

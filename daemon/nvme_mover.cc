@@ -147,14 +147,16 @@ void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, u
     ++(keep_host ? counters_->write_throughs : counters_->demotions);
     // Demoted: the host copy goes unless someone took a reference meanwhile, or a remote
     // put still reads it (the copy then stays, droppable now that NVMe has it).
-    if (!keep_host && b.refs == 0 && b.readers == 0) blocks_->RemoveResidency(id, TierKind::kHost);
+    if (!keep_host && b.refs == 0 && b.readers[TierIndex(TierKind::kHost)] == 0)
+      blocks_->RemoveResidency(id, TierKind::kHost);
   } else {
     ++counters_->spill_failures;
     KVTIER_LOG(DEBUG) << "spill failed: " << st.ToString();
     // The tenant's NVMe quota is full of blocks it cannot give up now: a demotion has
     // nowhere to go, so the block leaves host as it would with no NVMe tier (else the same
     // victim would be spilled again and again).
-    if (!keep_host && st.code() == StatusCode::kResourceExhausted && b.refs == 0 && b.readers == 0) {
+    if (!keep_host && st.code() == StatusCode::kResourceExhausted && b.refs == 0 &&
+        b.readers[TierIndex(TierKind::kHost)] == 0) {
       const std::string key = namespaces_->BlockKey(b.ns, b.hash);
       const bool last_copy = b.page[TierIndex(TierKind::kGpu)] == kNoPage;
       blocks_->RemoveResidency(id, TierKind::kHost);
@@ -175,7 +177,8 @@ void NvmeMover::PumpWriteThrough() {
     const PageId host = b.page[TierIndex(TierKind::kHost)];
     if (!b.live || b.gen != gen || b.spilling || b.promoting || host == kNoPage ||
         b.page[TierIndex(TierKind::kNvme)] != kNoPage || !Spillable(b) ||
-        (blocks_->state(TierKind::kHost, host) != BlockTable::PageState::kBlock && b.readers == 0)) {
+        (blocks_->state(TierKind::kHost, host) != BlockTable::PageState::kBlock &&
+         b.readers[TierIndex(TierKind::kHost)] == 0)) {
       continue;  // gone, or already on NVMe
     }
     StartSpill(id, /*keep_host=*/true);

@@ -83,7 +83,8 @@ void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
   --puts_in_flight_;
   const BlockTable::Block& b = blocks_->block(id);
   // The page was pinned: the block cannot have left host meanwhile.
-  KVTIER_CHECK(b.live && b.gen == gen && b.readers > 0) << "remote put completion for a block that moved";
+  KVTIER_CHECK(b.live && b.gen == gen && b.readers[TierIndex(TierKind::kHost)] > 0)
+      << "remote put completion for a block that moved";
   blocks_->EndRead(id);
   if (st.ok()) {
     blocks_->SetOnRemote(id, true);

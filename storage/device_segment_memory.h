@@ -37,7 +37,7 @@ class DeviceSegmentMemory final : public SegmentMemory {
   }
   std::string_view backend() const override { return backend_->name(); }
   // The device address of a segment.
-  uint8_t* DeviceAddress(uint32_t segment) const { return segments_[segment].ptr; }
+  uint8_t* DeviceAddress(uint32_t segment) const override { return segments_[segment].ptr; }
   int device() const { return device_; }
 
  private:

@@ -30,6 +30,9 @@ class SegmentMemory {
   // The daemon's own mapping of `segment`, or nullptr where the daemon cannot address it
   // directly (device memory).
   virtual uint8_t* HostAddress(uint32_t segment) const = 0;
+  // The address a device copy names the segment by (device memory: its device address;
+  // host memory: its mapping).
+  virtual uint8_t* DeviceAddress(uint32_t segment) const { return HostAddress(segment); }
   // Replaces the segment's memory with fresh, zeroed memory and a new descriptor. Clients
   // that mapped the old one keep their (now private) old memory: this is how a segment
   // changes tenant without the old tenant seeing the new one's bytes.

@@ -66,6 +66,13 @@ int main(int argc, char** argv) {
       "worst round-trip error over its bound (int8, fp8), NVMe fetch throughput ratio (interleaved rounds)");
   quant->add_option("--rounds", args.rounds, "Interleaved fetch rounds")->check(CLI::Range(1, 100));
   quant->add_flag("--json", args.json, "Print one JSON object");
+  auto* demotion = app.add_subcommand(
+      "demotion",
+      "Lookup p50/p99 while a writer drives GPU->host demotions of 2 MiB blocks (host-emulated GPU tier) vs with "
+      "no demotions, interleaved phases; lookup_p99_ratio");
+  demotion->add_option("--rounds", args.rounds, "Interleaved rounds of a quiet and a burst phase")
+      ->check(CLI::Range(1, 1000));
+  demotion->add_flag("--json", args.json, "Print one JSON object");
   for (auto* sub : {rpc, nvme, restart, soak}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");
@@ -79,6 +86,7 @@ int main(int argc, char** argv) {
   if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
   if (soak->parsed()) return kvtier::bench::RunSoakBench(args);
   if (events->parsed()) return kvtier::bench::RunEventsBench(args);
+  if (demotion->parsed()) return kvtier::bench::RunDemotionBench(args);
   if (quant->parsed()) {
     if (args.rounds == 10) args.rounds = 7;
     return kvtier::bench::RunQuantBench(args);

@@ -28,5 +28,6 @@ int RunSoakBench(const BenchArgs& args);
 int RunEventsBench(const BenchArgs& args);
 int RunRemoteBench(const BenchArgs& args);
 int RunQuantBench(const BenchArgs& args);
+int RunDemotionBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench

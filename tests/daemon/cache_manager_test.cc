@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <random>
 #include <tuple>
 
+#include "kernels/device_backend.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -386,6 +391,91 @@ TEST_F(CacheManagerTest, QuarantinedLeasesAreReusedOnlyAfterRelease) {
   // A session with nothing leased leaves no quarantine behind.
   auto idle = Attach("t");
   EXPECT_EQ(cm_->Detach(*idle, true), 0u);
+}
+
+// GPU -> host demotion on the copy thread: the control thread only starts it and finishes
+// it; meanwhile the block stays readable from its GPU page (pinned there), and an
+// Allocate of GPU pages waits for the copy instead of failing.
+TEST(CacheManagerGpu, DemotionCopiesOffTheControlThreadAndTheGpuPageStaysReadableUntilItIsDone) {
+  auto backend = OpenHostDeviceBackend();
+  ASSERT_TRUE(backend.ok());
+  std::mutex mu;
+  std::deque<std::function<void()>> posted;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> copies{0};
+  const std::thread::id control = std::this_thread::get_id();
+  CacheManager::Options o;
+  for (TierKind t : {TierKind::kHost, TierKind::kGpu}) {
+    TierOptions& x = o.tiers[TierIndex(t)];
+    x.enabled = true;
+    x.page_bytes = 1 << 20;
+    x.segment_bytes = 4 << 20;
+    x.capacity_bytes = (t == TierKind::kGpu ? 4 : 8) << 20;
+    x.huge_pages = HugePages::kOff;
+    x.high_watermark = 1.0;
+    x.low_watermark = 0.75;
+    x.policy = "lru";
+  }
+  o.device_backend = backend->get();
+  o.post = [&](std::function<void()> fn) {
+    std::lock_guard<std::mutex> l(mu);
+    posted.push_back(std::move(fn));
+  };
+  o.gpu_copy = [&](void* dst, const uint8_t* src, uint64_t n) {
+    EXPECT_NE(std::this_thread::get_id(), control) << "the copy ran on the control thread";
+    released.wait();  // held until the test says so
+    std::memcpy(dst, src, n);
+    ++copies;
+    return Status::Ok();
+  };
+  auto cm = CacheManager::Open(o);
+  ASSERT_TRUE(cm.ok()) << cm.status().ToString();
+  auto run_posted = [&] {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (posted.empty()) return;
+        fn = std::move(posted.front());
+        posted.pop_front();
+      }
+      fn();
+    }
+  };
+  SessionCache s(1);
+  ASSERT_TRUE((*cm)->Attach(s, "t", TestLayout("m")).ok());
+  // Fill the GPU tier: 4 blocks.
+  const auto chain = HashChain(3, 5);
+  auto pages = (*cm)->Allocate(s, TierKind::kGpu, 4);
+  ASSERT_TRUE(pages.ok());
+  ASSERT_TRUE((*cm)
+                  ->Commit(s, TierKind::kGpu, *pages, std::span(chain).first(4), std::span<const BlockHash>(), false)[0]
+                  .status == StatusCode::kOk);
+  // A fifth GPU page: the coldest block must go down to host first. The Allocate waits.
+  std::optional<Result<std::vector<PageId>>> later;
+  auto now = (*cm)->Allocate(s, TierKind::kGpu, 1, [&](Result<std::vector<PageId>> r) { later = std::move(r); });
+  EXPECT_FALSE(now.has_value()) << "the Allocate should wait for the demotion";
+  EXPECT_EQ((*cm)->Counts(TierKind::kGpu).inflight, 1u) << "the demoted block's GPU page is pinned";
+  // Meanwhile the block is still served from GPU, and its host copy is not visible yet.
+  CacheLookup l = (*cm)->Lookup(s, std::span(chain).first(1));
+  ASSERT_EQ(l.matched, 1u);
+  EXPECT_EQ(l.tiers[0], TierKind::kGpu);
+  EXPECT_EQ(copies.load(), 0);
+  ASSERT_TRUE((*cm)->CheckInvariants().ok());
+  release.set_value();
+  ASSERT_TRUE(::kvtier::testing::WaitUntil([&] {
+    run_posted();
+    return later.has_value();
+  })) << "the demotion never finished";
+  ASSERT_TRUE(later->ok()) << later->status().ToString();
+  EXPECT_EQ(copies.load(), 1);
+  EXPECT_EQ((*cm)->counters().gpu_demotions, 1u);
+  l = (*cm)->Lookup(s, std::span(chain).first(1));
+  ASSERT_EQ(l.matched, 1u);
+  EXPECT_EQ(l.tiers[0], TierKind::kHost) << "demoted: now in host only";
+  EXPECT_TRUE((*cm)->CheckInvariants().ok());
+  (*cm)->Detach(s);
 }
 
 }  // namespace

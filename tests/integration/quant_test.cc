@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-#include <set>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "engine/tools/block_pattern.h"
