@@ -9,8 +9,9 @@
 // queued (they may finish out of it with more than one thread). The caller keeps whatever
 // `work` touches alive and unchanged until `done`.
 //
-// The threads run at a lower priority (nice 10) than the control thread, so a burst of
-// copies takes CPU from nothing that answers requests.
+// The threads run at a lower priority (nice 5) than the control thread, so a burst of
+// copies takes little CPU from what answers requests (nice 10 starved them when other
+// processes loaded the machine; nice 0 doubled Lookup p99 during demotion bursts).
 //
 // Threads: Run and the accessors on the owner's (control) thread. The destructor asks the
 // threads to stop after their current job, joins them, and drops queued jobs and
@@ -43,7 +44,7 @@ class BlockWorkers {
   // Jobs queued or running.
   size_t pending() const { return pending_; }
   // The threads' nice value: below the control thread, which serves requests.
-  static constexpr int kNice = 10;
+  static constexpr int kNice = 5;
 
  private:
   struct Job {

@@ -112,7 +112,7 @@ TEST(Quantization, AReplayHoldsMoreOnAnInt8NvmeTierAndEveryHitIsWithinTheBound) 
     ASSERT_TRUE(d.Start().ok()) << d.Log();
     CmdResult r = Sh(BinaryPath("kvtier-replay") + " --trace " + dir.File("t.jsonl") + " -s " + d.socket_path() +
                      " --layers 2 --kv-heads 2 --head-dim 128 --tokens-per-block 16 --quantization int8"
-                     " --sessions 2 --json 2>" +
+                     " --sessions 1 --json 2>" +
                      dir.File("err"));
     ASSERT_EQ(r.code, 0) << r.out << Sh("cat " + dir.File("err")).out;
     result[i] = nlohmann::json::parse(r.out);

@@ -109,7 +109,8 @@ TEST_F(RemoteTierTest, ASecondNodeIsServedFromTheClusterWhatTheFirstStored) {
   const CmdResult tiers = Sh(BinaryPath("kvctl") + " -s " + b.socket_path() + " tiers");
   EXPECT_NE(tiers.out.find("remote: redis cluster, 3 masters, 3 up"), std::string::npos) << tiers.out;
   const std::string url = MetricsUrl(b);
-  EXPECT_EQ(Metric(url, "kvtier_block_hits_total{tier=\"remote\"}"), static_cast<double>(Hits(jb, "remote")));
+  // Lookups found at least what the replay then acquired (an Acquire may still miss).
+  EXPECT_GE(Metric(url, "kvtier_block_hits_total{tier=\"remote\"}"), static_cast<double>(Hits(jb, "remote")));
   EXPECT_EQ(Metric(url, "kvtier_remote_nodes{state=\"up\"}"), 3);
   EXPECT_GT(Metric(url, "kvtier_bytes_moved_total{path=\"remote_to_host\"}"), 0);
   EXPECT_EQ(Metric(url, "kvtier_remote_checksum_failures_total"), 0);
@@ -190,7 +191,7 @@ TEST_F(RemoteTierTest, AMasterKilledMidReplayCostsMissesOnlyAndHitsComeBack) {
     auto s = StatsOf(a.socket_path());
     return s.ok() && s->remote && s->remote->puts_in_flight == 0 && s->remote->puts_queued == 0;
   }));
-  ASSERT_TRUE(WaitUntil([&] { return rc.Cli(0, "wait 1 200").find('1') != std::string::npos; }));
+  for (size_t m = 0; m < 3; ++m) ASSERT_TRUE(rc.WaitReplicated(m)) << "master " << m;
   nlohmann::json jb;
   std::thread replay([&] { jb = Replay(b, trace(), dir_, &code); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -202,7 +203,8 @@ TEST_F(RemoteTierTest, AMasterKilledMidReplayCostsMissesOnlyAndHitsComeBack) {
   auto sb = StatsOf(b.socket_path());
   ASSERT_TRUE(sb.ok() && sb->remote);
   // Once the replica has taken over, a third node is served from the whole cluster again.
-  ASSERT_TRUE(rc.WaitHealthy(0));
+  // (Failover takes a few seconds; on a loaded 2-vCPU machine, up to tens.)
+  ASSERT_TRUE(rc.WaitHealthy(0, 90000)) << rc.Cli(0, "cluster nodes");
   ASSERT_TRUE(WaitUntil(
       [&] {
         auto s = StatsOf(c.socket_path());
@@ -212,7 +214,7 @@ TEST_F(RemoteTierTest, AMasterKilledMidReplayCostsMissesOnlyAndHitsComeBack) {
         }
         return s->remote->nodes.size() == 3;
       },
-      std::chrono::seconds(20)));
+      std::chrono::seconds(60)));
   auto jc = Replay(c, trace(), dir_, &code);
   ASSERT_EQ(code, 0);
   EXPECT_EQ(jc["corrupt"], 0);

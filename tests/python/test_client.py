@@ -81,6 +81,10 @@ def test_closing_ends_the_session_and_later_calls_fail(daemon):
         c.allocate(3)
         assert control.stats()["tiers"]["host"]["leased_pages"] == 3
     assert c.closed
+    # The daemon sees the close on its own loop: bounded wait for the leases to go.
+    deadline = time.monotonic() + 10
+    while control.stats()["tiers"]["host"]["leased_pages"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert control.stats()["tiers"]["host"]["leased_pages"] == 0
     with pytest.raises(kvtier.FailedPreconditionError):
         c.allocate(1)

@@ -186,27 +186,23 @@ TEST(RedisCluster, DeadMasterFailsFastThenItsReplicaServes) {
   RedisClusterProcess rc({.masters = 3, .replicas_per_master = 1});
   ASSERT_TRUE(rc.Start().ok());
   Loop loop;
-  auto c = RedisCluster::Open(ClientOptions(rc), loop.Poster());
+  auto opts = ClientOptions(rc);
+  opts.breaker_open_ns = 5'000'000'000;  // open for the whole test, however slow the machine
+  auto c = RedisCluster::Open(opts, loop.Poster());
   ASSERT_TRUE(c.ok());
   ASSERT_EQ(SetAll(**c, loop, 200, 4000), 200);
   // Replication is asynchronous: wait until every replica has what its master has.
-  ASSERT_TRUE(testing::WaitUntil([&] { return rc.Cli(0, "wait 1 100").find('1') != std::string::npos; }));
-  ASSERT_TRUE(testing::WaitUntil(
-      [&] {
-        int total = 0;
-        for (size_t i = 3; i < 6; ++i) total += std::atoi(rc.Cli(i, "dbsize").c_str());
-        return total == 200;
-      },
-      std::chrono::seconds(10)));
+  for (size_t m = 0; m < 3; ++m) ASSERT_TRUE(rc.WaitReplicated(m)) << "master " << m;
   rc.Kill(0);
-  // Every request ends (misses, never a hang); once the breaker opens they fail at once.
-  const auto t0 = std::chrono::steady_clock::now();
-  GetCounts during = GetAll(**c, loop, 200, 4000);
-  during = GetAll(**c, loop, 200, 4000);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  EXPECT_EQ(during.wrong, 0);
-  EXPECT_GT(during.failed, 0);  // the dead master's slots
-  EXPECT_GT((*c)->counters().breaker_rejections.load(), 0u);
+  // Every request ends (misses, never a hang: GetAll's wait is bounded); once the breaker
+  // opens they fail without being sent.
+  GetCounts during;
+  for (int round = 0; round < 20 && (*c)->counters().breaker_rejections.load() == 0; ++round) {
+    during = GetAll(**c, loop, 200, 4000);
+    EXPECT_EQ(during.wrong, 0);
+    EXPECT_GT(during.failed, 0);  // the dead master's slots
+  }
+  EXPECT_GT((*c)->counters().breaker_rejections.load(), 0u) << "the dead master's breaker never opened";
   // The replica takes over (cluster-node-timeout 1 s); the refreshed map finds it.
   ASSERT_TRUE(rc.WaitHealthy(1));
   GetCounts after;
@@ -227,21 +223,21 @@ TEST(RedisCluster, StalledMasterTimesOutAndRecovers) {
   Loop loop;
   auto opts = ClientOptions(rc);
   opts.timeout_ns = 200'000'000;
+  opts.breaker_open_ns = 3'000'000'000;  // still open for the second round, however slow the machine
   auto c = RedisCluster::Open(opts, loop.Poster());
   ASSERT_TRUE(c.ok());
   ASSERT_EQ(SetAll(**c, loop, 90, 1000), 90);
   rc.Pause(0);  // SIGSTOP: connected, never answers
-  const auto t0 = std::chrono::steady_clock::now();
+  // Requests to a stalled node end at their timeout (GetAll's wait is bounded).
   const GetCounts during = GetAll(**c, loop, 90, 1000);
-  const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GT(during.failed, 0);
   EXPECT_EQ(during.failed + during.ok, 90);
-  EXPECT_LT(took, std::chrono::seconds(3)) << "requests to a stalled node must end at their timeout";
   EXPECT_GT((*c)->counters().timeouts.load(), 0u);
-  const auto t1 = std::chrono::steady_clock::now();
-  const GetCounts fast = GetAll(**c, loop, 90, 1000);  // the breaker is open: no wait at all
-  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::milliseconds(150));
+  // The breaker is open: those requests now fail without being sent.
+  const uint64_t rejected = (*c)->counters().breaker_rejections.load();
+  const GetCounts fast = GetAll(**c, loop, 90, 1000);
   EXPECT_EQ(fast.failed, during.failed);
+  EXPECT_EQ((*c)->counters().breaker_rejections.load() - rejected, static_cast<uint64_t>(fast.failed));
   rc.Resume(0);
   GetCounts after;
   ASSERT_TRUE(testing::WaitUntil(
@@ -249,7 +245,7 @@ TEST(RedisCluster, StalledMasterTimesOutAndRecovers) {
         after = GetAll(**c, loop, 90, 1000);
         return after.ok == 90;
       },
-      std::chrono::seconds(10), std::chrono::milliseconds(100)));
+      std::chrono::seconds(40), std::chrono::milliseconds(100)));
 }
 
 TEST(RedisCluster, StandaloneServerServesEverySlot) {
@@ -368,11 +364,11 @@ TEST_F(RemoteTierTest, DeadClusterCostsNothing) {
   std::vector<int> many;
   for (int i = 0; i < 40; ++i) many.push_back(i);  // keys on every master
   for (int round = 0; round < 4; ++round) EXPECT_EQ(Exists(many), std::vector<bool>(40, false));
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(Exists({5, 6}), (std::vector<bool>{false, false}));
   // ...after which a lookup is answered without a request on the wire.
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
   EXPECT_FALSE(tier_->available());
+  const uint64_t sent = tier_->cluster_counters().requests.load();
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(Exists({5, 6}), (std::vector<bool>{false, false}));
+  EXPECT_EQ(tier_->cluster_counters().requests.load(), sent);
 }
 
 }  // namespace

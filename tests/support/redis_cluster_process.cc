@@ -97,7 +97,10 @@ Status RedisClusterProcess::Start() {
         ::execl("/usr/bin/redis-server", "redis-server", "--port", ps.c_str(), "--bind", "127.0.0.1", "--dir",
                 dir.c_str(), "--save", "", "--appendonly", "no", "--maxmemory", options_.maxmemory.c_str(),
                 "--maxmemory-policy", "allkeys-lru", "--cluster-enabled", "yes", "--cluster-config-file", conf.c_str(),
-                "--cluster-node-timeout", nt.c_str(), "--daemonize", "no", static_cast<char*>(nullptr));
+                "--cluster-node-timeout", nt.c_str(),
+                // A cache: a replica takes over however stale it is (its data only has to
+                // verify, never to be complete), even on a loaded machine.
+                "--cluster-replica-validity-factor", "0", "--daemonize", "no", static_cast<char*>(nullptr));
       } else {
         ::execl("/usr/bin/redis-server", "redis-server", "--port", ps.c_str(), "--bind", "127.0.0.1", "--dir",
                 dir.c_str(), "--save", "", "--appendonly", "no", "--maxmemory", options_.maxmemory.c_str(),
@@ -159,6 +162,20 @@ std::string RedisClusterProcess::Cli(size_t i, const std::string& args) const {
 bool RedisClusterProcess::WaitHealthy(size_t i, int timeout_ms) const {
   return WaitUntil([&] { return Cli(i, "cluster info").find("cluster_state:ok") != std::string::npos; },
                    std::chrono::milliseconds(timeout_ms), std::chrono::milliseconds(100));
+}
+
+bool RedisClusterProcess::WaitReplicated(size_t i, int timeout_ms) const {
+  return WaitUntil(
+      [&] {
+        const std::string info = Cli(i, "info replication");
+        const size_t m = info.find("master_repl_offset:");
+        const size_t r = info.find("offset=", info.find("slave0:"));
+        if (m == std::string::npos || r == std::string::npos || info.find("slave0:") == std::string::npos) return false;
+        const long long master = std::atoll(info.c_str() + m + 19);
+        const long long replica = std::atoll(info.c_str() + r + 7);
+        return master > 0 && replica == master;
+      },
+      std::chrono::milliseconds(timeout_ms), std::chrono::milliseconds(100));
 }
 
 }  // namespace kvtier::testing

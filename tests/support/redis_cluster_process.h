@@ -46,7 +46,10 @@ class RedisClusterProcess {
   // Runs redis-cli with `args` against server i; its stdout (stderr dropped).
   std::string Cli(size_t i, const std::string& args) const;
   // Waits until the cluster, asked at server i, is ok again (after a failover).
-  bool WaitHealthy(size_t i, int timeout_ms = 30000) const;
+  bool WaitHealthy(size_t i, int timeout_ms = 60000) const;
+  // Waits until server i (a master) has a replica that acknowledged everything it was sent
+  // (replication is asynchronous: a master killed before that loses the rest).
+  bool WaitReplicated(size_t i, int timeout_ms = 30000) const;
 
  private:
   Options options_;
