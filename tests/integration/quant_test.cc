@@ -106,6 +106,7 @@ TEST(Quantization, AReplayHoldsMoreOnAnInt8NvmeTierAndEveryHitIsWithinTheBound) 
   TempDir dir;
   ASSERT_TRUE(WriteTrace(*trace, dir.File("t.jsonl")).ok());
   nlohmann::json result[2];
+  uint64_t held[2] = {0, 0};
   const char* kinds[2] = {"none", "int8"};
   for (int i = 0; i < 2; ++i) {
     DaemonProcess d(Node(kinds[i], true, "4MiB"));
@@ -119,13 +120,17 @@ TEST(Quantization, AReplayHoldsMoreOnAnInt8NvmeTierAndEveryHitIsWithinTheBound) 
     EXPECT_EQ(result[i]["corrupt"], 0) << kinds[i];
     EXPECT_EQ(result[i]["errors"], 0) << kinds[i];
     EXPECT_LE(result[i]["max_error_over_bound"].get<double>(), 1.0) << kinds[i];
+    held[i] = NvmeBlocks(d);
     EXPECT_EQ(d.Stop(), 0) << d.Log();
   }
-  // The full-width tier served exact bytes; the int8 one, more blocks from the same bytes.
+  // The full-width tier served exact bytes; the int8 one holds more blocks in the same
+  // bytes (about 1.6x here: 32 KiB pages, 20 KiB slots) and served some of them quantized.
+  // (Which tier a hit came from depends on how fast spills finish, i.e. on the machine's
+  // load; the hit counts are in docs/benchmarks.md, measured by kvtier-bench quant.)
   EXPECT_EQ(result[0]["max_error_over_bound"].get<double>(), 0.0) << "a full-width tier changed bytes";
   EXPECT_GT(result[1]["max_error_over_bound"].get<double>(), 0.0) << "nothing came back quantized";
-  EXPECT_GT(result[1]["hits"]["nvme"].get<uint64_t>(), result[0]["hits"]["nvme"].get<uint64_t>())
-      << result[0]["hits"].dump() << " vs " << result[1]["hits"].dump();
+  EXPECT_GT(result[1]["hits"]["nvme"].get<uint64_t>(), 0u);
+  EXPECT_GT(held[1], held[0] * 5 / 4) << "int8 NVMe holds " << held[1] << " blocks, full width " << held[0];
 }
 
 TEST(Quantization, ATenantThatDidNotOptInIsNeverQuantized) {
