@@ -179,8 +179,28 @@ void BlockTable::Unref(BlockId id) {
 // ---- blocks --------------------------------------------------------------------------
 
 BlockId BlockTable::Find(NamespaceId ns, const BlockHash& hash) const {
-  auto it = index_.find(Key{ns, hash});
-  return it == index_.end() ? kNoBlock : it->second;
+  const uint32_t id = index_.Find(KeyHash(ns, hash), [&](uint32_t i) { return Holds(i, ns, hash); });
+  return id == FlatIdIndex::kNone ? kNoBlock : id;
+}
+
+size_t BlockTable::FindGroups(NamespaceId ns, std::span<const BlockHash> hashes, BlockId* out,
+                              bool stop_at_miss) const {
+  constexpr size_t kGroup = 16;
+  uint64_t h[kGroup];
+  for (size_t at = 0; at < hashes.size(); at += kGroup) {
+    const size_t n = std::min(kGroup, hashes.size() - at);
+    for (size_t i = 0; i < n; ++i) {
+      h[i] = KeyHash(ns, hashes[at + i]);
+      index_.Prefetch(h[i]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const BlockHash& hash = hashes[at + i];
+      const uint32_t id = index_.Find(h[i], [&](uint32_t b) { return Holds(b, ns, hash); });
+      if (id == FlatIdIndex::kNone && stop_at_miss) return at + i;
+      out[at + i] = id == FlatIdIndex::kNone ? kNoBlock : id;
+    }
+  }
+  return hashes.size();
 }
 
 BlockId BlockTable::Create(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockHash& parent) {
@@ -202,8 +222,10 @@ BlockId BlockTable::Create(NamespaceId ns, TenantId tenant, const BlockHash& has
   b.parent = parent;
   b.page.fill(kNoPage);
   b.live = true;
-  const bool added = index_.emplace(Key{ns, hash}, id).second;
-  KVTIER_CHECK(added) << "a second block for one key";
+  const uint64_t key_hash = KeyHash(ns, hash);
+  KVTIER_CHECK(index_.Find(key_hash, [&](uint32_t i) { return Holds(i, ns, hash); }) == FlatIdIndex::kNone)
+      << "a second block for one key";
+  index_.Insert(key_hash, id);
   namespaces_->AddUser(ns);
   return id;
 }
@@ -211,7 +233,7 @@ BlockId BlockTable::Create(NamespaceId ns, TenantId tenant, const BlockHash& has
 void BlockTable::Erase(BlockId id) {
   Block& b = blocks_[id];
   KVTIER_CHECK(b.refs == 0) << "erasing a referenced block";
-  index_.erase(Key{b.ns, b.hash});
+  KVTIER_CHECK(index_.Erase(KeyHash(b.ns, b.hash), id)) << "erasing a block the index does not hold";
   namespaces_->Release(b.ns);
   b.live = false;
   free_ids_.push_back(id);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "daemon/cache_types.h"
+#include "daemon/flat_id_index.h"
 #include "daemon/namespace_table.h"
 #include "kernels/device_backend.h"
 #include "storage/eviction_policy.h"
@@ -88,6 +89,15 @@ class BlockTable {
 
   // ---- blocks ----
   BlockId Find(NamespaceId ns, const BlockHash& hash) const;
+  // The blocks of a chain's head: ids of hashes[0..k) into out[0..k), k (returned) ending
+  // at the first hash with no block. Probes a group of hashes at once.
+  size_t FindPrefix(NamespaceId ns, std::span<const BlockHash> hashes, BlockId* out) const {
+    return FindGroups(ns, hashes, out, /*stop_at_miss=*/true);
+  }
+  // Find of every hash (kNoBlock where absent), probed a group at a time.
+  void FindMany(NamespaceId ns, std::span<const BlockHash> hashes, BlockId* out) const {
+    FindGroups(ns, hashes, out, /*stop_at_miss=*/false);
+  }
   const Block& block(BlockId id) const { return blocks_[id]; }
   // A new block with no page yet (one more user of its namespace). REQUIRES: none for
   // (ns, hash) exists.
@@ -174,20 +184,17 @@ class BlockTable {
   uint32_t& CachedOf(Tier& t, TenantId tenant);
   void Erase(BlockId id);
 
-  struct Key {
-    NamespaceId ns;
-    BlockHash hash;
-    friend bool operator==(const Key& a, const Key& b) { return a.ns == b.ns && a.hash == b.hash; }
-  };
-  struct KeyHash {
-    size_t operator()(const Key& k) const { return HashBytes(k.hash.bytes(), k.ns); }
-  };
+  size_t FindGroups(NamespaceId ns, std::span<const BlockHash> hashes, BlockId* out, bool stop_at_miss) const;
+  static uint64_t KeyHash(NamespaceId ns, const BlockHash& hash) { return HashBytes(hash.bytes(), ns); }
+  bool Holds(BlockId id, NamespaceId ns, const BlockHash& hash) const {
+    return blocks_[id].ns == ns && blocks_[id].hash == hash;
+  }
 
   NamespaceTable* namespaces_;
   std::array<Tier, kTierCount> tiers_;  // [kNvme], [kRemote] unused
   std::vector<Block> blocks_;
   std::vector<BlockId> free_ids_;
-  std::unordered_map<Key, BlockId, KeyHash> index_;
+  FlatIdIndex index_;  // (ns, hash) -> live block
   ResidencyListener residency_listener_;
 };
 

@@ -380,10 +380,14 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
   if (s.attached_) {
     size_t i = 0;
     std::vector<std::pair<BlockId, TierKind>> touched;
+    touched.reserve(hashes.size());
+    r.tiers.reserve(hashes.size());
     // In-memory blocks first; the rest of the chain from the NVMe index in one batch.
-    for (; i < hashes.size(); ++i) {
-      const BlockId id = blocks_->Find(s.ns_, hashes[i]);
-      if (id == kNoBlock) break;
+    std::vector<BlockId>& ids = scratch_ids_;
+    ids.resize(hashes.size());
+    const size_t found = blocks_->FindPrefix(s.ns_, hashes, ids.data());
+    for (; i < found; ++i) {
+      const BlockId id = ids[i];
       const Block& b = blocks_->block(id);
       auto tier = blocks_->ReadableTier(b);
       if (!tier) {
@@ -456,10 +460,13 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
   std::vector<size_t> lower;                      // entries to look for on NVMe, then in the remote tier
   std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;      // entries waiting for a host page
   const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
+  std::vector<BlockId>& ids = scratch_ids_;
+  ids.assign(hashes.size(), kNoBlock);
+  if (s.attached_) blocks_->FindMany(s.ns_, hashes, ids.data());
   for (size_t n = 0; n < hashes.size(); ++n) {
     const size_t i = reverse ? hashes.size() - 1 - n : n;
     ++counters_.acquires;
-    const BlockId id = s.attached_ ? blocks_->Find(s.ns_, hashes[i]) : kNoBlock;
+    const BlockId id = ids[i];
     if (id != kNoBlock && blocks_->block(id).promoting) {
       waits.emplace_back(i, id);
       continue;

@@ -391,6 +391,7 @@ class CacheManager {
   std::deque<QueuedPromotion> queued_promotions_;
   std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
   std::unordered_map<uint64_t, PendingLookup> pending_lookups_;
+  std::vector<BlockId> scratch_ids_;  // the block ids of a Lookup or Acquire, kept to spare an allocation
   uint64_t next_pending_ = 1;
   std::unordered_map<uint64_t, std::vector<std::pair<TierKind, PageId>>> quarantines_;
   uint64_t next_quarantine_ = 1;

@@ -370,7 +370,8 @@ const std::vector<Key>& Keys() {
       {"tiers.gpu.policy", "adaptive", "Eviction policy of cached GPU blocks (as tiers.host.policy).",
        KVTIER_SET(Path("tiers.gpu.policy", n), gpu.policy)},
       {"tiers.nvme.files", "[]",
-       "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity and "
+       "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity (unless "
+       "preallocate: false, which leaves it sparse: spills may then meet a full file system) and "
        "cut into slots of tiers.host.page_bytes, e.g. "
        "[{path: /var/lib/kvtier/slots0, capacity: 200GiB}].",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
@@ -388,6 +389,8 @@ const std::vector<Key>& Keys() {
                KVTIER_ASSIGN_OR_RETURN(f.path, Path(at + ".path", kv.second));
              } else if (sub == "capacity") {
                KVTIER_ASSIGN_OR_RETURN(f.capacity_bytes, Bytes(at + ".capacity", kv.second, 4096, 1ull << 50));
+             } else if (sub == "preallocate") {
+               KVTIER_ASSIGN_OR_RETURN(f.preallocate, Boolean(at + ".preallocate", kv.second));
              } else {
                return InvalidArgument("config key '" + at + "." + sub + "' is unknown");
              }

@@ -27,6 +27,7 @@ struct NvmeTierConfig {
   struct File {
     std::string path;
     uint64_t capacity_bytes = 0;
+    bool preallocate = true;
   };
   std::vector<File> files;  // none: no NVMe tier
   std::string io_backend = IoEngineOptions{}.backend;

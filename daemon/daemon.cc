@@ -84,7 +84,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
   ro.block_cache_bytes = c.index_cache_bytes;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<BlockIndexStore> store, OpenRocksDbBlockIndexStore(ro));
   NvmeTierOptions o;
-  for (const auto& f : c.files) o.files.push_back(SlotFileSpec{f.path, f.capacity_bytes});
+  for (const auto& f : c.files) o.files.push_back(SlotFileSpec{f.path, f.capacity_bytes, f.preallocate});
   o.slot_bytes = NvmeSlotBytes(config_);
   o.durability = c.durability == "relaxed" ? Durability::kRelaxed : Durability::kStrict;
   o.high_watermark = c.high_watermark;

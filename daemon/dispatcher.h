@@ -89,6 +89,9 @@ class Dispatcher {
 
   // Verifies and serves one whole frame (prefix included), sending exactly one response.
   void HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame, ReplySink& sink);
+  // The frames served back to back (one read's worth) are done: the next HandleFrame reads
+  // the clock afresh instead of starting where the last one ended.
+  void EndBatch() { chain_ns_ = 0; }
   // Answers a frame that could not be read at all (oversized, truncated at EOF) with
   // request id 0 and `status`, and marks the session for closing.
   void RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason, ReplySink& sink);
@@ -147,7 +150,8 @@ class Dispatcher {
       Builder& b, const std::vector<CacheResult>& results);
   void Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type, BodyOffset body,
             std::span<const int> fds);
-  void Observe(int op, int64_t start_ns, const Status& st);
+  // Records a request's latency and errors; returns the clock it read (the request's end).
+  int64_t Observe(int op, int64_t start_ns, const Status& st);
 
   CacheManager* cache_;
   const DaemonInfo* info_;
@@ -158,6 +162,8 @@ class Dispatcher {
   // Deferred responses are built here: they may be produced while builder_ holds a
   // response half-built (a Release that frees pages completes a waiting Allocate).
   Builder async_builder_{4096};
+  int64_t chain_ns_ = 0;        // the end of the frame just served, within a batch (0: none)
+  int64_t frame_start_ns_ = 0;  // the start of the frame being served
   OpMetrics op_metrics_[static_cast<int>(fb::Op::MAX) + 1];
   Counter* rejected_malformed_;
   Counter* rejected_oversized_;

@@ -197,6 +197,7 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
       server_->dispatcher_->HandleFrame(ctx_, (*next)->frame, *this);
       ++served;
     }
+    server_->dispatcher_->EndBatch();
     processing_ = false;
     Flush();
     if (closed_) return;

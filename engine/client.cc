@@ -200,6 +200,25 @@ Result<Ticket> Client::StartLookup(std::span<const BlockHash> chain) {
   return conn->Send(fb::Op::Lookup, fb::CreateLookup(b, hv).Union());
 }
 
+Result<std::vector<Ticket>> Client::StartLookups(std::span<const std::vector<BlockHash>> chains) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
+  for (const auto& chain : chains) KVTIER_RETURN_IF_ERROR(CheckHashes(chain));
+  std::vector<Ticket> tickets;
+  tickets.reserve(chains.size());
+  for (const auto& chain : chains) {
+    auto& b = conn->builder();
+    auto hv = HashesToWire(b, chain);
+    auto t = conn->Queue(fb::Op::Lookup, fb::CreateLookup(b, hv).Union());
+    if (!t.ok()) {
+      conn->DropQueued();
+      return t.status();
+    }
+    tickets.push_back(*t);
+  }
+  KVTIER_RETURN_IF_ERROR(conn->Flush());
+  return tickets;
+}
+
 Result<LookupResult> Client::WaitLookup(Ticket t) {
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   LookupResult out;

@@ -162,6 +162,10 @@ class Client {
   Result<Ticket> StartRelease(TierKind tier, std::span<const PageId> pages, std::span<const BlockHash> hashes = {});
   Result<std::vector<Status>> WaitRelease(Ticket t);
   Result<Ticket> StartLookup(std::span<const BlockHash> chain);
+  // One Lookup per chain, sent together in one write (a scheduler step's lookups); a ticket
+  // each for WaitLookup. A chain refused before sending (bad hashes, too large) fails the
+  // call and nothing is sent.
+  Result<std::vector<Ticket>> StartLookups(std::span<const std::vector<BlockHash>> chains);
   Result<LookupResult> WaitLookup(Ticket t);
   Result<Ticket> StartAcquire(std::span<const BlockHash> hashes);
   Result<std::vector<BlockResult>> WaitAcquire(Ticket t);

@@ -70,6 +70,12 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
 }
 
 Result<Ticket> Connection::Send(fb::Op type, flatbuffers::Offset<void> op) {
+  KVTIER_ASSIGN_OR_RETURN(Ticket id, Queue(type, op));
+  KVTIER_RETURN_IF_ERROR(Flush());
+  return id;
+}
+
+Result<Ticket> Connection::Queue(fb::Op type, flatbuffers::Offset<void> op) {
   if (!broken_.ok()) return broken_;
   const Ticket id = next_id_++;
   builder_.FinishSizePrefixed(fb::CreateRequest(builder_, id, type, op));
@@ -85,15 +91,27 @@ Result<Ticket> Connection::Send(fb::Op type, flatbuffers::Offset<void> op) {
                            " bytes is over kvtierd's protocol.max_frame_bytes (" +
                            std::to_string(session_.max_frame_bytes) + "): split it into smaller requests" + hint);
   }
-  Status st = SendFrame(fd_, {builder_.GetBufferPointer(), builder_.GetSize()}, {});
+  batch_.insert(batch_.end(), builder_.GetBufferPointer(), builder_.GetBufferPointer() + builder_.GetSize());
+  batch_ids_.push_back(id);
   builder_.Clear();
+  return id;
+}
+
+Status Connection::Flush() {
+  if (batch_.empty()) return broken_;
+  Status st = broken_.ok() ? SendFrame(fd_, batch_, {}) : broken_;
+  batch_.clear();
   if (!st.ok()) {
-    broken_ =
-        RefusalOr(st.code() == StatusCode::kUnavailable ? st : Unavailable("kvtierd connection: " + st.message()));
+    batch_ids_.clear();
+    if (broken_.ok()) {
+      broken_ =
+          RefusalOr(st.code() == StatusCode::kUnavailable ? st : Unavailable("kvtierd connection: " + st.message()));
+    }
     return broken_;
   }
-  outstanding_.insert(id);
-  return id;
+  outstanding_.insert(batch_ids_.begin(), batch_ids_.end());
+  batch_ids_.clear();
+  return Status::Ok();
 }
 
 Status Connection::Wait(Ticket t, fb::Reply expected, const std::function<Status(const fb::Response&)>& parse) {

@@ -71,6 +71,15 @@ class Connection {
   }
   // Finishes the request being built and sends it; its ticket.
   Result<Ticket> Send(fb::Op type, flatbuffers::Offset<void> op);
+  // Finishes the request being built into the batch, unsent; its ticket. Flush() sends the
+  // batch in one write. Errors as Send's; a request refused here leaves the batch as it was.
+  Result<Ticket> Queue(fb::Op type, flatbuffers::Offset<void> op);
+  Status Flush();
+  // Forgets the batch (its tickets are never outstanding).
+  void DropQueued() {
+    batch_.clear();
+    batch_ids_.clear();
+  }
 
   // Waits for the response to `t`, then runs `parse` on it unless the request failed as a
   // whole (its status is returned then). kInvalidArgument at once for a ticket that is not
@@ -116,6 +125,8 @@ class Connection {
   flatbuffers::FlatBufferBuilder builder_{1024};
   Ticket next_id_ = 1;
   std::unordered_set<Ticket> outstanding_;  // sent, not yet waited for
+  std::vector<uint8_t> batch_;              // queued request frames, not sent yet
+  std::vector<Ticket> batch_ids_;
   std::unordered_map<Ticket, std::vector<uint8_t>> stash_;
   Status broken_;
   Session session_;

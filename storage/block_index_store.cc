@@ -81,16 +81,22 @@ std::string BlockRecord::Encode() const {
 }
 
 Result<BlockRecord> BlockRecord::Decode(std::string_view bytes) {
-  Reader r(bytes);
   BlockRecord rec;
+  KVTIER_RETURN_IF_ERROR(DecodeInto(bytes, &rec));
+  return rec;
+}
+
+Status BlockRecord::DecodeInto(std::string_view bytes, BlockRecord* rec) {
+  Reader r(bytes);
   uint8_t version = 0;
-  if (!r.U8(&version) || version != kRecordVersion || !r.U32(&rec.slot) || !r.U32(&rec.length) ||
-      !r.U64(&rec.checksum) || !r.U32(&rec.last_access) || !r.U32(&rec.hit_count) || !r.Bytes(&rec.parent) ||
-      !r.Bytes(&rec.layout_fingerprint)) {
+  rec->quantization = 0;
+  if (!r.U8(&version) || version != kRecordVersion || !r.U32(&rec->slot) || !r.U32(&rec->length) ||
+      !r.U64(&rec->checksum) || !r.U32(&rec->last_access) || !r.U32(&rec->hit_count) || !r.Bytes(&rec->parent) ||
+      !r.Bytes(&rec->layout_fingerprint)) {
     return DataLoss("index record is corrupt");
   }
-  if (r.U8(&rec.quantization) && (rec.quantization > 2 || !r.empty())) return DataLoss("index record is corrupt");
-  return rec;
+  if (r.U8(&rec->quantization) && (rec->quantization > 2 || !r.empty())) return DataLoss("index record is corrupt");
+  return Status::Ok();
 }
 
 uint64_t BlockChecksum(std::string_view key, std::span<const uint8_t> data) {

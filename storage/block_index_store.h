@@ -38,6 +38,8 @@ struct BlockRecord {
   std::string Encode() const;
   // kDataLoss for bytes that are not an encoded record.
   static Result<BlockRecord> Decode(std::string_view bytes);
+  // Decode into `*rec`, reusing its strings' memory (a scan over millions of records).
+  static Status DecodeInto(std::string_view bytes, BlockRecord* rec);
 };
 
 // The checksum a block's bytes must have under `key`: a slot reused for another block
@@ -98,6 +100,10 @@ class BlockIndexStore {
   virtual Status Resume() = 0;
   // Approximate RAM held (caches, memtables, filters).
   virtual uint64_t MemoryUsage() = 0;
+  // Flushes, then brings the store to the settled shape its background work would reach
+  // in time (RocksDB: a full compaction). For a bulk load (kvtier-bench restart writes a
+  // drive's worth of entries at once, where a daemon writes them over hours).
+  virtual Status Compact() { return Flush(); }
 };
 
 struct RocksDbIndexOptions {

@@ -144,11 +144,8 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options,
   if (options.quota_slots.size() > 65535 || options.reserve_slots.size() > owners) {
     return InvalidArgument("nvme owner limits out of range");
   }
-  for (size_t o = 0; o < owners; ++o) {
-    // The first is sized for every slot; the others grow with the slots they see.
-    KVTIER_ASSIGN_OR_RETURN(auto p, MakeEvictionPolicy(options.policy, o == 0 ? t->files_->slot_count() : 0));
-    t->policies_.push_back(std::move(p));
-  }
+  // The policies are built once the index has loaded (OnLoaded); a bad name fails here.
+  KVTIER_RETURN_IF_ERROR(MakeEvictionPolicy(options.policy, 0).status());
   t->held_.assign(owners, 0);
   if (options.owner_of) t->owner_.assign(t->files_->slot_count(), 0);
   KVTIER_RETURN_IF_ERROR(t->Start());
@@ -174,112 +171,14 @@ Status NvmeTier::Start() {
     KVTIER_RETURN_IF_ERROR(store_->Clear());
     KVTIER_RETURN_IF_ERROR(store_->PutMeta(kNvmeGeometryMeta, geometry));
   }
-  state_.assign(files_->slot_count(), SlotState::kUnknown);
+  state_ = ZeroedArray<SlotState>(files_->slot_count());  // kUnknown
   file_lost_.assign(files_->file_count(), false);
-  owner_tag_.assign(files_->slot_count(), 0);
-  write_gen_.reset(new std::atomic<uint32_t>[files_->slot_count()]());
+  owner_tag_ = ZeroedArray<uint64_t>(files_->slot_count());
+  write_gen_ = std::make_shared<ZeroedArray<std::atomic<uint32_t>>>(files_->slot_count());
   writer_ = std::make_unique<IndexWriter>(store_.get());
 
-  // Rebuild slot occupancy and recency in the background; lookups work meanwhile.
-  const uint32_t capacity = files_->slot_count();
-  BlockIndexStore* store = store_.get();
-  std::weak_ptr<NvmeTier*> weak = self_;
-  Post post = post_;
-  auto owner_of = options_.owner_of;
-  const size_t owners = held_.size();
-  scans_->Submit([store, capacity, weak, post, owner_of, owners](std::stop_token stop) {
-    // One word per slot (its entry's last access + 1; 0: no entry), not a growing list:
-    // this runs once per start over what may be millions of entries.
-    std::vector<uint32_t> last(capacity, 0);
-    std::vector<uint64_t> tags(capacity, 0);
-    std::vector<uint16_t> who(owner_of ? capacity : 0, 0);
-    auto note_owner = [&](std::string_view key, uint32_t slot) {
-      if (!owner_of) return;
-      const uint16_t o = owner_of(key);
-      who[slot] = o < owners ? o : 0;
-    };
-    std::vector<std::pair<std::string, uint32_t>> stale;
-    std::unordered_set<uint32_t> dup;
-    Status st = store->Scan([&](std::string_view key, const BlockRecord& r) {
-      if (r.slot >= capacity) {
-        stale.emplace_back(std::string(key), r.slot);
-      } else if (last[r.slot] != 0) {
-        dup.insert(r.slot);
-      } else {
-        last[r.slot] = std::max<uint32_t>(r.last_access, 1);
-        tags[r.slot] = KeyTag(key);
-        note_owner(key, r.slot);
-      }
-      return !stop.stop_requested();
-    });
-    if (!dup.empty()) {
-      // Two entries claim a slot (a crash between a delete and a reuse): the slot map says
-      // whose it is; the others are stale.
-      (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
-        if (dup.count(r.slot)) {
-          auto owner = store->KeyOfSlot(r.slot);
-          if (owner.ok() && (!*owner || **owner != key)) {
-            stale.emplace_back(std::string(key), r.slot);
-          } else {
-            tags[r.slot] = KeyTag(key);
-            note_owner(key, r.slot);
-          }
-        }
-        return !stop.stop_requested();
-      });
-    }
-    if (stop.stop_requested()) return;  // shutting down: a partial view must not be used
-    if (!st.ok()) KVTIER_LOG(ERROR) << "nvme: index scan: " << st.ToString();
-    post([weak, last = std::move(last), tags = std::move(tags), who = std::move(who),
-          stale = std::move(stale)]() mutable {
-      if (auto self = weak.lock()) {
-        (*self)->OnLoaded(std::move(last), std::move(tags), std::move(who), std::move(stale));
-      }
-    });
-  });
+  StartLoad();
   return Status::Ok();
-}
-
-void NvmeTier::OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags, std::vector<uint16_t> owners,
-                        std::vector<std::pair<std::string, uint32_t>> stale) {
-  const uint32_t capacity = files_->slot_count();
-  std::vector<uint32_t> order;
-  for (uint32_t s = 0; s < capacity; ++s) {
-    if (last_access[s] != 0) order.push_back(s);
-  }
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return last_access[a] < last_access[b]; });
-  for (uint32_t slot : order) {
-    if (state_[slot] != SlotState::kUnknown) continue;  // dropped while we were scanning
-    state_[slot] = SlotState::kIndexed;
-    owner_tag_[slot] = tags[slot];
-    if (!owner_.empty()) owner_[slot] = owners[slot];
-    ++indexed_;
-    ++held_[OwnerOfSlot(slot)];
-    PolicyOf(slot).Insert(slot, kNoBlock, slot);  // oldest first: the first victims
-    if (readers_.count(slot)) PolicyOf(slot).SetEvictable(slot, false);
-  }
-  std::vector<uint32_t>().swap(order);
-  std::vector<uint32_t>().swap(last_access);
-  std::vector<uint64_t>().swap(tags);
-  std::vector<uint16_t>().swap(owners);
-  std::vector<bool> used(capacity, false);
-  for (uint32_t s = 0; s < capacity; ++s) {
-    if (state_[s] == SlotState::kUnknown) state_[s] = SlotState::kFree;
-    used[s] = state_[s] != SlotState::kFree;
-  }
-  free_ = std::make_unique<PageAllocator>(capacity, used);
-  ready_ = true;
-  // The scan's transient arrays were large; give the memory back to the system.
-  ::malloc_trim(0);
-  KVTIER_LOG(INFO) << "nvme: index loaded: " << indexed_ << " blocks in " << capacity << " slots";
-  // Stale entries name a slot past the files' end or one another entry owns: only the
-  // entry goes, never the slot.
-  for (auto& [key, slot] : stale) {
-    IndexMutation m{IndexMutation::Kind::kDeleteRecord, key, {}};
-    m.record.slot = slot;
-    Apply({std::move(m)}, false, nullptr);
-  }
-  EnforceWatermark();
 }
 
 // ---- index ----
@@ -512,7 +411,7 @@ void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t>
   if (!owner_.empty()) owner_[*slot] = owner;
   ++held_[owner];
   state_[*slot] = SlotState::kWriting;
-  write_gen_[*slot].fetch_add(1, std::memory_order_release);
+  (*write_gen_)[*slot].fetch_add(1, std::memory_order_release);
   ++writing_;
   meta.slot = *slot;
   meta.checksum = BlockChecksum(key, data.first(meta.length));
@@ -826,7 +725,7 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
   const Clock* clock = clock_;
-  std::shared_ptr<std::atomic<uint32_t>[]> gens = write_gen_;
+  std::shared_ptr<ZeroedArray<std::atomic<uint32_t>>> gens = write_gen_;
   scans_->Submit([=, done = std::move(done)](std::stop_token stop) mutable {
     VerifyReport report;
     struct Bad {
@@ -852,7 +751,7 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
         if (stop.stop_requested()) return false;
         ++report.checked;
         const bool in_range = r.slot < files->slot_count();
-        const uint32_t gen = in_range ? gens[r.slot].load(std::memory_order_acquire) : 0;
+        const uint32_t gen = in_range ? (*gens)[r.slot].load(std::memory_order_acquire) : 0;
         bool good = in_range && r.length > 0 && r.length <= slot_bytes;
         if (good) {
           const uint32_t len = (r.length + block - 1) / block * block;
@@ -880,7 +779,7 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
         // The scan reads a snapshot while spills go on: a block evicted, or its slot
         // rewritten, since the snapshot was taken is not a bad block.
         const bool moved = b.slot < t.state_.size() &&
-                           (!t.Owns(b.slot, b.key) || t.write_gen_[b.slot].load(std::memory_order_relaxed) != b.gen);
+                           (!t.Owns(b.slot, b.key) || (*t.write_gen_)[b.slot].load(std::memory_order_relaxed) != b.gen);
         if (moved) continue;
         ++report.dropped;
         ++t.counters_.checksum_failures;

@@ -43,6 +43,7 @@
 #include "storage/page_allocator.h"
 #include "storage/slot_files.h"
 #include "storage/worker_thread.h"
+#include "storage/zeroed_array.h"
 
 namespace kvtier {
 
@@ -202,7 +203,8 @@ class NvmeTier {
   // kRetired: the entry is gone but fetches of the old bytes are still in flight; the slot
   // is free once the last of them completes.
   // kLost: in a slot file deleted or truncated under us; never used again this run.
-  enum class SlotState : uint8_t { kFree, kWriting, kIndexed, kDeleting, kRetired, kUnknown, kLost };
+  // kUnknown is zero: the array starts so without writing it (ZeroedArray).
+  enum class SlotState : uint8_t { kUnknown = 0, kFree, kWriting, kIndexed, kDeleting, kRetired, kLost };
   struct Op {
     enum class Kind : uint8_t { kSpillWrite, kSync, kFetch } kind;
     uint32_t slot = 0;
@@ -218,6 +220,8 @@ class NvmeTier {
   NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io, std::unique_ptr<BlockIndexStore> store,
            Post post, const Clock* clock);
   Status Start();
+  // Rebuilds slot occupancy from the index on the scan thread, then OnLoaded (nvme_tier_load.cc).
+  void StartLoad();
   void OnLoaded(std::vector<uint32_t> last_access, std::vector<uint64_t> tags, std::vector<uint16_t> owners,
                 std::vector<std::pair<std::string, uint32_t>> stale);
   uint32_t IoLength(uint32_t length) const;
@@ -274,17 +278,18 @@ class NvmeTier {
   std::unique_ptr<WorkerThread> scans_;  // the restart load, scrubs, top-N scans
   bool ready_ = false;
 
-  std::vector<SlotState> state_;
+  ZeroedArray<SlotState> state_;
   std::unique_ptr<PageAllocator> free_;
-  // One policy per owner (one in all without owners), the owner of each slot (empty
-  // without owners) and the slots each holds.
+  // One policy per owner (one in all without owners; built when the index has loaded, as
+  // nothing evicts before), the owner of each slot (empty without owners) and the slots
+  // each holds.
   std::vector<std::unique_ptr<EvictionPolicy>> policies_;
   std::vector<uint16_t> owner_;
   std::vector<uint32_t> held_;
-  std::vector<uint64_t> owner_tag_;  // slot -> KeyTag of its block's key
+  ZeroedArray<uint64_t> owner_tag_;  // slot -> KeyTag of its block's key
   // slot -> writes started into it; read by the scrub thread to tell a block that changed
   // under its read from a bad one.
-  std::shared_ptr<std::atomic<uint32_t>[]> write_gen_;
+  std::shared_ptr<ZeroedArray<std::atomic<uint32_t>>> write_gen_;
   std::unordered_map<uint32_t, uint32_t> readers_;  // slot -> fetches in flight
   uint32_t writing_ = 0, deleting_ = 0, retired_ = 0, indexed_ = 0;
 

@@ -141,12 +141,13 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
     std::shared_lock lock(mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::ReadOptions ro;
-    ro.fill_cache = false;  // a full scan must not evict what lookups need
+    ro.fill_cache = false;         // a full scan must not evict what lookups need
+    ro.readahead_size = 4u << 20;  // sequential: large reads
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    BlockRecord r;  // reused: no allocation per entry
     for (it->Seek("b"); it->Valid() && it->key().starts_with("b"); it->Next()) {
-      auto r = BlockRecord::Decode(std::string_view(it->value().data(), it->value().size()));
-      if (!r.ok()) continue;
-      if (!fn(std::string_view(it->key().data() + 1, it->key().size() - 1), *r)) break;
+      if (!BlockRecord::DecodeInto(std::string_view(it->value().data(), it->value().size()), &r).ok()) continue;
+      if (!fn(std::string_view(it->key().data() + 1, it->key().size() - 1), r)) break;
     }
     return FromRocks(it->status(), "index scan");
   }
@@ -185,6 +186,15 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
     std::shared_lock lock(mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     return FromRocks(db_->Flush(rocksdb::FlushOptions()), "index flush");
+  }
+
+  Status Compact() override {
+    KVTIER_RETURN_IF_ERROR(Flush());
+    std::shared_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(Available());
+    rocksdb::CompactRangeOptions co;
+    co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+    return FromRocks(db_->CompactRange(co, nullptr, nullptr), "index compaction");
   }
 
   // RocksDB stops taking writes after a WAL or flush error (a background error); Resume

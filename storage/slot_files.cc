@@ -152,7 +152,12 @@ Status SlotFiles::OpenAll(const std::vector<SlotFileSpec>& specs) {
                              FormatBytes(slot_bytes_));
     }
     const uint64_t bytes = slots * slot_bytes_ + file.stamp_len;
-    int rc = ::fallocate(file.fd, 0, 0, static_cast<off_t>(bytes));
+    if (!spec.preallocate) {
+      if (static_cast<uint64_t>(sb.st_size) < bytes && ::ftruncate(file.fd, static_cast<off_t>(bytes)) != 0) {
+        return ErrnoStatus(errno, "sizing " + spec.path + " to " + FormatBytes(bytes));
+      }
+    }
+    int rc = spec.preallocate ? ::fallocate(file.fd, 0, 0, static_cast<off_t>(bytes)) : 0;
     if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) {
       rc = ::posix_fallocate(file.fd, 0, static_cast<off_t>(bytes));
       if (rc != 0) errno = rc;

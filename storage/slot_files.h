@@ -30,6 +30,11 @@ namespace kvtier {
 struct SlotFileSpec {
   std::string path;
   uint64_t capacity_bytes = 0;
+  // Allocate the file's blocks at open (fallocate), so a spill never finds the file system
+  // full. false: the file is only sized (sparse until written) — for thin-provisioned
+  // volumes, or an index larger than the disk in a benchmark; a spill into a hole may then
+  // fail with ENOSPC, which backs spills off like any write error.
+  bool preallocate = true;
 };
 
 class SlotFiles {

@@ -344,11 +344,11 @@ void KvEvents::ServeReplay() {
         const auto& [seq, kept] = ring_[(ring_next_ + i) % ring_.size()];
         if (seq >= start) send(SeqBytes(seq), kept.second);
       }
+      replays_.fetch_add(1, std::memory_order_relaxed);  // before the end mark its reader waits for
       send(std::string(8, '\xff'), std::string());
     } catch (const zmq::error_t& err) {
       KVTIER_LOG(WARNING) << "events: replay failed: " << err.what();
     }
-    replays_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -11,10 +11,11 @@ int main(int argc, char** argv) {
       "Every mode starts its own kvtierd on a temporary socket unless --socket is given."};
   app.require_subcommand(1);
   kvtier::bench::BenchArgs args;
-  auto* rpc =
-      app.add_subcommand("rpc",
-                         "Request latency (p50/p99) and ops/s of Lookup 1, Lookup 64 and Allocate+Commit+Release "
-                         "16 vs a bare Unix-socket echo of the same sizes");
+  auto* rpc = app.add_subcommand(
+      "rpc",
+      "Request latency (p50/p99) and ops/s of Lookup 1, Lookup 64, Lookup and Acquire of 8192 (a 128K-token "
+      "chain) and Allocate+Commit+Release "
+      "16 vs a bare Unix-socket echo of the same sizes");
   auto* nvme = app.add_subcommand("nvme",
                                   "Spill and fetch throughput through kvtierd vs fio on the same file system, "
                                   "for 256 KiB, 2 MiB and 16 MiB pages");
@@ -73,7 +74,12 @@ int main(int argc, char** argv) {
   demotion->add_option("--rounds", args.rounds, "Interleaved rounds of a quiet and a burst phase")
       ->check(CLI::Range(1, 1000));
   demotion->add_flag("--json", args.json, "Print one JSON object");
-  for (auto* sub : {rpc, nvme, restart, soak}) {
+  auto* pipeline = app.add_subcommand(
+      "pipeline",
+      "Lookups/s with 16 sessions x 16 one-block Lookups in flight vs redis-benchmark -c 16 -P 16 -t get on a "
+      "redis-server over a Unix socket, same CPU placement, interleaved rounds");
+  pipeline->add_option("--rounds", args.rounds, "Interleaved rounds")->check(CLI::Range(1, 100));
+  for (auto* sub : {rpc, nvme, restart, soak, pipeline}) {
     sub->add_option("--socket", args.socket, "Measure the kvtierd at this socket");
     sub->add_flag("--json", args.json, "Print one JSON object");
   }
@@ -85,6 +91,10 @@ int main(int argc, char** argv) {
   if (nvme->parsed()) return kvtier::bench::RunNvmeBench(args);
   if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
   if (soak->parsed()) return kvtier::bench::RunSoakBench(args);
+  if (pipeline->parsed()) {
+    if (args.rounds == 10) args.rounds = 5;
+    return kvtier::bench::RunPipelineBench(args);
+  }
   if (events->parsed()) return kvtier::bench::RunEventsBench(args);
   if (demotion->parsed()) return kvtier::bench::RunDemotionBench(args);
   if (quant->parsed()) {

@@ -29,5 +29,6 @@ int RunEventsBench(const BenchArgs& args);
 int RunRemoteBench(const BenchArgs& args);
 int RunQuantBench(const BenchArgs& args);
 int RunDemotionBench(const BenchArgs& args);
+int RunPipelineBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench

@@ -65,6 +65,12 @@ void PinToCpu(int cpu) {
   ::sched_setaffinity(0, sizeof(set), &set);
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 int PinClientAndPickServerCpu() {
   cpu_set_t allowed;
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return -1;

@@ -29,6 +29,9 @@ class Latencies {
   mutable std::vector<double> samples_;
 };
 
+// The median of `v` (mean of the middle two for an even count); 0 when empty.
+double Median(std::vector<double> v);
+
 // The 16-byte hash of block `i` of benchmark data set `seed` (independent blocks).
 BlockHash IndexHash(uint64_t seed, uint64_t i);
 

@@ -200,11 +200,6 @@ Result<double> KvtierRead(const std::string& socket, const ModelLayout& layout, 
 
 constexpr double kReadSeconds = 1.5;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // One page size: a daemon of its own, then `rounds` rounds of fio write, kvtier spill,
 // fio random read, kvtier fetch — interleaved so that the machine's drift hits both sides.
 Result<SizeResult> MeasureSize(const testing::TempDir& dir, uint64_t page, uint64_t bytes_per_round, int rounds,

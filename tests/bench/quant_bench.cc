@@ -25,12 +25,6 @@ namespace {
 
 using json = nlohmann::json;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 struct Node {
   std::string name;
   std::optional<QuantKind> kind;

@@ -34,12 +34,6 @@ namespace {
 
 using json = nlohmann::json;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 // Requests per second of redis-benchmark's `test` (set or get; --csv), or -1. In cluster
 // mode its keys are one per master ("key:{tag}:__rand_int__"), so a SET run first gives
 // every GET a value of `bytes`.

@@ -2,8 +2,10 @@
 // same message sizes, measured in the same run, interleaved round by round so drift on a
 // noisy machine hits both alike.
 //
-// Operations: Lookup of 1 block; Lookup of a 64-block chain; Allocate + Commit + Release of
-// 16 pages (three round trips). The echo baseline does, per operation, the same number of
+// Operations: Lookup of 1 block; Lookup of a 64-block chain; Lookup and Acquire of an
+// 8,192-block chain (128K tokens in 16-token blocks; the Acquire's references are released
+// after each timed call, untimed); Allocate + Commit + Release of 16 pages (three round
+// trips). The echo baseline does, per operation, the same number of
 // round trips with requests and replies of the same sizes as kvtier's frames, between
 // this process and a forked server process blocked in read(2).
 #include <signal.h>
@@ -49,6 +51,17 @@ std::vector<Trip> LookupTrips(size_t n_hashes) {
   rb2.add_reply_type(fb::Reply::LookupReply);
   rb2.add_reply(body.Union());
   r.FinishSizePrefixed(rb2.Finish());
+  return {{Size(q), Size(r)}};
+}
+
+std::vector<Trip> AcquireTrips(size_t n_hashes) {
+  std::vector<BlockHash> hs = testing::HashChain(1, n_hashes);
+  flatbuffers::FlatBufferBuilder q, r;
+  q.FinishSizePrefixed(fb::CreateRequest(q, 1, fb::Op::Acquire, fb::CreateAcquire(q, HashesToWire(q, hs)).Union()));
+  std::vector<fb::EntryResult> results(
+      n_hashes, fb::EntryResult(fb::Status::Ok, fb::CommitOutcome::Stored, fb::Tier::Host, 0, 7));
+  auto body = fb::CreateAcquireReply(r, r.CreateVectorOfStructs(results));
+  r.FinishSizePrefixed(fb::CreateResponse(r, 1, fb::Status::Ok, 0, fb::Reply::AcquireReply, body.Union()));
   return {{Size(q), Size(r)}};
 }
 
@@ -178,8 +191,8 @@ struct OpResult {
 int RunRpcBench(const BenchArgs& args) {
   testing::DaemonProcess::Options opts;
   opts.host_capacity = "512MiB";
-  opts.page_bytes = "2MiB";
-  opts.segment_bytes = "256MiB";
+  opts.page_bytes = "16KiB";  // one block of the bench layout; the 8,192-block chain takes 128 MiB
+  opts.segment_bytes = "64MiB";
   const int server_cpu = PinClientAndPickServerCpu();
   auto daemon = BenchDaemon::Start(args.socket, opts, server_cpu);
   if (!daemon.ok()) {
@@ -216,11 +229,35 @@ int RunRpcBench(const BenchArgs& args) {
     // Retained: the Allocate+Commit+Release load below must not evict what lookups read.
     if (!c.Commit(TierKind::kHost, e, /*retain=*/true).ok()) return 1;
   }
+  // A 128K-token chain, stored once and retained the same way.
+  constexpr size_t kLong = 8192;
+  const auto long_chain = testing::HashChain(5000, kLong);
+  for (size_t at = 0; at < kLong; at += 512) {
+    auto pages = c.Allocate(TierKind::kHost, 512);
+    if (!pages.ok()) {
+      std::fprintf(stderr, "kvtier-bench rpc: allocate: %s\n", pages.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<CommitEntry> e;
+    for (size_t i = 0; i < 512; ++i) {
+      e.push_back({(*pages)[i], long_chain[at + i], at + i ? long_chain[at + i - 1] : BlockHash()});
+    }
+    if (!c.Commit(TierKind::kHost, e, /*retain=*/true).ok()) return 1;
+  }
   const std::span<const BlockHash> one(chain.data(), 1);
   uint64_t seq = 0;
 
-  OpResult ops[3] = {{"lookup1"}, {"lookup64"}, {"acr16"}};
-  const std::vector<Trip> trips[3] = {LookupTrips(1), LookupTrips(64), AllocCommitReleaseTrips(16)};
+  constexpr int kOps = 5, kAcr = 4;
+  OpResult ops[kOps] = {{"lookup1"}, {"lookup64"}, {"lookup8192"}, {"acquire8192"}, {"acr16"}};
+  const std::vector<Trip> trips[kOps] = {LookupTrips(1), LookupTrips(64), LookupTrips(kLong), AcquireTrips(kLong),
+                                         AllocCommitReleaseTrips(16)};
+  // Untimed work after a timed operation (dropping the Acquire's references).
+  auto after_kvtier = [&](int op) -> Status {
+    if (op != 3) return Status::Ok();
+    KVTIER_ASSIGN_OR_RETURN(auto released, c.Release(TierKind::kHost, {}, long_chain));
+    (void)released;
+    return Status::Ok();
+  };
   auto run_kvtier = [&](int op) -> Status {
     switch (op) {
       case 0: {
@@ -231,6 +268,16 @@ int RunRpcBench(const BenchArgs& args) {
       case 1: {
         auto r = c.Lookup(chain);
         if (!r.ok() || r->matched != 64) return Internal("lookup64 missed");
+        return Status::Ok();
+      }
+      case 2: {
+        auto r = c.Lookup(long_chain);
+        if (!r.ok() || r->matched != kLong) return Internal("lookup8192 missed");
+        return Status::Ok();
+      }
+      case 3: {
+        KVTIER_ASSIGN_OR_RETURN(auto got, c.Acquire(long_chain));
+        if (got.size() != kLong || !got.back().status.ok()) return Internal("acquire8192 missed");
         return Status::Ok();
       }
       default: {
@@ -249,15 +296,23 @@ int RunRpcBench(const BenchArgs& args) {
 
   const int rounds = args.rounds;
   const int per_round = args.iterations / rounds;
+  // Calls per round: the long chains move 128 KiB a request, a fortieth as many suffice.
+  auto calls = [&](int op) {
+    if (op == kAcr) return std::max(1, per_round / 4);
+    if (op == 2 || op == 3) return std::max(10, per_round / 40);
+    return per_round;
+  };
   for (int warm = 0; warm < 200; ++warm) {
-    for (int op = 0; op < 3; ++op) {
+    for (int op = 0; op < kOps; ++op) {
+      if (warm % 10 != 0 && (op == 2 || op == 3)) continue;
       (void)run_kvtier(op);
+      (void)after_kvtier(op);
       for (const Trip& t : trips[op]) (void)echo.Trip(t);
     }
   }
   for (int round = 0; round < rounds; ++round) {
-    for (int op = 0; op < 3; ++op) {
-      const int n = op == 2 ? std::max(1, per_round / 4) : per_round;
+    for (int op = 0; op < kOps; ++op) {
+      const int n = calls(op);
       for (int i = 0; i < n; ++i) {
         double t0 = NowUs();
         if (Status s = run_kvtier(op); !s.ok()) {
@@ -265,6 +320,10 @@ int RunRpcBench(const BenchArgs& args) {
           return 1;
         }
         ops[op].kvtier.Add(NowUs() - t0);
+        if (Status s = after_kvtier(op); !s.ok()) {
+          std::fprintf(stderr, "kvtier-bench rpc: %s: %s\n", ops[op].name.c_str(), s.ToString().c_str());
+          return 1;
+        }
       }
       for (int i = 0; i < n; ++i) {
         double t0 = NowUs();
@@ -293,6 +352,10 @@ int RunRpcBench(const BenchArgs& args) {
   j["echo_p50_us"] = ops[0].echo.Percentile(50);  // the lookup1-sized echo
   j["lookup1_request_bytes"] = trips[0][0].request;
   j["lookup1_response_bytes"] = trips[0][0].response;
+  j["lookup8192_request_bytes"] = trips[2][0].request;
+  j["lookup8192_response_bytes"] = trips[2][0].response;
+  j["acquire8192_request_bytes"] = trips[3][0].request;
+  j["acquire8192_response_bytes"] = trips[3][0].response;
   j["server_cpu"] = server_cpu;
   if (args.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -303,15 +366,16 @@ int RunRpcBench(const BenchArgs& args) {
     std::printf("placement: this client on one CPU, kvtierd and the echo server on CPU %d\n", server_cpu);
   }
   std::printf("\n");
-  std::printf("%-10s %10s %10s %10s | %10s %10s %10s | %8s %8s\n", "op", "p50 us", "p99 us", "ops/s", "echo p50",
+  std::printf("%-12s %10s %10s %10s | %10s %10s %10s | %8s %8s\n", "op", "p50 us", "p99 us", "ops/s", "echo p50",
               "echo p99", "echo op/s", "p50 x", "p99 x");
   for (const OpResult& o : ops) {
-    std::printf("%-10s %10.1f %10.1f %10.0f | %10.1f %10.1f %10.0f | %8.2f %8.2f\n", o.name.c_str(),
+    std::printf("%-12s %10.1f %10.1f %10.0f | %10.1f %10.1f %10.0f | %8.2f %8.2f\n", o.name.c_str(),
                 o.kvtier.Percentile(50), o.kvtier.Percentile(99), o.kvtier_ops_s(), o.echo.Percentile(50),
                 o.echo.Percentile(99), o.echo_ops_s(), o.kvtier.Percentile(50) / o.echo.Percentile(50),
                 o.kvtier.Percentile(99) / o.echo.Percentile(99));
   }
   std::printf("\nacr16 = Allocate(16) + Commit(16) + Release(16): three round trips (echo: three too).\n");
+  std::printf("acquire8192 = Acquire of the 8,192-block chain (its Release after each call is not timed).\n");
   return 0;
 }
 

@@ -716,6 +716,12 @@ int RunSoakBench(const BenchArgs& args) {
   if (!total.first_error.empty()) j["first_error"] = total.first_error;
   for (int op = 0; op < kOpCount; ++op) {
     const Latencies& l = lat[op];
+    // The headline ratios, at the top level: Allocate's tail (waits for a demotion or
+    // spill to free a page) and Lookup's.
+    const std::string name = kOpNames[op];
+    if (name == "allocate" || name == "lookup") {
+      j[name + "_p99_over_echo_p99"] = echo_p99 > 0 ? l.Percentile(99) / echo_p99 : 0;
+    }
     j["ops"][kOpNames[op]] = {{"count", l.count()},
                               {"p50_us", l.Percentile(50)},
                               {"p99_us", l.Percentile(99)},

@@ -108,6 +108,8 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"tiers:\n  nvme: {quantization: int4}\n", "tiers.nvme.quantization"},
       {"security:\n  tenants: [{name: a, uids: [1], kv_quantization: maybe}]\n", "security.tenants[0].kv_quantization"},
       {"security:\n  unknown_kv_quantization: 2\n", "security.unknown_kv_quantization"},
+      {"tiers:\n  nvme:\n    files: [{path: /x, capacity: 1GiB, preallocate: sometimes}]\n",
+       "tiers.nvme.files[0].preallocate"},
       {"events: {publish: 'localhost:5557'}\n", "events.publish"},
       {"events: {replay: 'tcp://127.0.0.1:5557'}\n", "events.replay"},  // the publish default
       {"events: {flush_interval: 0}\n", "events.flush_interval"},
@@ -136,6 +138,12 @@ TEST(Config, ValuesParse) {
   EXPECT_EQ(c->host.huge_pages, HugePages::kOff);
   EXPECT_EQ(c->metrics_port, 0);
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
+  auto sparse = ParseConfig(
+      "tiers:\n  nvme:\n    files: [{path: /a, capacity: 1GiB}, {path: /b, capacity: 1GiB, preallocate: false}]\n");
+  ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
+  ASSERT_EQ(sparse->nvme.files.size(), 2u);
+  EXPECT_TRUE(sparse->nvme.files[0].preallocate);
+  EXPECT_FALSE(sparse->nvme.files[1].preallocate);
 }
 
 TEST(Config, SecurityKeysParse) {

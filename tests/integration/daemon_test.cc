@@ -227,6 +227,43 @@ TEST(Pipelining, ManyRequestsInFlightAreAnsweredByTicket) {
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
+TEST(Pipelining, LookupsSentInOneWriteAreAnsweredEachByItsTicket) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  auto c = Client::Connect(EngineOptions(daemon.socket_path()));
+  ASSERT_TRUE(c.ok());
+  const auto chain = HashChain(11, 6);
+  auto pages = (*c)->Allocate(TierKind::kHost, 6);
+  ASSERT_TRUE(pages.ok());
+  std::vector<CommitEntry> e;
+  for (int i = 0; i < 6; ++i) e.push_back({(*pages)[i], chain[i], {}});
+  ASSERT_TRUE((*c)->Commit(TierKind::kHost, e).ok());
+  // 64 lookups of prefixes of 0..6 blocks plus a chain nobody stored, in one batch.
+  std::vector<std::vector<BlockHash>> chains;
+  for (int i = 0; i < 64; ++i) {
+    if (i % 8 == 7) {
+      chains.push_back(HashChain(12, 3));
+    } else {
+      chains.emplace_back(chain.begin(), chain.begin() + i % 7);
+    }
+  }
+  auto tickets = (*c)->StartLookups(chains);
+  ASSERT_TRUE(tickets.ok()) << tickets.status().ToString();
+  ASSERT_EQ(tickets->size(), chains.size());
+  for (size_t i = tickets->size(); i-- > 0;) {
+    auto r = (*c)->WaitLookup((*tickets)[i]);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->matched, i % 8 == 7 ? 0u : i % 7) << "lookup " << i;
+  }
+  // A batch with a bad chain sends nothing: no stray response, the session goes on.
+  std::vector<std::vector<BlockHash>> bad = {chain, {BlockHash(std::vector<uint8_t>(7, 1))}};
+  EXPECT_EQ((*c)->StartLookups(bad).status().code(), StatusCode::kInvalidArgument);
+  auto after = (*c)->Lookup(chain);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->matched, 6u);
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
 TEST(Errors, PerBlockErrorsAreTypedAndTheSessionGoesOn) {
   DaemonProcess::Options o;
   o.extra_yaml = "security: {max_leased_share: 1}\n";  // this session may lease the whole pool

@@ -3,6 +3,7 @@
 // threads.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -177,6 +178,32 @@ TEST_P(NvmeDaemonTest, WriteThroughKeepsEveryCommittedBlockAcrossRestart) {
   ASSERT_TRUE(l.ok());
   EXPECT_EQ(l->matched, 20u);
   for (TierKind t : l->tiers) EXPECT_EQ(t, TierKind::kNvme);
+  Served s = ReadBack(*c, chain);
+  EXPECT_EQ(s.hits, 20u);
+  EXPECT_EQ(s.wrong, 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST_P(NvmeDaemonTest, ASparseSlotFileIsSizedNotAllocatedAndServesAcrossRestart) {
+  DaemonProcess::Options o = NvmeDaemon(GetParam(), "    write_policy: write_through\n");
+  o.nvme_capacity = "256MiB";
+  o.nvme_preallocate = false;
+  o.extra_yaml = "security: {max_leased_share: 1}\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  struct stat st {};
+  ASSERT_EQ(::stat(d.slot_file().c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_size), 256ull << 20);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 16ull << 20) << "the slot file was allocated";
+  auto chain = HashChain(17, 20);
+  {
+    auto c = Engine(d);
+    ASSERT_TRUE(Store(*c, chain).ok());
+  }
+  ASSERT_TRUE(WaitForNvmeBlocks(d, 20));
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+  ASSERT_TRUE(d.Start().ok()) << d.Log();  // the same file, still sparse: reopened as it is
+  auto c = Engine(d);
   Served s = ReadBack(*c, chain);
   EXPECT_EQ(s.hits, 20u);
   EXPECT_EQ(s.wrong, 0u);

@@ -48,7 +48,8 @@ class RedisClusterProcess {
   // Waits until the cluster, asked at server i, is ok again (after a failover).
   bool WaitHealthy(size_t i, int timeout_ms = 60000) const;
   // Waits until server i (a master) has a replica that acknowledged everything it was sent
-  // (replication is asynchronous: a master killed before that loses the rest).
+  // (replication is asynchronous: a master killed before that loses the rest); if server i
+  // has become a replica meanwhile (a failover), until it has caught up with its master.
   bool WaitReplicated(size_t i, int timeout_ms = 30000) const;
 
  private:

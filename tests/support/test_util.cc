@@ -96,7 +96,8 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
       << "\n    segment_bytes: " << options_.gpu_segment_bytes << "\n";
   }
   if (!options_.nvme_capacity.empty()) {
-    c << "  nvme:\n    files: [{path: " << slot_file() << ", capacity: " << options_.nvme_capacity << "}]\n"
+    c << "  nvme:\n    files: [{path: " << slot_file() << ", capacity: " << options_.nvme_capacity
+      << (options_.nvme_preallocate ? "" : ", preallocate: false") << "}]\n"
       << options_.nvme_yaml;
   }
   if (!options_.remote_nodes.empty()) {

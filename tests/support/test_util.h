@@ -64,7 +64,8 @@ class DaemonProcess {
     std::string nvme_capacity;
     std::string nvme_yaml;  // indented for tiers.nvme, e.g. "    durability: relaxed\n"
     std::string nvme_file;  // the slot file; empty: slots0 in the temp dir
-    std::string data_dir;   // empty: data in the temp dir
+    bool nvme_preallocate = true;
+    std::string data_dir;  // empty: data in the temp dir
     // A remote tier on these Redis seed nodes (none = no remote tier), with these extra
     // keys (indented for tiers.remote, e.g. "    write_policy: write_back\n").
     std::vector<std::string> remote_nodes;
