@@ -42,7 +42,14 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     hooks.last_copy_dropped = [raw](const std::string& key) { raw->RememberEviction(key, TierKind::kNvme); };
     NvmeMover::Options mo;
     mo.write_policy = options.write_policy;
-    mo.max_spills_in_flight = options.max_spills_in_flight;
+    // Spills in flight are bounded by the watermark's band, not by the device's queue (the
+    // NVMe tier queues I/O past its depth): a spill's round trip is an I/O, an index write
+    // and turns of the event loop, so under load only a deep pipeline frees host pages as
+    // fast as engines allocate them (docs/architecture.md, "Allocate without waiting").
+    const TierOptions& host = options.tiers[TierIndex(TierKind::kHost)];
+    const uint64_t host_pages = host.page_bytes ? host.capacity_bytes / host.page_bytes : 0;
+    const auto band = static_cast<uint32_t>(static_cast<double>(host_pages) * (1.0 - host.low_watermark));
+    mo.max_spills_in_flight = std::max(options.max_spills_in_flight, band);
     mo.quantization = options.nvme_quantization;
     mo.workers = cm->workers_.get();
     KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme), mo, cm->blocks_.get(), &cm->namespaces_,
@@ -152,7 +159,7 @@ uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
     it = it->second.session == s.id_ ? pending_acquires_.erase(it) : std::next(it);
   }
   std::erase_if(pending_lookups_, [&](const auto& p) { return p.second.session == s.id_; });
-  std::erase_if(pending_allocates_, [&](const PendingAllocate& p) { return p.session == s.id_; });
+  for (auto& q : pending_allocates_) std::erase_if(q, [&](const PendingAllocate& p) { return p.session == s.id_; });
   for (TierKind kind : kAllTiers) {
     for (PageId p : s.leased_[TierIndex(kind)]) {
       if (quarantine_leases) {
@@ -251,8 +258,9 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
   }
   KVTIER_RETURN_IF_ERROR(CheckLeaseCap(s, kind, count));
   Room room;
-  // Waiting requests go first: no overtaking them.
-  if (pending_allocates_.empty()) {
+  // Waiting requests of the tier go first: no overtaking them.
+  auto& waiting = pending_allocates_[TierIndex(kind)];
+  if (waiting.empty()) {
     if (auto pages = TakePages(s, kind, count, &room)) {
       EnforceWatermark(kind);
       return R(std::move(*pages));
@@ -261,7 +269,7 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
     room = Room::kLater;
   }
   if ((room == Room::kLater || (room == Room::kNone && OthersWillRelease(s, kind))) && done) {
-    pending_allocates_.push_back(
+    waiting.push_back(
         PendingAllocate{s.id_, kind, count, clock_->NowNanos() + options_.allocate_wait_ns, std::move(done)});
     ++s.pending_;
     ++counters_.allocate_waits;
@@ -407,6 +415,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
       blocks_->NoteUse(id, now, /*hit=*/true);
     }
     if (i < hashes.size() && mover_) {
+      NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
       auto recs = mover_->FindMany(s.ns_, hashes.subspan(i));
       for (size_t j = i; recs.ok() && j < hashes.size(); ++j) {
         const BlockId id = blocks_->Find(s.ns_, hashes[j]);
@@ -489,7 +498,9 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
   }
   if (!lower.empty()) {
     Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(lower.size()));
+    std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission
     if (mover_) {
+      reads_together.emplace(&mover_->nvme());
       std::vector<BlockHash> wanted;
       wanted.reserve(lower.size());
       for (size_t i : lower) wanted.push_back(hashes[i]);
@@ -621,6 +632,8 @@ void CacheManager::FinishAcquireEntry(uint64_t acq, size_t index, CacheResult r)
 }
 
 void CacheManager::ServeQueuedPromotions() {
+  std::optional<NvmeTier::Batch> reads_together;
+  if (mover_ && !queued_promotions_.empty()) reads_together.emplace(&mover_->nvme());
   while (!queued_promotions_.empty()) {
     QueuedPromotion& q = queued_promotions_.front();
     // Drop waiters whose sessions left; with none left there is nothing to read for.
@@ -661,42 +674,47 @@ void CacheManager::ServeQueuedPromotions() {
 
 void CacheManager::ServePendingAllocates() {
   ServeQueuedPromotions();
-  while (!pending_allocates_.empty()) {
-    PendingAllocate& p = pending_allocates_.front();
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) ServePendingAllocates(kind);
+}
+
+void CacheManager::ServePendingAllocates(TierKind kind) {
+  auto& waiting = pending_allocates_[TierIndex(kind)];
+  while (!waiting.empty()) {
+    PendingAllocate& p = waiting.front();
     auto s = sessions_.find(p.session);
     if (s == sessions_.end()) {
-      pending_allocates_.pop_front();
+      waiting.pop_front();
       continue;
     }
-    if (Status cap = CheckLeaseCap(*s->second, p.tier, p.count); !cap.ok()) {
+    if (Status cap = CheckLeaseCap(*s->second, kind, p.count); !cap.ok()) {
       // Over the cap since it queued (it leased more meanwhile): refused, not waited for.
       PendingAllocate done = std::move(p);
-      pending_allocates_.pop_front();
+      waiting.pop_front();
       --s->second->pending_;
       ++counters_.allocate_failures;
       done.done(cap);
       continue;
     }
     Room room;
-    auto pages = TakePages(*s->second, p.tier, p.count, &room);
-    if (!pages && (room == Room::kLater || (room == Room::kNone && OthersWillRelease(*s->second, p.tier))) &&
+    auto pages = TakePages(*s->second, kind, p.count, &room);
+    if (!pages && (room == Room::kLater || (room == Room::kNone && OthersWillRelease(*s->second, kind))) &&
         clock_->NowNanos() < p.deadline_ns) {
       return;
     }
     PendingAllocate done = std::move(p);
-    pending_allocates_.pop_front();
+    waiting.pop_front();
     --s->second->pending_;
     if (pages) {
-      EnforceWatermark(done.tier);
+      EnforceWatermark(kind);
       done.done(std::move(*pages));
     } else if (room == Room::kOverQuota) {
       ++counters_.allocate_failures;
       ++counters_.quota_refusals;
       done.done(ResourceExhausted("tenant '" + namespaces_.tenant_name(s->second->tenant_) + "' is at its " +
-                                  std::string(TierKindName(done.tier)) + " quota"));
+                                  std::string(TierKindName(kind)) + " quota"));
     } else {
       ++counters_.allocate_failures;
-      done.done(ResourceExhausted(std::string(TierKindName(done.tier)) + " tier could not free " +
+      done.done(ResourceExhausted(std::string(TierKindName(kind)) + " tier could not free " +
                                   std::to_string(done.count) + " pages in time"));
     }
   }

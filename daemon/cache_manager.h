@@ -118,6 +118,8 @@ class CacheManager {
     std::function<Status(void* dst, const uint8_t* device_src, uint64_t bytes)> gpu_copy;
     uint32_t max_gpu_demotions_in_flight = 16;
     bool prefetch = false;  // Lookup starts promoting NVMe hits
+    // At least this many spills in flight; more where the host tier's watermark band
+    // (capacity above the low watermark) is larger.
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
     // The most of a tier's pages one session may hold leased (not yet committed) at once,
@@ -228,7 +230,11 @@ class CacheManager {
     return (mover_ ? mover_->promotions_in_flight() : 0) + (remote_ ? remote_->promotions_in_flight() : 0) +
            queued_promotions_.size();
   }
-  size_t pending_allocates() const { return pending_allocates_.size(); }
+  size_t pending_allocates() const {
+    size_t n = 0;
+    for (const auto& q : pending_allocates_) n += q.size();
+    return n;
+  }
 
   // Segments the session has not been sent (in their current generation) among those
   // holding `pages`; marks them sent.
@@ -329,6 +335,7 @@ class CacheManager {
   void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
   // Starts queued promotions and serves waiting Allocates (in that order) as pages free up.
   void ServePendingAllocates();
+  void ServePendingAllocates(TierKind kind);
   void ServeQueuedPromotions();
   // A result for a waiter of block `id` (readable in `tier`), referencing it for the
   // waiter's session; kUnavailable when the session went or the block is not readable.
@@ -387,7 +394,9 @@ class CacheManager {
   std::array<bool, kTierCount> evicting_{};
   std::unordered_map<SessionId, SessionCache*> sessions_;
   std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
-  std::deque<PendingAllocate> pending_allocates_;
+  // Per tier: an Allocate waits behind earlier ones of its own tier only (a GPU Allocate
+  // waiting for GPU demotions never holds up host Allocates).
+  std::array<std::deque<PendingAllocate>, kTierCount> pending_allocates_;
   std::deque<QueuedPromotion> queued_promotions_;
   std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
   std::unordered_map<uint64_t, PendingLookup> pending_lookups_;

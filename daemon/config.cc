@@ -411,7 +411,7 @@ const std::vector<Key>& Keys() {
          c->nvme.io_backend = s;
          return Status::Ok();
        }},
-      {"tiers.nvme.queue_depth", "64", "Most NVMe reads and writes in flight.",
+      {"tiers.nvme.queue_depth", "256", "Most NVMe reads and writes in flight.",
        KVTIER_SET((Integer<uint32_t>("tiers.nvme.queue_depth", n, 1, 4096)), nvme.queue_depth)},
       {"tiers.nvme.durability", "strict",
        "strict: a spilled block counts only once its bytes are fdatasync'ed and its index "

@@ -70,8 +70,8 @@ struct IoEngineOptions {
   // "auto": io_uring when it can be set up (sysctl kernel.io_uring_disabled, seccomp and
   // old kernels can prevent it), else "threads". Default: "auto".
   std::string backend = "auto";
-  // Most requests in flight. Default: 64.
-  uint32_t queue_depth = 64;
+  // Most requests in flight. Default: 256.
+  uint32_t queue_depth = 256;
   // Registered buffer slots. Default: 256.
   uint32_t max_buffers = 256;
   // Worker threads of the threads backend. Default: 4.

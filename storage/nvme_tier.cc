@@ -223,6 +223,7 @@ void NvmeTier::Issue(const IoRequest& r) {
 }
 
 void NvmeTier::Submit() {
+  if (batch_depth_ > 0) return;  // the last Batch submits
   while (!backlog_.empty() && io_->Enqueue(backlog_.front()).ok()) backlog_.pop_front();
   Status st = io_->Submit();
   if (!st.ok()) KVTIER_LOG(ERROR) << "nvme submit: " << st.ToString();
@@ -242,7 +243,11 @@ void NvmeTier::IssueSyncs() {
 }
 
 void NvmeTier::OnIoReady() {
-  for (const IoCompletion& c : io_->Reap()) {
+  const std::vector<IoCompletion> done = io_->Reap();
+  // The reaped I/Os' places on the device go to queued ones before anything else: the
+  // device reads on while the completions are verified and answered.
+  Submit();
+  for (const IoCompletion& c : done) {
     auto it = ops_.find(c.tag);
     if (it == ops_.end()) continue;
     switch (it->second.kind) {

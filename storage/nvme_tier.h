@@ -131,6 +131,20 @@ class NvmeTier {
   // dropped, when the bytes do not verify; the I/O error otherwise. The slot is not reused
   // while the read is in flight.
   void Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index, Done done);
+  // While a Batch lives, the reads and writes started are queued and go to the device in
+  // one submission when the last Batch ends (the reads of one Acquire issued together).
+  class Batch {
+   public:
+    explicit Batch(NvmeTier* tier) : tier_(tier) { ++tier_->batch_depth_; }
+    ~Batch() {
+      if (--tier_->batch_depth_ == 0) tier_->Submit();
+    }
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
+   private:
+    NvmeTier* tier_;
+  };
   // A use of the block in `slot` (a lookup hit): recency for eviction only.
   void Touch(uint32_t slot);
   // A block served from this tier: recency, and last access and hit count in the index.
@@ -295,6 +309,7 @@ class NvmeTier {
 
   std::unordered_map<uint64_t, Op> ops_;
   std::deque<IoRequest> backlog_;  // waiting for engine capacity
+  uint32_t batch_depth_ = 0;       // live Batches: submission waits for the last
   uint64_t next_op_ = 1;
   size_t writes_outstanding_ = 0;                                // index batches not applied yet
   std::unordered_map<int, std::vector<uint64_t>> sync_waiting_;  // fd -> written spills

@@ -462,6 +462,11 @@ TEST(CacheManagerGpu, DemotionCopiesOffTheControlThreadAndTheGpuPageStaysReadabl
   ASSERT_EQ(l.matched, 1u);
   EXPECT_EQ(l.tiers[0], TierKind::kGpu);
   EXPECT_EQ(copies.load(), 0);
+  // A host Allocate meanwhile is served at once: it never queues behind a GPU one.
+  bool host_waited = false;
+  auto host = (*cm)->Allocate(s, TierKind::kHost, 1, [&](Result<std::vector<PageId>>) { host_waited = true; });
+  ASSERT_TRUE(host.has_value()) << "a host Allocate waited behind a GPU Allocate";
+  ASSERT_TRUE(host->ok()) << host->status().ToString();
   ASSERT_TRUE((*cm)->CheckInvariants().ok());
   release.set_value();
   ASSERT_TRUE(::kvtier::testing::WaitUntil([&] {
@@ -471,6 +476,7 @@ TEST(CacheManagerGpu, DemotionCopiesOffTheControlThreadAndTheGpuPageStaysReadabl
   ASSERT_TRUE(later->ok()) << later->status().ToString();
   EXPECT_EQ(copies.load(), 1);
   EXPECT_EQ((*cm)->counters().gpu_demotions, 1u);
+  EXPECT_FALSE(host_waited);
   l = (*cm)->Lookup(s, std::span(chain).first(1));
   ASSERT_EQ(l.matched, 1u);
   EXPECT_EQ(l.tiers[0], TierKind::kHost) << "demoted: now in host only";
