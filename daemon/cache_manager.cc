@@ -269,8 +269,7 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
     room = Room::kLater;
   }
   if ((room == Room::kLater || (room == Room::kNone && OthersWillRelease(s, kind))) && done) {
-    waiting.push_back(
-        PendingAllocate{s.id_, kind, count, clock_->NowNanos() + options_.allocate_wait_ns, std::move(done)});
+    waiting.push_back(PendingAllocate{s.id_, count, clock_->NowNanos() + options_.allocate_wait_ns, std::move(done)});
     ++s.pending_;
     ++counters_.allocate_waits;
     return std::nullopt;

@@ -264,9 +264,8 @@ class CacheManager {
     size_t outstanding = 0;
     AcquireDone done;
   };
-  struct PendingAllocate {
+  struct PendingAllocate {  // its tier: the queue it waits in
     SessionId session;
-    TierKind tier;
     uint32_t count;
     int64_t deadline_ns;
     AllocateDone done;

@@ -25,10 +25,10 @@ void NvmeTier::StartLoad() {
     std::vector<uint32_t> last(capacity, 0);
     std::vector<uint64_t> tags(capacity, 0);
     std::vector<uint16_t> who(owner_of ? capacity : 0, 0);
-    auto note_owner = [&](std::string_view key, uint32_t slot) {
-      if (!owner_of) return;
+    auto owner_for = [&](std::string_view key) -> uint16_t {
+      if (!owner_of) return 0;
       const uint16_t o = owner_of(key);
-      who[slot] = o < owners ? o : 0;
+      return o < owners ? o : 0;
     };
     std::vector<std::pair<std::string, uint32_t>> stale;
     std::unordered_set<uint32_t> dup;
@@ -59,11 +59,7 @@ void NvmeTier::StartLoad() {
       }
       __builtin_prefetch(&last[r.slot], 1);
       __builtin_prefetch(&tags[r.slot], 1);
-      uint16_t o = 0;
-      if (owner_of) {
-        o = owner_of(key);
-        if (o >= owners) o = 0;
-      }
+      const uint16_t o = owner_for(key);
       if (pending == kAhead) {  // the oldest, prefetched kAhead entries ago
         apply(ring[head]);
         head = (head + 1) % kAhead;
@@ -84,7 +80,7 @@ void NvmeTier::StartLoad() {
             stale.emplace_back(std::string(key), r.slot);
           } else {
             tags[r.slot] = KeyTag(key);
-            note_owner(key, r.slot);
+            if (owner_of) who[r.slot] = owner_for(key);
           }
         }
         return !stop.stop_requested();

@@ -8,10 +8,6 @@
 // this bench starts on a Unix socket, and `redis-benchmark -s SOCKET -c 16 -P 16 -t get`.
 // Same placement: the client side (this thread, redis-benchmark) on one CPU, the server
 // side (kvtierd, redis-server) on another. Rounds alternate so drift hits both alike.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,6 +17,7 @@
 #include "tests/bench/bench_main.h"
 #include "tests/bench/bench_util.h"
 #include "tests/integration/engine_process.h"
+#include "tests/support/redis_cluster_process.h"
 
 namespace kvtier::bench {
 namespace {
@@ -30,57 +27,12 @@ using json = nlohmann::json;
 constexpr int kSessions = 16, kDepth = 16;
 constexpr double kRoundSeconds = 1.5;
 
-// A redis-server on a Unix socket in `dir`, pinned to `cpu`; stopped by the destructor.
-class RedisServer {
- public:
-  ~RedisServer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  Status Start(const std::string& dir, int cpu) {
-    socket_ = dir + "/redis.sock";
-    pid_ = ::fork();
-    if (pid_ < 0) return ErrnoStatus(errno, "fork");
-    if (pid_ == 0) {
-      if (cpu >= 0) PinToCpu(cpu);
-      const int null = ::open("/dev/null", O_WRONLY);
-      ::dup2(null, 1);
-      ::dup2(null, 2);
-      ::execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", socket_.c_str(), "--unixsocketperm",
-               "700", "--save", "", "--appendonly", "no", "--dir", dir.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    for (int i = 0; i < 500; ++i) {  // up to 5 s
-      struct stat st {};
-      if (::stat(socket_.c_str(), &st) == 0 &&
-          testing::Sh("redis-cli -s " + socket_ + " set key:__rand_int__ xyz 2>&1").out.find("OK") !=
-              std::string::npos) {
-        return Status::Ok();
-      }
-      int wst = 0;
-      if (::waitpid(pid_, &wst, WNOHANG) == pid_) {
-        pid_ = -1;
-        return Unavailable("redis-server exited at start (is it installed? scripts/deps.sh)");
-      }
-      ::usleep(10'000);
-    }
-    return Unavailable("redis-server did not answer on " + socket_);
-  }
-  const std::string& socket() const { return socket_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string socket_;
-};
-
 // GETs per second of `redis-benchmark -c 16 -P 16 -t get` over the socket, on `cpu`; -1
 // when it did not run.
-double RedisGets(const RedisServer& r, int cpu, uint64_t requests) {
+double RedisGets(const std::string& socket, int cpu, uint64_t requests) {
   const std::string pin = cpu >= 0 ? "taskset -c " + std::to_string(cpu) + " " : "";
   const testing::CmdResult out =
-      testing::Sh(pin + "redis-benchmark -s " + r.socket() + " -c " + std::to_string(kSessions) + " -P " +
+      testing::Sh(pin + "redis-benchmark -s " + socket + " -c " + std::to_string(kSessions) + " -P " +
                   std::to_string(kDepth) + " -n " + std::to_string(requests) + " -t get --csv 2>/dev/null");
   const size_t at = out.out.find("\"GET\",\"");
   return at == std::string::npos ? -1 : std::stod(out.out.substr(at + 7));
@@ -125,9 +77,10 @@ int RunPipelineBench(const BenchArgs& args) {
   opts.segment_bytes = "16MiB";
   auto daemon = BenchDaemon::Start(args.socket, opts, server_cpu);
   if (!daemon.ok()) return fail(daemon.status().ToString());
-  testing::TempDir dir;
-  RedisServer redis;
-  if (Status s = redis.Start(dir.path(), server_cpu); !s.ok()) return fail(s.ToString());
+  testing::RedisClusterProcess redis_server(
+      {.masters = 1, .replicas_per_master = 0, .cluster = false, .unix_socket = true, .cpu = server_cpu});
+  if (Status s = redis_server.Start(); !s.ok()) return fail(s.ToString());
+  const std::string redis = redis_server.unix_socket_path(0);
 
   // Sessions, and one block per (session, slot) committed for them to look up.
   std::vector<std::unique_ptr<Client>> sessions;

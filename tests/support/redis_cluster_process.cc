@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -81,31 +82,38 @@ Status RedisClusterProcess::Start() {
     if (port == 0) return Internal("no free port pair for redis-server");
     const std::string dir = dir_.File("r" + std::to_string(port));
     ::mkdir(dir.c_str(), 0700);
+    // Built before fork: the child only execs (no allocation after fork).
+    std::vector<std::string> args = {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1"};
+    args.insert(args.end(), {"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no"});
+    args.insert(args.end(), {"--maxmemory", options_.maxmemory, "--maxmemory-policy", "allkeys-lru"});
+    if (options_.cluster) {
+      // A cache: a replica takes over however stale it is (its data only has to verify,
+      // never to be complete), even on a loaded machine.
+      args.insert(args.end(),
+                  {"--cluster-enabled", "yes", "--cluster-config-file", dir + "/nodes.conf", "--cluster-node-timeout",
+                   std::to_string(options_.node_timeout_ms), "--cluster-replica-validity-factor", "0"});
+    }
+    if (options_.unix_socket) args.insert(args.end(), {"--unixsocket", dir + "/redis.sock", "--unixsocketperm", "700"});
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log = dir + "/log";
     const pid_t pid = ::fork();
     if (pid < 0) return ErrnoStatus(errno, "fork");
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const std::string log = dir + "/log";
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (fd >= 0) {
         ::dup2(fd, 1);
         ::dup2(fd, 2);
       }
-      const std::string ps = std::to_string(port), nt = std::to_string(options_.node_timeout_ms);
-      const std::string conf = dir + "/nodes.conf";
-      if (options_.cluster) {
-        ::execl("/usr/bin/redis-server", "redis-server", "--port", ps.c_str(), "--bind", "127.0.0.1", "--dir",
-                dir.c_str(), "--save", "", "--appendonly", "no", "--maxmemory", options_.maxmemory.c_str(),
-                "--maxmemory-policy", "allkeys-lru", "--cluster-enabled", "yes", "--cluster-config-file", conf.c_str(),
-                "--cluster-node-timeout", nt.c_str(),
-                // A cache: a replica takes over however stale it is (its data only has to
-                // verify, never to be complete), even on a loaded machine.
-                "--cluster-replica-validity-factor", "0", "--daemonize", "no", static_cast<char*>(nullptr));
-      } else {
-        ::execl("/usr/bin/redis-server", "redis-server", "--port", ps.c_str(), "--bind", "127.0.0.1", "--dir",
-                dir.c_str(), "--save", "", "--appendonly", "no", "--maxmemory", options_.maxmemory.c_str(),
-                "--maxmemory-policy", "allkeys-lru", "--daemonize", "no", static_cast<char*>(nullptr));
+      if (options_.cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(options_.cpu, &set);
+        ::sched_setaffinity(0, sizeof(set), &set);
       }
+      ::execv("/usr/bin/redis-server", argv.data());
       ::_exit(127);
     }
     ports_.push_back(port);

@@ -21,6 +21,8 @@ class RedisClusterProcess {
     std::string maxmemory = "256mb";
     int node_timeout_ms = 1000;  // cluster-node-timeout: how soon a dead master fails over
     bool cluster = true;         // false: one standalone server (masters must be 1)
+    bool unix_socket = false;    // also listen on a Unix socket (unix_socket_path)
+    int cpu = -1;                // pin the servers to this CPU (-1: not pinned)
   };
   explicit RedisClusterProcess(const Options& options);
   RedisClusterProcess() : RedisClusterProcess(Options{}) {}
@@ -37,6 +39,8 @@ class RedisClusterProcess {
   // The first `n` addresses (seeds for a client).
   std::vector<std::string> Seeds(size_t n = 3) const;
   int port(size_t i) const { return ports_[i]; }
+  // The Unix socket server i listens on (Options::unix_socket).
+  std::string unix_socket_path(size_t i) const { return dir_.File("r" + std::to_string(ports_[i]) + "/redis.sock"); }
   size_t size() const { return ports_.size(); }
   pid_t pid(size_t i) const { return pids_[i]; }
   // kill -9 of server i (it stays dead); SIGSTOP / SIGCONT of server i.
