@@ -185,20 +185,45 @@ BlockId BlockTable::Find(NamespaceId ns, const BlockHash& hash) const {
 
 size_t BlockTable::FindGroups(NamespaceId ns, std::span<const BlockHash> hashes, BlockId* out,
                               bool stop_at_miss) const {
+  // A chain stored by one Commit usually got consecutive ids (fresh ones, or ones freed by
+  // evicting a chain deepest first and handed out again head first), so the id after the
+  // previous entry's is tried first: one compare with a record the previous one brought
+  // near, instead of hashing the key and probing the index. The head, and whatever the
+  // guess misses, are hashed (in groups, their index slots loading while the group's keys
+  // are hashed). A guessed id counts only if its block is live and holds the same
+  // namespace and hash, as an index hit does.
   constexpr size_t kGroup = 16;
   uint64_t h[kGroup];
-  for (size_t at = 0; at < hashes.size(); at += kGroup) {
+  size_t probe[kGroup];
+  if (hashes.empty()) return 0;
+  BlockId prev = out[0] = Find(ns, hashes[0]);  // the head, to guess its successors from
+  if (prev == kNoBlock && stop_at_miss) return 0;
+  for (size_t at = 1; at < hashes.size(); at += kGroup) {
     const size_t n = std::min(kGroup, hashes.size() - at);
-    for (size_t i = 0; i < n; ++i) {
-      h[i] = KeyHash(ns, hashes[at + i]);
-      index_.Prefetch(h[i]);
-    }
+    size_t probes = 0;
     for (size_t i = 0; i < n; ++i) {
       const BlockHash& hash = hashes[at + i];
-      const uint32_t id = index_.Find(h[i], [&](uint32_t b) { return Holds(b, ns, hash); });
-      if (id == FlatIdIndex::kNone && stop_at_miss) return at + i;
-      out[at + i] = id == FlatIdIndex::kNone ? kNoBlock : id;
+      const BlockId next = prev + 1;
+      if (prev != kNoBlock && next < blocks_.size() && blocks_[next].live && Holds(next, ns, hash)) {
+        out[at + i] = prev = next;
+        continue;
+      }
+      out[at + i] = prev = kNoBlock;
+      h[probes] = KeyHash(ns, hash);
+      index_.Prefetch(h[probes]);
+      probe[probes++] = i;
     }
+    for (size_t k = 0; k < probes; ++k) {
+      const BlockHash& hash = hashes[at + probe[k]];
+      const uint32_t id = index_.Find(h[k], [&](uint32_t b) { return Holds(b, ns, hash); });
+      out[at + probe[k]] = id == FlatIdIndex::kNone ? kNoBlock : id;
+    }
+    if (stop_at_miss) {
+      for (size_t i = 0; i < n; ++i) {
+        if (out[at + i] == kNoBlock) return at + i;
+      }
+    }
+    prev = out[at + n - 1];
   }
   return hashes.size();
 }
@@ -352,6 +377,18 @@ EvictionPolicy& BlockTable::Policy(TierKind kind, TenantId tenant) {
     p = std::move(made).value();
   }
   return *p;
+}
+
+void BlockTable::Touch(std::span<const Use> used) {
+  for (size_t i = 0; i < used.size();) {
+    const TierKind tier = used[i].tier;
+    const TenantId tenant = blocks_[used[i].id].tenant;
+    touch_run_.clear();
+    for (; i < used.size() && used[i].tier == tier && blocks_[used[i].id].tenant == tenant; ++i) {
+      touch_run_.push_back(used[i].id);
+    }
+    Policy(tier, tenant).TouchMany(touch_run_);
+  }
 }
 
 BlockId BlockTable::Victim(TierKind kind, TenantId tenant) {

@@ -32,10 +32,10 @@
 #include <vector>
 
 #include "daemon/cache_types.h"
-#include "daemon/flat_id_index.h"
 #include "daemon/namespace_table.h"
 #include "kernels/device_backend.h"
 #include "storage/eviction_policy.h"
+#include "storage/flat_id_index.h"
 #include "storage/tier_pool.h"
 
 namespace kvtier {
@@ -136,6 +136,14 @@ class BlockTable {
 
   // ---- eviction ----
   EvictionPolicy& Policy(TierKind t, TenantId tenant);
+  // A use of a block readable in `tier`.
+  struct Use {
+    BlockId id;
+    TierKind tier;
+  };
+  // Policy(u.tier, tenant of u.id).Touch(u.id) for each of `used` in order, as one
+  // TouchMany per run of one tier and tenant (a matched chain is one run).
+  void Touch(std::span<const Use> used);
   // The policy's victim among the tenant's cached blocks of `t`, or kNoBlock.
   BlockId Victim(TierKind t, TenantId tenant);
   uint32_t cached_of(TierKind t, TenantId tenant) const;
@@ -194,7 +202,8 @@ class BlockTable {
   std::array<Tier, kTierCount> tiers_;  // [kNvme], [kRemote] unused
   std::vector<Block> blocks_;
   std::vector<BlockId> free_ids_;
-  FlatIdIndex index_;  // (ns, hash) -> live block
+  std::vector<BlockId> touch_run_;  // Touch's current run, kept to spare an allocation
+  FlatIdIndex index_;               // (ns, hash) -> live block
   ResidencyListener residency_listener_;
 };
 

@@ -371,8 +371,10 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind, st
         blocks_->state(kind, page) != BlockTable::PageState::kFree ? blocks_->block_on(kind, page) : kNoBlock;
     out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
   }
-  for (const BlockHash& h : hashes) {
-    const BlockId id = s.attached_ ? blocks_->Find(s.ns_, h) : kNoBlock;
+  std::vector<BlockId>& ids = scratch_ids_;
+  ids.assign(hashes.size(), kNoBlock);
+  if (s.attached_) blocks_->FindMany(s.ns_, hashes, ids.data());  // Unref erases no block
+  for (BlockId id : ids) {
     out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
   }
   ServePendingAllocates();
@@ -386,8 +388,8 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
   counters_.lookup_blocks += hashes.size();
   if (s.attached_) {
     size_t i = 0;
-    std::vector<std::pair<BlockId, TierKind>> touched;
-    touched.reserve(hashes.size());
+    std::vector<BlockTable::Use>& touched = scratch_uses_;
+    touched.clear();
     r.tiers.reserve(hashes.size());
     // In-memory blocks first; the rest of the chain from the NVMe index in one batch.
     std::vector<BlockId>& ids = scratch_ids_;
@@ -401,18 +403,16 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
         if (!b.promoting) break;
         tier = PromotingFrom(b);  // on its way up
       } else {
-        touched.emplace_back(id, *tier);  // an engine wants it: it is in use
+        touched.push_back({id, *tier});  // an engine wants it: it is in use
       }
       r.tiers.push_back(*tier);
     }
     // Prefix-ordered policies see the deepest block first, so the chain's head ends up the
     // most recent.
     if (blocks_->PrefixOrdered(s.tenant_)) std::reverse(touched.begin(), touched.end());
+    blocks_->Touch(touched);
     const int64_t now = clock_->NowNanos();
-    for (auto [id, tier] : touched) {
-      blocks_->Policy(tier, blocks_->block(id).tenant).Touch(id);
-      blocks_->NoteUse(id, now, /*hit=*/true);
-    }
+    for (const BlockTable::Use& u : touched) blocks_->NoteUse(u.id, now, /*hit=*/true);
     if (i < hashes.size() && mover_) {
       NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
       auto recs = mover_->FindMany(s.ns_, hashes.subspan(i));
@@ -470,6 +470,8 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
   const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
   std::vector<BlockId>& ids = scratch_ids_;
   ids.assign(hashes.size(), kNoBlock);
+  std::vector<BlockTable::Use>& touched = scratch_uses_;  // readable now: referenced below
+  touched.clear();
   if (s.attached_) blocks_->FindMany(s.ns_, hashes, ids.data());
   for (size_t n = 0; n < hashes.size(); ++n) {
     const size_t i = reverse ? hashes.size() - 1 - n : n;
@@ -490,11 +492,13 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
       }
       continue;
     }
-    blocks_->Policy(*tier, blocks_->block(id).tenant).Touch(id);  // before Ref: a pinned block ignores Touch
-    Ref(s, id);
+    touched.push_back({id, *tier});
     out[i].tier = *tier;
     out[i].page = blocks_->block(id).page[TierIndex(*tier)];
   }
+  // Touched before referenced: a pinned block ignores Touch.
+  blocks_->Touch(touched);
+  for (const BlockTable::Use& u : touched) Ref(s, u.id);
   if (!lower.empty()) {
     Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(lower.size()));
     std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission

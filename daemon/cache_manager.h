@@ -399,7 +399,8 @@ class CacheManager {
   std::deque<QueuedPromotion> queued_promotions_;
   std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
   std::unordered_map<uint64_t, PendingLookup> pending_lookups_;
-  std::vector<BlockId> scratch_ids_;  // the block ids of a Lookup or Acquire, kept to spare an allocation
+  std::vector<BlockId> scratch_ids_;           // the block ids of a Lookup or Acquire, kept to spare an allocation
+  std::vector<BlockTable::Use> scratch_uses_;  // the blocks a Lookup or Acquire touches, likewise
   uint64_t next_pending_ = 1;
   std::unordered_map<uint64_t, std::vector<std::pair<TierKind, PageId>>> quarantines_;
   uint64_t next_quarantine_ = 1;

@@ -200,7 +200,7 @@ Result<std::vector<BlockHash>> Dispatcher::Hashes(const SessionContext& ctx,
   }
   std::vector<BlockHash> out;
   out.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) out.push_back(list[i]);
+  for (size_t i = 0; i < list.size(); ++i) out.emplace_back(list.bytes(i));
   return out;
 }
 

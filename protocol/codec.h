@@ -64,9 +64,8 @@ class HashList {
 
   size_t size() const { return count_; }
   bool empty() const { return count_ == 0; }
-  BlockHash operator[](size_t i) const {
-    return BlockHash(std::span<const uint8_t>(data_ + i * hash_bytes_, hash_bytes_));
-  }
+  BlockHash operator[](size_t i) const { return BlockHash(bytes(i)); }
+  std::span<const uint8_t> bytes(size_t i) const { return {data_ + i * hash_bytes_, hash_bytes_}; }
 
  private:
   const uint8_t* data_ = nullptr;

@@ -18,15 +18,15 @@ bool Sampled(uint64_t key) { return ((key * 0x9e3779b97f4a7c15ull) >> 61) == 0 |
 }  // namespace
 
 bool AdaptivePolicy::Shadow::Access(uint64_t key) {
-  auto it = ids_.find(key);
-  if (it != ids_.end()) {
-    policy_->Touch(it->second);
+  const uint64_t slot = Slot(key);
+  if (const uint32_t id = ids_.Find(slot, [&](uint32_t i) { return keys_[i] == key; }); id != FlatIdIndex::kNone) {
+    policy_->Touch(id);
     return true;
   }
   if (ids_.size() >= capacity_) {
     const BlockId v = policy_->Victim();
     policy_->Erase(v);
-    ids_.erase(keys_[v]);
+    ids_.Erase(Slot(keys_[v]), v);
     free_.push_back(v);
   }
   BlockId id;
@@ -38,7 +38,7 @@ bool AdaptivePolicy::Shadow::Access(uint64_t key) {
     keys_.push_back(0);
   }
   keys_[id] = key;
-  ids_[key] = id;
+  ids_.Insert(slot, id);
   policy_->Insert(id, kNoBlock, key);
   return false;
 }
@@ -71,6 +71,28 @@ void AdaptivePolicy::Touch(BlockId id) {
   lru_.Touch(id);
   arc_.Touch(id);
   if (id < key_of_.size()) Sample(key_of_[id]);
+}
+
+void AdaptivePolicy::TouchMany(std::span<const BlockId> ids) {
+  // The four structures are independent: each sees the touches in order, as one by one.
+  lru_.TouchMany(ids);
+  arc_.TouchMany(ids);
+  // Sampled keys in groups, their shadow slots loading while the group is gathered.
+  constexpr size_t kGroup = 16;
+  uint64_t keys[kGroup];
+  size_t n = 0;
+  auto drain = [&] {
+    for (size_t i = 0; i < n; ++i) Sample(keys[i]);
+    n = 0;
+  };
+  for (BlockId id : ids) {
+    if (id >= key_of_.size() || !Sampled(key_of_[id])) continue;
+    keys[n++] = key_of_[id];
+    lru_shadow_.Prefetch(key_of_[id]);
+    arc_shadow_.Prefetch(key_of_[id]);
+    if (n == kGroup) drain();
+  }
+  drain();
 }
 
 void AdaptivePolicy::SetEvictable(BlockId id, bool evictable) {

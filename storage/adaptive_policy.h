@@ -9,10 +9,10 @@
 // Not thread-safe.
 
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "storage/arc_policy.h"
+#include "storage/flat_id_index.h"
 #include "storage/lru_policy.h"
 
 namespace kvtier {
@@ -23,6 +23,7 @@ class AdaptivePolicy final : public EvictionPolicy {
 
   void Insert(BlockId id, BlockId parent, uint64_t key) override;
   void Touch(BlockId id) override;
+  void TouchMany(std::span<const BlockId> ids) override;
   void SetEvictable(BlockId id, bool evictable) override;
   void Erase(BlockId id) override;
   BlockId Victim() override;
@@ -41,11 +42,20 @@ class AdaptivePolicy final : public EvictionPolicy {
     Shadow(std::unique_ptr<EvictionPolicy> p, size_t capacity) : policy_(std::move(p)), capacity_(capacity) {}
     // One access to a sampled key; true on a hit.
     bool Access(uint64_t key);
+    // Starts loading what an Access of `key` reads first.
+    void Prefetch(uint64_t key) const { ids_.Prefetch(Slot(key)); }
 
    private:
+    // The index hash of a key: keys are digests already, but sampling picked them by their
+    // high bits, so the low bits the index probes by are remixed.
+    static uint64_t Slot(uint64_t key) {
+      key ^= key >> 31;
+      key *= 0xbf58476d1ce4e5b9ull;
+      return key ^ (key >> 29);
+    }
     std::unique_ptr<EvictionPolicy> policy_;
     size_t capacity_;
-    std::unordered_map<uint64_t, BlockId> ids_;
+    FlatIdIndex ids_;  // key -> shadow id; keys_[id] holds the key
     std::vector<uint64_t> keys_;
     std::vector<BlockId> free_;
   };

@@ -110,6 +110,10 @@ void ArcPolicy::Touch(BlockId id) {
   if (n.evictable) Link(id);
 }
 
+void ArcPolicy::TouchMany(std::span<const BlockId> ids) {
+  for (BlockId id : ids) ArcPolicy::Touch(id);
+}
+
 void ArcPolicy::SetEvictable(BlockId id, bool evictable) {
   if (id >= nodes_.size() || nodes_[id].list == 0 || nodes_[id].evictable == evictable) return;
   nodes_[id].evictable = evictable;

@@ -29,6 +29,7 @@ class ArcPolicy final : public EvictionPolicy {
 
   void Insert(BlockId id, BlockId parent, uint64_t key) override;
   void Touch(BlockId id) override;
+  void TouchMany(std::span<const BlockId> ids) override;
   void SetEvictable(BlockId id, bool evictable) override;
   void Erase(BlockId id) override;
   BlockId Victim() override;

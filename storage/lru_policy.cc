@@ -76,6 +76,10 @@ void LruPolicy::Touch(BlockId id) {
   Link(id);
 }
 
+void LruPolicy::TouchMany(std::span<const BlockId> ids) {
+  for (BlockId id : ids) LruPolicy::Touch(id);
+}
+
 void LruPolicy::SetEvictable(BlockId id, bool evictable) {
   if (id >= nodes_.size() || !present_[id] || evictable_[id] == evictable) return;
   evictable_[id] = evictable;

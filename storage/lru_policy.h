@@ -17,6 +17,7 @@ class LruPolicy final : public EvictionPolicy {
   explicit LruPolicy(size_t expected_ids = 0, bool prefix_order = false);
   void Insert(BlockId id, BlockId parent, uint64_t key) override;
   void Touch(BlockId id) override;
+  void TouchMany(std::span<const BlockId> ids) override;
   void SetEvictable(BlockId id, bool evictable) override;
   void Erase(BlockId id) override;
   BlockId Victim() override;

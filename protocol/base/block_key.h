@@ -23,7 +23,14 @@ class BlockHash {
   BlockHash() = default;
   // REQUIRES: bytes.size() <= kMaxHashBytes.
   explicit BlockHash(std::span<const uint8_t> bytes) : size_(static_cast<uint8_t>(bytes.size())) {
-    std::memcpy(bytes_.data(), bytes.data(), bytes.size());
+    // The two sizes engines use as fixed-size copies (a long chain decodes 8,192 of them).
+    if (bytes.size() == 16) {
+      std::memcpy(bytes_.data(), bytes.data(), 16);
+    } else if (bytes.size() == 32) {
+      std::memcpy(bytes_.data(), bytes.data(), 32);
+    } else {
+      std::memcpy(bytes_.data(), bytes.data(), bytes.size());
+    }
   }
   static bool ValidSize(size_t n) { return n == 16 || n == 32; }
 

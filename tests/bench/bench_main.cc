@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
   rpc->add_option("--iterations", args.iterations, "Lookups per operation (Allocate+Commit+Release: a quarter)")
       ->check(CLI::Range(100, 10'000'000));
   rpc->add_option("--rounds", args.rounds, "Interleaved rounds of kvtier then echo")->check(CLI::Range(1, 1000));
+  rpc->add_option("--ops", args.ops, "Measure only these operations (for profiling one)")
+      ->check(CLI::IsMember({"lookup1", "lookup64", "lookup8192", "acquire8192", "acr16"}));
   CLI11_PARSE(app, argc, argv);
   if (rpc->parsed()) return kvtier::bench::RunRpcBench(args);
   if (nvme->parsed()) return kvtier::bench::RunNvmeBench(args);

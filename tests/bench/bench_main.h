@@ -3,6 +3,7 @@
 // unless --socket is given, measures its baseline in the same run, and prints the ratio.
 
 #include <string>
+#include <vector>
 
 namespace kvtier::bench {
 
@@ -19,6 +20,7 @@ struct BenchArgs {
   uint64_t block_bytes = 2ull << 20;                              // remote: value size
   int concurrency = 16;                                           // remote: sessions, redis-benchmark -c
   int remote_blocks = 96;                                         // remote: distinct blocks cycled through
+  std::vector<std::string> ops;                                   // rpc: only these operations (all when empty)
 };
 
 int RunRpcBench(const BenchArgs& args);

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -294,6 +295,9 @@ int RunRpcBench(const BenchArgs& args) {
     }
   };
 
+  auto selected = [&](int op) {
+    return args.ops.empty() || std::find(args.ops.begin(), args.ops.end(), ops[op].name) != args.ops.end();
+  };
   const int rounds = args.rounds;
   const int per_round = args.iterations / rounds;
   // Calls per round: the long chains move 128 KiB a request, a fortieth as many suffice.
@@ -304,7 +308,7 @@ int RunRpcBench(const BenchArgs& args) {
   };
   for (int warm = 0; warm < 200; ++warm) {
     for (int op = 0; op < kOps; ++op) {
-      if (warm % 10 != 0 && (op == 2 || op == 3)) continue;
+      if (!selected(op) || (warm % 10 != 0 && (op == 2 || op == 3))) continue;
       (void)run_kvtier(op);
       (void)after_kvtier(op);
       for (const Trip& t : trips[op]) (void)echo.Trip(t);
@@ -312,6 +316,7 @@ int RunRpcBench(const BenchArgs& args) {
   }
   for (int round = 0; round < rounds; ++round) {
     for (int op = 0; op < kOps; ++op) {
+      if (!selected(op)) continue;
       const int n = calls(op);
       for (int i = 0; i < n; ++i) {
         double t0 = NowUs();
@@ -337,6 +342,7 @@ int RunRpcBench(const BenchArgs& args) {
 
   json j;
   for (const OpResult& o : ops) {
+    if (o.kvtier.count() == 0) continue;
     const double p50 = o.kvtier.Percentile(50), p99 = o.kvtier.Percentile(99);
     const double e50 = o.echo.Percentile(50), e99 = o.echo.Percentile(99);
     j[o.name + "_p50_us"] = p50;
@@ -349,7 +355,7 @@ int RunRpcBench(const BenchArgs& args) {
     j[o.name + "_p99_ratio"] = e99 > 0 ? p99 / e99 : 0;
     j[o.name + "_samples"] = o.kvtier.count();
   }
-  j["echo_p50_us"] = ops[0].echo.Percentile(50);  // the lookup1-sized echo
+  if (ops[0].echo.count() > 0) j["echo_p50_us"] = ops[0].echo.Percentile(50);  // the lookup1-sized echo
   j["lookup1_request_bytes"] = trips[0][0].request;
   j["lookup1_response_bytes"] = trips[0][0].response;
   j["lookup8192_request_bytes"] = trips[2][0].request;
@@ -369,6 +375,7 @@ int RunRpcBench(const BenchArgs& args) {
   std::printf("%-12s %10s %10s %10s | %10s %10s %10s | %8s %8s\n", "op", "p50 us", "p99 us", "ops/s", "echo p50",
               "echo p99", "echo op/s", "p50 x", "p99 x");
   for (const OpResult& o : ops) {
+    if (o.kvtier.count() == 0) continue;
     std::printf("%-12s %10.1f %10.1f %10.0f | %10.1f %10.1f %10.0f | %8.2f %8.2f\n", o.name.c_str(),
                 o.kvtier.Percentile(50), o.kvtier.Percentile(99), o.kvtier_ops_s(), o.echo.Percentile(50),
                 o.echo.Percentile(99), o.echo_ops_s(), o.kvtier.Percentile(50) / o.echo.Percentile(50),

@@ -110,6 +110,40 @@ TEST_F(CacheManagerTest, LookupStopsAtTheFirstMissingBlock) {
   EXPECT_EQ(cm_->counters().lookup_blocks, 4u);
 }
 
+// A chain committed at once gets consecutive block ids, and Lookup tries the id after the
+// previous match before hashing: an id whose block left, or that now holds another block,
+// must not pass for the chain's next block.
+TEST_F(CacheManagerTest, LookupOfAChainIsNotFooledByReusedIds) {
+  Open(16, 4);
+  auto s = Attach("t");
+  auto chain = HashChain(3, 4);
+  Store(*s, chain);
+  auto drop_lru = [&](size_t keep_from) {  // chain[keep_from - 1] becomes the least recent, then goes
+    for (size_t i = 0; i < chain.size(); ++i) {
+      if (i == keep_from - 1) continue;
+      ASSERT_EQ(cm_->Acquire(*s, std::vector<BlockHash>{chain[i]})[0].status, StatusCode::kOk);
+      cm_->Release(*s, TierKind::kHost, {}, std::vector<BlockHash>{chain[i]});
+    }
+    EXPECT_EQ(cm_->Evict(TierKind::kHost, 1 << 20).blocks, 1u);
+  };
+  drop_lru(2);
+  EXPECT_EQ(cm_->Lookup(*s, chain).matched, 1u);  // chain[1]'s id is free now
+  auto other = Attach("u");                       // the same hash in another namespace takes it
+  Store(*other, {chain[1]});
+  EXPECT_EQ(cm_->Lookup(*s, chain).matched, 1u);
+  EXPECT_EQ(cm_->Acquire(*s, chain)[1].status, StatusCode::kNotFound);
+  cm_->Release(*s, TierKind::kHost, {}, chain);  // the three it did acquire
+  Store(*s, {chain[1]});                         // back, under a new id: the rest is found by hash
+  EXPECT_EQ(cm_->Lookup(*s, chain).matched, 4u);
+  auto acq = cm_->Acquire(*s, chain);
+  for (const CacheResult& r : acq) EXPECT_EQ(r.status, StatusCode::kOk);
+  cm_->Release(*s, TierKind::kHost, {}, chain);
+  drop_lru(3);  // chain[2]'s id goes to another block of this namespace
+  Store(*s, HashChain(4, 1));
+  EXPECT_EQ(cm_->Lookup(*s, chain).matched, 2u);
+  ExpectConsistent();
+}
+
 TEST_F(CacheManagerTest, DuplicateCommitKeepsTheFirstCopyAndFreesThePage) {
   auto a = Attach("t");
   auto b = Attach("t");

@@ -9,6 +9,9 @@
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
+
+#include "storage/adaptive_policy.h"
 
 namespace kvtier {
 namespace {
@@ -132,6 +135,104 @@ TEST_P(EvictionPolicyConformance, ARandomSequenceKeepsTheContract) {
     ASSERT_EQ(p->size(), present.size()) << "step " << step;
     ASSERT_EQ(p->evictable(), evictable) << "step " << step;
     ASSERT_EQ(p->Victim() == kNoBlock, evictable == 0) << "step " << step;
+  }
+}
+
+TEST_P(EvictionPolicyConformance, TouchManyEndsWhereTouchesOneByOneEnd) {
+  // Two copies of a policy see the same random history, except that one gets each run of
+  // touches as one TouchMany (chains, repeats and pinned blocks included) and the other as
+  // Touch calls; then both are drained and must give up the same victims in the same order.
+  // Adaptive's duel is part of that state: its shadows pick the policy that names victims.
+  auto one = Make(256), many = Make(256);
+  std::mt19937 rng(20261204);
+  std::map<BlockId, bool> present;
+  uint64_t next_key = 1;
+  for (int step = 0; step < 4000; ++step) {
+    const BlockId id = rng() % 320;
+    const auto it = present.find(id);
+    switch (rng() % 5) {
+      case 0:
+        if (it == present.end()) {
+          BlockId parent = kNoBlock;
+          if (!present.empty() && rng() % 2) parent = std::next(present.begin(), rng() % present.size())->first;
+          one->Insert(id, parent, next_key);
+          many->Insert(id, parent, next_key++);
+          present[id] = true;
+        }
+        break;
+      case 1:
+      case 2: {
+        // A run of up to 40 present ids, consecutive from a random one (a chain) or random.
+        std::vector<BlockId> run;
+        const bool chain = rng() % 2;
+        BlockId at = id;
+        for (size_t n = 1 + rng() % 40; run.size() < n && !present.empty(); ++at) {
+          const BlockId pick = chain ? at % 320 : std::next(present.begin(), rng() % present.size())->first;
+          if (present.count(pick)) run.push_back(pick);
+          if (chain && at > id + 400) break;
+        }
+        for (BlockId b : run) one->Touch(b);
+        many->TouchMany(run);
+        break;
+      }
+      case 3:
+        if (it != present.end()) {
+          const bool e = rng() % 3 != 0;
+          one->SetEvictable(id, e);
+          many->SetEvictable(id, e);
+          it->second = e;
+        }
+        break;
+      case 4: {
+        const BlockId v = one->Victim();
+        ASSERT_EQ(many->Victim(), v) << "step " << step;
+        if (v != kNoBlock && rng() % 2) {
+          one->Erase(v);
+          many->Erase(v);
+          present.erase(v);
+        }
+        break;
+      }
+    }
+  }
+  for (auto& [id, e] : present) {
+    one->SetEvictable(id, true);
+    many->SetEvictable(id, true);
+  }
+  size_t drained = 0;
+  for (BlockId v = one->Victim(); v != kNoBlock; v = one->Victim(), ++drained) {
+    ASSERT_EQ(many->Victim(), v) << "after " << drained << " victims";
+    one->Erase(v);
+    many->Erase(v);
+  }
+  EXPECT_EQ(many->Victim(), kNoBlock);
+  EXPECT_EQ(drained, present.size());
+}
+
+// A hot set touched every round between scans of one-use blocks: ARC keeps the hot set,
+// LRU loses it to each scan, so adaptive's duel hands ARC the lead. Nothing is evicted, so
+// the duel learns of reuse from the touches alone; it must learn the same whether they come
+// one by one or as one TouchMany per round.
+TEST(AdaptivePolicy, TouchManyFeedsTheDuelAsTouchesDo) {
+  constexpr size_t kCapacity = 128, kHot = 64, kScan = 256;
+  auto key = [](uint64_t k) { return k * 0x9e3779b97f4a7c15ull; };
+  for (bool batched : {false, true}) {
+    AdaptivePolicy p(kCapacity);
+    std::vector<BlockId> hot;
+    BlockId next = 0;
+    for (uint64_t k = 1; k <= kHot; ++k) {
+      p.Insert(next, kNoBlock, key(k));
+      hot.push_back(next++);
+    }
+    for (int round = 0; round < 200; ++round) {
+      if (batched) {
+        p.TouchMany(hot);
+      } else {
+        for (BlockId id : hot) p.Touch(id);
+      }
+      for (size_t i = 0; i < kScan; ++i, ++next) p.Insert(next, kNoBlock, key(1'000'000 + next));
+    }
+    EXPECT_TRUE(p.arc_leads()) << (batched ? "TouchMany" : "Touch") << ": ARC should lead on scans";
   }
 }
 
