@@ -753,9 +753,12 @@ std::vector<SegmentGrant> CacheManager::TakeSegmentGrants(SessionCache& s, TierK
   const TierPool& pool = *blocks_->pool(kind);
   auto& sent = s.sent_gen_[TierIndex(kind)];
   if (sent.size() < pool.segment_count()) sent.resize(pool.segment_count(), 0);
+  uint32_t last = UINT32_MAX;  // a chain's pages run in few segments: each checked once a run
   for (PageId p : pages) {
     if (p == kNoPage) continue;
     const uint32_t seg = pool.SegmentOf(p);
+    if (seg == last) continue;
+    last = seg;
     if (sent[seg] == pool.Generation(seg)) continue;
     sent[seg] = pool.Generation(seg);
     auto handle = pool.memory().IpcHandle(seg);
