@@ -1,7 +1,6 @@
 #include "protocol/codec.h"
 
 #include <cstring>
-#include <type_traits>
 
 #include "protocol/framing.h"
 
@@ -158,17 +157,7 @@ flatbuffers::Offset<flatbuffers::Vector<uint8_t>> HashesToWire(flatbuffers::Flat
   const size_t hb = hashes.empty() ? 0 : hashes[0].size();
   uint8_t* out = nullptr;
   auto off = b.CreateUninitializedVector<uint8_t>(hashes.size() * hb, &out);
-  // Fixed-size copies for the two sizes engines use (a long chain is 8,192 of them).
-  auto copy = [&]<size_t N>(std::integral_constant<size_t, N>) {
-    for (size_t i = 0; i < hashes.size(); ++i) std::memcpy(out + i * N, hashes[i].bytes().data(), N);
-  };
-  if (hb == 16) {
-    copy(std::integral_constant<size_t, 16>{});
-  } else if (hb == 32) {
-    copy(std::integral_constant<size_t, 32>{});
-  } else {
-    for (size_t i = 0; i < hashes.size(); ++i) std::memcpy(out + i * hb, hashes[i].bytes().data(), hb);
-  }
+  for (size_t i = 0; i < hashes.size(); ++i) CopyHashBytes(out + i * hb, hashes[i].bytes().data(), hb);
   return off;
 }
 

@@ -18,19 +18,24 @@ namespace kvtier {
 
 inline constexpr size_t kMaxHashBytes = 32;
 
+// Copies `n` bytes of a hash: the two sizes engines use as fixed-size copies (inlined
+// moves, not a call per hash: a long chain is 8,192 of them), any other size as it is.
+inline void CopyHashBytes(uint8_t* dst, const uint8_t* src, size_t n) {
+  if (n == 16) {
+    std::memcpy(dst, src, 16);
+  } else if (n == 32) {
+    std::memcpy(dst, src, 32);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
 class BlockHash {
  public:
   BlockHash() = default;
   // REQUIRES: bytes.size() <= kMaxHashBytes.
   explicit BlockHash(std::span<const uint8_t> bytes) : size_(static_cast<uint8_t>(bytes.size())) {
-    // The two sizes engines use as fixed-size copies (a long chain decodes 8,192 of them).
-    if (bytes.size() == 16) {
-      std::memcpy(bytes_.data(), bytes.data(), 16);
-    } else if (bytes.size() == 32) {
-      std::memcpy(bytes_.data(), bytes.data(), 32);
-    } else {
-      std::memcpy(bytes_.data(), bytes.data(), bytes.size());
-    }
+    CopyHashBytes(bytes_.data(), bytes.data(), bytes.size());
   }
   static bool ValidSize(size_t n) { return n == 16 || n == 32; }
 

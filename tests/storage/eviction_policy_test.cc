@@ -16,6 +16,16 @@
 namespace kvtier {
 namespace {
 
+// A random id among `present`'s. REQUIRES: not empty.
+BlockId AnyOf(const std::map<BlockId, bool>& present, std::mt19937& rng) {
+  return std::next(present.begin(), rng() % present.size())->first;
+}
+
+// A parent for a new block: half the time one of `present`, else none.
+BlockId MaybeParent(const std::map<BlockId, bool>& present, std::mt19937& rng) {
+  return !present.empty() && rng() % 2 ? AnyOf(present, rng) : kNoBlock;
+}
+
 class EvictionPolicyConformance : public ::testing::TestWithParam<std::string_view> {
  protected:
   std::unique_ptr<EvictionPolicy> Make(size_t capacity = 64) {
@@ -97,8 +107,7 @@ TEST_P(EvictionPolicyConformance, ARandomSequenceKeepsTheContract) {
       case 0:
       case 1:
         if (it == present.end()) {
-          BlockId parent = kNoBlock;
-          if (!present.empty() && rng() % 2) parent = std::next(present.begin(), rng() % present.size())->first;
+          const BlockId parent = MaybeParent(present, rng);
           p->Insert(id, parent, next_key++);
           present[id] = true;
         }
@@ -153,8 +162,7 @@ TEST_P(EvictionPolicyConformance, TouchManyEndsWhereTouchesOneByOneEnd) {
     switch (rng() % 5) {
       case 0:
         if (it == present.end()) {
-          BlockId parent = kNoBlock;
-          if (!present.empty() && rng() % 2) parent = std::next(present.begin(), rng() % present.size())->first;
+          const BlockId parent = MaybeParent(present, rng);
           one->Insert(id, parent, next_key);
           many->Insert(id, parent, next_key++);
           present[id] = true;
@@ -167,7 +175,7 @@ TEST_P(EvictionPolicyConformance, TouchManyEndsWhereTouchesOneByOneEnd) {
         const bool chain = rng() % 2;
         BlockId at = id;
         for (size_t n = 1 + rng() % 40; run.size() < n && !present.empty(); ++at) {
-          const BlockId pick = chain ? at % 320 : std::next(present.begin(), rng() % present.size())->first;
+          const BlockId pick = chain ? at % 320 : AnyOf(present, rng);
           if (present.count(pick)) run.push_back(pick);
           if (chain && at > id + 400) break;
         }
