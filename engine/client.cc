@@ -11,12 +11,11 @@ std::vector<BlockResult> ResultsFromWire(const flatbuffers::Vector<const fb::Ent
   if (!v) return out;
   out.reserve(v->size());
   for (const fb::EntryResult* e : *v) {
-    BlockResult r;
+    BlockResult& r = out.emplace_back();
     r.status = StatusFromWire(e->status());
     r.tier = TierFromWire(e->tier()).value_or(TierKind::kHost);
     r.page = e->page();
     r.duplicate = e->outcome() == fb::CommitOutcome::Duplicate;
-    out.push_back(std::move(r));
   }
   return out;
 }
@@ -176,6 +175,7 @@ Result<std::vector<Status>> Client::WaitRelease(Ticket t) {
   std::vector<Status> out;
   KVTIER_RETURN_IF_ERROR(conn->Wait(t, fb::Reply::ReleaseReply, [&](const fb::Response& r) {
     if (const auto* v = r.reply_as_ReleaseReply()->statuses()) {
+      out.reserve(v->size());
       for (fb::Status s : *v) out.push_back(StatusFromWire(s));
     }
     return Status::Ok();

@@ -50,17 +50,6 @@ Result<const fb::Response*> VerifyResponseFrame(std::span<const uint8_t> frame) 
   return r;
 }
 
-StatusCode FromWire(fb::Status s) {
-  const int v = static_cast<int>(s);
-  if (v < 0 || v > kMaxStatusCode) return StatusCode::kInternal;
-  return static_cast<StatusCode>(v);
-}
-
-Status StatusFromWire(fb::Status s) {
-  const StatusCode c = FromWire(s);
-  return c == StatusCode::kOk ? Status::Ok() : Status(c, std::string(StatusCodeName(c)));
-}
-
 Status StatusFromResponse(const fb::Response& r) {
   const StatusCode code = FromWire(r.status());
   if (code == StatusCode::kOk) return Status::Ok();
@@ -99,21 +88,6 @@ std::string_view OpName(fb::Op op) {
       return "none";
   }
   return "unknown";
-}
-
-std::optional<TierKind> TierFromWire(fb::Tier t) {
-  switch (t) {
-    case fb::Tier::Gpu:
-      return TierKind::kGpu;
-    case fb::Tier::Host:
-      return TierKind::kHost;
-    case fb::Tier::Nvme:
-      return TierKind::kNvme;
-    case fb::Tier::Remote:
-      return TierKind::kRemote;
-    default:
-      return std::nullopt;  // None, or a tier of a newer peer
-  }
 }
 
 BlockState BlockStateFromWire(fb::BlockState s) {

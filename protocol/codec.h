@@ -33,9 +33,16 @@ Result<const fb::Response*> VerifyResponseFrame(std::span<const uint8_t> frame);
 
 inline fb::Status ToWire(StatusCode c) { return static_cast<fb::Status>(c); }
 // Unknown wire values (a newer peer) become kInternal.
-StatusCode FromWire(fb::Status s);
-// A per-entry status: OK, or the code with its name as message.
-Status StatusFromWire(fb::Status s);
+inline StatusCode FromWire(fb::Status s) {
+  const int v = static_cast<int>(s);
+  return v < 0 || v > kMaxStatusCode ? StatusCode::kInternal : static_cast<StatusCode>(v);
+}
+// A per-entry status: OK, or the code with its name as message. Inline: a reply to a
+// long chain carries one per block, nearly all OK.
+inline Status StatusFromWire(fb::Status s) {
+  const StatusCode c = FromWire(s);
+  return c == StatusCode::kOk ? Status::Ok() : Status(c, std::string(StatusCodeName(c)));
+}
 Status StatusFromResponse(const fb::Response& r);
 
 // The name of a request op for logs and metrics labels ("lookup", "acquire", ...).
@@ -45,7 +52,20 @@ std::string_view OpName(fb::Op op);
 inline fb::Tier TierToWire(TierKind t) { return static_cast<fb::Tier>(static_cast<uint8_t>(t)); }
 inline fb::Tier TierToWire(std::optional<TierKind> t) { return t ? TierToWire(*t) : fb::Tier::None; }
 // nullopt for None and for values only a newer peer knows.
-std::optional<TierKind> TierFromWire(fb::Tier t);
+inline std::optional<TierKind> TierFromWire(fb::Tier t) {
+  switch (t) {
+    case fb::Tier::Gpu:
+      return TierKind::kGpu;
+    case fb::Tier::Host:
+      return TierKind::kHost;
+    case fb::Tier::Nvme:
+      return TierKind::kNvme;
+    case fb::Tier::Remote:
+      return TierKind::kRemote;
+    default:
+      return std::nullopt;  // None, or a tier of a newer peer
+  }
+}
 
 // Block states (kvctl explain): enum BlockState has BlockState's numbers.
 inline fb::BlockState BlockStateToWire(BlockState s) { return static_cast<fb::BlockState>(s); }

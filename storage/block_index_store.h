@@ -43,7 +43,8 @@ struct BlockRecord {
 };
 
 // The checksum a block's bytes must have under `key`: a slot reused for another block
-// never verifies for the old key.
+// never verifies for the old key. XXH3-64 of the bytes, seeded with XXH3-64 of the key:
+// part of what is stored (index records, remote values), so it never changes form.
 uint64_t BlockChecksum(std::string_view key, std::span<const uint8_t> data);
 
 // One change to the index. Everything but kPut is conditional on the entry as it stands
