@@ -352,19 +352,6 @@ void BlockTable::EndSpill(BlockId id) {
   EndRead(id);
 }
 
-void BlockTable::NoteUse(BlockId id, int64_t now_ns, bool hit) {
-  if (hit) ++blocks_[id].hits;
-  blocks_[id].last_use_ns = now_ns;
-}
-
-std::optional<TierKind> BlockTable::ReadableTier(const Block& b) const {
-  if (b.promoting) return std::nullopt;
-  for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
-    if (b.page[TierIndex(t)] != kNoPage) return t;
-  }
-  return std::nullopt;
-}
-
 // ---- eviction ------------------------------------------------------------------------
 
 EvictionPolicy& BlockTable::Policy(TierKind kind, TenantId tenant) {

@@ -128,9 +128,19 @@ class BlockTable {
   // resident yet (the eviction policies learn parents when a block enters a tier).
   void SetParent(BlockId id, const BlockHash& parent) { blocks_[id].parent = parent; }
   // A hit (lookup or acquire) or a store at `now_ns`.
-  void NoteUse(BlockId id, int64_t now_ns, bool hit);
+  void NoteUse(BlockId id, int64_t now_ns, bool hit) {
+    Block& b = blocks_[id];
+    if (hit) ++b.hits;
+    b.last_use_ns = now_ns;
+  }
   // Best tier the block is readable from (GPU, then host); nullopt while it is filled.
-  std::optional<TierKind> ReadableTier(const Block& b) const;
+  // Inline with NoteUse: a chain's Lookup asks both of every block.
+  static std::optional<TierKind> ReadableTier(const Block& b) {
+    if (b.promoting) return std::nullopt;
+    if (b.page[TierIndex(TierKind::kGpu)] != kNoPage) return TierKind::kGpu;
+    if (b.page[TierIndex(TierKind::kHost)] != kNoPage) return TierKind::kHost;
+    return std::nullopt;
+  }
   // Every slot of the block array (live or not), for scans.
   BlockId id_limit() const { return static_cast<BlockId>(blocks_.size()); }
 

@@ -395,6 +395,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
     std::vector<BlockId>& ids = scratch_ids_;
     ids.resize(hashes.size());
     const size_t found = blocks_->FindPrefix(s.ns_, hashes, ids.data());
+    const int64_t now = clock_->NowNanos();
     for (; i < found; ++i) {
       const BlockId id = ids[i];
       const Block& b = blocks_->block(id);
@@ -403,7 +404,8 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
         if (!b.promoting) break;
         tier = PromotingFrom(b);  // on its way up
       } else {
-        touched.push_back({id, *tier});  // an engine wants it: it is in use
+        touched.push_back({id, *tier});           // an engine wants it: it is in use
+        blocks_->NoteUse(id, now, /*hit=*/true);  // while its record is at hand
       }
       r.tiers.push_back(*tier);
     }
@@ -411,8 +413,6 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
     // most recent.
     if (blocks_->PrefixOrdered(s.tenant_)) std::reverse(touched.begin(), touched.end());
     blocks_->Touch(touched);
-    const int64_t now = clock_->NowNanos();
-    for (const BlockTable::Use& u : touched) blocks_->NoteUse(u.id, now, /*hit=*/true);
     if (i < hashes.size() && mover_) {
       NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
       auto recs = mover_->FindMany(s.ns_, hashes.subspan(i));
