@@ -72,6 +72,7 @@ std::optional<PageId> BlockTable::Allocate(TierKind kind, TenantId tenant, PageS
   Tier& t = T(kind);
   auto got = t.pool->Allocate(tenant);
   if (!got.ok() || !got->has_value()) return std::nullopt;
+  ++t.taken;
   SetState(t, **got, as);
   return **got;
 }

@@ -73,6 +73,8 @@ class BlockTable {
   const TierPool* pool(TierKind t) const { return tiers_[TierIndex(t)].pool.get(); }
   // REQUIRES: enabled(t) for everything that takes a tier below.
   TierCounts Counts(TierKind t) const;
+  // Pages handed out of the tier's free pool (Lease and Take) since the table opened.
+  uint64_t pages_taken(TierKind t) const { return T(t).taken; }
   PageState state(TierKind t, PageId p) const { return tiers_[TierIndex(t)].state[p]; }
   // The block on a page in state kBlock or kInFlight (kNoBlock otherwise).
   BlockId block_on(TierKind t, PageId p) const { return tiers_[TierIndex(t)].page_block[p]; }
@@ -184,6 +186,7 @@ class BlockTable {
     std::vector<uint32_t> cached_by_tenant;
     uint32_t leased = 0, inflight = 0, cached = 0, referenced = 0, quarantined = 0;
     uint64_t blocks = 0;
+    uint64_t taken = 0;  // pages handed out by Allocate, ever
   };
   explicit BlockTable(NamespaceTable* namespaces) : namespaces_(namespaces) {}
   Tier& T(TierKind t) { return tiers_[TierIndex(t)]; }

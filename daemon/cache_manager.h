@@ -53,6 +53,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "daemon/allocation_headroom.h"
 #include "daemon/block_table.h"
 #include "daemon/cache_types.h"
 #include "daemon/events/kv_events.h"
@@ -249,6 +250,9 @@ class CacheManager {
   TierCounts Counts(TierKind t) const;
   const CacheCounters& counters() const { return counters_; }
   double high_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].high_watermark; }
+  // Host pages kept free or in flight ahead of allocations now (0: none beyond the high
+  // watermark's; see TierOptions::allocation_headroom).
+  uint32_t host_headroom_pages() const;
   double low_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].low_watermark; }
   // Hex id of a namespace, for display (of an encoded namespace: NamespaceTable::HexOf).
   std::string NamespaceHex(NamespaceId ns) const { return namespaces_.Hex(ns); }
@@ -391,6 +395,7 @@ class CacheManager {
   EvictionHistory history_;
   // Per pool tier: between crossing the high watermark and reaching the low one.
   std::array<bool, kTierCount> evicting_{};
+  AllocationHeadroom host_headroom_;  // fed by EnforceWatermark and the demotions' round trips
   std::unordered_map<SessionId, SessionCache*> sessions_;
   std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
   // Per tier: an Allocate waits behind earlier ones of its own tier only (a GPU Allocate

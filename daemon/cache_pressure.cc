@@ -169,12 +169,23 @@ void CacheManager::EnforceWatermark(TierKind kind) {
     if (kind == TierKind::kGpu) return used - static_cast<double>(gpu_demotions_.size());
     return used - (mover_ ? mover_->demotions_in_flight() : 0);
   };
+  // Eviction starts at the high watermark, or earlier when the recent allocation rate
+  // needs more pages free than that leaves (the band below it moves down with it).
+  double start = o.high_watermark * cap, stop = o.low_watermark * cap;
+  if (kind == TierKind::kHost && mover_) {
+    host_headroom_.NoteTaken(clock_->NowNanos(), blocks_->pages_taken(kind));
+    const double shift = static_cast<double>(host_headroom_pages()) - (cap - start);
+    if (shift > 0) {
+      start -= shift;
+      stop = std::max(0.0, stop - shift);
+    }
+  }
   bool& evicting = evicting_[TierIndex(kind)];
   if (!evicting) {
-    if (projected() <= o.high_watermark * cap) return;
+    if (projected() <= start) return;
     evicting = true;
   }
-  while (projected() > o.low_watermark * cap) {
+  while (projected() > stop) {
     const TenantId worst = LargestCachedTenant(kind);
     if (worst == kNoOwner) break;
     const Evicted e = EvictOne(kind, worst);
@@ -182,6 +193,12 @@ void CacheManager::EnforceWatermark(TierKind kind) {
     if (e == Evicted::kNone) break;
   }
   evicting = false;
+}
+
+uint32_t CacheManager::host_headroom_pages() const {
+  if (!tier_enabled(TierKind::kHost)) return 0;
+  // At most half the tier: a burst never empties the cache.
+  return std::min(host_headroom_.Pages(clock_->NowNanos()), blocks_->pool(TierKind::kHost)->capacity() / 2);
 }
 
 CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {

@@ -31,6 +31,10 @@ struct TierOptions {
   double high_watermark = 0.85;
   double low_watermark = 0.75;
   std::string policy = "adaptive";
+  // Host over NVMe: keep free (or on their way down) the pages engines take in this many
+  // demotion round trips at the recent allocation rate, evicting before the high watermark
+  // when that is more (AllocationHeadroom). 0: the watermarks alone.
+  double allocation_headroom = 0;
 };
 
 // The outcome for one entry of a vector request.

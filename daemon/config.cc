@@ -82,6 +82,19 @@ Result<double> Fraction(std::string_view path, const YAML::Node& n) {
   return v;
 }
 
+Result<double> Number(std::string_view path, const YAML::Node& n, double lo, double hi) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0') return Bad(path, "'" + s + "' is not a number");
+  if (!(v >= lo && v <= hi)) {
+    std::ostringstream range;
+    range << "must be in [" << lo << ", " << hi << "]";
+    return Bad(path, range.str());
+  }
+  return v;
+}
+
 Result<bool> Boolean(std::string_view path, const YAML::Node& n) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   if (s == "true" || s == "yes" || s == "on") return true;
@@ -331,6 +344,12 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.host.high_watermark", n), host.high_watermark)},
       {"tiers.host.low_watermark", "0.75", "Eviction stops at this fraction of capacity in use.",
        KVTIER_SET(Fraction("tiers.host.low_watermark", n), host.low_watermark)},
+      {"tiers.host.allocation_headroom", "2",
+       "With an NVMe tier: keep free, or already on their way to NVMe, the host pages engines "
+       "allocate in this many spill round trips at the recent allocation rate, evicting below the "
+       "high watermark when that needs more (at most half the tier), so that an Allocate "
+       "seldom waits for a spill. 0: the watermarks alone.",
+       KVTIER_SET(Number("tiers.host.allocation_headroom", n, 0, 64), host.allocation_headroom)},
       {"tiers.host.overcommit", "false",
        "Start even when the host pool (plus a host-emulated GPU pool) is larger than the "
        "machine's memory (MemTotal, or the cgroup's memory limit when lower); without it such "

@@ -122,6 +122,7 @@ struct DaemonConfig {
   TierOptions host = [] {
     TierOptions h;
     h.enabled = true;
+    h.allocation_headroom = 2;
     return h;
   }();
   // The GPU tier: off by default; its page_bytes is the host tier's.

@@ -97,6 +97,7 @@ void NvmeMover::StartSpill(BlockId id, bool keep_host) {
   const BlockTable::Block& b = blocks_->block(id);
   ++spills_in_flight_;
   if (!keep_host) ++demotions_in_flight_;
+  const int64_t started_ns = NowNanos();
   const PageId page = b.page[TierIndex(TierKind::kHost)];
   TierPool* pool = blocks_->pool(TierKind::kHost);
   const NamespaceTable::Namespace& n = namespaces_->Get(b.ns);
@@ -106,7 +107,8 @@ void NvmeMover::StartSpill(BlockId id, bool keep_host) {
   meta.parent.assign(reinterpret_cast<const char*>(b.parent.bytes().data()), b.parent.size());
   uint8_t* staging = Quantizes(n) ? TakeStaging() : nullptr;
   if (staging == nullptr) {
-    Spill(id, keep_host, std::move(meta), {pool->PageAddress(page), pool->page_bytes()}, BufferIndex(page), nullptr);
+    Spill(id, keep_host, started_ns, std::move(meta), {pool->PageAddress(page), pool->page_bytes()}, BufferIndex(page),
+          nullptr);
     return;
   }
   // Quantized on a worker from the pinned page, then spilled from the staging buffer.
@@ -121,22 +123,22 @@ void NvmeMover::StartSpill(BlockId id, bool keep_host) {
         QuantizeBlockCpu(g, fk, kind, src, staging);
         return Status::Ok();
       },
-      [this, id, keep_host, meta = std::move(meta), staging](Status) mutable {
-        Spill(id, keep_host, std::move(meta), {staging, nvme_->slot_bytes()}, -1, staging);
+      [this, id, keep_host, started_ns, meta = std::move(meta), staging](Status) mutable {
+        Spill(id, keep_host, started_ns, std::move(meta), {staging, nvme_->slot_bytes()}, -1, staging);
       });
 }
 
-void NvmeMover::Spill(BlockId id, bool keep_host, BlockRecord meta, std::span<const uint8_t> data, int buf,
-                      uint8_t* staging) {
+void NvmeMover::Spill(BlockId id, bool keep_host, int64_t started_ns, BlockRecord meta, std::span<const uint8_t> data,
+                      int buf, uint8_t* staging) {
   const BlockTable::Block& b = blocks_->block(id);
   nvme_->Spill(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), data, buf,
-               [this, id, gen = b.gen, keep_host, staging](Status st, uint32_t slot) {
+               [this, id, gen = b.gen, keep_host, started_ns, staging](Status st, uint32_t slot) {
                  if (staging) staging_free_.push_back(staging);
-                 OnSpilled(id, gen, keep_host, std::move(st), slot);
+                 OnSpilled(id, gen, keep_host, started_ns, std::move(st), slot);
                });
 }
 
-void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, uint32_t slot) {
+void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, int64_t started_ns, Status st, uint32_t slot) {
   --spills_in_flight_;
   if (!keep_host) --demotions_in_flight_;
   const BlockTable::Block& b = blocks_->block(id);
@@ -149,6 +151,8 @@ void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, u
     // put still reads it (the copy then stays, droppable now that NVMe has it).
     if (!keep_host && b.refs == 0 && b.readers[TierIndex(TierKind::kHost)] == 0)
       blocks_->RemoveResidency(id, TierKind::kHost);
+    if (!keep_host && options_.clock && hooks_.demoted)
+      hooks_.demoted(static_cast<double>(NowNanos() - started_ns) * 1e-9);
   } else {
     ++counters_->spill_failures;
     KVTIER_LOG(DEBUG) << "spill failed: " << st.ToString();

@@ -34,6 +34,7 @@
 #include "daemon/block_workers.h"
 #include "daemon/cache_types.h"
 #include "daemon/namespace_table.h"
+#include "protocol/base/clock.h"
 #include "storage/nvme_tier.h"
 
 namespace kvtier {
@@ -47,6 +48,8 @@ class NvmeMover {
     std::function<void(BlockId id, const Status& status)> after_promotion;
     // The NVMe copy of `key` went and no block holds the key: its last copy left the cache.
     std::function<void(const std::string& key)> last_copy_dropped;
+    // A demotion's page is free, `seconds` after the demotion started (with Options::clock).
+    std::function<void(double seconds)> demoted;
   };
   struct Options {
     WritePolicy write_policy = WritePolicy::kWriteBack;
@@ -55,6 +58,7 @@ class NvmeMover {
     // `workers`.
     std::optional<QuantKind> quantization;
     BlockWorkers* workers = nullptr;  // outlives the mover
+    const Clock* clock = nullptr;     // times demotions for Hooks::demoted; outlives the mover
   };
 
   // kInvalidArgument unless the host tier is enabled with pages the size of the NVMe
@@ -108,11 +112,13 @@ class NvmeMover {
   // The registered-buffer index of the host segment holding `page` (registered on first
   // use: registration pins, and so faults in, the whole segment).
   int BufferIndex(PageId page);
-  void OnSpilled(BlockId id, uint32_t gen, bool keep_host, Status st, uint32_t slot);
+  void OnSpilled(BlockId id, uint32_t gen, bool keep_host, int64_t started_ns, Status st, uint32_t slot);
   void OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord record);
   // Spills host block `id` from `data` (its page, or its quantized form in a staging
   // buffer, which goes back to the pool when the spill ends).
-  void Spill(BlockId id, bool keep_host, BlockRecord meta, std::span<const uint8_t> data, int buf, uint8_t* staging);
+  void Spill(BlockId id, bool keep_host, int64_t started_ns, BlockRecord meta, std::span<const uint8_t> data, int buf,
+             uint8_t* staging);
+  int64_t NowNanos() const { return options_.clock ? options_.clock->NowNanos() : 0; }
   bool Quantizes(const NamespaceTable::Namespace& n) const;
   uint8_t* TakeStaging();
   void OnDropped(const std::string& key, uint32_t slot);

@@ -11,6 +11,7 @@
 
 #include "daemon/cache_manager.h"
 #include "engine/tools/block_pattern.h"
+#include "tests/support/fake_clock.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -43,8 +44,9 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     h.huge_pages = HugePages::kOff;
     h.high_watermark = high;
     h.low_watermark = low;
+    h.allocation_headroom = headroom_;
     o.write_policy = policy;
-    auto cm = CacheManager::Open(o, std::move(nvme).value());
+    auto cm = CacheManager::Open(o, std::move(nvme).value(), clock_);
     ASSERT_TRUE(cm.ok()) << cm.status().ToString();
     cm_ = std::move(cm).value();
     ASSERT_TRUE(Pump([&] { return cm_->nvme()->ready(); }));
@@ -76,6 +78,7 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
           fn = std::move(posted_.front());
           posted_.pop_front();
         }
+        if (fake_clock_) fake_clock_->Advance(completion_ns_);
         fn();
       }
       if (done()) return true;
@@ -114,7 +117,24 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(st.ok()) << st.ToString();
   }
 
+  // Engines storing `per_step` blocks at a time, `steps` times, each step's spills finishing
+  // before the next; every completion arrives `completion_ns_` of fake time after the last.
+  // The fewest host pages free after a step.
+  uint32_t StoreSteps(uint64_t seed, int steps, uint32_t per_step) {
+    uint32_t least_free = UINT32_MAX;
+    for (int i = 0; i < steps; ++i) {
+      Store(*session_, HashChain(seed + static_cast<uint64_t>(i), per_step));
+      Settle();
+      least_free = std::min(least_free, cm_->Counts(TierKind::kHost).free);
+    }
+    return least_free;
+  }
+
   testing::TempDir dir_;
+  double headroom_ = 0;     // TierOptions::allocation_headroom of the host tier
+  Clock* clock_ = nullptr;  // the manager's (null: the system clock)
+  FakeClock* fake_clock_ = nullptr;
+  int64_t completion_ns_ = 0;
   std::unique_ptr<BlockIndexStore> store_ = NewMemBlockIndexStore();
   std::mutex mu_;
   std::deque<std::function<void()>> posted_;
@@ -179,6 +199,43 @@ TEST_P(CacheNvmeTest, AFullTierMakesAllocateWaitForDemotionsNotDropBlocks) {
   Settle();
   EXPECT_EQ(cm_->counters().evictions[TierIndex(TierKind::kHost)], 0u) << "a block was dropped";
   EXPECT_EQ(cm_->Lookup(*session_, chain).matched, 8u) << "every block is still somewhere";
+  ExpectConsistent();
+}
+
+// Each completion 10 ms after the last: engines storing 4 blocks a step see a spill round
+// trip of tens of ms and about 100 pages a second, 16 x that = more than half the tier:
+// capped at 32 pages, where the watermarks alone keep 64 - 0.9 x 64 = 6.4 free.
+TEST_P(CacheNvmeTest, AllocationHeadroomKeepsPagesFreeAheadOfAFastAllocationRate) {
+  FakeClock clock;
+  clock_ = fake_clock_ = &clock;
+  completion_ns_ = 10'000'000;
+  headroom_ = 16;
+  Open(64, 0.9, 0.8, WritePolicy::kWriteBack, 512);
+  StoreSteps(1000, 80, 4);  // the rate estimate (1 s window) settles
+  EXPECT_EQ(cm_->host_headroom_pages(), 32u);
+  EXPECT_GE(StoreSteps(2000, 40, 4), 28u) << "eviction did not start ahead of the allocations";
+  ExpectConsistent();
+  // Idle: the headroom decays, and a trickle of blocks caches up to the watermarks again.
+  clock.Advance(20'000'000'000);
+  EXPECT_LE(cm_->host_headroom_pages(), 1u);
+  for (uint64_t i = 0; i < 30; ++i) {
+    clock.Advance(1'000'000'000);
+    StoreSteps(3000 + i, 1, 1);
+  }
+  EXPECT_LE(cm_->host_headroom_pages(), 2u);  // 16 x about 1.6 pages/s x tens of ms
+  EXPECT_LE(cm_->Counts(TierKind::kHost).free, 13u) << "an idle tier kept pages empty";
+  ExpectConsistent();
+}
+
+TEST_P(CacheNvmeTest, WithoutAllocationHeadroomOnlyTheWatermarksEvict) {
+  FakeClock clock;
+  clock_ = fake_clock_ = &clock;
+  completion_ns_ = 10'000'000;
+  Open(64, 0.9, 0.8, WritePolicy::kWriteBack, 512);
+  const uint32_t least_free = StoreSteps(1000, 120, 4);
+  EXPECT_EQ(cm_->host_headroom_pages(), 0u);
+  EXPECT_LE(least_free, 13u);
+  EXPECT_LE(cm_->Counts(TierKind::kHost).free, 13u);
   ExpectConsistent();
 }
 
