@@ -22,7 +22,9 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
                                                          const Clock* clock, std::unique_ptr<RemoteTier> remote) {
   std::unique_ptr<CacheManager> cm(new CacheManager(options));
   cm->clock_ = clock ? clock : SystemClock::Default();
-  cm->host_headroom_ = AllocationHeadroom(options.tiers[TierIndex(TierKind::kHost)].allocation_headroom);
+  for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
+    cm->headroom_[TierIndex(t)] = AllocationHeadroom(options.tiers[TierIndex(t)].allocation_headroom);
+  }
   KVTIER_ASSIGN_OR_RETURN(
       cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
   if (options.gpu_copy && options.post && cm->blocks_->enabled(TierKind::kGpu)) {
@@ -41,7 +43,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     };
     hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
     hooks.last_copy_dropped = [raw](const std::string& key) { raw->RememberEviction(key, TierKind::kNvme); };
-    hooks.demoted = [raw](double seconds) { raw->host_headroom_.NoteRoundTrip(seconds); };
+    hooks.demoted = [raw](double seconds) { raw->headroom_[TierIndex(TierKind::kHost)].NoteRoundTrip(seconds); };
     NvmeMover::Options mo;
     mo.clock = cm->clock_;
     mo.write_policy = options.write_policy;

@@ -250,9 +250,9 @@ class CacheManager {
   TierCounts Counts(TierKind t) const;
   const CacheCounters& counters() const { return counters_; }
   double high_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].high_watermark; }
-  // Host pages kept free or in flight ahead of allocations now (0: none beyond the high
-  // watermark's; see TierOptions::allocation_headroom).
-  uint32_t host_headroom_pages() const;
+  // Pages of pool tier `t` kept free or on their way down ahead of allocations now (0: none
+  // beyond the high watermark's; see TierOptions::allocation_headroom).
+  uint32_t headroom_pages(TierKind t) const;
   double low_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].low_watermark; }
   // Hex id of a namespace, for display (of an encoded namespace: NamespaceTable::HexOf).
   std::string NamespaceHex(NamespaceId ns) const { return namespaces_.Hex(ns); }
@@ -388,6 +388,7 @@ class CacheManager {
   struct GpuDemotion {
     uint32_t gen;
     PageId host_page;
+    int64_t started_ns;
   };
   std::unordered_map<BlockId, GpuDemotion> gpu_demotions_;  // in flight
   std::unique_ptr<NvmeMover> mover_;                        // null without an NVMe tier
@@ -395,7 +396,9 @@ class CacheManager {
   EvictionHistory history_;
   // Per pool tier: between crossing the high watermark and reaching the low one.
   std::array<bool, kTierCount> evicting_{};
-  AllocationHeadroom host_headroom_;  // fed by EnforceWatermark and the demotions' round trips
+  // By pool tier (TierIndex: GPU, host); fed by EnforceWatermark and the demotions' round
+  // trips (host: NVMe spills; GPU: copies down to host).
+  std::array<AllocationHeadroom, 2> headroom_;
   std::unordered_map<SessionId, SessionCache*> sessions_;
   std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
   // Per tier: an Allocate waits behind earlier ones of its own tier only (a GPU Allocate

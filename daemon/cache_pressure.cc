@@ -78,7 +78,7 @@ bool CacheManager::StartGpuDemotion(BlockId id) {
   if (!hp) return false;
   // The GPU page stays readable, pinned, until its host copy is complete.
   blocks_->BeginRead(id, TierKind::kGpu);
-  gpu_demotions_[id] = GpuDemotion{b.gen, *hp};
+  gpu_demotions_[id] = GpuDemotion{b.gen, *hp, clock_->NowNanos()};
   TierPool* gpu = blocks_->pool(TierKind::kGpu);
   const PageId gp = b.page[TierIndex(TierKind::kGpu)];
   const uint8_t* src = gpu->memory().DeviceAddress(gpu->SegmentOf(gp)) + gpu->OffsetInSegment(gp);
@@ -96,6 +96,10 @@ void CacheManager::OnGpuDemoted(BlockId id, const Status& st) {
   KVTIER_CHECK(b.live && b.gen == node.mapped().gen) << "GPU demotion completion for a block that moved";
   blocks_->EndRead(id, TierKind::kGpu);
   const PageId hp = node.mapped().host_page;
+  if (st.ok()) {
+    headroom_[TierIndex(TierKind::kGpu)].NoteRoundTrip(
+        static_cast<double>(clock_->NowNanos() - node.mapped().started_ns) * 1e-9);
+  }
   if (st.ok() && b.page[TierIndex(TierKind::kHost)] == kNoPage) {
     blocks_->Reside(id, TierKind::kHost, hp);
     ++counters_.gpu_demotions;
@@ -172,9 +176,11 @@ void CacheManager::EnforceWatermark(TierKind kind) {
   // Eviction starts at the high watermark, or earlier when the recent allocation rate
   // needs more pages free than that leaves (the band below it moves down with it).
   double start = o.high_watermark * cap, stop = o.low_watermark * cap;
-  if (kind == TierKind::kHost && mover_) {
-    host_headroom_.NoteTaken(clock_->NowNanos(), blocks_->pages_taken(kind));
-    const double shift = static_cast<double>(host_headroom_pages()) - (cap - start);
+  // Only where demotions run in the background and are timed: host over NVMe, GPU over
+  // host with the copy thread.
+  if (kind == TierKind::kHost ? mover_ != nullptr : gpu_copier_ != nullptr && tier_enabled(TierKind::kHost)) {
+    headroom_[TierIndex(kind)].NoteTaken(clock_->NowNanos(), blocks_->pages_taken(kind));
+    const double shift = static_cast<double>(headroom_pages(kind)) - (cap - start);
     if (shift > 0) {
       start -= shift;
       stop = std::max(0.0, stop - shift);
@@ -195,10 +201,10 @@ void CacheManager::EnforceWatermark(TierKind kind) {
   evicting = false;
 }
 
-uint32_t CacheManager::host_headroom_pages() const {
-  if (!tier_enabled(TierKind::kHost)) return 0;
+uint32_t CacheManager::headroom_pages(TierKind t) const {
+  if (!IsPoolTier(t) || !tier_enabled(t)) return 0;
   // At most half the tier: a burst never empties the cache.
-  return std::min(host_headroom_.Pages(clock_->NowNanos()), blocks_->pool(TierKind::kHost)->capacity() / 2);
+  return std::min(headroom_[TierIndex(t)].Pages(clock_->NowNanos()), blocks_->pool(t)->capacity() / 2);
 }
 
 CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {

@@ -386,6 +386,11 @@ const std::vector<Key>& Keys() {
        KVTIER_SET(Fraction("tiers.gpu.high_watermark", n), gpu.high_watermark)},
       {"tiers.gpu.low_watermark", "0.80", "Demotion stops at this fraction in use.",
        KVTIER_SET(Fraction("tiers.gpu.low_watermark", n), gpu.low_watermark)},
+      {"tiers.gpu.allocation_headroom", "2",
+       "As tiers.host.allocation_headroom, for GPU pages and their copies down to host: keep free "
+       "the GPU pages engines lease in this many demotion round trips at the recent rate. 0: the "
+       "watermarks alone.",
+       KVTIER_SET(Number("tiers.gpu.allocation_headroom", n, 0, 64), gpu.allocation_headroom)},
       {"tiers.gpu.policy", "adaptive", "Eviction policy of cached GPU blocks (as tiers.host.policy).",
        KVTIER_SET(Path("tiers.gpu.policy", n), gpu.policy)},
       {"tiers.nvme.files", "[]",

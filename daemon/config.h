@@ -130,6 +130,7 @@ struct DaemonConfig {
     TierOptions g;
     g.high_watermark = 0.90;
     g.low_watermark = 0.80;
+    g.allocation_headroom = 2;
     return g;
   }();
   // Start even when the host pool (with a host-emulated GPU pool) is larger than the

@@ -336,13 +336,14 @@ void Daemon::RegisterMetrics() {
     }
     m.AddGaugeFn("kvtier_tier_blocks", "Blocks resident in a tier.", {{"tier", tier}},
                  [cache, kind] { return static_cast<double>(cache->Counts(kind).blocks); });
-    if (kind == TierKind::kHost) {
+    if (IsPoolTier(kind)) {
       m.AddGaugeFn("kvtier_tier_headroom_bytes",
-                   "Host bytes kept free or on their way to NVMe ahead of allocations, sized from the recent "
-                   "allocation rate and spill round trip (tiers.host.allocation_headroom); 0: the watermarks alone.",
-                   {{"tier", tier}}, [cache] {
-                     return static_cast<double>(cache->host_headroom_pages()) *
-                            static_cast<double>(cache->Counts(TierKind::kHost).page_bytes);
+                   "Bytes of a pool tier kept free or on their way down ahead of allocations, sized from the "
+                   "recent allocation rate and demotion round trip (tiers.<tier>.allocation_headroom); 0: the "
+                   "watermarks alone.",
+                   {{"tier", tier}}, [cache, kind] {
+                     return static_cast<double>(cache->headroom_pages(kind)) *
+                            static_cast<double>(cache->Counts(kind).page_bytes);
                    });
     }
     m.AddGaugeFn("kvtier_tier_high_watermark_ratio", "Fraction of a tier in use above which cached blocks are evicted.",

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "kernels/device_backend.h"
+#include "tests/support/fake_clock.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -514,6 +515,86 @@ TEST(CacheManagerGpu, DemotionCopiesOffTheControlThreadAndTheGpuPageStaysReadabl
   l = (*cm)->Lookup(s, std::span(chain).first(1));
   ASSERT_EQ(l.matched, 1u);
   EXPECT_EQ(l.tiers[0], TierKind::kHost) << "demoted: now in host only";
+  EXPECT_TRUE((*cm)->CheckInvariants().ok());
+  (*cm)->Detach(s);
+}
+
+// GPU pages leased faster than copies down to host free them: with allocation_headroom the
+// GPU tier demotes ahead of the high watermark, so the next lease finds pages free. Each
+// completion of a copy arrives 10 ms (fake) after the last: about 100 pages a second with
+// 10-20 ms round trips, 16 x that is more than half the 16-page tier: capped at 8 pages,
+// where the watermark alone keeps 16 - 0.9 x 16 = 1.6 free.
+TEST(CacheManagerGpu, AllocationHeadroomDemotesAheadOfAFastLeaseRate) {
+  auto backend = OpenHostDeviceBackend();
+  ASSERT_TRUE(backend.ok());
+  FakeClock clock;
+  std::mutex mu;
+  std::deque<std::function<void()>> posted;
+  CacheManager::Options o;
+  for (TierKind t : {TierKind::kHost, TierKind::kGpu}) {
+    TierOptions& x = o.tiers[TierIndex(t)];
+    x.enabled = true;
+    x.page_bytes = 1 << 20;
+    x.segment_bytes = 4 << 20;
+    x.capacity_bytes = (t == TierKind::kGpu ? 16 : 256) << 20;
+    x.huge_pages = HugePages::kOff;
+    x.high_watermark = 0.9;
+    x.low_watermark = 0.8;
+    x.policy = "lru";
+  }
+  o.tiers[TierIndex(TierKind::kGpu)].allocation_headroom = 16;
+  o.device_backend = backend->get();
+  o.post = [&](std::function<void()> fn) {
+    std::lock_guard<std::mutex> l(mu);
+    posted.push_back(std::move(fn));
+  };
+  o.gpu_copy = [](void* dst, const uint8_t* src, uint64_t n) {
+    std::memcpy(dst, src, n);
+    return Status::Ok();
+  };
+  auto cm = CacheManager::Open(o, nullptr, &clock);
+  ASSERT_TRUE(cm.ok()) << cm.status().ToString();
+  auto run_posted = [&] {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (posted.empty()) return;
+        fn = std::move(posted.front());
+        posted.pop_front();
+      }
+      clock.Advance(10'000'000);
+      fn();
+    }
+  };
+  SessionCache s(1);
+  ASSERT_TRUE((*cm)->Attach(s, "t", TestLayout("m")).ok());
+  // Lease 2 GPU pages, commit them, let the copies down finish; the fewest GPU pages free
+  // after a step.
+  auto steps = [&](uint64_t seed, int n) {
+    uint32_t least_free = UINT32_MAX;
+    for (int i = 0; i < n; ++i) {
+      std::optional<Result<std::vector<PageId>>> got;
+      got = (*cm)->Allocate(s, TierKind::kGpu, 2, [&](Result<std::vector<PageId>> r) { got = std::move(r); });
+      EXPECT_TRUE(::kvtier::testing::WaitUntil([&] {
+        run_posted();
+        return got.has_value();
+      }));
+      if (!got || !got->ok()) return 0u;
+      const auto chain = HashChain(seed + static_cast<uint64_t>(i), 2);
+      (*cm)->Commit(s, TierKind::kGpu, **got, chain, std::span<const BlockHash>(), false);
+      EXPECT_TRUE(::kvtier::testing::WaitUntil([&] {
+        run_posted();
+        return (*cm)->Counts(TierKind::kGpu).inflight == 0;
+      }));
+      least_free = std::min(least_free, (*cm)->Counts(TierKind::kGpu).free);
+    }
+    return least_free;
+  };
+  steps(100, 60);
+  EXPECT_EQ((*cm)->headroom_pages(TierKind::kGpu), 8u);
+  EXPECT_GE(steps(1000, 30), 6u) << "GPU demotions did not start ahead of the leases";
+  EXPECT_GT((*cm)->counters().gpu_demotions, 0u);
   EXPECT_TRUE((*cm)->CheckInvariants().ok());
   (*cm)->Detach(s);
 }

@@ -212,17 +212,17 @@ TEST_P(CacheNvmeTest, AllocationHeadroomKeepsPagesFreeAheadOfAFastAllocationRate
   headroom_ = 16;
   Open(64, 0.9, 0.8, WritePolicy::kWriteBack, 512);
   StoreSteps(1000, 80, 4);  // the rate estimate (1 s window) settles
-  EXPECT_EQ(cm_->host_headroom_pages(), 32u);
+  EXPECT_EQ(cm_->headroom_pages(TierKind::kHost), 32u);
   EXPECT_GE(StoreSteps(2000, 40, 4), 28u) << "eviction did not start ahead of the allocations";
   ExpectConsistent();
   // Idle: the headroom decays, and a trickle of blocks caches up to the watermarks again.
   clock.Advance(20'000'000'000);
-  EXPECT_LE(cm_->host_headroom_pages(), 1u);
+  EXPECT_LE(cm_->headroom_pages(TierKind::kHost), 1u);
   for (uint64_t i = 0; i < 30; ++i) {
     clock.Advance(1'000'000'000);
     StoreSteps(3000 + i, 1, 1);
   }
-  EXPECT_LE(cm_->host_headroom_pages(), 2u);  // 16 x about 1.6 pages/s x tens of ms
+  EXPECT_LE(cm_->headroom_pages(TierKind::kHost), 2u);  // 16 x about 1.6 pages/s x tens of ms
   EXPECT_LE(cm_->Counts(TierKind::kHost).free, 13u) << "an idle tier kept pages empty";
   ExpectConsistent();
 }
@@ -233,7 +233,7 @@ TEST_P(CacheNvmeTest, WithoutAllocationHeadroomOnlyTheWatermarksEvict) {
   completion_ns_ = 10'000'000;
   Open(64, 0.9, 0.8, WritePolicy::kWriteBack, 512);
   const uint32_t least_free = StoreSteps(1000, 120, 4);
-  EXPECT_EQ(cm_->host_headroom_pages(), 0u);
+  EXPECT_EQ(cm_->headroom_pages(TierKind::kHost), 0u);
   EXPECT_LE(least_free, 13u);
   EXPECT_LE(cm_->Counts(TierKind::kHost).free, 13u);
   ExpectConsistent();

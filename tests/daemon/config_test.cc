@@ -19,6 +19,7 @@ TEST(Config, DefaultYamlParsesToTheDefaults) {
   EXPECT_EQ(c->host.page_bytes, d.host.page_bytes);
   EXPECT_DOUBLE_EQ(c->host.high_watermark, 0.85);
   EXPECT_DOUBLE_EQ(c->host.low_watermark, 0.75);
+  EXPECT_DOUBLE_EQ(c->host.allocation_headroom, 2);
   EXPECT_EQ(c->metrics_port, d.metrics_port);
   EXPECT_EQ(c->max_frame_bytes, d.max_frame_bytes);
 }
@@ -62,6 +63,8 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"tiers:\n  host:\n    capacity: lots\n", "tiers.host.capacity"},
       {"tiers:\n  host:\n    high_watermark: 1.5\n", "tiers.host.high_watermark"},
       {"tiers:\n  host:\n    low_watermark: 0.9\n", "tiers.host.low_watermark"},
+      {"tiers:\n  host:\n    allocation_headroom: -1\n", "tiers.host.allocation_headroom"},
+      {"tiers:\n  gpu:\n    allocation_headroom: lots\n", "tiers.gpu.allocation_headroom"},
       {"metrics:\n  port: 70000\n", "metrics.port"},
       {"log_level: loud\n", "log_level"},
       {"tiers:\n  host:\n    huge_pages: sometimes\n", "tiers.host.huge_pages"},

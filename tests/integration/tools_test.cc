@@ -320,7 +320,8 @@ TEST(Metrics, EndpointServesPrometheusText) {
   for (const char* m :
        {"kvtier_tier_capacity_bytes{tier=\"host\"} 67108864", "kvtier_lookups_total 1", "kvtier_lookup_blocks_total 2",
         "kvtier_block_misses_total 2", "kvtier_sessions 1", "kvtier_rpc_duration_seconds_count{op=\"lookup\"} 1",
-        "kvtier_tier_bytes{tier=\"host\",state=\"free\"}"}) {
+        "kvtier_tier_bytes{tier=\"host\",state=\"free\"}",
+        "kvtier_tier_headroom_bytes{tier=\"host\"} 0"}) {  // no NVMe tier: the watermarks alone
     EXPECT_NE(r.out.find(m), std::string::npos) << m;
   }
   CmdResult h = Sh("curl -s -o /dev/null -w '%{http_code}' " + stats->metrics_url + "x");
