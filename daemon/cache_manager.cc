@@ -379,8 +379,15 @@ std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind, st
   std::vector<BlockId>& ids = scratch_ids_;
   ids.assign(hashes.size(), kNoBlock);
   if (s.attached_) blocks_->FindMany(s.ns_, hashes, ids.data());  // Unref erases no block
-  for (BlockId id : ids) {
-    out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
+  // Deepest first for prefix-ordered policies, as Lookup and Acquire touch: a block whose
+  // last reference goes re-enters its lists as the most recent, so the chain's head must
+  // come last to end up more recent than its extensions (and the chain stays one run).
+  const size_t first = out.size();
+  out.resize(first + ids.size(), StatusCode::kFailedPrecondition);
+  const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);
+  for (size_t n = 0; n < ids.size(); ++n) {
+    const size_t i = reverse ? ids.size() - 1 - n : n;
+    if (ids[i] != kNoBlock && Unref(s, ids[i])) out[first + i] = StatusCode::kOk;
   }
   ServePendingAllocates();
   if (usable) EnforceWatermark(kind);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "protocol/base/logging.h"
+#include "storage/list_run.h"
 
 namespace kvtier {
 
@@ -111,6 +112,11 @@ void ArcPolicy::Touch(BlockId id) {
 }
 
 void ArcPolicy::TouchMany(std::span<const BlockId> ids) {
+  // A run already in T2 stays there: only its place in the list changes.
+  if (SpliceRunToHead(nodes_, head_[2], tail_[2], ids,
+                      [this](BlockId id) { return nodes_[id].list == 2 && nodes_[id].evictable; })) {
+    return;
+  }
   for (BlockId id : ids) ArcPolicy::Touch(id);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "protocol/base/logging.h"
+#include "storage/list_run.h"
 
 namespace kvtier {
 
@@ -77,6 +78,7 @@ void LruPolicy::Touch(BlockId id) {
 }
 
 void LruPolicy::TouchMany(std::span<const BlockId> ids) {
+  if (SpliceRunToHead(nodes_, head_, tail_, ids, [this](BlockId id) { return present_[id] && evictable_[id]; })) return;
   for (BlockId id : ids) LruPolicy::Touch(id);
 }
 

@@ -227,6 +227,28 @@ TEST_F(CacheManagerTest, HighWatermarkEvictsLeastRecentlyUsedDownToLow) {
   ExpectConsistent();
 }
 
+// A prefix-ordered policy keeps a chain's head more recent than its extensions after the
+// chain was acquired and released: the release drops references deepest first, so under
+// pressure the deepest block goes and the rest of the prefix still matches. (Released in
+// request order, the head would re-enter the lists first and be the first victim,
+// stranding every block after it.)
+TEST_F(CacheManagerTest, AReleasedChainGivesWayDeepestFirstUnderAPrefixOrderedPolicy) {
+  for (const char* policy : {"prefix-lru", "prefix-arc", "adaptive"}) {
+    Open(8, 4, 1.0, 0.75, [&](CacheManager::Options& o) { o.tiers[TierIndex(TierKind::kHost)].policy = policy; });
+    auto s = Attach("t");
+    const auto chain = HashChain(7, 4);
+    Store(*s, chain);
+    for (const auto& r : cm_->Acquire(*s, chain)) ASSERT_EQ(r.status, StatusCode::kOk) << policy;
+    for (StatusCode c : cm_->Release(*s, TierKind::kHost, {}, chain)) ASSERT_EQ(c, StatusCode::kOk) << policy;
+    // 4 free pages, 5 wanted: one cached block gives way.
+    auto pages = cm_->Allocate(*s, TierKind::kHost, 5);
+    ASSERT_TRUE(pages.ok()) << policy << ": " << pages.status().ToString();
+    EXPECT_EQ(cm_->Lookup(*s, chain).matched, 3u) << policy << ": the victim was not the deepest block";
+    ExpectConsistent();
+    cm_->Detach(*s);
+  }
+}
+
 TEST_F(CacheManagerTest, FullOfReferencedBlocksRefusesAllocationWithoutLeaking) {
   auto s = Attach("t");
   Store(*s, HashChain(7, 6), /*retain=*/true);
