@@ -450,35 +450,60 @@ TEST_F(CacheManagerTest, QuarantinedLeasesAreReusedOnlyAfterRelease) {
   EXPECT_EQ(cm_->Detach(*idle, true), 0u);
 }
 
+// Options of a manager with a GPU tier over host (pages of 1 MiB, segments of 4) on the
+// host-emulated device, and the queue its `post` fills: completions run when the test says.
+struct GpuSetup {
+  CacheManager::Options Options(DeviceBackend* device, uint32_t gpu_pages, uint32_t host_pages, double high,
+                                double low) {
+    CacheManager::Options o;
+    for (TierKind t : {TierKind::kHost, TierKind::kGpu}) {
+      TierOptions& x = o.tiers[TierIndex(t)];
+      x.enabled = true;
+      x.page_bytes = 1 << 20;
+      x.segment_bytes = 4 << 20;
+      x.capacity_bytes = uint64_t{t == TierKind::kGpu ? gpu_pages : host_pages} << 20;
+      x.huge_pages = HugePages::kOff;
+      x.high_watermark = high;
+      x.low_watermark = low;
+      x.policy = "lru";
+    }
+    o.device_backend = device;
+    o.post = [this](std::function<void()> fn) {
+      std::lock_guard<std::mutex> l(mu);
+      posted.push_back(std::move(fn));
+    };
+    return o;
+  }
+  // Runs what was posted (and what that posts), each after `before_each`.
+  void RunPosted(const std::function<void()>& before_each = nullptr) {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (posted.empty()) return;
+        fn = std::move(posted.front());
+        posted.pop_front();
+      }
+      if (before_each) before_each();
+      fn();
+    }
+  }
+  std::mutex mu;
+  std::deque<std::function<void()>> posted;
+};
+
 // GPU -> host demotion on the copy thread: the control thread only starts it and finishes
 // it; meanwhile the block stays readable from its GPU page (pinned there), and an
 // Allocate of GPU pages waits for the copy instead of failing.
 TEST(CacheManagerGpu, DemotionCopiesOffTheControlThreadAndTheGpuPageStaysReadableUntilItIsDone) {
   auto backend = OpenHostDeviceBackend();
   ASSERT_TRUE(backend.ok());
-  std::mutex mu;
-  std::deque<std::function<void()>> posted;
+  GpuSetup gpu;
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::atomic<int> copies{0};
   const std::thread::id control = std::this_thread::get_id();
-  CacheManager::Options o;
-  for (TierKind t : {TierKind::kHost, TierKind::kGpu}) {
-    TierOptions& x = o.tiers[TierIndex(t)];
-    x.enabled = true;
-    x.page_bytes = 1 << 20;
-    x.segment_bytes = 4 << 20;
-    x.capacity_bytes = (t == TierKind::kGpu ? 4 : 8) << 20;
-    x.huge_pages = HugePages::kOff;
-    x.high_watermark = 1.0;
-    x.low_watermark = 0.75;
-    x.policy = "lru";
-  }
-  o.device_backend = backend->get();
-  o.post = [&](std::function<void()> fn) {
-    std::lock_guard<std::mutex> l(mu);
-    posted.push_back(std::move(fn));
-  };
+  CacheManager::Options o = gpu.Options(backend->get(), 4, 8, 1.0, 0.75);
   o.gpu_copy = [&](void* dst, const uint8_t* src, uint64_t n) {
     EXPECT_NE(std::this_thread::get_id(), control) << "the copy ran on the control thread";
     released.wait();  // held until the test says so
@@ -488,18 +513,7 @@ TEST(CacheManagerGpu, DemotionCopiesOffTheControlThreadAndTheGpuPageStaysReadabl
   };
   auto cm = CacheManager::Open(o);
   ASSERT_TRUE(cm.ok()) << cm.status().ToString();
-  auto run_posted = [&] {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::lock_guard<std::mutex> l(mu);
-        if (posted.empty()) return;
-        fn = std::move(posted.front());
-        posted.pop_front();
-      }
-      fn();
-    }
-  };
+  auto run_posted = [&] { gpu.RunPosted(); };
   SessionCache s(1);
   ASSERT_TRUE((*cm)->Attach(s, "t", TestLayout("m")).ok());
   // Fill the GPU tier: 4 blocks.
@@ -550,45 +564,16 @@ TEST(CacheManagerGpu, AllocationHeadroomDemotesAheadOfAFastLeaseRate) {
   auto backend = OpenHostDeviceBackend();
   ASSERT_TRUE(backend.ok());
   FakeClock clock;
-  std::mutex mu;
-  std::deque<std::function<void()>> posted;
-  CacheManager::Options o;
-  for (TierKind t : {TierKind::kHost, TierKind::kGpu}) {
-    TierOptions& x = o.tiers[TierIndex(t)];
-    x.enabled = true;
-    x.page_bytes = 1 << 20;
-    x.segment_bytes = 4 << 20;
-    x.capacity_bytes = (t == TierKind::kGpu ? 16 : 256) << 20;
-    x.huge_pages = HugePages::kOff;
-    x.high_watermark = 0.9;
-    x.low_watermark = 0.8;
-    x.policy = "lru";
-  }
+  GpuSetup gpu;
+  CacheManager::Options o = gpu.Options(backend->get(), 16, 256, 0.9, 0.8);
   o.tiers[TierIndex(TierKind::kGpu)].allocation_headroom = 16;
-  o.device_backend = backend->get();
-  o.post = [&](std::function<void()> fn) {
-    std::lock_guard<std::mutex> l(mu);
-    posted.push_back(std::move(fn));
-  };
   o.gpu_copy = [](void* dst, const uint8_t* src, uint64_t n) {
     std::memcpy(dst, src, n);
     return Status::Ok();
   };
   auto cm = CacheManager::Open(o, nullptr, &clock);
   ASSERT_TRUE(cm.ok()) << cm.status().ToString();
-  auto run_posted = [&] {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::lock_guard<std::mutex> l(mu);
-        if (posted.empty()) return;
-        fn = std::move(posted.front());
-        posted.pop_front();
-      }
-      clock.Advance(10'000'000);
-      fn();
-    }
-  };
+  auto run_posted = [&] { gpu.RunPosted([&] { clock.Advance(10'000'000); }); };
   SessionCache s(1);
   ASSERT_TRUE((*cm)->Attach(s, "t", TestLayout("m")).ok());
   // Lease 2 GPU pages, commit them, let the copies down finish; the fewest GPU pages free
