@@ -31,9 +31,10 @@ struct TierOptions {
   double high_watermark = 0.85;
   double low_watermark = 0.75;
   std::string policy = "adaptive";
-  // Host over NVMe: keep free (or on their way down) the pages engines take in this many
-  // demotion round trips at the recent allocation rate, evicting before the high watermark
-  // when that is more (AllocationHeadroom). 0: the watermarks alone.
+  // Keep free (or on their way down) the pages engines take in this many demotion round
+  // trips at the recent allocation rate, evicting before the high watermark when that is
+  // more (AllocationHeadroom). Applies where demotions run in the background: host over
+  // NVMe, GPU over host with the copy thread. 0: the watermarks alone.
   double allocation_headroom = 0;
 };
 

@@ -73,20 +73,22 @@ Result<uint64_t> Bytes(std::string_view path, const YAML::Node& n, uint64_t lo, 
   return *v;
 }
 
-Result<double> Fraction(std::string_view path, const YAML::Node& n) {
+Result<double> Real(std::string_view path, const YAML::Node& n) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || *end != '\0') return Bad(path, "'" + s + "' is not a number");
+  return v;
+}
+
+Result<double> Fraction(std::string_view path, const YAML::Node& n) {
+  KVTIER_ASSIGN_OR_RETURN(double v, Real(path, n));
   if (!(v > 0.0 && v <= 1.0)) return Bad(path, "must be in (0, 1]");
   return v;
 }
 
 Result<double> Number(std::string_view path, const YAML::Node& n, double lo, double hi) {
-  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0') return Bad(path, "'" + s + "' is not a number");
+  KVTIER_ASSIGN_OR_RETURN(double v, Real(path, n));
   if (!(v >= lo && v <= hi)) {
     std::ostringstream range;
     range << "must be in [" << lo << ", " << hi << "]";
