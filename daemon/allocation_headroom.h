@@ -30,7 +30,6 @@ class AllocationHeadroom {
   uint32_t Pages(int64_t now_ns) const;
   double rate_per_s(int64_t now_ns) const;  // decayed to `now_ns`
   double round_trip_s() const { return round_trip_s_; }
-  double factor() const { return factor_; }
 
  private:
   double factor_;

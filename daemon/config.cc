@@ -1,6 +1,5 @@
 #include "daemon/config.h"
 
-#include <arpa/inet.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -9,13 +8,16 @@
 #include <functional>
 #include <set>
 #include <sstream>
-#include <tuple>
 #include <vector>
 
 #include "protocol/base/units.h"
-#include "storage/eviction_policy.h"
 
 namespace kvtier {
+
+Status ConfigKeyError(std::string_view path, const std::string& why) {
+  return InvalidArgument("config key '" + std::string(path) + "': " + why);
+}
+
 namespace {
 
 // One config key: where it lives, its default (as YAML text), what it means, and how to
@@ -27,12 +29,8 @@ struct Key {
   std::function<Status(const YAML::Node&, DaemonConfig*)> set;
 };
 
-Status Bad(std::string_view path, const std::string& why) {
-  return InvalidArgument("config key '" + std::string(path) + "': " + why);
-}
-
 Result<std::string> Scalar(std::string_view path, const YAML::Node& n) {
-  if (!n.IsScalar()) return Bad(path, "expected a scalar value");
+  if (!n.IsScalar()) return ConfigKeyError(path, "expected a scalar value");
   return n.Scalar();
 }
 
@@ -42,9 +40,10 @@ Result<T> Integer(std::string_view path, const YAML::Node& n, long long lo, long
   char* end = nullptr;
   errno = 0;
   long long v = std::strtoll(s.c_str(), &end, 0);
-  if (s.empty() || *end != '\0' || errno != 0) return Bad(path, "'" + s + "' is not an integer");
+  if (s.empty() || *end != '\0' || errno != 0) return ConfigKeyError(path, "'" + s + "' is not an integer");
   if (v < lo || v > hi) {
-    return Bad(path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return ConfigKeyError(
+        path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return static_cast<T>(v);
 }
@@ -55,10 +54,10 @@ Result<int64_t> Duration(std::string_view path, const YAML::Node& n, int64_t lo_
                          std::string_view range) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   auto d = ParseDurationNanos(s);
-  if (!d.ok()) return Bad(path, d.status().message());
+  if (!d.ok()) return ConfigKeyError(path, d.status().message());
   if (zero_ok && *d == 0) return *d;
   if (*d < lo_ns || *d > hi_ns) {
-    return Bad(path, "must be " + std::string(range));
+    return ConfigKeyError(path, "must be " + std::string(range));
   }
   return *d;
 }
@@ -66,9 +65,10 @@ Result<int64_t> Duration(std::string_view path, const YAML::Node& n, int64_t lo_
 Result<uint64_t> Bytes(std::string_view path, const YAML::Node& n, uint64_t lo, uint64_t hi) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   auto v = ParseBytes(s);
-  if (!v.ok()) return Bad(path, v.status().message());
+  if (!v.ok()) return ConfigKeyError(path, v.status().message());
   if (*v < lo || *v > hi) {
-    return Bad(path, FormatBytes(*v) + " is out of range [" + FormatBytes(lo) + ", " + FormatBytes(hi) + "]");
+    return ConfigKeyError(path,
+                          FormatBytes(*v) + " is out of range [" + FormatBytes(lo) + ", " + FormatBytes(hi) + "]");
   }
   return *v;
 }
@@ -77,13 +77,13 @@ Result<double> Real(std::string_view path, const YAML::Node& n) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0') return Bad(path, "'" + s + "' is not a number");
+  if (s.empty() || *end != '\0') return ConfigKeyError(path, "'" + s + "' is not a number");
   return v;
 }
 
 Result<double> Fraction(std::string_view path, const YAML::Node& n) {
   KVTIER_ASSIGN_OR_RETURN(double v, Real(path, n));
-  if (!(v > 0.0 && v <= 1.0)) return Bad(path, "must be in (0, 1]");
+  if (!(v > 0.0 && v <= 1.0)) return ConfigKeyError(path, "must be in (0, 1]");
   return v;
 }
 
@@ -92,7 +92,7 @@ Result<double> Number(std::string_view path, const YAML::Node& n, double lo, dou
   if (!(v >= lo && v <= hi)) {
     std::ostringstream range;
     range << "must be in [" << lo << ", " << hi << "]";
-    return Bad(path, range.str());
+    return ConfigKeyError(path, range.str());
   }
   return v;
 }
@@ -101,14 +101,14 @@ Result<bool> Boolean(std::string_view path, const YAML::Node& n) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
   if (s == "true" || s == "yes" || s == "on") return true;
   if (s == "false" || s == "no" || s == "off") return false;
-  return Bad(path, "'" + s + "' is not true or false");
+  return ConfigKeyError(path, "'" + s + "' is not true or false");
 }
 
 // A list of uids or gids.
 Result<std::vector<uint32_t>> IdList(const std::string& path, const YAML::Node& n) {
   std::vector<uint32_t> out;
   if (n.IsNull()) return out;
-  if (!n.IsSequence()) return Bad(path, "expected a list of numeric ids, e.g. [1000, 1001]");
+  if (!n.IsSequence()) return ConfigKeyError(path, "expected a list of numeric ids, e.g. [1000, 1001]");
   for (size_t i = 0; i < n.size(); ++i) {
     KVTIER_ASSIGN_OR_RETURN(uint32_t id,
                             (Integer<uint32_t>(path + "[" + std::to_string(i) + "]", n[i], 0, 0xfffffffeu)));
@@ -120,7 +120,7 @@ Result<std::vector<uint32_t>> IdList(const std::string& path, const YAML::Node& 
 // {host: 1GiB, gpu: 0, nvme: 100GiB, remote: 50GiB}
 Status TierBytesMap(const std::string& path, const YAML::Node& n, TierBytes* out) {
   if (n.IsNull()) return Status::Ok();
-  if (!n.IsMap()) return Bad(path, "expected {host: SIZE, gpu: SIZE, nvme: SIZE, remote: SIZE}");
+  if (!n.IsMap()) return ConfigKeyError(path, "expected {host: SIZE, gpu: SIZE, nvme: SIZE, remote: SIZE}");
   for (const auto& kv : n) {
     const std::string tier = kv.first.Scalar();
     uint64_t* field = tier == "host"     ? &out->host
@@ -130,7 +130,7 @@ Status TierBytesMap(const std::string& path, const YAML::Node& n, TierBytes* out
                                          : nullptr;
     if (!field) return InvalidArgument("config key '" + path + "." + tier + "' is unknown (host, gpu, nvme, remote)");
     auto b = ParseBytes(kv.second.IsScalar() ? kv.second.Scalar() : std::string());
-    if (!b.ok()) return Bad(path + "." + tier, b.status().message());
+    if (!b.ok()) return ConfigKeyError(path + "." + tier, b.status().message());
     *field = *b;
   }
   return Status::Ok();
@@ -146,7 +146,7 @@ bool ValidTenantName(const std::string& s) {
 
 Result<std::string> Path(std::string_view path, const YAML::Node& n) {
   KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
-  if (s.empty()) return Bad(path, "must not be empty");
+  if (s.empty()) return ConfigKeyError(path, "must not be empty");
   return s;
 }
 
@@ -177,9 +177,11 @@ const std::vector<Key>& Keys() {
          char* end = nullptr;
          const unsigned long v = std::strtoul(s.c_str(), &end, 8);
          if (s.empty() || *end != '\0' || v > 0777)
-           return Bad("socket.mode", "'" + s + "' is not an octal mode like 0660");
-         if (v & 0007) return Bad("socket.mode", "'" + s + "' gives others access; use the group (socket.group)");
-         if ((v & 0600) != 0600) return Bad("socket.mode", "'" + s + "' does not let the daemon's user connect");
+           return ConfigKeyError("socket.mode", "'" + s + "' is not an octal mode like 0660");
+         if (v & 0007)
+           return ConfigKeyError("socket.mode", "'" + s + "' gives others access; use the group (socket.group)");
+         if ((v & 0600) != 0600)
+           return ConfigKeyError("socket.mode", "'" + s + "' does not let the daemon's user connect");
          c->socket_mode = static_cast<uint32_t>(v);
          return Status::Ok();
        }},
@@ -189,7 +191,7 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("log_level", n));
          if (!ParseLogLevel(s, &c->log_level)) {
-           return Bad("log_level", "'" + s + "' is not one of error, warning, notice, info, debug");
+           return ConfigKeyError("log_level", "'" + s + "' is not one of error, warning, notice, info, debug");
          }
          return Status::Ok();
        }},
@@ -251,7 +253,7 @@ const std::vector<Key>& Keys() {
          char* end = nullptr;
          const double v = std::strtod(s.c_str(), &end);
          if (s.empty() || *end != '\0' || !(v > 0.0 && v <= 1.0)) {
-           return Bad("security.max_leased_share", "'" + s + "' is not a fraction in (0, 1]");
+           return ConfigKeyError("security.max_leased_share", "'" + s + "' is not a fraction in (0, 1]");
          }
          c->security.max_leased_share = v;
          return Status::Ok();
@@ -276,18 +278,18 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          const std::string key = "security.tenants";
          if (n.IsNull()) return Status::Ok();
-         if (!n.IsSequence()) return Bad(key, "expected a list of {name, uids, gids, quota, reserve}");
+         if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of {name, uids, gids, quota, reserve}");
          c->security.tenants.clear();
          for (size_t i = 0; i < n.size(); ++i) {
            const std::string at = key + "[" + std::to_string(i) + "]";
-           if (!n[i].IsMap()) return Bad(at, "expected {name: ..., uids: [...], gids: [...]}");
+           if (!n[i].IsMap()) return ConfigKeyError(at, "expected {name: ..., uids: [...], gids: [...]}");
            TenantConfig t;
            for (const auto& kv : n[i]) {
              const std::string sub = kv.first.Scalar();
              if (sub == "name") {
                KVTIER_ASSIGN_OR_RETURN(t.name, Scalar(at + ".name", kv.second));
                if (!ValidTenantName(t.name))
-                 return Bad(at + ".name", "'" + t.name + "' must be 1-64 of [A-Za-z0-9_.-]");
+                 return ConfigKeyError(at + ".name", "'" + t.name + "' must be 1-64 of [A-Za-z0-9_.-]");
              } else if (sub == "uids") {
                KVTIER_ASSIGN_OR_RETURN(t.uids, IdList(at + ".uids", kv.second));
              } else if (sub == "gids") {
@@ -302,8 +304,8 @@ const std::vector<Key>& Keys() {
                return InvalidArgument("config key '" + at + "." + sub + "' is unknown");
              }
            }
-           if (t.name.empty()) return Bad(at, "needs a name");
-           if (t.uids.empty() && t.gids.empty()) return Bad(at, "needs uids or gids: who the tenant is");
+           if (t.name.empty()) return ConfigKeyError(at, "needs a name");
+           if (t.uids.empty() && t.gids.empty()) return ConfigKeyError(at, "needs uids or gids: who the tenant is");
            c->security.tenants.push_back(std::move(t));
          }
          return Status::Ok();
@@ -337,7 +339,7 @@ const std::vector<Key>& Keys() {
          else if (s == "off" || s == "false")
            c->host.huge_pages = HugePages::kOff;
          else
-           return Bad("tiers.host.huge_pages", "'" + s + "' is not auto, on or off");
+           return ConfigKeyError("tiers.host.huge_pages", "'" + s + "' is not auto, on or off");
          return Status::Ok();
        }},
       {"tiers.host.high_watermark", "0.85",
@@ -371,7 +373,7 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.gpu.backend", n));
          if (s != "auto" && s != "cuda" && s != "host-emulated") {
-           return Bad("tiers.gpu.backend", "'" + s + "' is not auto, cuda or host-emulated");
+           return ConfigKeyError("tiers.gpu.backend", "'" + s + "' is not auto, cuda or host-emulated");
          }
          c->gpu_backend = s;
          return Status::Ok();
@@ -403,11 +405,11 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          const std::string key = "tiers.nvme.files";
          if (n.IsNull()) return Status::Ok();
-         if (!n.IsSequence()) return Bad(key, "expected a list of {path, capacity}");
+         if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of {path, capacity}");
          c->nvme.files.clear();
          for (size_t i = 0; i < n.size(); ++i) {
            const std::string at = key + "[" + std::to_string(i) + "]";
-           if (!n[i].IsMap()) return Bad(at, "expected {path: ..., capacity: ...}");
+           if (!n[i].IsMap()) return ConfigKeyError(at, "expected {path: ..., capacity: ...}");
            NvmeTierConfig::File f;
            for (const auto& kv : n[i]) {
              const std::string sub = kv.first.Scalar();
@@ -421,7 +423,7 @@ const std::vector<Key>& Keys() {
                return InvalidArgument("config key '" + at + "." + sub + "' is unknown");
              }
            }
-           if (f.path.empty() || f.capacity_bytes == 0) return Bad(at, "needs both path and capacity");
+           if (f.path.empty() || f.capacity_bytes == 0) return ConfigKeyError(at, "needs both path and capacity");
            c->nvme.files.push_back(std::move(f));
          }
          return Status::Ok();
@@ -432,7 +434,7 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.io_backend", n));
          if (s != "auto" && s != "io_uring" && s != "threads") {
-           return Bad("tiers.nvme.io_backend", "'" + s + "' is not auto, io_uring or threads");
+           return ConfigKeyError("tiers.nvme.io_backend", "'" + s + "' is not auto, io_uring or threads");
          }
          c->nvme.io_backend = s;
          return Status::Ok();
@@ -446,7 +448,7 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.durability", n));
          if (s != "strict" && s != "relaxed")
-           return Bad("tiers.nvme.durability", "'" + s + "' is not strict or relaxed");
+           return ConfigKeyError("tiers.nvme.durability", "'" + s + "' is not strict or relaxed");
          c->nvme.durability = s;
          return Status::Ok();
        }},
@@ -456,7 +458,7 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.write_policy", n));
          if (s != "write_back" && s != "write_through") {
-           return Bad("tiers.nvme.write_policy", "'" + s + "' is not write_back or write_through");
+           return ConfigKeyError("tiers.nvme.write_policy", "'" + s + "' is not write_back or write_through");
          }
          c->nvme.write_policy = s;
          return Status::Ok();
@@ -489,7 +491,7 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.quantization", n));
          if (s != "none" && s != "int8" && s != "fp8") {
-           return Bad("tiers.nvme.quantization", "'" + s + "' is not none, int8 or fp8");
+           return ConfigKeyError("tiers.nvme.quantization", "'" + s + "' is not none, int8 or fp8");
          }
          c->nvme.quantization = s;
          return Status::Ok();
@@ -501,14 +503,14 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          const std::string key = "tiers.remote.nodes";
          if (n.IsNull()) return Status::Ok();
-         if (!n.IsSequence()) return Bad(key, "expected a list of host:port");
+         if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of host:port");
          c->remote.nodes.clear();
          for (size_t i = 0; i < n.size(); ++i) {
            const std::string at = key + "[" + std::to_string(i) + "]";
            KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(at, n[i]));
            std::string host;
            int port = 0;
-           if (!RedisCluster::ParseAddress(s, &host, &port)) return Bad(at, "'" + s + "' is not host:port");
+           if (!RedisCluster::ParseAddress(s, &host, &port)) return ConfigKeyError(at, "'" + s + "' is not host:port");
            c->remote.nodes.push_back(s);
          }
          return Status::Ok();
@@ -520,7 +522,7 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.remote.write_policy", n));
          if (s != "write_back" && s != "write_through") {
-           return Bad("tiers.remote.write_policy", "'" + s + "' is not write_back or write_through");
+           return ConfigKeyError("tiers.remote.write_policy", "'" + s + "' is not write_back or write_through");
          }
          c->remote.write_policy = s;
          return Status::Ok();
@@ -659,186 +661,6 @@ Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* con
 }
 
 }  // namespace
-
-uint64_t NvmeSlotBytes(const DaemonConfig& c) {
-  const uint64_t page = c.host.page_bytes;
-  if (c.nvme.quantization == "none") return page;
-  const uint64_t q = (page * 33 + 63) / 64;
-  return std::min(page, (q + 4095) / 4096 * 4096);
-}
-
-Status ValidateConfig(const DaemonConfig& c) {
-  const TierOptions& h = c.host;
-  if (c.events.enabled) {
-    for (const auto& [key, endpoint] :
-         {std::pair<std::string_view, const std::string&>{"events.publish", c.events.options.publish},
-          {"events.replay", c.events.options.replay}}) {
-      if (key == "events.replay" && endpoint.empty()) continue;
-      if (endpoint.rfind("tcp://", 0) != 0 && endpoint.rfind("ipc://", 0) != 0) {
-        return Bad(key, "'" + endpoint + "' is not a ZMQ endpoint (tcp://HOST:PORT or ipc://PATH)");
-      }
-    }
-    if (c.events.options.publish == c.events.options.replay &&
-        c.events.options.publish.find('*') == std::string::npos) {
-      return Bad("events.replay", "must differ from events.publish");
-    }
-    if (c.events.options.topic.empty()) return Bad("events.topic", "must not be empty");
-  }
-  // A file-system socket only: its directory and mode are the access control (an abstract
-  // socket has neither).
-  if (c.socket_path.empty() || c.socket_path[0] == '@' || c.socket_path.find('\0') != std::string::npos) {
-    return InvalidArgument("config key 'socket.path': '" + c.socket_path +
-                           "' must be a file-system path (abstract sockets have no permissions)");
-  }
-  if (c.socket_path.size() >= kMaxSocketPathBytes) {
-    return InvalidArgument("config key 'socket.path': '" + c.socket_path + "' is " +
-                           std::to_string(c.socket_path.size()) + " bytes; a Unix socket path has at most " +
-                           std::to_string(kMaxSocketPathBytes - 1));
-  }
-  if (c.max_entries_per_request > MaxEntriesForFrame(c.max_frame_bytes)) {
-    return InvalidArgument(
-        "config key 'protocol.max_entries_per_request' (" + std::to_string(c.max_entries_per_request) +
-        ") cannot be reached: the largest request of " + "that many entries does not fit protocol.max_frame_bytes (" +
-        FormatBytes(c.max_frame_bytes) + ", which holds " + std::to_string(MaxEntriesForFrame(c.max_frame_bytes)) +
-        "); raise max_frame_bytes or leave max_entries_per_request at auto");
-  }
-  if (c.admin_sessions >= c.max_sessions) {
-    return InvalidArgument("config key 'protocol.admin_sessions' (" + std::to_string(c.admin_sessions) +
-                           ") must be below protocol.max_sessions (" + std::to_string(c.max_sessions) + ")");
-  }
-  if (!h.enabled && !c.gpu.enabled) {
-    return InvalidArgument(
-        "config key 'tiers.host.enabled': no tier is enabled (host and gpu are both off): "
-        "such a daemon could hold nothing");
-  }
-  if (h.low_watermark >= h.high_watermark) {
-    return InvalidArgument("config key 'tiers.host.low_watermark' must be below high_watermark");
-  }
-  for (auto [key, name] : {std::pair{"tiers.host.policy", &h.policy}, std::pair{"tiers.gpu.policy", &c.gpu.policy}}) {
-    if (!MakeEvictionPolicy(*name).ok()) {
-      std::string known;
-      for (std::string_view n : EvictionPolicyNames()) known += (known.empty() ? "" : ", ") + std::string(n);
-      return InvalidArgument("config key '" + std::string(key) + "': '" + *name + "' is not a policy (" + known + ")");
-    }
-  }
-  if (c.nvme.policy != "lru" && c.nvme.policy != "arc") {
-    return InvalidArgument("config key 'tiers.nvme.policy': '" + c.nvme.policy + "' is not lru or arc");
-  }
-  {
-    in6_addr a6;
-    in_addr a4;
-    if (::inet_pton(AF_INET, c.metrics_listen.c_str(), &a4) != 1 &&
-        ::inet_pton(AF_INET6, c.metrics_listen.c_str(), &a6) != 1) {
-      return InvalidArgument("config key 'metrics.listen': '" + c.metrics_listen +
-                             "' is not an IPv4 or IPv6 address (e.g. 127.0.0.1)");
-    }
-  }
-  if (h.page_bytes % 4096 != 0) {
-    return InvalidArgument("config key 'tiers.host.page_bytes' must be a multiple of 4 KiB");
-  }
-  if (h.segment_bytes % h.page_bytes != 0) {
-    return InvalidArgument("config key 'tiers.host.segment_bytes' (" + FormatBytes(h.segment_bytes) +
-                           ") must be a multiple of page_bytes (" + FormatBytes(h.page_bytes) + ")");
-  }
-  if (h.capacity_bytes % h.segment_bytes != 0) {
-    return InvalidArgument("config key 'tiers.host.capacity' (" + FormatBytes(h.capacity_bytes) +
-                           ") must be a multiple of segment_bytes (" + FormatBytes(h.segment_bytes) + ")");
-  }
-  if (h.capacity_bytes / h.page_bytes > (1ull << 31)) {
-    return InvalidArgument("config key 'tiers.host.capacity' has too many pages");
-  }
-  if (c.gpu.enabled) {
-    const TierOptions& g = c.gpu;
-    if (g.low_watermark >= g.high_watermark) {
-      return InvalidArgument("config key 'tiers.gpu.low_watermark' must be below high_watermark");
-    }
-    if (g.segment_bytes % h.page_bytes != 0) {
-      return InvalidArgument("config key 'tiers.gpu.segment_bytes' must be a multiple of tiers.host.page_bytes");
-    }
-    if (g.capacity_bytes % g.segment_bytes != 0) {
-      return InvalidArgument("config key 'tiers.gpu.capacity' must be a multiple of tiers.gpu.segment_bytes");
-    }
-  }
-  if (c.remote.enabled() && !h.enabled) {
-    return InvalidArgument(
-        "config key 'tiers.remote.nodes' needs the host tier enabled (remote blocks are read "
-        "into host pages)");
-  }
-  if (c.nvme.enabled()) {
-    if (c.nvme.low_watermark >= c.nvme.high_watermark) {
-      return InvalidArgument("config key 'tiers.nvme.low_watermark' must be below high_watermark");
-    }
-    if (!h.enabled) return InvalidArgument("config key 'tiers.nvme.files' needs the host tier enabled");
-    const uint64_t slot = NvmeSlotBytes(c);
-    for (size_t i = 0; i < c.nvme.files.size(); ++i) {
-      if (c.nvme.files[i].capacity_bytes < slot) {
-        return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) + "].capacity' holds no slot of " +
-                               FormatBytes(slot));
-      }
-      // Quantized slots are not a divisor of page-sized capacities; the rest is left unused.
-      if (slot == h.page_bytes && c.nvme.files[i].capacity_bytes % h.page_bytes != 0) {
-        return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) + "].capacity' (" +
-                               FormatBytes(c.nvme.files[i].capacity_bytes) +
-                               ") is not a whole number of slots of tiers.host.page_bytes (" +
-                               FormatBytes(h.page_bytes) + "): the rest would never be used");
-      }
-    }
-  }
-  {
-    const SecurityConfig& s = c.security;
-    std::set<std::string> names;
-    std::set<uint32_t> uids;
-    TierBytes reserved;
-    for (size_t i = 0; i < s.tenants.size(); ++i) {
-      const TenantConfig& t = s.tenants[i];
-      const std::string at = "config key 'security.tenants[" + std::to_string(i) + "]";
-      if (!names.insert(t.name).second) return InvalidArgument(at + ".name': tenant '" + t.name + "' is named twice");
-      for (uint32_t u : t.uids) {
-        if (!uids.insert(u).second)
-          return InvalidArgument(at + ".uids': uid " + std::to_string(u) + " is in two tenants");
-      }
-      for (auto [q, r, tier] :
-           {std::tuple{t.quota.host, t.reserve.host, "host"}, std::tuple{t.quota.gpu, t.reserve.gpu, "gpu"},
-            std::tuple{t.quota.nvme, t.reserve.nvme, "nvme"}}) {
-        if (q != 0 && r > q) return InvalidArgument(at + ".reserve." + tier + "' is above its quota");
-      }
-      reserved.host += t.reserve.host;
-      reserved.gpu += t.reserve.gpu;
-      reserved.nvme += t.reserve.nvme;
-      reserved.remote += t.reserve.remote;
-    }
-    uint64_t nvme_bytes = 0;
-    for (const auto& f : c.nvme.files) nvme_bytes += f.capacity_bytes;
-    if (s.unknown_quota.nvme > 0 || s.unknown_quota.remote > 0) {
-      return InvalidArgument(
-          "config key 'security.unknown_quota': NVMe and remote quotas are for configured tenants "
-          "(security.tenants); an unknown tenant's blocks there count with everyone else's");
-    }
-    if (reserved.remote > 0) {
-      // Refused rather than ignored: the cluster evicts by its own LRU across every tenant
-      // (maxmemory-policy), which no kvtierd can hold back for one of them.
-      return InvalidArgument(
-          "config key 'security.tenants[].reserve.remote': the remote tier cannot reserve room for a tenant (the "
-          "cluster's own eviction is shared by all); give the other tenants a remote quota instead, or the tenant "
-          "a cluster of its own");
-    }
-    // Reserves must fit below the low watermark, or eviction could never honour them.
-    for (auto [r, cap, low, tier] :
-         {std::tuple{reserved.host, h.capacity_bytes, h.low_watermark, "host"},
-          std::tuple{reserved.gpu, c.gpu.enabled ? c.gpu.capacity_bytes : 0, c.gpu.low_watermark, "gpu"},
-          std::tuple{reserved.nvme, nvme_bytes, c.nvme.low_watermark, "nvme"}}) {
-      if (r > 0 && static_cast<double>(r) > low * static_cast<double>(cap)) {
-        return InvalidArgument("config key 'security.tenants': " + std::string(tier) + " reserves add up to " +
-                               FormatBytes(r) + ", more than the tier's low watermark of " +
-                               FormatBytes(static_cast<uint64_t>(low * static_cast<double>(cap))));
-      }
-    }
-  }
-  if (c.max_pending_output_bytes < c.max_frame_bytes) {
-    return InvalidArgument("config key 'protocol.max_pending_output' must be >= max_frame_bytes");
-  }
-  return Status::Ok();
-}
 
 Result<DaemonConfig> ParseConfig(std::string_view yaml_text) {
   YAML::Node root;

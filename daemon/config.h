@@ -157,6 +157,10 @@ std::string DefaultConfigYaml();
 // The longest Unix socket path plus its terminating NUL (sizeof(sockaddr_un::sun_path)).
 inline constexpr size_t kMaxSocketPathBytes = 108;
 
+// The error for a bad value of config key `path` (dotted, e.g. tiers.host.capacity):
+// kInvalidArgument naming the key and saying why.
+Status ConfigKeyError(std::string_view path, const std::string& why);
+
 // The NVMe tier's slot size: a host page, or for a quantized tier 33/64 of one (a block of
 // 2-byte floats quantized with head_dim >= 128: half its bytes in codes, 4 bytes of scale
 // per head_dim), rounded up to 4 KiB so any device's direct I/O takes it.
