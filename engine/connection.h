@@ -95,8 +95,8 @@ class Connection {
 
   const Session& session() const { return session_; }
   int timeout_ms() const { return timeout_ms_; }
-  // 0: wait forever.
-  void set_timeout_ms(int ms) { timeout_ms_ = ms; }
+  // 0: wait forever. Fails only if the socket refuses the option.
+  Status set_timeout_ms(int ms);
   int fd() const { return fd_; }
 
  private:
@@ -109,6 +109,8 @@ class Connection {
   Result<std::pair<uint64_t, std::span<const uint8_t>>> NextResponse();
   Status TakeSegments(const fb::Response& r);
   Status ReadMore();
+  // Sets the socket's receive timeout to timeout_ms_ (0: none).
+  Status ApplyTimeout();
   // After a failed write: the daemon may have refused the connection with an error frame
   // and closed it before the request arrived (a full session table), and that frame says
   // why. Returns its status if one is already received, else `failed`.

@@ -130,7 +130,7 @@ Result<VerifyResult> ControlClient::Verify() {
   auto& b = conn_->builder();
   KVTIER_ASSIGN_OR_RETURN(Ticket t, conn_->Send(fb::Op::VerifyTier, fb::CreateVerifyTier(b).Union()));
   const int saved = conn_->timeout_ms();
-  conn_->set_timeout_ms(0);  // a scrub of a large tier takes as long as it takes
+  KVTIER_RETURN_IF_ERROR(conn_->set_timeout_ms(0));  // a scrub of a large tier takes as long as it takes
   VerifyResult out;
   Status st = conn_->Wait(t, fb::Reply::VerifyTierReply, [&](const fb::Response& r) {
     const fb::VerifyTierReply* v = r.reply_as_VerifyTierReply();
@@ -139,7 +139,7 @@ Result<VerifyResult> ControlClient::Verify() {
     out.seconds = v->seconds();
     return Status::Ok();
   });
-  conn_->set_timeout_ms(saved);
+  KVTIER_RETURN_IF_ERROR(conn_->set_timeout_ms(saved));
   KVTIER_RETURN_IF_ERROR(st);
   return out;
 }

@@ -98,8 +98,8 @@ Result<size_t> SendSome(int fd, std::span<const uint8_t> bytes, std::span<const 
 Status SendFrame(int fd, std::span<const uint8_t> frame, std::span<const int> fds);
 
 // Reads what is available into `buf`, appending received descriptors (O_CLOEXEC) to
-// `fds`. Returns 0 at EOF. Blocks unless the socket is non-blocking, in which case
-// EAGAIN gives kUnavailable.
+// `fds`. Returns 0 at EOF. Blocks unless the socket is non-blocking; EAGAIN (nothing to
+// read on a non-blocking socket, or its SO_RCVTIMEO ran out) gives kUnavailable.
 Result<size_t> RecvSome(int fd, std::span<uint8_t> buf, std::deque<int>* fds);
 
 }  // namespace kvtier
