@@ -248,16 +248,7 @@ const std::vector<Key>& Keys() {
        "The most of a tier's pages one session may hold leased (allocated, not yet committed) "
        "at once, so one engine cannot take a whole tier (one that arrived first included); a "
        "tenant with a quota on the tier is bounded by its quota instead. 1: no cap.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("security.max_leased_share", n));
-         char* end = nullptr;
-         const double v = std::strtod(s.c_str(), &end);
-         if (s.empty() || *end != '\0' || !(v > 0.0 && v <= 1.0)) {
-           return ConfigKeyError("security.max_leased_share", "'" + s + "' is not a fraction in (0, 1]");
-         }
-         c->security.max_leased_share = v;
-         return Status::Ok();
-       }},
+       KVTIER_SET(Fraction("security.max_leased_share", n), security.max_leased_share)},
       {"security.unknown_quota", "{host: 0, gpu: 0}",
        "Most each unknown tenant may hold per tier (0: no limit); host and GPU only (NVMe and remote "
        "limits are for configured tenants).",

@@ -79,6 +79,8 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"protocol:\n  heartbeat_ttl: 30\n", "protocol.heartbeat_ttl"},
       {"protocol:\n  heartbeat_ttl: 10ms\n", "protocol.heartbeat_ttl"},
       {"security:\n  allow_unknown: maybe\n", "security.allow_unknown"},
+      {"security:\n  max_leased_share: 0\n", "security.max_leased_share"},
+      {"security:\n  max_leased_share: half\n", "security.max_leased_share"},
       {"security:\n  admin_uids: [root]\n", "security.admin_uids[0]"},
       {"security:\n  tenants: [{name: \"a b\", uids: [1]}]\n", "security.tenants[0].name"},
       {"security:\n  tenants: [{name: a}]\n", "security.tenants[0]"},
