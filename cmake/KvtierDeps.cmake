@@ -1,22 +1,23 @@
 # Every third-party dependency, found once. All come from Debian packages (scripts/deps.sh).
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
-find_package(Boost 1.74 REQUIRED)               # header-only Asio
 find_package(FlatBuffers CONFIG REQUIRED)
-find_package(yaml-cpp CONFIG REQUIRED)
-find_package(CLI11 CONFIG REQUIRED)
-find_package(nlohmann_json CONFIG REQUIRED)
-find_package(GTest CONFIG REQUIRED)
-find_package(RocksDB CONFIG REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
-pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
-pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
-pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)  # the remote tier's Redis Cluster client
-pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)  # KV events; cppzmq and msgpack-cxx are headers
-find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
-find_path(MSGPACK_CXX_INCLUDE_DIR msgpack.hpp REQUIRED)
-
 find_program(FLATC flatc REQUIRED)
+if(NOT KVTIER_CLIENT_ONLY)  # the client and the Python extension need only the three above
+  find_package(Boost 1.74 REQUIRED)               # header-only Asio
+  find_package(yaml-cpp CONFIG REQUIRED)
+  find_package(CLI11 CONFIG REQUIRED)
+  find_package(nlohmann_json CONFIG REQUIRED)
+  find_package(GTest CONFIG REQUIRED)
+  find_package(RocksDB CONFIG REQUIRED)
+  pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+  pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
+  pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)  # the remote tier's Redis Cluster client
+  pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)  # KV events; cppzmq and msgpack-cxx are headers
+  find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
+  find_path(MSGPACK_CXX_INCLUDE_DIR msgpack.hpp REQUIRED)
+endif()
 
 # CUDA is optional: without nvcc everything but the .cu files builds.
 set(KVTIER_HAVE_CUDA OFF)

@@ -307,6 +307,7 @@ Result<KvTransfer> TransferFor(const ModelLayout& layout, const EngineKv& kv) {
   g.kv_heads = layout.kv_heads;
   g.head_dim = layout.head_dim;
   g.elem_bytes = static_cast<uint32_t>(DTypeBytes(layout.dtype));
+  g.block_stride_bytes = kv.block_stride_bytes;
   KVTIER_RETURN_IF_ERROR(g.Validate());
   if (kv.layers.size() != layout.num_layers) return InvalidArgument("EngineKv needs one tensor per layer");
   if (g.BlockBytes() != layout.block_bytes) {

@@ -76,9 +76,10 @@ struct ClientOptions {
 // the two layouts of kernels/kv_layout.h, with the geometry of ClientOptions::layout.
 struct EngineKv {
   KvLayoutKind layout = KvLayoutKind::kKvFirst;
-  uint32_t num_blocks = 0;    // blocks in each layer's tensor
-  std::vector<void*> layers;  // one tensor per layer
-  void* stream = nullptr;     // the engine's CUDA stream (ignored when emulated)
+  uint32_t num_blocks = 0;          // blocks in each layer's tensor
+  std::vector<void*> layers;        // one tensor per layer
+  void* stream = nullptr;           // the engine's CUDA stream (ignored when emulated)
+  uint64_t block_stride_bytes = 0;  // kBlockFirst: bytes between blocks (0: dense, 2 x slab)
 };
 
 struct BlockResult {

@@ -13,6 +13,9 @@ Status KvGeometry::Validate() const {
   if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4) {
     return InvalidArgument("kv geometry: elem_bytes must be 1, 2 or 4");
   }
+  if (block_stride_bytes != 0 && (kind != KvLayoutKind::kBlockFirst || block_stride_bytes < 2 * SlabBytes())) {
+    return InvalidArgument("kv geometry: block_stride_bytes needs a block-first layout and at least 2 x slab bytes");
+  }
   return Status::Ok();
 }
 

@@ -7,7 +7,12 @@
 //   kKvFirst    [2, num_blocks, block_tokens, kv_heads, head_dim]
 //   kBlockFirst [num_blocks, 2, block_tokens, kv_heads, head_dim]
 // In both, the (K or V) slab of one block of one layer — block_tokens x kv_heads x
-// head_dim elements — is contiguous; only the strides between slabs differ.
+// head_dim elements — is contiguous; only the strides between slabs differ. kBlockFirst
+// also covers any layout whose block of one layer is one dense run of 2 x slab bytes
+// (vLLM's [blocks, heads, tokens, 2 x head_dim] pages, in either token/head order), with
+// a block stride larger than the run when a layer's blocks are interleaved with other
+// layers' (block_stride_bytes; 0 means 2 x slab). Which order the bytes inside a run
+// have is the engine's business: kvtier moves runs bit-exact.
 //
 // A kvtier page holds one block, all layers, as [layer][k, v][token][head][dim]: slab
 // (layer l, kv c) at offset (2 l + c) x slab_bytes. Value types; thread-compatible.
@@ -31,7 +36,8 @@ struct KvGeometry {
   uint32_t block_tokens = 0;
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
-  uint32_t elem_bytes = 2;  // 4: fp32, 2: fp16/bf16, 1: fp8/int8 (gather/scatter copy bytes)
+  uint32_t elem_bytes = 2;          // 4: fp32, 2: fp16/bf16, 1: fp8/int8 (gather/scatter copy bytes)
+  uint64_t block_stride_bytes = 0;  // kBlockFirst: bytes from one block to the next; 0: 2 x slab
 
   // constexpr so CUDA kernels may call them (nvcc --expt-relaxed-constexpr).
   constexpr uint64_t SlabBytes() const { return uint64_t{block_tokens} * kv_heads * head_dim * elem_bytes; }
@@ -40,11 +46,12 @@ struct KvGeometry {
   // Byte offset of slab (block b, kv c) inside one layer's tensor.
   constexpr uint64_t EngineSlabOffset(uint32_t b, uint32_t c) const {
     return kind == KvLayoutKind::kKvFirst ? (uint64_t{c} * num_blocks + b) * SlabBytes()
-                                          : (uint64_t{b} * 2 + c) * SlabBytes();
+                                          : uint64_t{b} * BlockStride() + uint64_t{c} * SlabBytes();
   }
+  constexpr uint64_t BlockStride() const { return block_stride_bytes ? block_stride_bytes : 2 * SlabBytes(); }
   // Byte offset of slab (layer l, kv c) inside a page.
   constexpr uint64_t PageSlabOffset(uint32_t l, uint32_t c) const { return (uint64_t{l} * 2 + c) * SlabBytes(); }
-  // Bytes of one layer's engine tensor.
+  // Bytes of one layer's engine tensor (dense layouts: block_stride_bytes 0).
   constexpr uint64_t LayerTensorBytes() const { return 2ull * num_blocks * SlabBytes(); }
   // kInvalidArgument naming the bad field.
   Status Validate() const;

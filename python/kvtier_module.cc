@@ -146,9 +146,11 @@ Handle Connect(const py::dict& layout, const std::string& socket, const std::str
   return h;
 }
 
-EngineKv KvOf(const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind, uintptr_t stream) {
+EngineKv KvOf(const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind, uintptr_t stream,
+              uint64_t block_stride = 0) {
   EngineKv kv;
   kv.layout = kind == 0 ? KvLayoutKind::kKvFirst : KvLayoutKind::kBlockFirst;
+  kv.block_stride_bytes = block_stride;
   kv.num_blocks = num_blocks;
   for (uintptr_t p : layers) kv.layers.push_back(reinterpret_cast<void*>(p));
   kv.stream = reinterpret_cast<void*>(stream);
@@ -164,7 +166,7 @@ std::vector<BlockHash> ParentsOf(const std::optional<std::vector<py::bytes>>& hs
   return out;
 }
 
-// The C++ baseline of kvtier.bench: the same store + load loop as the Python one, in C++
+// The C++ baseline of kvtier_testing.bench: the same store + load loop as the Python one, in C++
 // over the same client, so the two differ only by the binding. Returns seconds.
 double CppStoreLoadLoop(const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, uint32_t batch,
                         uint32_t rounds, uint64_t seed) {
@@ -192,7 +194,7 @@ double CppStoreLoadLoop(const Handle& h, const std::vector<uintptr_t>& layers, u
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The C++ baseline of kvtier.bench's page path: lease `batch` pages, copy `src` into each,
+// The C++ baseline of kvtier_testing.bench's page path: lease `batch` pages, copy `src` into each,
 // commit; acquire them, copy each out to `dst`, release. Returns seconds.
 double CppPageLoop(const Handle& h, uint32_t batch, uint32_t rounds, uint64_t seed, uintptr_t src, uintptr_t dst,
                    uint64_t bytes) {
@@ -418,24 +420,25 @@ PYBIND11_MODULE(_kvtier, m) {
           "store_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
              const std::vector<uint32_t>& blocks, const std::vector<py::bytes>& hashes,
-             const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream) {
-            const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
+             const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream, uint64_t block_stride) {
+            const EngineKv kv = KvOf(layers, num_blocks, kind, stream, block_stride);
             const auto hs = HashesOf(hashes);
             const auto ps = ParentsOf(parents);
             return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps); })));
           },
           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("blocks"), py::arg("hashes"),
-          py::arg("parents") = py::none(), py::arg("stream") = 0)
+          py::arg("parents") = py::none(), py::arg("stream") = 0, py::arg("block_stride") = 0)
       .def(
           "load_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
-             const std::vector<py::bytes>& chain, const std::vector<uint32_t>& blocks, uintptr_t stream) {
-            const EngineKv kv = KvOf(layers, num_blocks, kind, stream);
+             const std::vector<py::bytes>& chain, const std::vector<uint32_t>& blocks, uintptr_t stream,
+             uint64_t block_stride) {
+            const EngineKv kv = KvOf(layers, num_blocks, kind, stream, block_stride);
             const auto hs = HashesOf(chain);
             return Unwrap(Call(h, [&](Client& c) { return c.LoadBlocks(kv, hs, blocks); }));
           },
           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("chain"), py::arg("blocks"),
-          py::arg("stream") = 0);
+          py::arg("stream") = 0, py::arg("block_stride") = 0);
 
   m.def("_cpp_page_loop", &CppPageLoop, py::arg("client"), py::arg("batch"), py::arg("rounds"), py::arg("seed"),
         py::arg("src"), py::arg("dst"), py::arg("bytes"));

@@ -19,8 +19,8 @@ Failed calls raise a subclass of ``kvtier.Error`` named for the status code
 returned. Every call that waits for the daemon releases the GIL.
 
 Engine integrations: ``kvtier.vllm`` (a vLLM v1 KV connector) and ``kvtier.sglang`` (an
-SGLang HiCache storage backend); ``python -m kvtier.examples.torch_engine`` is a small
-transformer that shows reuse is exact; ``python -m kvtier.bench`` measures the binding.
+SGLang HiCache storage backend). The repository's tests/python/kvtier_testing holds the
+reference engine, the binding's benchmark and the real-vLLM end-to-end run.
 """
 
 from __future__ import annotations
@@ -229,22 +229,24 @@ class Client:
                  parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first") -> list:
         """Stores engine blocks ``block_ids[i]`` of a paged KV cache as ``hashes[i]``.
 
-        ``kv_caches``: one tensor per layer (torch or numpy), each
-        [2, num_blocks, block_tokens, kv_heads, head_dim] ("kv_first", vLLM's layout) or
-        [num_blocks, 2, ...] ("block_first"), contiguous, of the layout's dtype, on the
-        client's device. All layers of all blocks move in one gather; returns one
-        BlockResult per block (as commit).
+        ``kv_caches``: one tensor per layer (torch or numpy) of the layout's dtype, on the
+        client's device, in one of the layouts of ``kvtier.kv``: "kv_first"
+        [2, num_blocks, block_tokens, kv_heads, head_dim] and "block_first"
+        [num_blocks, 2, ...] (contiguous), or "paged" (a dense run per block at a fixed
+        stride, as vLLM >= 0.32 hands them). All layers of all blocks move in one gather;
+        returns one BlockResult per block (as commit).
         """
-        layers, num_blocks, kind, stream = kv_args(self, kv_caches, kv_layout)
-        return _results(self._c.store_blocks(layers, num_blocks, kind, list(block_ids), list(hashes),
-                                             None if parents is None else list(parents), stream))
+        v = kv_args(self, kv_caches, kv_layout)
+        return _results(self._c.store_blocks(v.pointers, v.num_blocks, v.kind, list(block_ids), list(hashes),
+                                             None if parents is None else list(parents), v.stream, v.block_stride))
 
     def load_kv(self, kv_caches: Sequence, chain: Sequence[bytes], block_ids: Sequence[int], *,
                 kv_layout: str = "kv_first") -> int:
         """Loads the cached prefix of ``chain`` into engine blocks ``block_ids[0..n)``;
         returns n, the number of leading blocks loaded (0 on a miss)."""
-        layers, num_blocks, kind, stream = kv_args(self, kv_caches, kv_layout)
-        return self._c.load_blocks(layers, num_blocks, kind, list(chain), list(block_ids), stream)
+        v = kv_args(self, kv_caches, kv_layout, writes=True)
+        return self._c.load_blocks(v.pointers, v.num_blocks, v.kind, list(chain), list(block_ids), v.stream,
+                                   v.block_stride)
 
 
 class ControlClient:

@@ -1,53 +1,129 @@
 """Paged KV caches as kvtier's store/load helpers take them: per-layer tensors (torch or
-numpy) checked against the client's layout, turned into data pointers."""
+numpy) checked against the client's layout and described as a ``KvView`` (layer
+pointers, blocks, how blocks sit in memory) for the native copy.
+
+Three engine layouts, named by ``kv_layout``:
+
+- ``"kv_first"``: [2, num_blocks, block_tokens, kv_heads, head_dim], contiguous.
+- ``"block_first"``: [num_blocks, 2, block_tokens, kv_heads, head_dim], contiguous.
+- ``"paged"``: [num_blocks, ...] of any rank whose block of one layer is one dense run of
+  2 x block_tokens x kv_heads x head_dim elements, blocks at one fixed stride (which may
+  exceed the run: layers interleaved per block). vLLM >= 0.32 hands its caches this way
+  ([blocks, heads, tokens, 2 x head_dim] in head- or token-major order). The bytes of a
+  run are moved as they are; the order inside it is the engine's (the vLLM connector
+  puts it in the namespace).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
+# Element types a torch tensor may have for a layout's dtype (vLLM allocates fp8 caches
+# as uint8).
+_TORCH_DTYPES = {
+    "fp16": ("torch.float16",), "float16": ("torch.float16",), "half": ("torch.float16",),
+    "bf16": ("torch.bfloat16",), "bfloat16": ("torch.bfloat16",),
+    "fp32": ("torch.float32",), "float32": ("torch.float32",),
+    "fp8": ("torch.float8_e4m3fn", "torch.uint8"), "fp8_e4m3": ("torch.float8_e4m3fn", "torch.uint8"),
+    "fp8_e5m2": ("torch.float8_e5m2", "torch.uint8"), "int8": ("torch.int8", "torch.uint8"),
+}
 
-def _shape_and_pointer(t):
-    """(shape, element size, data pointer, is_cuda, contiguous) of a torch tensor or a
-    numpy array."""
+KINDS = {"kv_first": 0, "block_first": 1, "paged": 1}
+
+
+@dataclass(frozen=True)
+class KvView:
+    pointers: list      # each layer's address
+    num_blocks: int
+    kind: int           # 0: kv_first; 1: block-first (dense runs at block_stride)
+    block_stride: int   # bytes between blocks (0: dense)
+    stream: int         # the CUDA stream to copy on (0: none / default)
+
+
+def _tensor_facts(t):
+    """(shape, strides in elements, element size, data pointer, is_cuda, device, dtype name)."""
     if hasattr(t, "data_ptr"):  # torch
-        return (tuple(t.shape), t.element_size(), t.data_ptr(), t.is_cuda, t.is_contiguous(),
-                getattr(t, "device", None))
+        return (tuple(t.shape), tuple(t.stride()), t.element_size(), t.data_ptr(), t.is_cuda,
+                getattr(t, "device", None), str(t.dtype))
     iface = getattr(t, "__array_interface__", None)
     if iface is None:
         raise TypeError(f"a KV layer must be a torch tensor or a numpy array, not {type(t).__name__}")
-    contiguous = t.flags["C_CONTIGUOUS"]
-    return tuple(t.shape), t.itemsize, iface["data"][0], False, contiguous, None
+    strides = tuple(s // t.itemsize for s in t.strides)
+    return tuple(t.shape), strides, t.itemsize, iface["data"][0], False, None, None
 
 
-def kv_args(client, kv_caches: Sequence, kv_layout: str):
-    """Validates per-layer KV tensors against the client's layout; returns
-    (layer pointers, num_blocks, layout kind (0 kv_first, 1 block_first), stream)."""
+def dense_run(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether dims `shape` with `strides` (elements) cover one dense run, in any order."""
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n != 1)
+    expect = 1
+    for stride, n in dims:
+        if stride != expect:
+            return False
+        expect *= n
+    return True
+
+
+def contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Row-major and dense (dims of size 1 may have any stride)."""
+    expect = 1
+    for n, stride in reversed(list(zip(shape, strides))):
+        if n != 1 and stride != expect:
+            return False
+        expect *= n
+    return True
+
+
+def kv_args(client, kv_caches: Sequence, kv_layout: str, *, writes: bool = False) -> KvView:
+    """Validates per-layer KV tensors against the client's layout (InvalidArgumentError
+    naming what is wrong) and describes them for the native copy; `writes`: the copy
+    writes into them (a load), so read-only arrays are refused."""
     from kvtier import DTYPE_BYTES, InvalidArgumentError  # late: kvtier imports this module
 
     layout = client.layout
-    if kv_layout not in ("kv_first", "block_first"):
-        raise InvalidArgumentError(f"kv_layout '{kv_layout}' is not kv_first or block_first")
+    if kv_layout not in KINDS:
+        raise InvalidArgumentError(f"kv_layout '{kv_layout}' is not one of {sorted(KINDS)}")
     if len(kv_caches) != layout.layers:
         raise InvalidArgumentError(f"{len(kv_caches)} KV tensors for a layout of {layout.layers} layers")
-    ptrs, num_blocks, stream, on_cuda = [], None, 0, None
+    elem_want = DTYPE_BYTES.get(layout.dtype)
+    run_elems = 2 * layout.tokens_per_block * layout.kv_heads * layout.head_dim
+    ptrs, num_blocks, stride, stream, on_cuda = [], None, 0, 0, None
     for i, t in enumerate(kv_caches):
-        shape, elem, ptr, is_cuda, contiguous, device = _shape_and_pointer(t)
-        if len(shape) != 5:
-            raise InvalidArgumentError(f"KV layer {i} has shape {shape}; want 5 dimensions")
-        n = shape[1] if kv_layout == "kv_first" else shape[0]
-        two = shape[0] if kv_layout == "kv_first" else shape[1]
-        want = (two == 2, shape[2] == layout.tokens_per_block, shape[3] == layout.kv_heads,
-                shape[4] == layout.head_dim)
-        if not all(want):
-            raise InvalidArgumentError(
-                f"KV layer {i} has shape {shape}; the layout wants "
-                + ("[2, blocks, " if kv_layout == "kv_first" else "[blocks, 2, ")
-                + f"{layout.tokens_per_block}, {layout.kv_heads}, {layout.head_dim}]")
-        if elem != DTYPE_BYTES.get(layout.dtype):
+        shape, strides, elem, ptr, is_cuda, device, dtype = _tensor_facts(t)
+        if writes and hasattr(t, "flags") and not t.flags["WRITEABLE"]:
+            raise InvalidArgumentError(f"KV layer {i} is read-only: a load writes into it")
+        if elem != elem_want:
             raise InvalidArgumentError(f"KV layer {i} has {elem}-byte elements; the layout's dtype {layout.dtype} "
-                                       f"has {DTYPE_BYTES.get(layout.dtype)}")
-        if not contiguous:
-            raise InvalidArgumentError(f"KV layer {i} is not contiguous")
+                                       f"has {elem_want}")
+        if dtype is not None and dtype not in _TORCH_DTYPES.get(layout.dtype, ()):
+            raise InvalidArgumentError(f"KV layer {i} is {dtype}; the layout's dtype {layout.dtype} wants "
+                                       + " or ".join(_TORCH_DTYPES.get(layout.dtype, ("?",))))
+        if kv_layout == "paged":
+            if len(shape) < 2 or not dense_run(shape[1:], strides[1:]) or _prod(shape[1:]) != run_elems:
+                raise InvalidArgumentError(
+                    f"KV layer {i} has shape {shape} and strides {strides}; 'paged' wants [blocks, ...] whose block "
+                    f"is one dense run of {run_elems} elements (2 x {layout.tokens_per_block} x {layout.kv_heads} "
+                    f"x {layout.head_dim})")
+            n, layer_stride = shape[0], strides[0] * elem
+            if layer_stride < run_elems * elem:
+                raise InvalidArgumentError(f"KV layer {i}: blocks {layer_stride} bytes apart overlap")
+            if stride and layer_stride != stride:
+                raise InvalidArgumentError("every KV layer must have the same block stride")
+            stride = layer_stride
+        else:
+            if len(shape) != 5:
+                raise InvalidArgumentError(f"KV layer {i} has shape {shape}; want 5 dimensions")
+            n = shape[1] if kv_layout == "kv_first" else shape[0]
+            two = shape[0] if kv_layout == "kv_first" else shape[1]
+            want = (two == 2, shape[2] == layout.tokens_per_block, shape[3] == layout.kv_heads,
+                    shape[4] == layout.head_dim)
+            if not all(want):
+                raise InvalidArgumentError(
+                    f"KV layer {i} has shape {shape}; the layout wants "
+                    + ("[2, blocks, " if kv_layout == "kv_first" else "[blocks, 2, ")
+                    + f"{layout.tokens_per_block}, {layout.kv_heads}, {layout.head_dim}]")
+            if not contiguous(shape, strides):
+                raise InvalidArgumentError(f"KV layer {i} is not contiguous")
         if num_blocks is None:
             num_blocks, on_cuda = n, is_cuda
         elif n != num_blocks or is_cuda != on_cuda:
@@ -62,4 +138,12 @@ def kv_args(client, kv_caches: Sequence, kv_layout: str):
         raise InvalidArgumentError("CUDA KV tensors need a client with device 'cuda' (this one is host-emulated)")
     if not on_cuda and backend == "cuda":
         raise InvalidArgumentError("CPU KV tensors need a client with device 'host-emulated' (this one is cuda)")
-    return ptrs, num_blocks, 0 if kv_layout == "kv_first" else 1, stream
+    dense = kv_layout != "paged" or stride == run_elems * elem_want
+    return KvView(ptrs, num_blocks, KINDS[kv_layout], 0 if dense else stride, stream)
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out

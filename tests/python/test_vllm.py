@@ -11,8 +11,8 @@ import torch
 
 import kvtier
 import kvtier.vllm
-from kvtier import vllm_harness as h
-from kvtier.daemon import Daemon
+from kvtier_testing import vllm_harness as h
+from kvtier_testing.daemon import Daemon
 
 BS, LAYERS, HEADS, DIM = 16, 3, 2, 32
 

@@ -14,15 +14,16 @@ import kvtier
 
 
 def find_kvtierd() -> str:
-    """$KVTIER_KVTIERD, else the build tree's (build/python/kvtier -> build/bin/kvtierd),
-    else kvtierd on PATH."""
+    """$KVTIER_KVTIERD, else the build tree's (build/python/kvtier_testing or
+    tests/python/kvtier_testing -> build/bin/kvtierd), else kvtierd on PATH."""
     env = os.environ.get("KVTIER_KVTIERD")
     if env:
         return env
-    here = os.path.dirname(os.path.abspath(kvtier.__file__))
-    built = os.path.normpath(os.path.join(here, "..", "..", "bin", "kvtierd"))
-    if os.access(built, os.X_OK):
-        return built
+    here = os.path.dirname(os.path.abspath(__file__))
+    for built in (os.path.join(here, "..", "..", "bin", "kvtierd"),
+                  os.path.join(here, "..", "..", "..", "build", "bin", "kvtierd")):
+        if os.access(built, os.X_OK):
+            return os.path.normpath(built)
     found = shutil.which("kvtierd")
     if found:
         return found

@@ -1,6 +1,7 @@
 """vLLM's call sequence around a KV connector, played without vLLM.
 
-vLLM cannot be installed here, so the connector is exercised by this harness: stand-ins
+A unit-test harness for Debian's Python (which has no vLLM) and the reference engine; the
+proof against real vLLM is tests/engines (vLLM's own Scheduler). Stand-ins
 for the objects vLLM passes (VllmConfig's parts, Request, KVCacheBlocks, SchedulerOutput
 with its new and cached request data) with the fields kvtier.vllm reads, and a loop that
 calls the scheduler-side and worker-side connectors in vLLM v1's order:
@@ -13,7 +14,7 @@ calls the scheduler-side and worker-side connectors in vLLM v1's order:
   scheduler: request_finished when the request ends.
 
 Decode steps are scheduled as cached requests, with a new block id when a block fills.
-The reference engine (kvtier.examples.torch_engine) and the tests drive real torch KV
+The reference engine (kvtier_testing.torch_engine) and the tests drive real torch KV
 tensors through it.
 """
 
@@ -56,9 +57,19 @@ def vllm_config(model: str, layers: int, kv_heads: int, head_dim: int, dtype: st
                 extra: Optional[dict] = None):
     """A stand-in VllmConfig with the fields a KV connector reads."""
     return SimpleNamespace(model_config=ModelConfig(model, layers, kv_heads, head_dim, dtype),
-                           parallel_config=SimpleNamespace(tensor_parallel_size=1, rank=0),
-                           cache_config=SimpleNamespace(block_size=block_size, cache_dtype="auto"),
+                           parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, rank=0),
+                           cache_config=SimpleNamespace(block_size=block_size, cache_dtype="auto",
+                                                        prefix_caching_hash_algo="sha256"),
                            kv_transfer_config=KVTransferConfig(extra))
+
+
+def kv_cache_config(config, layer_names: list, num_blocks: int):
+    """A stand-in KVCacheConfig: one group of full-attention layers."""
+    mc = config.model_config
+    spec = SimpleNamespace(block_size=config.cache_config.block_size, num_kv_heads=mc.get_num_kv_heads(None),
+                           head_size=mc.get_head_size())
+    return SimpleNamespace(num_blocks=num_blocks,
+                           kv_cache_groups=[SimpleNamespace(layer_names=list(layer_names), kv_cache_spec=spec)])
 
 
 @dataclass
@@ -132,12 +143,15 @@ class Engine:
     def __init__(self, config, layers: list, *, layer_names: Optional[list] = None):
         self.config = config
         self.block_size = config.cache_config.block_size
-        self.scheduler = KvtierConnector(config, KVConnectorRole.SCHEDULER, None)
-        self.worker = KvtierConnector(config, KVConnectorRole.WORKER, None)
         self.layer_names = layer_names or [f"model.layers.{i}.self_attn" for i in range(len(layers))]
         self.layers = layers
-        self.worker.register_kv_caches(dict(zip(self.layer_names, layers)))
         num_blocks = layers[0].shape[1]
+        kv_config = kv_cache_config(config, self.layer_names, num_blocks)
+        self.scheduler = KvtierConnector(config, KVConnectorRole.SCHEDULER, kv_config)
+        self.worker = KvtierConnector(config, KVConnectorRole.WORKER, kv_config)
+        self.worker.register_kv_caches(dict(zip(self.layer_names, layers)))
+        # What vLLM's engine core does once the workers registered their caches.
+        self.scheduler.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
         self.free = list(range(num_blocks - 1, -1, -1))
 
     def allocate(self, n: int) -> list:
@@ -166,7 +180,10 @@ class Engine:
                 reserve_decode_tokens: int = 0) -> tuple:
         """Schedules the prompt: returns (StepResult, block_ids). compute(start, block_ids)
         runs the forward over the prompt from token `start`."""
-        ext, _ = self.scheduler.get_num_new_matched_tokens(request, 0)
+        for _ in range(10000):  # the lookup runs on the connector's thread: ask until it answers
+            ext, _ = self.scheduler.get_num_new_matched_tokens(request, 0)
+            if ext is not None:
+                break
         need = -(-(len(request.prompt_token_ids) + reserve_decode_tokens) // self.block_size)
         block_ids = self.allocate(need)
         self._block_index = {b: i for i, b in enumerate(block_ids)}

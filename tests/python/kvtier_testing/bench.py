@@ -1,4 +1,4 @@
-"""python3 -m kvtier.bench [--json]: the Python binding against the C++ client it wraps.
+"""python3 -m kvtier_testing.bench [--json]: the Python binding against the C++ client it wraps.
 
 Two loops, each run in the same process over the same daemon session, the C++ one called
 through the binding in one call (so the difference between the two is what Python and the
@@ -24,7 +24,7 @@ import numpy as np
 
 import kvtier
 from kvtier import _kvtier
-from kvtier.daemon import Daemon
+from kvtier_testing.daemon import Daemon
 
 BLOCK = 2 << 20
 
@@ -58,7 +58,7 @@ def kv_loop_py(c: "kvtier.Client", layers: list, batch: int, rounds: int, seed: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m kvtier.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m kvtier_testing.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=8, help="blocks per store/load")
     p.add_argument("--rounds", type=int, default=40, help="batches per measurement")
     p.add_argument("--repeats", type=int, default=5, help="interleaved measurements of each loop")

@@ -2,7 +2,7 @@
 kvtier vLLM connector — to show that a prefix loaded from kvtier gives the same answer as
 computing it, and what it saves.
 
-    python3 -m kvtier.examples.torch_engine --layers 4 --heads 8 --kv-heads 2 \\
+    python3 -m kvtier_testing.torch_engine --layers 4 --heads 8 --kv-heads 2 \\
         --head-dim 64 --block-tokens 16 --dtype float32 --prompt-tokens 2048 \\
         --shared-prefix-tokens 1792 --decode-steps 32 --json
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 import kvtier
-from kvtier import vllm_harness as harness
-from kvtier.daemon import Daemon
+from kvtier_testing import vllm_harness as harness
+from kvtier_testing.daemon import Daemon
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -248,7 +248,7 @@ def run_role(a) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m kvtier.examples.torch_engine", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m kvtier_testing.torch_engine", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
         daemon = Daemon(page_bytes=page, pages=4 * (-(-(a.prompt_tokens + a.decode_steps) // g.block_tokens)) + 16)
         a.socket = daemon.socket
     try:
-        base = [sys.executable, "-m", "kvtier.examples.torch_engine"] + [x for x in (argv or sys.argv[1:]) if x != "--json"]
+        base = [sys.executable, "-m", "kvtier_testing.torch_engine"] + [x for x in (argv or sys.argv[1:]) if x != "--json"]
         base += ["--socket", a.socket]
         out = {}
         for role in ("writer", "reader"):

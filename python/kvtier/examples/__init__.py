@@ -1,1 +1,0 @@
-"""Examples that run kvtier end to end (python -m kvtier.examples.torch_engine)."""
