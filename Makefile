@@ -7,7 +7,8 @@ CTEST_ARGS ?=
 
 FUZZ_SECONDS ?= 600
 
-.PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean format format-check
+.PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean format format-check \
+        engines-env test-engines
 
 all: build
 
@@ -23,6 +24,15 @@ build: configure
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600 $(CTEST_ARGS)
+
+# The real-engine tests: vLLM's own classes drive kvtier (tests/engines), in the engines
+# environment (build-engines/venv from pinned requirements; made or reused by engines-env).
+engines-env: deps
+	scripts/engines-env.sh
+
+test-engines: build engines-env
+	cd tests/engines && KVTIER_KVTIERD=$(CURDIR)/$(BUILD)/bin/kvtierd HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 \
+	  $(CURDIR)/build-engines/venv/bin/python -m pytest -q -p no:cacheprovider .
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under
 # ThreadSanitizer, each in its own build tree.

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# make engines-env: the engines environment, build-engines/venv, for the real-engine tests
+# (make test-engines) and the serving e2e. Created from tests/engines/requirements.txt (every
+# package pinned, installed without resolving: see the file) and reused while the pins are
+# unchanged; kvtier is (re)installed from ./python each time, built for the venv's Python.
+# Needs a CPython >= 3.10 with venv ($PYTHON, else python3 on PATH) and the network to PyPI
+# the first time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=build-engines/venv
+REQ=tests/engines/requirements.txt
+PYTHON=${PYTHON:-python3}
+stamp=$VENV/.kvtier-pins
+want=$(sha256sum "$REQ" | cut -d' ' -f1)
+if [[ ! -x $VENV/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  rm -rf "$VENV"
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+    { echo "engines-env: $PYTHON is older than 3.10" >&2; exit 1; }
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ"
+  echo "$want" >"$stamp"
+fi
+# kvtier from this checkout (no build isolation: scikit-build-core and pybind11 are pinned
+# above), and kvtier_testing from tests/python by a path file.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation ./python
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/tests/python" >"$site/kvtier_testing.pth"
+"$VENV/bin/python" -c 'import vllm, kvtier.vllm; print("engines-env: vllm", vllm.__version__, "kvtier", kvtier.__file__)' 2>&1 |
+  tail -n 1

@@ -1,0 +1,248 @@
+"""kvtier.vllm driven by the installed vLLM: its Scheduler, Request and block hasher, its
+connector factory loading kvtier.vllm by module path, its KV cache views for each layout,
+against real kvtierd processes (kvtier_testing.vllm_engine says what stands in for the
+model). Every run is compared token for token with the same vLLM scheduler without kvtier.
+"""
+
+import random
+import signal
+import time
+
+import pytest
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.v1.kv_cache_layout import KVCacheLayout
+
+import kvtier
+import kvtier.vllm
+from kvtier_testing.vllm_engine import BLOCK, Engine, vllm_config
+
+# Layouts whose block of one layer is one dense run (vLLM's layer- or block-outermost
+# pages); the others put heads outside blocks, which kvtier refuses by name.
+SUPPORTED = [KVCacheLayout.LBHNC, KVCacheLayout.LBNHC, KVCacheLayout.BLHNC, KVCacheLayout.BLNHC]
+REFUSED = [KVCacheLayout.LHBNC, KVCacheLayout.BHLNC]
+
+
+def prompt(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def reference(model_dir, requests, num_blocks=256):
+    """The outputs of vLLM's scheduler without kvtier for [(id, prompt, max_tokens)]."""
+    e = Engine(vllm_config(model_dir, None), num_blocks)
+    for rid, p, n in requests:
+        e.add(rid, p, n)
+    e.run()
+    return {rid: e.outputs[rid] for rid, _, _ in requests}
+
+
+def serve(engine, requests, **kw):
+    for rid, p, n in requests:
+        engine.add(rid, p, n)
+    engine.run(**kw)
+    return {rid: engine.outputs[rid] for rid, _, _ in requests}
+
+
+def test_vllm_loads_kvtier_as_its_own_connector(model_dir, daemon):
+    assert issubclass(kvtier.vllm.KvtierConnector, KVConnectorBase_V1)
+    e = Engine(vllm_config(model_dir, daemon.socket), 64)
+    try:
+        assert isinstance(e.connector, kvtier.vllm.KvtierConnector)
+        assert isinstance(e.worker, kvtier.vllm.KvtierConnector)
+        layout = e.worker.get_handshake_metadata()
+        assert layout.layers == 2 and layout.kv_heads == 2 and layout.head_dim == 16 and layout.tokens_per_block == 16
+        assert "|HNC|tp0of1|pp0of1" in layout.model and layout.kv_layout == "paged"
+        assert e.connector.requires_kv_delivery is False
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("layout", SUPPORTED, ids=lambda l: l.name)
+def test_a_prefix_one_instance_computed_is_loaded_exactly_by_another(model_dir, daemon, layout):
+    p = prompt(300, 1)  # 18 full blocks and a partial one
+    q = p[:260] + prompt(60, 2)  # shares 16 full blocks with p
+    want = reference(model_dir, [("a", p, 8), ("b", q, 8)])
+    a = Engine(vllm_config(model_dir, daemon.socket), 128, layout)
+    b = Engine(vllm_config(model_dir, daemon.socket), 128, layout)
+    try:
+        assert serve(a, [("a", p, 8)]) == {"a": want["a"]}
+        assert a.connector_stats.get("stored_blocks", 0) >= 18
+        got = serve(b, [("b", q, 8)])
+        assert got == {"b": want["b"]}
+        assert b.connector_stats["loaded_blocks"] == 16
+        assert b.connector_stats["load_failed_blocks"] == 0
+        for i in range(16):  # the bytes B loaded are the bytes A computed
+            assert b.block_bytes("b", i) == a.block_bytes("a", i)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("layout", REFUSED, ids=lambda l: l.name)
+def test_layouts_with_heads_outside_blocks_are_refused_by_name(model_dir, daemon, layout):
+    with pytest.raises(kvtier.InvalidArgumentError, match="dense run"):
+        Engine(vllm_config(model_dir, daemon.socket), 64, layout)
+
+
+def test_different_layouts_never_share_blocks(model_dir, daemon):
+    """Token-major and head-major pages hold other bytes for the same tokens: a miss."""
+    p = prompt(200, 3)
+    a = Engine(vllm_config(model_dir, daemon.socket), 64, KVCacheLayout.LBHNC)
+    b = Engine(vllm_config(model_dir, daemon.socket), 64, KVCacheLayout.LBNHC)
+    try:
+        serve(a, [("a", p, 2)])
+        serve(b, [("b", p, 2)])
+        assert b.connector_stats.get("loaded_blocks", 0) == 0
+        assert b.connector_stats["hit_blocks"] == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_preempted_requests_load_again_and_generate_what_vllm_alone_does(model_dir, daemon):
+    # 3 requests of 160 prompt + 120 output tokens (18 blocks each at the end) in 40
+    # blocks: vLLM must preempt. A resumed request is looked up and loaded again.
+    reqs = [(f"r{i}", prompt(160, 10 + i), 120) for i in range(3)]
+    want = reference(model_dir, reqs)
+    e = Engine(vllm_config(model_dir, daemon.socket), 40)
+    try:
+        got = serve(e, reqs)
+        assert e.preempted, "vLLM preempted nothing: the test needs a smaller KV budget"
+        assert got == want
+        assert e.connector_stats["loaded_blocks"] > 0
+        assert e.connector_stats["load_failed_blocks"] == 0
+    finally:
+        e.close()
+
+
+def _restart_daemon_before_the_load(daemon, engine, req_id):
+    """A hook for Engine.step: the first time the scheduler planned a load for req_id,
+    kvtierd is killed and started afresh (its blocks gone) before the worker loads."""
+    fired = []
+
+    def hook(out):
+        meta = out.kv_connector_metadata
+        if not fired and any(load.req_id == req_id for load in meta.loads):
+            fired.append(True)
+            daemon.kill9()
+            daemon.start()
+
+    return hook, fired
+
+
+def test_a_failed_load_is_recomputed_and_nothing_computed_over_it_is_stored(model_dir, daemon):
+    p = prompt(320, 4)
+    want = reference(model_dir, [("a", p, 6), ("b", p, 6), ("c", p, 6)])
+    a = Engine(vllm_config(model_dir, daemon.socket), 128)
+    b = Engine(vllm_config(model_dir, daemon.socket), 128)
+    c = Engine(vllm_config(model_dir, daemon.socket), 128)
+    try:
+        assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
+        hook, fired = _restart_daemon_before_the_load(daemon, b, "b")
+        assert serve(b, [("b", p, 6)], before_worker=hook) == {"b": want["b"]}
+        assert fired
+        assert b.connector_stats["load_failed_blocks"] > 0
+        assert b.connector_stats.get("stored_blocks", 0) == 0
+        assert b.connector_stats["stores_skipped_after_failed_load"] > 0
+        # What B may have stored is what another instance now reads: it must be exact.
+        assert serve(c, [("c", p, 6)]) == {"c": want["c"]}
+    finally:
+        for e in (a, b, c):
+            e.close()
+
+
+def test_under_vllms_fail_policy_a_failed_load_fails_the_request_and_stores_nothing(model_dir, daemon):
+    p = prompt(320, 5)
+    a = Engine(vllm_config(model_dir, daemon.socket), 128)
+    b = Engine(vllm_config(model_dir, daemon.socket, policy="fail"), 128)
+    try:
+        serve(a, [("a", p, 4)])
+        hook, fired = _restart_daemon_before_the_load(daemon, b, "b")
+        serve(b, [("b", p, 4)], before_worker=hook)
+        assert fired
+        assert str(b.finished["b"]).lower().endswith("error")
+        assert b.connector_stats.get("stored_blocks", 0) == 0
+        assert b.connector_stats["stores_skipped_after_failed_load"] > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_stalled_daemon_never_stalls_the_scheduler(model_dir, daemon):
+    e = Engine(vllm_config(model_dir, daemon.socket), 64)
+    try:
+        e.add("r", prompt(200, 6), 2)
+        daemon.signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            out = e.scheduler.schedule()  # the lookup is in flight: "not yet", the request waits
+            took = time.monotonic() - t0
+            assert took < 1.0, f"schedule() took {took:.2f} s with kvtierd stopped (timeout 3 s)"
+            assert out.scheduled_new_reqs == []
+        finally:
+            daemon.signal(signal.SIGCONT)
+        e.run()
+        assert len(e.outputs["r"]) == 2
+    finally:
+        e.close()
+
+
+def test_long_prompts_are_stored_in_chunks_the_lease_cap_allows(model_dir):
+    # A host tier of 48 pages with a lease cap of half of it: a 100-block prompt cannot be
+    # leased at once, but is stored 8 blocks a call.
+    from kvtier_testing.daemon import Daemon
+
+    with Daemon(page_bytes=64 << 10, pages=256) as d:
+        p = prompt(100 * BLOCK + 5, 7)
+        a = Engine(vllm_config(model_dir, d.socket, extra={"store_chunk_blocks": 8}, batched_tokens=4096), 256)
+        b = Engine(vllm_config(model_dir, d.socket, batched_tokens=4096), 256)
+        try:
+            want = reference(model_dir, [("a", p, 2)])
+            assert serve(a, [("a", p, 2)]) == want
+            assert a.connector_stats["stored_blocks"] == 100
+            assert serve(b, [("b", p, 2)]) == {"b": want["a"]}
+            assert b.connector_stats["loaded_blocks"] == 100
+        finally:
+            a.close()
+            b.close()
+
+
+@pytest.mark.parametrize("algo,size", [("sha256", 32), ("xxhash", 16)])
+def test_block_hashes_are_stored_as_vllm_makes_them(model_dir, daemon, algo, size):
+    pytest.importorskip("xxhash") if algo == "xxhash" else None
+    p = prompt(100, 8)
+    a = Engine(vllm_config(model_dir, daemon.socket, hash_algo=algo), 64)
+    b = Engine(vllm_config(model_dir, daemon.socket, hash_algo=algo), 64)
+    try:
+        serve(a, [("a", p, 2)])
+        req = b.add("b", p, 2)
+        assert {len(h) for h in req.block_hashes} == {size}
+        b.run()
+        assert b.connector_stats["loaded_blocks"] == 6
+        with kvtier.Client(a.worker.get_handshake_metadata().kvtier_layout(), daemon.socket, hash_bytes=size,
+                           device="host-emulated") as c:
+            assert c.lookup([bytes(h) for h in req.block_hashes[:6]]).matched == 6
+    finally:
+        a.close()
+        b.close()
+
+
+def test_fp8_caches_are_stored_and_loaded_byte_exact(model_dir, daemon):
+    try:
+        cfg = vllm_config(model_dir, daemon.socket, cache_dtype="fp8")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"this vLLM build refuses an fp8 KV cache on CPU: {e}")
+    p = prompt(200, 9)
+    a = Engine(cfg, 64)
+    b = Engine(vllm_config(model_dir, daemon.socket, cache_dtype="fp8"), 64)
+    try:
+        assert a.worker.get_handshake_metadata().dtype == "fp8_e4m3"
+        want = serve(a, [("x", p, 3)])
+        assert serve(b, [("x", p, 3)]) == want
+        assert b.connector_stats["loaded_blocks"] == 12
+        for i in range(12):
+            assert b.block_bytes("x", i) == a.block_bytes("x", i)
+    finally:
+        a.close()
+        b.close()

@@ -1,0 +1,212 @@
+"""vLLM's scheduler with a kvtier connector, driven step by step as vLLM's engine core
+drives it, for the real-engine tests (tests/engines).
+
+What is vLLM's own: the ``Scheduler`` (its KV cache manager, prefix cache, preemption and
+load-failure handling), ``Request`` with vLLM's block hasher, the ``VllmConfig`` over a
+tiny local model, ``KVConnectorFactory`` loading ``kvtier.vllm`` by module path for both
+roles, the per-layer KV views made by vLLM's ``create_kv_cache_views`` for each
+``KVCacheLayout``, ``ModelRunnerOutput``/``KVConnectorOutput``, and the handshake the
+engine core does after the workers registered their caches.
+
+What stands in for the model runner: ``forward`` writes each token's KV as a function of
+its token and of the previous token's KV *read from the cache* (so a block that was not
+loaded, or loaded wrong, changes every later value), and samples a token from the last
+value. Two engines that computed the same prefix hold the same bytes; an engine whose
+loads were wrong produces other tokens than one without kvtier.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+
+from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    compute_layout_strides,
+    create_kv_cache_views,
+)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+BLOCK = 16
+MOD = 9973.0
+
+
+def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompute", hash_algo: str = "sha256",
+                cache_dtype: str = "auto", max_num_seqs: int = 8, batched_tokens: int = 2048,
+                extra: Optional[dict] = None) -> VllmConfig:
+    """A real VllmConfig over the tiny model; with `socket`, the kvtier connector."""
+    mc = ModelConfig(model=model_dir, tokenizer=model_dir, dtype="float32", seed=0, max_model_len=8192,
+                     skip_tokenizer_init=True)
+    cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True, prefix_caching_hash_algo=hash_algo,
+                     cache_dtype=cache_dtype)
+    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=batched_tokens, max_model_len=8192,
+                         enable_chunked_prefill=True, is_encoder_decoder=False)
+    kt = None
+    if socket is not None:
+        kt = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
+                              kv_role="kv_both", kv_load_failure_policy=policy,
+                              kv_connector_extra_config={"socket": socket, "timeout_ms": 3000, **(extra or {})})
+    return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=kt,
+                      device_config=DeviceConfig("cpu"))
+
+
+class Engine:
+    """One vLLM instance: its scheduler, and a worker with real KV views in `layout`."""
+
+    def __init__(self, config: VllmConfig, num_blocks: int, layout: KVCacheLayout = KVCacheLayout.LBHNC):
+        self.config = config
+        mc = config.model_config
+        self.layers = mc.get_num_layers(config.parallel_config)
+        heads, dim = mc.get_num_kv_heads(config.parallel_config), mc.get_head_size()
+        dtype = torch.uint8 if str(config.cache_config.cache_dtype).startswith("fp8") else torch.float32
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=dim, dtype=dtype)
+        names = [f"model.layers.{i}.self_attn.attn" for i in range(self.layers)]
+        page = spec.page_size_bytes
+        strides = compute_layout_strides(spec, num_blocks, self.layers, layout)  # bytes, [L, B, H, N, C]
+        tensor = KVCacheTensor(size=page * num_blocks * self.layers, layers=names, layer_stride=strides[0],
+                               block_stride=strides[1])
+        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        self.raw = torch.zeros(tensor.size, dtype=torch.int8)
+        self.views = create_kv_cache_views(self.raw, spec, num_blocks, layout, tensor)
+        self.fp8 = dtype == torch.uint8
+        config.cache_config.num_gpu_blocks = num_blocks  # as the engine core sets it after profiling
+        self.scheduler = Scheduler(config, self.kv_cache_config, StructuredOutputManager(config), block_size=BLOCK,
+                                   log_stats=True)
+        self.connector = self.scheduler.connector
+        self.worker = None
+        if config.kv_transfer_config is not None:
+            self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, self.kv_cache_config)
+            self.worker.register_kv_caches(dict(zip(names, self.views)))
+            # What vLLM's engine core does once every worker registered its caches.
+            self.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
+        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(BLOCK, hash_fn)
+        self.tables: dict = {}
+        self.outputs: dict = {}
+        self.finished: dict = {}
+        self.connector_stats: dict = {}
+        self.preempted: set = set()  # requests vLLM preempted at least once
+
+    # ---- requests ----
+    def add(self, req_id: str, prompt: list, max_tokens: int) -> Request:
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        req = Request(req_id, list(prompt), sp, None, block_hasher=self.hasher)
+        self.scheduler.add_request(req)
+        self.outputs[req_id] = []
+        return req
+
+    # ---- the model runner's part ----
+    def _value(self, layer: int, block: int, off: int) -> float:
+        t = self.views[layer]
+        cell = t[block, 0, off, 0]
+        return float(cell) if not self.fp8 else float(int(cell))
+
+    def _write(self, block: int, off: int, v: float) -> None:
+        for layer, t in enumerate(self.views):
+            if self.fp8:
+                t[block, :, off, :] = (int(v) + layer) % 256
+            else:
+                t[block, :, off, :] = v + layer
+
+    def forward(self, req_id: str, start: int, count: int) -> Optional[int]:
+        tokens = self.scheduler.requests[req_id].all_token_ids
+        table = self.tables[req_id]
+        mod = 256 if self.fp8 else MOD
+        v = 0.0
+        for p in range(start, start + count):
+            prev = self._value(0, table[(p - 1) // BLOCK], (p - 1) % BLOCK) if p > 0 else 0.0
+            v = (prev * 31 + tokens[p] * 7 + 1) % mod
+            self._write(table[p // BLOCK], p % BLOCK, v)
+        if start + count == len(tokens):
+            return int(v) % 500 + 3
+        return None
+
+    def step(self, before_worker: Optional[Callable] = None) -> list:
+        out = self.scheduler.schedule()
+        for new in out.scheduled_new_reqs:
+            self.tables[new.req_id] = list(new.block_ids[0])
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            ids = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                self.tables[rid] = list(ids[0])
+            elif ids is not None:
+                self.tables[rid].extend(ids[0])
+        if before_worker is not None:
+            before_worker(out)
+        invalid, stats = set(), None
+        w = self.worker
+        if w is not None:
+            w.bind_connector_metadata(out.kv_connector_metadata)
+            w.start_load_kv(None)
+        computed = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = [[] for _ in req_ids]
+        for i, rid in enumerate(req_ids):
+            tok = self.forward(rid, computed[rid], out.num_scheduled_tokens[rid])
+            if tok is not None:
+                sampled[i] = [tok]
+        if w is not None:
+            w.wait_for_save()
+            invalid = w.get_block_ids_with_load_errors()
+            w.get_finished(out.finished_req_ids)
+            stats = w.get_kv_connector_stats()
+            w.clear_connector_metadata()
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=sampled,
+                                kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid,
+                                                                      kv_connector_stats=stats))
+        finished = []
+        for eco in self.scheduler.update_from_output(out, mro).values():
+            s = getattr(eco, "scheduler_stats", None)
+            if s is not None and getattr(s, "kv_connector_stats", None):
+                for k, v in s.kv_connector_stats.items():
+                    if isinstance(v, (int, float)):
+                        self.connector_stats[k] = self.connector_stats.get(k, 0) + v
+            for o in eco.outputs:
+                self.outputs[o.request_id].extend(o.new_token_ids)
+                if o.finish_reason is not None:
+                    self.finished[o.request_id] = o.finish_reason
+                    finished.append(o.request_id)
+        return finished
+
+    def run(self, *, max_steps: int = 5000, seconds: float = 120.0, before_worker: Optional[Callable] = None) -> None:
+        deadline = time.monotonic() + seconds
+        for _ in range(max_steps):
+            if not self.scheduler.has_unfinished_requests():
+                return
+            if time.monotonic() > deadline:
+                break
+            self.step(before_worker)
+            for r in self.scheduler.requests.values():
+                if r.num_preemptions:
+                    self.preempted.add(r.request_id)
+        raise TimeoutError(f"requests unfinished after {max_steps} steps / {seconds} s")
+
+    def block_bytes(self, req_id: str, index: int) -> bytes:
+        """The bytes of block `index` of a request's table, every layer."""
+        b = self.tables[req_id][index]
+        return b"".join(t[b].contiguous().view(torch.int8).numpy().tobytes() for t in self.views)
+
+    def close(self) -> None:
+        for c in (self.connector, self.worker):
+            if c is not None:
+                c.shutdown()
