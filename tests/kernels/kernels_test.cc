@@ -57,6 +57,48 @@ TEST(GpuKernels, SlabsAreContiguousInBothEngineLayouts) {
   EXPECT_EQ(g.BlockBytes(), 2u * 3 * 4 * 2 * 16 * 2);
 }
 
+TEST(GpuKernels, BlockFirstWithAStrideMovesEachBlocksRunAndNothingBetween) {
+  // Layers interleaved per block (vLLM's block-outermost pages): block b of a layer is one
+  // run of 2 x slab bytes at b x stride; the bytes between runs belong to other layers.
+  KvGeometry g = Geometry(KvLayoutKind::kBlockFirst, 2);
+  const uint64_t run = 2 * g.SlabBytes();
+  g.block_stride_bytes = 3 * run;
+  ASSERT_TRUE(g.Validate().ok());
+  EXPECT_EQ(g.EngineSlabOffset(4, 1), 4 * 3 * run + g.SlabBytes());
+  const uint64_t tensor = g.num_blocks * g.block_stride_bytes;
+  std::vector<std::vector<uint8_t>> layers, back;
+  for (uint32_t l = 0; l < g.num_layers; ++l) {
+    layers.push_back(RandomBytes(tensor, 300 + l));
+    back.emplace_back(tensor, 0xee);
+  }
+  const std::vector<uint32_t> blocks = {5, 0, 8};
+  std::vector<std::vector<uint8_t>> pages(3, std::vector<uint8_t>(g.BlockBytes()));
+  std::vector<uint8_t*> page_ptrs;
+  for (auto& p : pages) page_ptrs.push_back(p.data());
+  KvTransfer t;
+  t.geometry = g;
+  for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = layers[l].data();
+  t.blocks = blocks.data();
+  t.pages = page_ptrs.data();
+  t.count = 3;
+  GatherCpu(t);
+  for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = back[l].data();
+  ScatterCpu(t);
+  for (uint32_t l = 0; l < g.num_layers; ++l) {
+    for (uint64_t off = 0; off < tensor; ++off) {
+      const uint64_t b = off / g.block_stride_bytes;
+      const bool moved = (b == 5 || b == 0 || b == 8) && off % g.block_stride_bytes < run;
+      ASSERT_EQ(back[l][off], moved ? layers[l][off] : 0xee) << "layer " << l << " byte " << off;
+    }
+  }
+  KvGeometry bad = g;
+  bad.block_stride_bytes = run - 1;  // runs would overlap
+  EXPECT_EQ(bad.Validate().code(), StatusCode::kInvalidArgument);
+  bad = g;
+  bad.kind = KvLayoutKind::kKvFirst;  // a stride means block-first
+  EXPECT_EQ(bad.Validate().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(GpuKernels, GatherThenScatterRoundTripsEveryLayoutAndElementSize) {
   for (KvLayoutKind kind : {KvLayoutKind::kKvFirst, KvLayoutKind::kBlockFirst}) {
     for (uint32_t elem : {1u, 2u}) {
