@@ -92,6 +92,12 @@ class Layout:
         return Layout(model, layers=1, kv_heads=1, head_dim=dim, dtype="int8", tokens_per_block=half // dim)
 
     def as_dict(self) -> dict:
+        for name in ("layers", "kv_heads", "head_dim", "tokens_per_block"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v >= 1 << 32:
+                raise InvalidArgumentError(f"Layout.{name} must be a positive integer below 2^32, not {v!r}")
+        if self.block_bytes is not None and (not isinstance(self.block_bytes, int) or self.block_bytes <= 0):
+            raise InvalidArgumentError(f"Layout.block_bytes must be a positive integer, not {self.block_bytes!r}")
         d = asdict(self)
         if d["block_bytes"] is None:
             d["block_bytes"] = self.natural_block_bytes
@@ -133,6 +139,10 @@ class Client:
                  timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0):
         self.layout = layout
         self._device = None
+        if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or not 0 < timeout_ms < 1 << 31:
+            raise InvalidArgumentError(f"timeout_ms must be a positive number of milliseconds, not {timeout_ms!r}")
+        if hash_bytes not in (16, 32):
+            raise InvalidArgumentError(f"hash_bytes must be 16 or 32, not {hash_bytes!r}")
         self._c = _kvtier.Client(layout.as_dict(), socket or "", name, hash_bytes, timeout_ms, device, cuda_device)
 
     # ---- session ----

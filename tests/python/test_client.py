@@ -1,5 +1,6 @@
 """The binding itself: zero-copy pages, errors, the GIL, pipelining, the context manager."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -145,3 +146,35 @@ def test_store_kv_and_load_kv_move_paged_torch_tensors_exactly(daemon):
             c.store_kv(layers[:1], [0], chain[:1])
         with pytest.raises(kvtier.InvalidArgumentError, match="4-byte"):
             c.store_kv([t.float() for t in layers], [0], chain[:1])
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout_ms": -1}, {"timeout_ms": 0}, {"hash_bytes": 20}])
+def test_bad_client_arguments_raise_kvtier_errors(daemon, kwargs):
+    with pytest.raises(kvtier.InvalidArgumentError):
+        kvtier.Client(LAYOUT, daemon.socket, **kwargs)
+
+
+@pytest.mark.parametrize("field", ["layers", "kv_heads", "head_dim", "tokens_per_block"])
+def test_negative_layout_fields_raise_kvtier_errors(daemon, field):
+    bad = dataclasses.replace(LAYOUT, **{field: -1})
+    with pytest.raises(kvtier.InvalidArgumentError, match=field):
+        kvtier.Client(bad, daemon.socket)
+
+
+def test_a_tensor_of_another_dtype_with_the_same_element_size_is_refused(daemon):
+    torch = pytest.importorskip("torch")
+    with kvtier.Client(LAYOUT, daemon.socket, device="host-emulated") as c:  # LAYOUT is bf16
+        layers = [torch.zeros(2, 4, 16, 2, 64, dtype=torch.float16) for _ in range(LAYOUT.layers)]
+        with pytest.raises(kvtier.InvalidArgumentError, match="bfloat16"):
+            c.store_kv(layers, [0], [b"\x01" * 16])
+
+
+def test_a_load_into_a_read_only_array_is_refused(daemon):
+    import numpy as np
+
+    with kvtier.Client(LAYOUT, daemon.socket, device="host-emulated") as c:
+        layers = [np.zeros((2, 4, 16, 2, 64), dtype=np.uint16) for _ in range(LAYOUT.layers)]
+        for a in layers:
+            a.flags.writeable = False
+        with pytest.raises(kvtier.InvalidArgumentError, match="read-only"):
+            c.load_kv(layers, [b"\x01" * 16], [0])
