@@ -74,3 +74,16 @@ function(kvtier_add_test name)
       DISCOVERY_TIMEOUT 60)
   endif()
 endfunction()
+
+# Copies the Python sources (*.py, *.pyi, py.typed) under `src` to `dst` when they change,
+# as target `name` (built by default): how the build tree assembles importable packages.
+function(kvtier_copy_python_tree name src dst)
+  file(GLOB_RECURSE sources RELATIVE ${src} CONFIGURE_DEPENDS ${src}/*.py ${src}/*.pyi ${src}/py.typed)
+  set(copied)
+  foreach(f ${sources})
+    add_custom_command(OUTPUT ${dst}/${f} COMMAND ${CMAKE_COMMAND} -E copy ${src}/${f} ${dst}/${f}
+                       DEPENDS ${src}/${f})
+    list(APPEND copied ${dst}/${f})
+  endforeach()
+  add_custom_target(${name} ALL DEPENDS ${copied} ${ARGN})
+endfunction()
