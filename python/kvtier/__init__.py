@@ -45,10 +45,10 @@ from kvtier._kvtier import (  # noqa: F401  (the public error types)
     UnavailableError,
     UnimplementedError,
 )
-from kvtier.kv import kv_args
+from kvtier.kv import KvView, kv_args
 
 __all__ = [
-    "Layout", "Client", "ControlClient", "BlockResult", "LookupResult", "Page", "Error",
+    "Layout", "Client", "ControlClient", "BlockResult", "LookupResult", "KvView", "Page", "Error",
     "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "ResourceExhaustedError",
     "FailedPreconditionError", "AbortedError", "UnavailableError", "DataLossError",
     "PermissionDeniedError", "UnimplementedError", "InternalError", "DTYPE_BYTES",
@@ -235,26 +235,36 @@ class Client:
         self._c.ping(payload_bytes)
 
     # ---- whole paged KV caches ----
-    def store_kv(self, kv_caches: Sequence, block_ids: Sequence[int], hashes: Sequence[bytes],
-                 parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first") -> list:
-        """Stores engine blocks ``block_ids[i]`` of a paged KV cache as ``hashes[i]``.
+    def kv_view(self, kv_caches: Sequence, kv_layout: str = "kv_first") -> KvView:
+        """Checks a paged KV cache once and describes it for store_kv/load_kv, which then
+        take the view in place of the tensors (an engine whose cache never moves checks
+        it at start, not on every copy). The tensors must outlive the view.
 
         ``kv_caches``: one tensor per layer (torch or numpy) of the layout's dtype, on the
         client's device, in one of the layouts of ``kvtier.kv``: "kv_first"
         [2, num_blocks, block_tokens, kv_heads, head_dim] and "block_first"
         [num_blocks, 2, ...] (contiguous), or "paged" (a dense run per block at a fixed
-        stride, as vLLM >= 0.32 hands them). All layers of all blocks move in one gather;
-        returns one BlockResult per block (as commit).
+        stride, as vLLM >= 0.32 hands them).
         """
-        v = kv_args(self, kv_caches, kv_layout)
+        return kv_args(self.layout, self.device_backend, kv_caches, kv_layout)
+
+    def store_kv(self, kv_caches, block_ids: Sequence[int], hashes: Sequence[bytes],
+                 parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first") -> list:
+        """Stores engine blocks ``block_ids[i]`` of a paged KV cache (tensors as kv_view
+        takes them, or a KvView) as ``hashes[i]``. All layers of all blocks move in one
+        gather; returns one BlockResult per block (as commit)."""
+        v = kv_caches if isinstance(kv_caches, KvView) else self.kv_view(kv_caches, kv_layout)
         return _results(self._c.store_blocks(v.pointers, v.num_blocks, v.kind, list(block_ids), list(hashes),
                                              None if parents is None else list(parents), v.stream, v.block_stride))
 
-    def load_kv(self, kv_caches: Sequence, chain: Sequence[bytes], block_ids: Sequence[int], *,
+    def load_kv(self, kv_caches, chain: Sequence[bytes], block_ids: Sequence[int], *,
                 kv_layout: str = "kv_first") -> int:
-        """Loads the cached prefix of ``chain`` into engine blocks ``block_ids[0..n)``;
-        returns n, the number of leading blocks loaded (0 on a miss)."""
-        v = kv_args(self, kv_caches, kv_layout, writes=True)
+        """Loads the cached prefix of ``chain`` into engine blocks ``block_ids[0..n)`` of a
+        paged KV cache (tensors or a KvView); returns n, the number of leading blocks
+        loaded (0 on a miss)."""
+        v = kv_caches if isinstance(kv_caches, KvView) else self.kv_view(kv_caches, kv_layout)
+        if not v.writable:
+            raise InvalidArgumentError("a KV layer is read-only: a load writes into it")
         return self._c.load_blocks(v.pointers, v.num_blocks, v.kind, list(chain), list(block_ids), v.stream,
                                    v.block_stride)
 

@@ -39,6 +39,7 @@ class KvView:
     kind: int           # 0: kv_first; 1: block-first (dense runs at block_stride)
     block_stride: int   # bytes between blocks (0: dense)
     stream: int         # the CUDA stream to copy on (0: none / default)
+    writable: bool      # every layer may be written (a load's target)
 
 
 def _tensor_facts(t):
@@ -74,24 +75,22 @@ def contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
-def kv_args(client, kv_caches: Sequence, kv_layout: str, *, writes: bool = False) -> KvView:
-    """Validates per-layer KV tensors against the client's layout (InvalidArgumentError
-    naming what is wrong) and describes them for the native copy; `writes`: the copy
-    writes into them (a load), so read-only arrays are refused."""
+def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView:
+    """Validates per-layer KV tensors against a ``kvtier.Layout`` and the client's device
+    backend ("cuda" or "host-emulated"), raising InvalidArgumentError naming what is
+    wrong, and describes them for the native copy. Needs no daemon."""
     from kvtier import DTYPE_BYTES, InvalidArgumentError  # late: kvtier imports this module
 
-    layout = client.layout
     if kv_layout not in KINDS:
         raise InvalidArgumentError(f"kv_layout '{kv_layout}' is not one of {sorted(KINDS)}")
     if len(kv_caches) != layout.layers:
         raise InvalidArgumentError(f"{len(kv_caches)} KV tensors for a layout of {layout.layers} layers")
     elem_want = DTYPE_BYTES.get(layout.dtype)
     run_elems = 2 * layout.tokens_per_block * layout.kv_heads * layout.head_dim
-    ptrs, num_blocks, stride, stream, on_cuda = [], None, 0, 0, None
+    ptrs, num_blocks, stride, stream, on_cuda, writable = [], None, 0, 0, None, True
     for i, t in enumerate(kv_caches):
         shape, strides, elem, ptr, is_cuda, device, dtype = _tensor_facts(t)
-        if writes and hasattr(t, "flags") and not t.flags["WRITEABLE"]:
-            raise InvalidArgumentError(f"KV layer {i} is read-only: a load writes into it")
+        writable = writable and not (hasattr(t, "flags") and not t.flags["WRITEABLE"])
         if elem != elem_want:
             raise InvalidArgumentError(f"KV layer {i} has {elem}-byte elements; the layout's dtype {layout.dtype} "
                                        f"has {elem_want}")
@@ -133,13 +132,12 @@ def kv_args(client, kv_caches: Sequence, kv_layout: str, *, writes: bool = False
             import torch  # only CUDA tensors get here
 
             stream = torch.cuda.current_stream(device).cuda_stream
-    backend = client.device_backend
     if on_cuda and backend == "host-emulated":
         raise InvalidArgumentError("CUDA KV tensors need a client with device 'cuda' (this one is host-emulated)")
     if not on_cuda and backend == "cuda":
         raise InvalidArgumentError("CPU KV tensors need a client with device 'host-emulated' (this one is cuda)")
     dense = kv_layout != "paged" or stride == run_elems * elem_want
-    return KvView(ptrs, num_blocks, KINDS[kv_layout], 0 if dense else stride, stream)
+    return KvView(ptrs, num_blocks, KINDS[kv_layout], 0 if dense else stride, stream, writable)
 
 
 def _prod(xs) -> int:

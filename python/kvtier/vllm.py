@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import kvtier
-from kvtier.kv import contiguous, dense_run
+from kvtier.kv import contiguous, dense_run, kv_args
 from kvtier.resilient import ResilientClient
 
 log = logging.getLogger("kvtier.vllm")
@@ -148,7 +148,6 @@ class KvtierLayout(KVConnectorHandshakeMetadata):
     dtype: str
     tokens_per_block: int
     kv_layout: str      # kvtier.kv layout name: paged, kv_first, block_first
-    kernel_blocks: int = 1  # engine (kernel) blocks per vLLM block
 
     def kvtier_layout(self) -> "kvtier.Layout":
         return kvtier.Layout(self.model, layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
@@ -159,17 +158,19 @@ def describe_kv_caches(tensors: list, spec, num_blocks: int) -> tuple:
     """(kv_layout, physical order tag, kernel blocks per block) of vLLM's per-layer caches.
 
     vLLM >= 0.32: each layer is a 4D view [B, H, N, C] (RFC #42082: blocks, head slots,
-    tokens, K and V content) with the backend's stride order, or 5D when kernel blocks
-    split a block; the order of H, N, C inside a block comes from the strides. Older
-    vLLM: 5D [2, B, N, H, D] or [B, 2, N, H, D], contiguous.
+    tokens, K and V content) with the backend's stride order, B a multiple of the blocks
+    when kernel blocks split a block; the order of H, N, C inside a block comes from the
+    strides. Older vLLM: 5D [2, B, N, H, D] or [B, 2, N, H, D], contiguous (token-major;
+    a head-major 5D cache is refused).
     """
     t = tensors[0]
     shape, strides = tuple(t.shape), tuple(t.stride())
     bs, heads, dim = int(spec.block_size), int(spec.num_kv_heads), int(spec.head_size)
-    if len(shape) == 5 and shape[0] == 2 and shape[1] == num_blocks and contiguous(shape, strides):
-        return "kv_first", "kv" + _order(shape[2:], strides[2:], bs, heads, dim), 1
-    if len(shape) == 5 and shape[1] == 2 and shape[0] == num_blocks and contiguous(shape, strides):
-        return "block_first", "kv" + _order(shape[2:], strides[2:], bs, heads, dim), 1
+    if len(shape) == 5 and shape[2:] == (bs, heads, dim) and contiguous(shape, strides):
+        if shape[:2] == (2, num_blocks):
+            return "kv_first", "kvNHD", 1
+        if shape[:2] == (num_blocks, 2):
+            return "block_first", "kvNHD", 1
     if len(shape) == 4 and shape[0] % num_blocks == 0 and shape[3] == 2 * dim:
         ratio = shape[0] // num_blocks
         if not dense_run(shape[1:], strides[1:]):
@@ -181,15 +182,6 @@ def describe_kv_caches(tensors: list, spec, num_blocks: int) -> tuple:
     raise kvtier.InvalidArgumentError(
         f"kvtier.vllm does not know the KV cache layout {shape} (strides {strides}, {num_blocks} blocks, "
         f"block_size {bs}, {heads} heads, head_size {dim})")
-
-
-def _order(shape, strides, bs, heads, dim) -> str:
-    names = []
-    for n in shape:
-        names.append("N" if n == bs and n != heads else "H" if n == heads and n != bs else "D" if n == dim else "X")
-    if "X" in names or len(set(names)) != 3:
-        return "NHD"  # 5D caches of vLLM < 0.32 are token-major
-    return "".join(names)
 
 
 def _rank_facts(vllm_config) -> dict:
@@ -231,6 +223,9 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     loads: list = field(default_factory=list)
     stores: list = field(default_factory=list)
 
+
+# Hashes per Lookup call: well under the daemon's per-request entry limit (15,405).
+_LOOKUP_CHUNK = 4096
 
 _COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
              "store_refused_blocks", "stores_skipped_after_failed_load")
@@ -293,8 +288,10 @@ class KvtierConnector(KVConnectorBase_V1):
         self._requests: dict = {}
         self._lookups: dict = {}    # request id -> (chain length, Future of matched blocks)
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._hash_size_warned = False
         # worker side
         self._layers: list = []
+        self._view: Optional[kvtier.KvView] = None
         self._load_errors: set = set()
         self._poisoned: set = set()  # requests whose load failed: never stored
         if self._role == KVConnectorRole.SCHEDULER:
@@ -344,9 +341,12 @@ class KvtierConnector(KVConnectorBase_V1):
         dtype = kv_dtype_name(first.dtype, getattr(self._vllm_config.cache_config, "cache_dtype", None))
         layout = KvtierLayout(model, layers=len(self._layers), kv_heads=int(spec.num_kv_heads),
                               head_dim=int(spec.head_size), dtype=dtype, tokens_per_block=int(spec.block_size),
-                              kv_layout=kind, kernel_blocks=ratio)
+                              kv_layout=kind)
         device = self._device or ("cuda" if getattr(first, "is_cuda", False) else "host-emulated")
         self._connect(layout, device)
+        # Checked once here (a layout kvtier cannot copy fails the engine's start, by name);
+        # every load and store then copies through this view.
+        self._view = kv_args(layout.kvtier_layout(), device, self._layers, kind)
         log.info("kvtier.vllm worker: %d layers, %s, namespace model %s", len(self._layers), kind, model)
 
     def get_handshake_metadata(self):
@@ -359,8 +359,7 @@ class KvtierConnector(KVConnectorBase_V1):
             for i in range(0, len(load.hashes), self._chunk):
                 hashes, ids = load.hashes[i:i + self._chunk], load.block_ids[i:i + self._chunk]
                 try:
-                    got = self._client.call(lambda c: c.load_kv(self._layers, hashes, ids,
-                                                                kv_layout=self._layout.kv_layout))
+                    got = self._client.call(lambda c: c.load_kv(self._view, hashes, ids))
                 except kvtier.Error as e:
                     log.warning("load of %d blocks for %s failed: %s", len(hashes), load.req_id, e)
                     got = 0
@@ -393,8 +392,8 @@ class KvtierConnector(KVConnectorBase_V1):
     def _store(self, store: StoreSpec, part: slice) -> None:
         hashes = store.hashes[part]
         try:
-            results = self._client.call(lambda c: c.store_kv(self._layers, store.block_ids[part], hashes,
-                                                             store.parents[part], kv_layout=self._layout.kv_layout))
+            results = self._client.call(lambda c: c.store_kv(self._view, store.block_ids[part], hashes,
+                                                             store.parents[part]))
         except kvtier.Error as e:
             self._stats.data["store_refused_blocks"] += len(hashes)
             log.warning("kvtierd refused a store of %d blocks for %s: %s", len(hashes), store.req_id, e)
@@ -434,11 +433,10 @@ class KvtierConnector(KVConnectorBase_V1):
     def set_xfer_handshake_metadata(self, metadata) -> None:
         """The workers' layouts, keyed by rank: the scheduler looks up what rank 0 of the
         first pipeline stage stores (every rank stores the same blocks)."""
-        if not metadata:
-            return
-        first = metadata.get((0, 0), metadata.get(0)) if isinstance(metadata, dict) else metadata
-        if first is None:
-            first = next(iter(metadata.values()))
+        if isinstance(metadata, dict):  # by (pp rank, tp rank), or by tp rank
+            first = metadata.get((0, 0), metadata.get(0)) or next(iter(metadata.values()), None)
+        else:
+            first = metadata
         if isinstance(first, KvtierLayout) and first != self._layout:
             self._connect(first, "host-emulated")
             log.info("kvtier.vllm scheduler: namespace model %s", first.model)
@@ -448,8 +446,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _lookup(self, hashes: list) -> int:
         matched = 0
-        for i in range(0, len(hashes), 4096):
-            part = hashes[i:i + 4096]
+        for i in range(0, len(hashes), _LOOKUP_CHUNK):
+            part = hashes[i:i + _LOOKUP_CHUNK]
             got = self._client.call(lambda c: c.lookup(part).matched)
             matched += got
             if got < len(part):
@@ -460,7 +458,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._client is None:
             return 0, False  # no worker has said what its cache is yet
         bs = self._block_size
-        hashes = list(request.block_hashes)
+        hashes = request.block_hashes
         start = num_computed_tokens // bs
         # vLLM computes at least the last known token: never load the block holding it.
         usable = min((int(request.num_tokens) - 1) // bs, len(hashes))
@@ -469,9 +467,11 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False
         pending = self._lookups.get(request.request_id)
         if pending is None or pending[0] != usable:
-            if hashes and len(hashes[0]) != self._hash_bytes:
-                log.warning("vLLM block hashes of %d bytes (want %d): no kvtier lookups", len(hashes[0]),
-                            self._hash_bytes)
+            if len(hashes[0]) != self._hash_bytes:
+                if not self._hash_size_warned:
+                    self._hash_size_warned = True
+                    log.warning("vLLM block hashes of %d bytes (want %d): no kvtier lookups", len(hashes[0]),
+                                self._hash_bytes)
                 return 0, False
             pending = (usable, self._pool.submit(self._lookup, [bytes(h) for h in hashes[:usable]]))
             self._lookups[request.request_id] = pending

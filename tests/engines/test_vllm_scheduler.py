@@ -189,11 +189,11 @@ def test_a_stalled_daemon_never_stalls_the_scheduler(model_dir, daemon):
 
 
 def test_long_prompts_are_stored_in_chunks_the_lease_cap_allows(model_dir):
-    # A host tier of 48 pages with a lease cap of half of it: a 100-block prompt cannot be
-    # leased at once, but is stored 8 blocks a call.
+    # A host tier of 160 pages with the default lease cap of half of it (80): a 100-block
+    # prompt cannot be leased at once, but is stored 8 blocks a call.
     from kvtier_testing.daemon import Daemon
 
-    with Daemon(page_bytes=64 << 10, pages=256) as d:
+    with Daemon(page_bytes=64 << 10, pages=160) as d:
         p = prompt(100 * BLOCK + 5, 7)
         a = Engine(vllm_config(model_dir, d.socket, extra={"store_chunk_blocks": 8}, batched_tokens=4096), 256)
         b = Engine(vllm_config(model_dir, d.socket, batched_tokens=4096), 256)
@@ -210,7 +210,8 @@ def test_long_prompts_are_stored_in_chunks_the_lease_cap_allows(model_dir):
 
 @pytest.mark.parametrize("algo,size", [("sha256", 32), ("xxhash", 16)])
 def test_block_hashes_are_stored_as_vllm_makes_them(model_dir, daemon, algo, size):
-    pytest.importorskip("xxhash") if algo == "xxhash" else None
+    if algo == "xxhash":
+        pytest.importorskip("xxhash")
     p = prompt(100, 8)
     a = Engine(vllm_config(model_dir, daemon.socket, hash_algo=algo), 64)
     b = Engine(vllm_config(model_dir, daemon.socket, hash_algo=algo), 64)
@@ -246,3 +247,14 @@ def test_fp8_caches_are_stored_and_loaded_byte_exact(model_dir, daemon):
     finally:
         a.close()
         b.close()
+
+
+def test_vllm_starts_and_serves_with_no_kvtierd(model_dir, tmp_path):
+    p = prompt(120, 11)
+    want = reference(model_dir, [("r", p, 4)])
+    e = Engine(vllm_config(model_dir, str(tmp_path / "no-kvtierd.sock")), 64)  # the worker checks its cache offline
+    try:
+        assert serve(e, [("r", p, 4)]) == want
+        assert e.connector_stats.get("stored_blocks", 0) == 0
+    finally:
+        e.close()

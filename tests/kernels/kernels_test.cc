@@ -26,6 +26,26 @@ KvGeometry Geometry(KvLayoutKind kind, uint32_t elem) {
   return g;
 }
 
+// Gathers engine blocks `blocks` of the layer tensors `from` into pages with the CPU
+// kernel, then scatters those pages into `to`; returns the pages.
+std::vector<std::vector<uint8_t>> GatherThenScatterCpu(const KvGeometry& g, std::vector<std::vector<uint8_t>>& from,
+                                                       std::vector<std::vector<uint8_t>>& to,
+                                                       const std::vector<uint32_t>& blocks) {
+  std::vector<std::vector<uint8_t>> pages(blocks.size(), std::vector<uint8_t>(g.BlockBytes()));
+  std::vector<uint8_t*> page_ptrs;
+  for (auto& p : pages) page_ptrs.push_back(p.data());
+  KvTransfer t;
+  t.geometry = g;
+  for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = from[l].data();
+  t.blocks = blocks.data();
+  t.pages = page_ptrs.data();
+  t.count = static_cast<uint32_t>(blocks.size());
+  GatherCpu(t);
+  for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = to[l].data();
+  ScatterCpu(t);
+  return pages;
+}
+
 std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<uint8_t> v(n);
@@ -72,18 +92,7 @@ TEST(GpuKernels, BlockFirstWithAStrideMovesEachBlocksRunAndNothingBetween) {
     back.emplace_back(tensor, 0xee);
   }
   const std::vector<uint32_t> blocks = {5, 0, 8};
-  std::vector<std::vector<uint8_t>> pages(3, std::vector<uint8_t>(g.BlockBytes()));
-  std::vector<uint8_t*> page_ptrs;
-  for (auto& p : pages) page_ptrs.push_back(p.data());
-  KvTransfer t;
-  t.geometry = g;
-  for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = layers[l].data();
-  t.blocks = blocks.data();
-  t.pages = page_ptrs.data();
-  t.count = 3;
-  GatherCpu(t);
-  for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = back[l].data();
-  ScatterCpu(t);
+  GatherThenScatterCpu(g, layers, back, blocks);
   for (uint32_t l = 0; l < g.num_layers; ++l) {
     for (uint64_t off = 0; off < tensor; ++off) {
       const uint64_t b = off / g.block_stride_bytes;
@@ -109,16 +118,7 @@ TEST(GpuKernels, GatherThenScatterRoundTripsEveryLayoutAndElementSize) {
         back.emplace_back(g.LayerTensorBytes(), 0);
       }
       const std::vector<uint32_t> blocks = {7, 2, 9};
-      std::vector<std::vector<uint8_t>> pages(3, std::vector<uint8_t>(g.BlockBytes()));
-      std::vector<uint8_t*> page_ptrs;
-      for (auto& p : pages) page_ptrs.push_back(p.data());
-      KvTransfer t;
-      t.geometry = g;
-      for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = layers[l].data();
-      t.blocks = blocks.data();
-      t.pages = page_ptrs.data();
-      t.count = 3;
-      GatherCpu(t);
+      const auto pages = GatherThenScatterCpu(g, layers, back, blocks);
       // Page i, slab (l, c) equals engine block blocks[i]'s slab.
       for (size_t i = 0; i < 3; ++i) {
         for (uint32_t l = 0; l < g.num_layers; ++l) {
@@ -129,8 +129,6 @@ TEST(GpuKernels, GatherThenScatterRoundTripsEveryLayoutAndElementSize) {
           }
         }
       }
-      for (uint32_t l = 0; l < g.num_layers; ++l) t.layers[l] = back[l].data();
-      ScatterCpu(t);
       for (uint32_t l = 0; l < g.num_layers; ++l) {
         for (uint32_t b = 0; b < g.num_blocks; ++b) {
           const bool moved = b == 7 || b == 2 || b == 9;
