@@ -275,6 +275,9 @@ Status Client::Ping(size_t payload_bytes) {
 
 // ---- accessors ----
 std::span<uint8_t> Client::PageBytes(TierKind tier, PageId page) const { return segments_->PageBytes(tier, page); }
+bool Client::PageWritable(TierKind tier, PageId page) const {
+  return tier != TierKind::kHost || segments_->IsWritable(page);
+}
 const std::vector<TierInfo>& Client::tiers() const { return segments_->tiers(); }
 uint64_t Client::page_bytes(TierKind tier) const { return segments_->page_bytes(tier); }
 void* Client::PageAddress(TierKind tier, PageId page) const { return segments_->PageAddress(tier, page); }

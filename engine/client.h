@@ -197,6 +197,9 @@ class Client {
   // the session's tenant, so the daemon never renews that memory under it; after Release,
   // the segment may be renewed and re-granted, and the old span must not be used.
   std::span<uint8_t> PageBytes(TierKind tier, PageId page) const;
+  // Whether this session may write the page's bytes now: a host page while it holds it
+  // leased (or with protect_committed_pages off); a host-emulated GPU page always.
+  bool PageWritable(TierKind tier, PageId page) const;
   // Tiers the daemon offers, from Welcome.
   const std::vector<TierInfo>& tiers() const;
   uint64_t page_bytes(TierKind tier) const;

@@ -118,7 +118,9 @@ auto Call(const Handle& h, Fn&& fn) {
   return fn(*h->client);
 }
 
-// One page of a tier as a writable buffer over the pool's shared memory.
+// One page of a tier as a buffer over the pool's shared memory: writable while the
+// session may write it (Client::PageWritable, asked each time a view is made), read-only
+// otherwise, so a write into a committed or acquired page raises instead of faulting.
 struct Page {
   Handle handle;
   TierKind tier;
@@ -300,10 +302,14 @@ PYBIND11_MODULE(_kvtier, m) {
   }
   base.inc_ref();
 
-  py::class_<Page>(m, "Page", py::buffer_protocol(), "One page of a tier: a writable buffer over shared memory.")
+  py::class_<Page>(m, "Page", py::buffer_protocol(),
+                   "One page of a tier: a buffer over shared memory, writable only while the session may write it.")
       .def_buffer([](Page& p) {
-        return py::buffer_info(p.data, 1, py::format_descriptor<uint8_t>::format(), 1, {p.size}, {1}, false);
+        const bool writable = Call(p.handle, [&](Client& c) { return c.PageWritable(p.tier, p.page); });
+        return py::buffer_info(p.data, 1, py::format_descriptor<uint8_t>::format(), 1, {p.size}, {1}, !writable);
       })
+      .def_property_readonly(
+          "writable", [](const Page& p) { return Call(p.handle, [&](Client& c) { return c.PageWritable(p.tier, p.page); }); })
       .def_property_readonly("tier", [](const Page& p) { return std::string(TierKindName(p.tier)); })
       .def_property_readonly("page", [](const Page& p) { return p.page; })
       .def_property_readonly("nbytes", [](const Page& p) { return p.size; })

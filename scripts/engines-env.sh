@@ -5,6 +5,9 @@
 # unchanged; kvtier is (re)installed from ./python each time, built for the venv's Python.
 # Needs a CPython >= 3.10 with venv ($PYTHON, else python3 on PATH) and the network to PyPI
 # the first time.
+#
+# --lmcache: also LMCache (tests/engines/requirements-lmcache.txt) into build-engines/lmcache,
+# for the side-by-side run `python -m kvtier_testing.vllm_e2e --connector lmcache`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=build-engines/venv
@@ -27,3 +30,15 @@ site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 echo "$PWD/tests/python" >"$site/kvtier_testing.pth"
 "$VENV/bin/python" -c 'import vllm, kvtier.vllm; print("engines-env: vllm", vllm.__version__, "kvtier", kvtier.__file__)' 2>&1 |
   tail -n 1
+
+if [[ ${1:-} == --lmcache ]]; then
+  LMC=build-engines/lmcache
+  LREQ=tests/engines/requirements-lmcache.txt
+  lwant=$(sha256sum "$LREQ" | cut -d' ' -f1)
+  if [[ ! -f $LMC/.kvtier-pins || $(cat "$LMC/.kvtier-pins") != "$lwant" ]]; then
+    rm -rf "$LMC"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$LMC" -r "$LREQ"
+    echo "$lwant" >"$LMC/.kvtier-pins"
+  fi
+  PYTHONPATH=$LMC LMCACHE_DISABLE_BANNER=1 "$VENV/bin/python" -c 'import lmcache; print("engines-env: lmcache", lmcache.__version__)' 2>&1 | tail -n 1
+fi

@@ -193,7 +193,10 @@ class Client:
         return self._c.allocate(count, tier)
 
     def page(self, page: int, tier: str = "host") -> Page:
-        """The page's bytes as a writable buffer over shared memory (no copy)."""
+        """The page's bytes as a buffer over shared memory (no copy): writable while this
+        session holds the page leased, read-only once committed or released and for
+        acquired blocks (a view made then refuses writes; one made before goes on
+        allowing them and faults: make views after each allocate)."""
         return self._c.page(page, tier)
 
     def page_address(self, page: int, tier: str = "host") -> int:

@@ -281,6 +281,11 @@ class KvtierConnector(KVConnectorBase_V1):
             raise kvtier.InvalidArgumentError("kvtier.vllm does not support decode/prefill context parallelism "
                                               f"(dcp {ranks['dcp']}, pcp {ranks['pcp']})")
         self._ranks = ranks
+        # EAGLE/MTP drafters need the hidden states of the last cached block: vLLM
+        # recomputes it after its own prefix-cache hits, and so after a kvtier hit.
+        spec = getattr(vllm_config, "speculative_config", None)
+        drop = getattr(spec, "use_eagle_block_drop", None) or getattr(spec, "use_eagle", None)
+        self._drop_last_hit = bool(drop is not None and drop())
         self._stats = KvtierConnectorStats()
         self._client: Optional[ResilientClient] = None
         self._layout: Optional[KvtierLayout] = None
@@ -484,6 +489,8 @@ class KvtierConnector(KVConnectorBase_V1):
             log.debug("lookup failed (%s): a miss", e)
             matched = 0
         del self._lookups[request.request_id]
+        if self._drop_last_hit and matched > 0:
+            matched -= 1
         self._stats.data["lookups"] += 1
         self._stats.data["hit_blocks"] += matched
         state = self._requests.setdefault(request.request_id, _RequestState(request))

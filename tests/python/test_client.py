@@ -48,6 +48,24 @@ def test_a_page_written_through_numpy_is_read_with_equal_bytes_by_the_cpp_client
         assert c.release(hashes=[h2]) == ["OK"]
 
 
+def test_a_page_is_writable_only_while_leased_and_a_write_after_raises(daemon):
+    h = hashes(1, seed=4)[0]
+    with kvtier.Client(LAYOUT, daemon.socket, hash_bytes=32) as c:
+        [p] = c.allocate(1)
+        assert c.page(p).writable and np.frombuffer(c.page(p), dtype=np.uint8).flags.writeable
+        np.frombuffer(c.page(p), dtype=np.uint8)[:3] = [1, 2, 3]
+        assert c.commit([p], [h])[0].ok
+        for page in (c.page(p), c.page(c.acquire([h])[0].page)):  # committed, then acquired
+            assert not page.writable
+            view = np.frombuffer(page, dtype=np.uint8)
+            assert not view.flags.writeable and list(view[:3]) == [1, 2, 3]
+            with pytest.raises(ValueError, match="read-only"):
+                view[0] = 9
+            with pytest.raises(TypeError):
+                memoryview(page)[0] = 9
+        assert list(np.frombuffer(c.page(p), dtype=np.uint8)[:3]) == [1, 2, 3]
+
+
 def test_writes_through_one_view_are_seen_through_another(daemon):
     with kvtier.Client(LAYOUT, daemon.socket) as c:
         [p] = c.allocate(1)
