@@ -553,18 +553,29 @@ const std::vector<Key>& Keys() {
        "Most puts at once; each pins its block's host page until the cluster answers.",
        KVTIER_SET((Integer<uint32_t>("tiers.remote.max_puts_in_flight", n, 1, 4096)), remote.max_puts_in_flight)},
       {"events.enabled", "false",
-       "Publish KV events (BlockStored, BlockRemoved, AllBlocksCleared: vLLM's KV event wire "
-       "form, which llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events "
-       "section in the config turns them on unless it says enabled: false.",
+       "Publish KV events (BlockStored, BlockRemoved: vLLM's KV event wire form, which "
+       "llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events section in "
+       "the config turns them on unless it says enabled: false.",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(c->events.enabled, Boolean("events.enabled", n));
          c->events.enabled_given = true;
          return Status::Ok();
        }},
-      {"events.publish", "tcp://127.0.0.1:5557",
+      {"events.publish", "tcp://127.0.0.1:5590",
        "Endpoint the PUB socket binds (tcp://HOST:PORT, ipc://PATH). Loopback by default: "
-       "name another address to publish to other hosts.",
+       "name another address to publish to other hosts. Not 5557, where vLLM publishes.",
        KVTIER_SET(Scalar("events.publish", n), events.options.publish)},
+      {"events.encoding", "tagged",
+       "tagged: each event a map with its type (vLLM since PR #42892, what its current "
+       "decoders read); positional: each event an array led by its type (older vLLM and the "
+       "routers of that time).",
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("events.encoding", n));
+         if (s != "tagged" && s != "positional")
+           return ConfigKeyError("events.encoding", "'" + s + "' is not tagged or positional");
+         c->events.options.encoding = s == "tagged" ? KvEventEncoding::kTagged : KvEventEncoding::kPositional;
+         return Status::Ok();
+       }},
       {"events.replay", "\"\"",
        "Endpoint of a ROUTER socket that resends kept messages from a sequence number on "
        "(vLLM's replay socket); empty: none.",

@@ -50,41 +50,57 @@ void PackHashes(Packer& pk, const std::vector<uint64_t>& hashes) {
 
 }  // namespace
 
-std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events) {
+namespace {
+
+// One event, as a map keyed by field name (tagged) or an array in field order
+// (positional); both name the same fields in the same order.
+void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
+  const bool tagged = encoding == KvEventEncoding::kTagged;
+  auto field = [&](std::string_view name) {
+    if (tagged) PackStr(pk, name);
+  };
+  const bool stored = e.kind == KvEvent::Kind::kStored;
+  const uint32_t n = stored ? 8 : 3;
+  if (tagged) {
+    pk.pack_map(n);
+  } else {
+    pk.pack_array(n);
+  }
+  field("type");
+  PackStr(pk, stored ? "BlockStored" : "BlockRemoved");
+  field("block_hashes");
+  PackHashes(pk, e.hashes);
+  if (stored) {
+    field("parent_block_hash");
+    if (e.parent) {
+      pk.pack_uint64(*e.parent);
+    } else {
+      pk.pack_nil();
+    }
+    field("token_ids");
+    pk.pack_array(0);  // kvtierd sees hashes, not tokens
+    field("block_size");
+    pk.pack_uint32(e.block_size);
+    field("lora_id");
+    pk.pack_nil();
+  }
+  field("medium");
+  PackStr(pk, EventMedium(e.tier));
+  if (stored) {
+    field("lora_name");
+    pk.pack_nil();
+  }
+}
+
+}  // namespace
+
+std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_array(3);
   pk.pack_double(timestamp);
   pk.pack_array(static_cast<uint32_t>(events.size()));
-  for (const KvEvent& e : events) {
-    switch (e.kind) {
-      case KvEvent::Kind::kStored:
-        pk.pack_array(8);
-        PackStr(pk, "BlockStored");
-        PackHashes(pk, e.hashes);
-        if (e.parent) {
-          pk.pack_uint64(*e.parent);
-        } else {
-          pk.pack_nil();
-        }
-        pk.pack_array(0);  // token ids: kvtierd sees hashes, not tokens
-        pk.pack_uint32(e.block_size);
-        pk.pack_nil();  // lora_id
-        PackStr(pk, EventMedium(e.tier));
-        pk.pack_nil();  // lora_name
-        break;
-      case KvEvent::Kind::kRemoved:
-        pk.pack_array(3);
-        PackStr(pk, "BlockRemoved");
-        PackHashes(pk, e.hashes);
-        PackStr(pk, EventMedium(e.tier));
-        break;
-      case KvEvent::Kind::kCleared:
-        pk.pack_array(1);
-        PackStr(pk, "AllBlocksCleared");
-        break;
-    }
-  }
+  for (const KvEvent& e : events) PackEvent(pk, e, encoding);
   pk.pack_nil();  // data_parallel_rank
   return std::string(buf.data(), buf.size());
 }
@@ -168,7 +184,6 @@ void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant
     t = topics_.back().get();
     t->name = name;
     t->block_size = tokens_per_block;
-    (void)Append(*t, KvEvent::Kind::kCleared, TierKind::kHost);
   }
   by_namespace_.emplace(std::string(encoded_ns), t);
 }
@@ -281,10 +296,11 @@ void KvEvents::PublishPending() {
     for (size_t at = 0; at < events.size();) {
       size_t end = at, hashes = 0;
       while (end < events.size() && (end == at || hashes + events[end].hashes.size() <= options_.batch_size)) {
-        hashes += std::max<size_t>(1, events[end].hashes.size());
+        hashes += events[end].hashes.size();
         ++end;
       }
-      std::string payload = EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at));
+      std::string payload =
+          EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at), options_.encoding);
       const uint64_t seq = next_seq_++;
       const std::string seq_bytes = SeqBytes(seq);
       try {

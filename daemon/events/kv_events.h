@@ -6,10 +6,17 @@
 //
 //   ZMQ PUB multipart  [topic, sequence (8 bytes, big-endian), msgpack payload]
 //   payload            [timestamp (float seconds), [event, ...], data_parallel_rank (nil)]
-//   events             ["BlockStored", [hash, ...], parent hash or nil, [] (token ids),
-//                        block_size (tokens), nil (lora_id), medium, nil (lora_name)]
+//
+// Each event in one of two encodings (events.encoding):
+//
+//   tagged (default;   {"type": "BlockStored", "block_hashes": [hash, ...],
+//   vLLM since PR       "parent_block_hash": hash or nil, "token_ids": [],
+//   #42892)             "block_size": tokens, "lora_id": nil, "medium": medium,
+//                       "lora_name": nil}
+//                      {"type": "BlockRemoved", "block_hashes": [...], "medium": medium}
+//   positional         ["BlockStored", [hash, ...], parent or nil, [], block_size, nil,
+//   (older vLLM)        medium, nil]
 //                      ["BlockRemoved", [hash, ...], medium]
-//                      ["AllBlocksCleared"]
 //
 // A block hash is announced as an unsigned 64-bit integer: its last 8 bytes read
 // big-endian, as vLLM turns bytes hashes into integers. A BlockStored's hashes are a chain
@@ -22,9 +29,9 @@
 // sequence numbers every message on the socket, so a subscriber to every topic sees
 // consecutive numbers; one subscribed to a single topic sees them increase.
 //
-// The first time a topic is used in a run it gets AllBlocksCleared: what a router knew of
-// it from an earlier run is gone. (Blocks that survive a restart on NVMe are announced
-// again as they are spilled, not at load.)
+// kvtierd never sends AllBlocksCleared: a router applies it to everything it knows of the
+// topic's worker, including what the engine itself published. (Blocks that survive a
+// restart on NVMe are announced again as they are spilled, not at load.)
 //
 // Threads: Stored/Removed/AddNamespace are called on the control thread and only append
 // to a batch under a mutex; the publisher thread takes the batches every flush_interval,
@@ -57,8 +64,12 @@
 
 namespace kvtier {
 
+enum class KvEventEncoding : uint8_t { kTagged, kPositional };
+
 struct KvEventsOptions {
-  std::string publish = "tcp://127.0.0.1:5557";  // bound, as vLLM's default
+  // Bound. Not vLLM's default (tcp://*:5557), which an engine on the same host binds.
+  std::string publish = "tcp://127.0.0.1:5590";
+  KvEventEncoding encoding = KvEventEncoding::kTagged;
   std::string replay;                            // ROUTER endpoint; empty: no replay socket
   std::string topic = "kv@{host}@{model}";
   std::string hostname;       // for {host}; empty: gethostname()
@@ -71,7 +82,7 @@ struct KvEventsOptions {
 
 // One event before encoding.
 struct KvEvent {
-  enum class Kind : uint8_t { kStored, kRemoved, kCleared };
+  enum class Kind : uint8_t { kStored, kRemoved };
   Kind kind = Kind::kStored;
   std::vector<uint64_t> hashes;
   std::optional<uint64_t> parent;  // kStored: of hashes[0]
@@ -84,7 +95,7 @@ uint64_t EventHash(const BlockHash& hash);
 // The medium a tier is announced as ("GPU", "CPU_TIER1", "CPU_TIER2").
 std::string_view EventMedium(TierKind tier);
 // The msgpack payload of one message: [ts, [events...], nil].
-std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events);
+std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding);
 // events.topic with {host}, {model} and {tenant} replaced.
 std::string ExpandTopic(std::string_view pattern, std::string_view host, std::string_view model,
                         std::string_view tenant);
@@ -107,7 +118,7 @@ class KvEvents {
   KvEvents& operator=(const KvEvents&) = delete;
 
   // A namespace events may name: its topic and the block size its BlockStored carry.
-  // Idempotent. The first namespace of a topic queues AllBlocksCleared on it.
+  // Idempotent.
   void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
                     uint32_t tokens_per_block);
   // A block became findable in `tier` / stopped being findable there. Events of a

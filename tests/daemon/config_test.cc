@@ -116,7 +116,8 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"tiers:\n  nvme:\n    files: [{path: /x, capacity: 1GiB, preallocate: sometimes}]\n",
        "tiers.nvme.files[0].preallocate"},
       {"events: {publish: 'localhost:5557'}\n", "events.publish"},
-      {"events: {replay: 'tcp://127.0.0.1:5557'}\n", "events.replay"},  // the publish default
+      {"events: {replay: 'tcp://127.0.0.1:5590'}\n", "events.replay"},  // the publish default
+      {"events: {encoding: msgpack}\n", "events.encoding"},
       {"events: {flush_interval: 0}\n", "events.flush_interval"},
       {"events: {batch_size: 0}\n", "events.batch_size"},
       {"events: {topic: ''}\n", "events.topic"},

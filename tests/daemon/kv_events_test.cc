@@ -6,6 +6,7 @@
 
 #define MSGPACK_NO_BOOST 1
 #include <chrono>
+#include <map>
 #include <msgpack.hpp>
 #include <thread>
 #include <zmq.hpp>
@@ -37,8 +38,8 @@ TEST(KvEvents, TopicsNameHostModelAndTenant) {
 
 // The payload is [ts, [events], nil] with positional events, as vLLM's msgspec encoder
 // writes array_like tagged structs.
-TEST(KvEvents, TheBatchIsPositionalAsVllmWritesIt) {
-  std::vector<KvEvent> events(3);
+std::vector<KvEvent> TwoEvents() {
+  std::vector<KvEvent> events(2);
   events[0].kind = KvEvent::Kind::kStored;
   events[0].hashes = {1, 0xfedcba9876543210ull};
   events[0].parent = 42;
@@ -47,18 +48,48 @@ TEST(KvEvents, TheBatchIsPositionalAsVllmWritesIt) {
   events[1].kind = KvEvent::Kind::kRemoved;
   events[1].hashes = {5};
   events[1].tier = TierKind::kGpu;
-  events[2].kind = KvEvent::Kind::kCleared;
-  const std::string payload = EncodeEventBatch(1700000000.25, events);
-  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
-  const msgpack::object& batch = oh.get();
-  ASSERT_EQ(batch.type, msgpack::type::ARRAY);
-  ASSERT_EQ(batch.via.array.size, 3u);
+  return events;
+}
+
+// The batch [ts, events, nil]: positional in both encodings.
+const msgpack::object& EventList(const msgpack::object& batch) {
+  EXPECT_EQ(batch.type, msgpack::type::ARRAY);
+  EXPECT_EQ(batch.via.array.size, 3u);
   EXPECT_EQ(batch.via.array.ptr[0].as<double>(), 1700000000.25);
   EXPECT_TRUE(batch.via.array.ptr[2].is_nil());
-  const msgpack::object& list = batch.via.array.ptr[1];
-  ASSERT_EQ(list.via.array.size, 3u);
-  const msgpack::object* stored = list.via.array.ptr[0].via.array.ptr;
+  return batch.via.array.ptr[1];
+}
+
+TEST(KvEvents, TaggedEventsAreMapsNamedByFieldAsCurrentVllmWritesThem) {
+  const std::string payload = EncodeEventBatch(1700000000.25, TwoEvents(), KvEventEncoding::kTagged);
+  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& list = EventList(oh.get());
+  ASSERT_EQ(list.via.array.size, 2u);
+  std::map<std::string, msgpack::object> stored, removed;
+  list.via.array.ptr[0].convert(stored);
+  list.via.array.ptr[1].convert(removed);
+  EXPECT_EQ(stored.size(), 8u);
+  EXPECT_EQ(stored["type"].as<std::string>(), "BlockStored");
+  EXPECT_EQ(stored["block_hashes"].as<std::vector<uint64_t>>(), (std::vector<uint64_t>{1, 0xfedcba9876543210ull}));
+  EXPECT_EQ(stored["parent_block_hash"].as<uint64_t>(), 42u);
+  EXPECT_EQ(stored["token_ids"].via.array.size, 0u);
+  EXPECT_EQ(stored["block_size"].as<uint32_t>(), 16u);
+  EXPECT_TRUE(stored["lora_id"].is_nil());
+  EXPECT_EQ(stored["medium"].as<std::string>(), "CPU_TIER2");
+  EXPECT_TRUE(stored["lora_name"].is_nil());
+  EXPECT_EQ(removed.size(), 3u);
+  EXPECT_EQ(removed["type"].as<std::string>(), "BlockRemoved");
+  EXPECT_EQ(removed["block_hashes"].as<std::vector<uint64_t>>(), std::vector<uint64_t>{5});
+  EXPECT_EQ(removed["medium"].as<std::string>(), "GPU");
+}
+
+TEST(KvEvents, PositionalEventsAreArraysAsOlderVllmWritesThem) {
+  const std::string payload = EncodeEventBatch(1700000000.25, TwoEvents(), KvEventEncoding::kPositional);
+  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& list = EventList(oh.get());
+  ASSERT_EQ(list.via.array.size, 2u);
   ASSERT_EQ(list.via.array.ptr[0].via.array.size, 8u);
+  const msgpack::object* stored = list.via.array.ptr[0].via.array.ptr;
   EXPECT_EQ(stored[0].as<std::string>(), "BlockStored");
   EXPECT_EQ(stored[1].as<std::vector<uint64_t>>(), (std::vector<uint64_t>{1, 0xfedcba9876543210ull}));
   EXPECT_EQ(stored[2].as<uint64_t>(), 42u);
@@ -67,13 +98,11 @@ TEST(KvEvents, TheBatchIsPositionalAsVllmWritesIt) {
   EXPECT_TRUE(stored[5].is_nil());
   EXPECT_EQ(stored[6].as<std::string>(), "CPU_TIER2");
   EXPECT_TRUE(stored[7].is_nil());
-  const msgpack::object* removed = list.via.array.ptr[1].via.array.ptr;
   ASSERT_EQ(list.via.array.ptr[1].via.array.size, 3u);
+  const msgpack::object* removed = list.via.array.ptr[1].via.array.ptr;
   EXPECT_EQ(removed[0].as<std::string>(), "BlockRemoved");
   EXPECT_EQ(removed[1].as<std::vector<uint64_t>>(), std::vector<uint64_t>{5});
   EXPECT_EQ(removed[2].as<std::string>(), "GPU");
-  ASSERT_EQ(list.via.array.ptr[2].via.array.size, 1u);
-  EXPECT_EQ(list.via.array.ptr[2].via.array.ptr[0].as<std::string>(), "AllBlocksCleared");
 }
 
 struct Message {
@@ -88,16 +117,15 @@ Message Decode(std::vector<zmq::message_t>& parts) {
   m.seq = BigEndian(static_cast<const uint8_t*>(parts[1].data()));
   msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(parts[2].data()), parts[2].size());
   const msgpack::object& list = oh.get().via.array.ptr[1];
-  for (uint32_t i = 0; i < list.via.array.size; ++i) {
-    const msgpack::object& e = list.via.array.ptr[i];
-    std::vector<uint64_t> hashes;
-    if (e.via.array.size > 1) hashes = e.via.array.ptr[1].as<std::vector<uint64_t>>();
-    m.events.emplace_back(e.via.array.ptr[0].as<std::string>(), std::move(hashes));
+  for (uint32_t i = 0; i < list.via.array.size; ++i) {  // tagged: maps
+    std::map<std::string, msgpack::object> e;
+    list.via.array.ptr[i].convert(e);
+    m.events.emplace_back(e["type"].as<std::string>(), e["block_hashes"].as<std::vector<uint64_t>>());
   }
   return m;
 }
 
-// Messages received until `n` hashes (AllBlocksCleared counting one) or `wait`; the probes
+// Messages received until `n` hashes or `wait`; the probes
 // of Join are skipped.
 std::vector<Message> Receive(zmq::socket_t& sub, size_t n,
                              std::chrono::milliseconds wait = std::chrono::milliseconds(5000),
@@ -127,7 +155,7 @@ std::vector<Message> Receive(zmq::socket_t& sub, size_t n,
       if (saw_probe) break;
       continue;
     }
-    for (const auto& [tag, hashes] : out.back().events) got += std::max<size_t>(1, hashes.size());
+    for (const auto& [tag, hashes] : out.back().events) got += hashes.size();
   }
   return out;
 }
@@ -142,10 +170,13 @@ KvEventsOptions LoopbackOptions() {
 }
 
 // A SUB socket that has joined: ZMQ drops what is published before a subscription lands,
-// so wait until a probe namespace's AllBlocksCleared arrives.
+// so wait until a block of a probe namespace arrives.
 void Join(KvEvents& events, zmq::socket_t& sub) {
+  const BlockHash probe = HashChain(77, 1)[0];
   for (int i = 0; i < 200; ++i) {
-    events.AddNamespace("probe" + std::to_string(i), "t", "probe" + std::to_string(i), 16);
+    const std::string ns = "probe" + std::to_string(i);
+    events.AddNamespace(ns, "t", ns, 16);
+    events.Stored(ns, TierKind::kHost, probe, BlockHash());
     bool joined = false;
     (void)Receive(sub, 1, std::chrono::milliseconds(50), &joined);
     if (joined) return;
@@ -168,7 +199,7 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
   (*events)->Removed("ns", TierKind::kHost, chain[3]);
   (*events)->Removed("ns", TierKind::kHost, chain[2]);
   (*events)->Stored("unknown-ns", TierKind::kHost, chain[0], BlockHash());  // never published
-  std::vector<Message> got = Receive(sub, 1 + 4 + 2);
+  std::vector<Message> got = Receive(sub, 4 + 2);
   ASSERT_FALSE(got.empty());
   std::vector<std::pair<std::string, std::vector<uint64_t>>> all;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -178,14 +209,14 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
     }
     all.insert(all.end(), got[i].events.begin(), got[i].events.end());
   }
-  ASSERT_EQ(all.size(), 3u);
-  EXPECT_EQ(all[0].first, "AllBlocksCleared");
-  EXPECT_EQ(all[1].first, "BlockStored");
+  // No AllBlocksCleared for the new topic: it would wipe what the engine published there.
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].first, "BlockStored");
   std::vector<uint64_t> want;
   for (const BlockHash& h : chain) want.push_back(EventHash(h));
-  EXPECT_EQ(all[1].second, want);
-  EXPECT_EQ(all[2].first, "BlockRemoved");
-  EXPECT_EQ(all[2].second, (std::vector<uint64_t>{want[3], want[2]}));
+  EXPECT_EQ(all[0].second, want);
+  EXPECT_EQ(all[1].first, "BlockRemoved");
+  EXPECT_EQ(all[1].second, (std::vector<uint64_t>{want[3], want[2]}));
   for (const Message& m : Receive(sub, 1, std::chrono::milliseconds(200))) {
     EXPECT_TRUE(m.events.empty()) << "an event of an unknown namespace was published: " << m.topic;
   }
@@ -194,8 +225,10 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
 TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {
   auto events = KvEvents::Open(LoopbackOptions());
   ASSERT_TRUE(events.ok()) << events.status().ToString();
+  const auto hashes = HashChain(5, 5);
   for (int i = 0; i < 5; ++i) {
     (*events)->AddNamespace("ns" + std::to_string(i), "t", "m" + std::to_string(i), 16);
+    (*events)->Stored("ns" + std::to_string(i), TierKind::kHost, hashes[i], BlockHash());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // one message each
   }
   ASSERT_TRUE(testing::WaitUntil([&] { return (*events)->counters().messages == 5; }));
@@ -235,10 +268,10 @@ TEST(KvEvents, ABoundedQueueDropsAndCountsInsteadOfGrowing) {
   o.flush_interval_ns = 10'000'000'000;  // nothing leaves while the test fills the queue
   auto events = KvEvents::Open(o);
   ASSERT_TRUE(events.ok());
-  (*events)->AddNamespace("ns", "t", "m", 16);  // AllBlocksCleared: one
+  (*events)->AddNamespace("ns", "t", "m", 16);
   const auto hashes = HashChain(9, 100);
   for (const BlockHash& h : hashes) (*events)->Removed("ns", TierKind::kNvme, h);
-  EXPECT_EQ((*events)->counters().dropped, 91u);
+  EXPECT_EQ((*events)->counters().dropped, 90u);
 }
 
 TEST(KvEvents, AnEndpointInUseIsAnErrorNamingTheKey) {

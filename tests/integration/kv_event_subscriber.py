@@ -1,8 +1,9 @@
 """A KV event subscriber that decodes kvtierd's messages the way llm-d's indexer decodes
 vLLM's (pkg/kvevents/engineadapter/vllm_adapter.go): three frames [topic, sequence as 8
 bytes big-endian, msgpack payload]; the payload a positional [ts, [events], dp_rank]; each
-event a positional array tagged by its first element; hashes unsigned 64-bit integers (or
-bytes, whose last 8 bytes are read big-endian); the medium lowercased as a device tier.
+event a map with its "type" (vLLM's current form) or a positional array tagged by its first
+element (the older form); hashes unsigned 64-bit integers (or bytes, whose last 8 bytes are
+read big-endian); the medium lowercased as a device tier.
 
 It collects until --expect BlockStored hashes arrived (or --seconds pass), then until the
 socket is quiet for --idle seconds; messages whose sequence is in --drop are treated as
@@ -36,8 +37,13 @@ def decode(payload, bad):
         return []
     out = []
     for ev in batch[1]:
+        if isinstance(ev, dict):  # tagged: the fields in positional order
+            fields = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                                      "medium", "lora_name"),
+                      "BlockRemoved": ("block_hashes", "medium")}.get(ev.get("type"), ())
+            ev = [ev.get("type")] + [ev.get(f) for f in fields]
         if not isinstance(ev, list) or not ev or not isinstance(ev[0], str):
-            bad.append("event not a tagged array")
+            bad.append("event neither a map with a type nor a tagged array")
             continue
         tag = ev[0]
         if tag == "BlockStored":
