@@ -75,11 +75,11 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
                                                            &cm->counters_, std::move(hooks)));
   }
   if (KvEvents* events = options.events) {
-    NamespaceTable* namespaces = &cm->namespaces_;
-    cm->blocks_->SetResidencyListener([events, namespaces](const BlockTable::Block& b, TierKind tier, bool resident) {
-      const std::string& ns = namespaces->Get(b.ns).encoded;
+    CacheManager* raw = cm.get();
+    cm->blocks_->SetResidencyListener([events, raw](const BlockTable::Block& b, TierKind tier, bool resident) {
+      const std::string& ns = raw->namespaces_.Get(b.ns).encoded;
       if (resident) {
-        events->Stored(ns, tier, b.hash, b.parent);
+        events->Stored(ns, tier, b.hash, b.parent, raw->committing_tokens_);
       } else {
         events->Removed(ns, tier, b.hash);
       }
@@ -294,8 +294,9 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
 
 std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, std::span<const PageId> pages,
                                               std::span<const BlockHash> hashes, std::span<const BlockHash> parents,
-                                              bool retain) {
+                                              bool retain, std::span<const uint32_t> tokens) {
   std::vector<CacheResult> out(pages.size());
+  const size_t tokens_per_page = pages.empty() ? 0 : tokens.size() / pages.size();
   auto& leased = s.leased_[TierIndex(kind)];
   for (size_t i = 0; i < pages.size(); ++i) {
     CacheResult& r = out[i];
@@ -334,7 +335,9 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
     r.duplicate = existing != kNoBlock || on_nvme.has_value();
     if (on_nvme) blocks_->SetNvmeSlot(id, on_nvme->slot);
     if (retain) Ref(s, id);
+    committing_tokens_ = tokens.subspan(i * tokens_per_page, tokens_per_page);
     blocks_->Reside(id, kind, page);
+    committing_tokens_ = {};
     r.page = page;
     ++(r.duplicate ? counters_.commits_duplicate : counters_.commits_stored);
     blocks_->NoteUse(id, clock_->NowNanos(), /*hit=*/false);

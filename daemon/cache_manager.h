@@ -172,9 +172,11 @@ class CacheManager {
   // pages[i] becomes block hashes[i] (parent parents[i], or none if parents is empty or
   // the parent hash is all zero). Per entry: kFailedPrecondition if the page is not
   // leased by this session; duplicate=true when the key existed (the page is freed, or
-  // with `retain` the existing block is referenced instead).
+  // with `retain` the existing block is referenced instead). `tokens`: empty, or the
+  // same number of tokens for each page, announced with each block's BlockStored event.
   std::vector<CacheResult> Commit(SessionCache& s, TierKind tier, std::span<const PageId> pages,
-                                  std::span<const BlockHash> hashes, std::span<const BlockHash> parents, bool retain);
+                                  std::span<const BlockHash> hashes, std::span<const BlockHash> parents, bool retain,
+                                  std::span<const uint32_t> tokens = {});
   // Per page then per hash: kOk, or kFailedPrecondition when the session holds nothing
   // there.
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
@@ -383,6 +385,9 @@ class CacheManager {
   const Clock* clock_ = nullptr;
   NamespaceTable namespaces_;
   std::unique_ptr<BlockTable> blocks_;
+  // The tokens of the block Commit is making resident, for the residency listener's
+  // BlockStored; empty at every other time.
+  std::span<const uint32_t> committing_tokens_;
   std::unique_ptr<BlockWorkers> workers_;     // null unless a tier needs them
   std::unique_ptr<BlockWorkers> gpu_copier_;  // one thread; null without options_.gpu_copy
   struct GpuDemotion {

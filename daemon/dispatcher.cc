@@ -343,9 +343,19 @@ Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply*
   if (!parents.empty() && parents.size() != n) {
     return InvalidArgument("commit parents must be empty or one per page");
   }
+  std::span<const uint32_t> tokens;
+  if (m.token_ids() && m.token_ids()->size() > 0) {
+    const uint64_t want = uint64_t{n} * ctx.layout.tokens_per_block;
+    if (m.token_ids()->size() != want) {
+      return InvalidArgument("commit token_ids must be empty or " + std::to_string(ctx.layout.tokens_per_block) +
+                             " per page (" + std::to_string(want) + "), not " +
+                             std::to_string(m.token_ids()->size()));
+    }
+    tokens = std::span<const uint32_t>(m.token_ids()->data(), m.token_ids()->size());
+  }
   std::vector<PageId> pages(n);
   for (size_t i = 0; i < n; ++i) pages[i] = m.pages()->Get(static_cast<flatbuffers::uoffset_t>(i));
-  auto results = cache_->Commit(ctx.cache, *tier, pages, hashes, parents, m.retain());
+  auto results = cache_->Commit(ctx.cache, *tier, pages, hashes, parents, m.retain(), tokens);
   *body = fb::CreateCommitReply(builder_, Results(builder_, results)).Union();
   *type = fb::Reply::CommitReply;
   return Status::Ok();

@@ -101,7 +101,14 @@ Result<std::vector<PageId>> Client::Allocate(TierKind tier, uint32_t count) {
 }
 
 // ---- Commit ----
-Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain) {
+Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain,
+                                   std::span<const uint32_t> token_ids) {
+  const uint64_t want_tokens = uint64_t{entries.size()} * options_.layout.tokens_per_block;
+  if (!token_ids.empty() && token_ids.size() != want_tokens) {
+    return InvalidArgument("commit token_ids: " + std::to_string(token_ids.size()) + " for " +
+                           std::to_string(entries.size()) + " blocks of " +
+                           std::to_string(options_.layout.tokens_per_block) + " tokens");
+  }
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<BlockHash> hashes, parents;
   std::vector<PageId> pages;
@@ -121,9 +128,12 @@ Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> e
   auto pv = b.CreateVector(pages);
   auto hv = HashesToWire(b, hashes);
   auto parv = HashesToWire(b, parents);
+  auto tv = token_ids.empty() ? flatbuffers::Offset<flatbuffers::Vector<uint32_t>>()
+                              : b.CreateVector(token_ids.data(), token_ids.size());
   KVTIER_ASSIGN_OR_RETURN(
-      Ticket t, conn->Send(fb::Op::Commit,
-                           fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch).Union()));
+      Ticket t,
+      conn->Send(fb::Op::Commit,
+                 fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch, tv).Union()));
   lease_ends_[t] = {tier, std::move(pages)};
   return t;
 }
@@ -151,8 +161,9 @@ Result<std::vector<BlockResult>> Client::WaitCommit(Ticket t) {
   return out;
 }
 
-Result<std::vector<BlockResult>> Client::Commit(TierKind tier, std::span<const CommitEntry> entries, bool retain) {
-  KVTIER_ASSIGN_OR_RETURN(Ticket t, StartCommit(tier, entries, retain));
+Result<std::vector<BlockResult>> Client::Commit(TierKind tier, std::span<const CommitEntry> entries, bool retain,
+                                                std::span<const uint32_t> token_ids) {
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, StartCommit(tier, entries, retain, token_ids));
   return WaitCommit(t);
 }
 
@@ -326,9 +337,13 @@ Result<KvTransfer> TransferFor(const ModelLayout& layout, const EngineKv& kv) {
 
 Result<std::vector<BlockResult>> Client::StoreBlocks(const EngineKv& kv, std::span<const uint32_t> engine_blocks,
                                                      std::span<const BlockHash> hashes,
-                                                     std::span<const BlockHash> parents) {
+                                                     std::span<const BlockHash> parents,
+                                                     std::span<const uint32_t> token_ids) {
   if (engine_blocks.size() != hashes.size() || (!parents.empty() && parents.size() != hashes.size())) {
     return InvalidArgument("StoreBlocks: one engine block and hash (and parent) per block");
+  }
+  if (!token_ids.empty() && token_ids.size() != hashes.size() * options_.layout.tokens_per_block) {
+    return InvalidArgument("StoreBlocks: token_ids must be empty or tokens_per_block per block");
   }
   for (uint32_t b : engine_blocks) {
     if (b >= kv.num_blocks) return InvalidArgument("StoreBlocks: engine block out of range");
@@ -352,7 +367,7 @@ Result<std::vector<BlockResult>> Client::StoreBlocks(const EngineKv& kv, std::sp
   for (size_t i = 0; i < pages.size(); ++i) {
     entries.push_back({pages[i], hashes[i], parents.empty() ? BlockHash() : parents[i]});
   }
-  return Commit(TierKind::kHost, entries);
+  return Commit(TierKind::kHost, entries, /*retain=*/false, token_ids);
 }
 
 Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,

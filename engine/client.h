@@ -129,8 +129,11 @@ class Client {
   // Turns leased pages into blocks. With `retain`, the session keeps a reference to each.
   // Per entry: OK (duplicate when the key existed: the page was freed and the existing
   // copy kept), kFailedPrecondition (not a page this session leased), kUnavailable (the
-  // block is being read from NVMe right now: retry).
-  Result<std::vector<BlockResult>> Commit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false);
+  // block is being read from NVMe right now: retry). `token_ids`: empty, or the layout's
+  // tokens_per_block tokens of each entry's block in entry order, which kvtierd announces
+  // with the block's BlockStored event (routers index by them); kInvalidArgument else.
+  Result<std::vector<BlockResult>> Commit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false,
+                                          std::span<const uint32_t> token_ids = {});
   // Releases leased pages or references: one status per page, then one per hash; OK, or
   // kFailedPrecondition where the session held nothing.
   Result<std::vector<Status>> Release(TierKind tier, std::span<const PageId> pages,
@@ -158,7 +161,8 @@ class Client {
   // or already waited for — is kInvalidArgument at once.
   Result<Ticket> StartAllocate(TierKind tier, uint32_t count);
   Result<std::vector<PageId>> WaitAllocate(Ticket t);
-  Result<Ticket> StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false);
+  Result<Ticket> StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false,
+                             std::span<const uint32_t> token_ids = {});
   Result<std::vector<BlockResult>> WaitCommit(Ticket t);
   Result<Ticket> StartRelease(TierKind tier, std::span<const PageId> pages, std::span<const BlockHash> hashes = {});
   Result<std::vector<Status>> WaitRelease(Ticket t);
@@ -178,10 +182,12 @@ class Client {
   // ---- KV transfer helpers (offload-connector mode) ----
   // Store: leases host pages, gathers engine blocks engine_blocks[i] into them on the
   // engine's stream (all layers, one launch), waits for the copy, and commits them as
-  // hashes[i] (parents[i], when given). Per-block results as Commit's; Allocate's errors.
+  // hashes[i] (parents[i], when given; token_ids as Commit's). Per-block results as
+  // Commit's; Allocate's errors.
   Result<std::vector<BlockResult>> StoreBlocks(const EngineKv& kv, std::span<const uint32_t> engine_blocks,
                                                std::span<const BlockHash> hashes,
-                                               std::span<const BlockHash> parents = {});
+                                               std::span<const BlockHash> parents = {},
+                                               std::span<const uint32_t> token_ids = {});
   // Load: looks up the chain, acquires the cached prefix (NVMe blocks are promoted first),
   // scatters it into engine blocks engine_blocks[0..n), waits, releases. Returns n, the
   // number of leading blocks loaded (0 on a miss). REQUIRES: engine_blocks.size() >=

@@ -357,7 +357,8 @@ PYBIND11_MODULE(_kvtier, m) {
       .def(
           "commit",
           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
-             const std::optional<std::vector<py::bytes>>& parents, const std::string& tier, bool retain) {
+             const std::optional<std::vector<py::bytes>>& parents, const std::string& tier, bool retain,
+             const std::vector<uint32_t>& token_ids) {
             if (pages.size() != hashes.size() || (parents && parents->size() != pages.size())) {
               Raise(InvalidArgument("commit: one hash (and parent) per page"));
             }
@@ -368,10 +369,10 @@ PYBIND11_MODULE(_kvtier, m) {
               e[i].hash = HashOf(hashes[i]);
               if (parents) e[i].parent = ParentsOf(std::vector<py::bytes>{(*parents)[i]})[0];
             }
-            return Results(Unwrap(Call(h, [&](Client& c) { return c.Commit(t, e, retain); })));
+            return Results(Unwrap(Call(h, [&](Client& c) { return c.Commit(t, e, retain, token_ids); })));
           },
           py::arg("pages"), py::arg("hashes"), py::arg("parents") = py::none(), py::arg("tier") = "host",
-          py::arg("retain") = false)
+          py::arg("retain") = false, py::arg("token_ids") = std::vector<uint32_t>())
       .def(
           "release",
           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
@@ -426,14 +427,16 @@ PYBIND11_MODULE(_kvtier, m) {
           "store_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
              const std::vector<uint32_t>& blocks, const std::vector<py::bytes>& hashes,
-             const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream, uint64_t block_stride) {
+             const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream, uint64_t block_stride,
+             const std::vector<uint32_t>& token_ids) {
             const EngineKv kv = KvOf(layers, num_blocks, kind, stream, block_stride);
             const auto hs = HashesOf(hashes);
             const auto ps = ParentsOf(parents);
-            return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps); })));
+            return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps, token_ids); })));
           },
           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("blocks"), py::arg("hashes"),
-          py::arg("parents") = py::none(), py::arg("stream") = 0, py::arg("block_stride") = 0)
+          py::arg("parents") = py::none(), py::arg("stream") = 0, py::arg("block_stride") = 0,
+          py::arg("token_ids") = std::vector<uint32_t>())
       .def(
           "load_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,

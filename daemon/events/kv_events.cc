@@ -78,7 +78,8 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
       pk.pack_nil();
     }
     field("token_ids");
-    pk.pack_array(0);  // kvtierd sees hashes, not tokens
+    pk.pack_array(static_cast<uint32_t>(e.token_ids.size()));
+    for (uint32_t t : e.token_ids) pk.pack_uint32(t);
     field("block_size");
     pk.pack_uint32(e.block_size);
     field("lora_id");
@@ -195,24 +196,26 @@ KvEvent* KvEvents::Append(Topic& t, KvEvent::Kind kind, TierKind tier) {
   }
   if (t.pending.empty()) order_.push_back(&t);
   ++queued_;
-  t.pending.push_back(KvEvent{kind, {}, std::nullopt, t.block_size, tier});
+  t.pending.push_back(KvEvent{kind, {}, std::nullopt, t.block_size, {}, tier});
   return &t.pending.back();
 }
 
 void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
-                   const BlockHash* parent) {
+                   const BlockHash* parent, std::span<const uint32_t> tokens) {
   const uint64_t h = EventHash(hash);
   const std::optional<uint64_t> p = parent && !parent->empty() ? std::optional(EventHash(*parent)) : std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) return;
   Topic& t = *it->second;
+  if (tokens.size() != t.block_size) tokens = {};
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored
-  // joins the previous BlockStored (vLLM's form).
+  // joins the previous BlockStored (vLLM's form) when both have tokens or neither has.
   if (!t.pending.empty()) {
     KvEvent& last = t.pending.back();
     const bool joins = last.kind == kind && last.tier == tier && last.hashes.size() < options_.batch_size &&
-                       (kind == KvEvent::Kind::kRemoved || (p && last.hashes.back() == *p));
+                       (kind == KvEvent::Kind::kRemoved ||
+                        (p && last.hashes.back() == *p && last.token_ids.empty() == tokens.empty()));
     if (joins) {
       if (queued_ >= options_.queue_events) {
         dropped_.fetch_add(1, std::memory_order_relaxed);
@@ -220,13 +223,17 @@ void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tie
       }
       ++queued_;
       last.hashes.push_back(h);
+      last.token_ids.insert(last.token_ids.end(), tokens.begin(), tokens.end());
       return;
     }
   }
   KvEvent* e = Append(t, kind, tier);
   if (e == nullptr) return;
   e->hashes.push_back(h);
-  if (kind == KvEvent::Kind::kStored) e->parent = p;
+  if (kind == KvEvent::Kind::kStored) {
+    e->parent = p;
+    e->token_ids.assign(tokens.begin(), tokens.end());
+  }
 }
 
 KvEvents::Counters KvEvents::counters() const {

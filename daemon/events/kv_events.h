@@ -10,13 +10,17 @@
 // Each event in one of two encodings (events.encoding):
 //
 //   tagged (default;   {"type": "BlockStored", "block_hashes": [hash, ...],
-//   vLLM since PR       "parent_block_hash": hash or nil, "token_ids": [],
+//   vLLM since PR       "parent_block_hash": hash or nil, "token_ids": [token, ...],
 //   #42892)             "block_size": tokens, "lora_id": nil, "medium": medium,
 //                       "lora_name": nil}
 //                      {"type": "BlockRemoved", "block_hashes": [...], "medium": medium}
-//   positional         ["BlockStored", [hash, ...], parent or nil, [], block_size, nil,
+//   positional         ["BlockStored", [hash, ...], parent or nil, [token, ...], block_size, nil,
 //   (older vLLM)        medium, nil]
 //                      ["BlockRemoved", [hash, ...], medium]
+//
+// token_ids: block_size tokens per hash, as the engine sent them with its Commit, or none
+// (an engine that sent none; a block announced again on another tier, since kvtierd keeps
+// no tokens). A BlockStored's blocks all have tokens or none do.
 //
 // A block hash is announced as an unsigned 64-bit integer: its last 8 bytes read
 // big-endian, as vLLM turns bytes hashes into integers. A BlockStored's hashes are a chain
@@ -87,6 +91,7 @@ struct KvEvent {
   std::vector<uint64_t> hashes;
   std::optional<uint64_t> parent;  // kStored: of hashes[0]
   uint32_t block_size = 0;         // kStored: tokens per block
+  std::vector<uint32_t> token_ids;  // kStored: block_size per hash, or none
   TierKind tier = TierKind::kHost;
 };
 
@@ -121,13 +126,15 @@ class KvEvents {
   // Idempotent.
   void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
                     uint32_t tokens_per_block);
-  // A block became findable in `tier` / stopped being findable there. Events of a
-  // namespace never added are not published (their topic is unknown).
-  void Stored(std::string_view encoded_ns, TierKind tier, const BlockHash& hash, const BlockHash& parent) {
-    Add(encoded_ns, KvEvent::Kind::kStored, tier, hash, &parent);
+  // A block became findable in `tier` (with its tokens when known: exactly the
+  // namespace's block size, else none are sent) / stopped being findable there. Events of
+  // a namespace never added are not published (their topic is unknown).
+  void Stored(std::string_view encoded_ns, TierKind tier, const BlockHash& hash, const BlockHash& parent,
+              std::span<const uint32_t> tokens = {}) {
+    Add(encoded_ns, KvEvent::Kind::kStored, tier, hash, &parent, tokens);
   }
   void Removed(std::string_view encoded_ns, TierKind tier, const BlockHash& hash) {
-    Add(encoded_ns, KvEvent::Kind::kRemoved, tier, hash, nullptr);
+    Add(encoded_ns, KvEvent::Kind::kRemoved, tier, hash, nullptr, {});
   }
 
   Counters counters() const;
@@ -146,7 +153,7 @@ class KvEvents {
   // REQUIRES: mu_ held. The topic's batch to append to, or nullptr when full.
   KvEvent* Append(Topic& t, KvEvent::Kind kind, TierKind tier);
   void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
-           const BlockHash* parent);
+           const BlockHash* parent, std::span<const uint32_t> tokens);
   void Run();
   void PublishPending();
   void ServeReplay();

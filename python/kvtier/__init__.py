@@ -205,10 +205,12 @@ class Client:
         return self._c.page_address(page, tier)
 
     def commit(self, pages: Sequence[int], hashes: Sequence[bytes], parents: Optional[Sequence[bytes]] = None,
-               tier: str = "host", retain: bool = False) -> list:
-        """Leased pages become blocks ``hashes[i]`` (parent ``parents[i]``; b"" for none)."""
+               tier: str = "host", retain: bool = False, token_ids: Sequence[int] = ()) -> list:
+        """Leased pages become blocks ``hashes[i]`` (parent ``parents[i]``; b"" for none).
+        ``token_ids``: none, or the layout's tokens_per_block tokens of each block in
+        order, announced with its KV event (routers index blocks by them)."""
         return _results(self._c.commit(list(pages), list(hashes), None if parents is None else list(parents), tier,
-                                       retain))
+                                       retain, list(token_ids)))
 
     def release(self, pages: Iterable[int] = (), hashes: Iterable[bytes] = (), tier: str = "host") -> list:
         """Releases leased pages or references; one status name per page, then per hash."""
@@ -252,13 +254,15 @@ class Client:
         return kv_args(self.layout, self.device_backend, kv_caches, kv_layout)
 
     def store_kv(self, kv_caches, block_ids: Sequence[int], hashes: Sequence[bytes],
-                 parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first") -> list:
+                 parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first",
+                 token_ids: Sequence[int] = ()) -> list:
         """Stores engine blocks ``block_ids[i]`` of a paged KV cache (tensors as kv_view
-        takes them, or a KvView) as ``hashes[i]``. All layers of all blocks move in one
-        gather; returns one BlockResult per block (as commit)."""
+        takes them, or a KvView) as ``hashes[i]`` (``token_ids`` as commit's). All layers
+        of all blocks move in one gather; returns one BlockResult per block (as commit)."""
         v = kv_caches if isinstance(kv_caches, KvView) else self.kv_view(kv_caches, kv_layout)
         return _results(self._c.store_blocks(v.pointers, v.num_blocks, v.kind, list(block_ids), list(hashes),
-                                             None if parents is None else list(parents), v.stream, v.block_stride))
+                                             None if parents is None else list(parents), v.stream, v.block_stride,
+                                             list(token_ids)))
 
     def load_kv(self, kv_caches, chain: Sequence[bytes], block_ids: Sequence[int], *,
                 kv_layout: str = "kv_first") -> int:

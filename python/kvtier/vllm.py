@@ -216,6 +216,7 @@ class StoreSpec:
     hashes: list
     parents: list
     block_ids: list
+    token_ids: list  # block_size per block: kvtierd announces them with its KV events
 
 
 @dataclass
@@ -396,9 +397,11 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _store(self, store: StoreSpec, part: slice) -> None:
         hashes = store.hashes[part]
+        bs = self._block_size
+        tokens = store.token_ids[part.start * bs:part.stop * bs]
         try:
             results = self._client.call(lambda c: c.store_kv(self._view, store.block_ids[part], hashes,
-                                                             store.parents[part]))
+                                                             store.parents[part], token_ids=tokens))
         except kvtier.Error as e:
             self._stats.data["store_refused_blocks"] += len(hashes)
             log.warning("kvtierd refused a store of %d blocks for %s: %s", len(hashes), store.req_id, e)
@@ -550,7 +553,9 @@ class KvtierConnector(KVConnectorBase_V1):
         lo = state.stored
         own = [bytes(h) for h in hashes[lo:end]]
         parents = [bytes(hashes[i - 1]) if i > 0 else b"" for i in range(lo, end)]
-        meta.stores.append(StoreSpec(req_id, own, parents, state.block_ids[lo:end]))
+        bs = self._block_size
+        tokens = list(state.request.all_token_ids[lo * bs:end * bs])
+        meta.stores.append(StoreSpec(req_id, own, parents, state.block_ids[lo:end], tokens))
         state.stored = end
 
     def update_connector_output(self, connector_output):

@@ -109,6 +109,7 @@ struct Message {
   std::string topic;
   uint64_t seq = 0;
   std::vector<std::pair<std::string, std::vector<uint64_t>>> events;  // tag, hashes
+  std::vector<std::vector<uint32_t>> tokens;                          // per event
 };
 
 Message Decode(std::vector<zmq::message_t>& parts) {
@@ -121,6 +122,7 @@ Message Decode(std::vector<zmq::message_t>& parts) {
     std::map<std::string, msgpack::object> e;
     list.via.array.ptr[i].convert(e);
     m.events.emplace_back(e["type"].as<std::string>(), e["block_hashes"].as<std::vector<uint64_t>>());
+    m.tokens.push_back(e.count("token_ids") ? e["token_ids"].as<std::vector<uint32_t>>() : std::vector<uint32_t>());
   }
   return m;
 }
@@ -220,6 +222,30 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
   for (const Message& m : Receive(sub, 1, std::chrono::milliseconds(200))) {
     EXPECT_TRUE(m.events.empty()) << "an event of an unknown namespace was published: " << m.topic;
   }
+}
+
+TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
+  auto events = KvEvents::Open(LoopbackOptions());
+  ASSERT_TRUE(events.ok());
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.connect((*events)->publish_endpoint());
+  Join(**events, sub);
+  const auto chain = HashChain(4, 4);
+  const std::vector<uint32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8}, short_one = {9, 9};
+  (*events)->AddNamespace("ns", "t", "m", 4);
+  (*events)->Stored("ns", TierKind::kHost, chain[0], BlockHash(), t0);
+  (*events)->Stored("ns", TierKind::kHost, chain[1], chain[0], t1);         // joins: both have tokens
+  (*events)->Stored("ns", TierKind::kHost, chain[2], chain[1]);             // none: its own event
+  (*events)->Stored("ns", TierKind::kHost, chain[3], chain[2], short_one);  // not a block's worth: none
+  std::vector<std::pair<size_t, std::vector<uint32_t>>> got;  // hashes, tokens per BlockStored
+  for (const Message& m : Receive(sub, 4)) {
+    for (size_t i = 0; i < m.events.size(); ++i) got.emplace_back(m.events[i].second.size(), m.tokens[i]);
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], (std::pair<size_t, std::vector<uint32_t>>{2, {1, 2, 3, 4, 5, 6, 7, 8}}));
+  EXPECT_EQ(got[1], (std::pair<size_t, std::vector<uint32_t>>{2, {}}));
 }
 
 TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {

@@ -3,6 +3,12 @@ the blocks vLLM's scheduler stored through the kvtier connector, and a ZMQ subsc
 decodes every message with vLLM's msgspec decoder for KVEventBatch, as vLLM's consumers
 (and the routers that follow its wire form) do."""
 
+import contextlib
+import http.client
+import json
+import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +17,7 @@ import zmq
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from kvtier_testing.daemon import Daemon
+from kvtier_testing.ports import PortLease
 from kvtier_testing.vllm_engine import BLOCK, Engine, vllm_config
 
 
@@ -60,10 +67,12 @@ def test_vllms_own_event_classes_decode_every_message_of_kvtierd_under_load(mode
         time.sleep(0.5)  # the subscription lands before the first namespace attaches
         engine = Engine(vllm_config(model_dir, d.socket), 256)
         try:
-            chains = []
+            chains, tokens_of = [], {}
             for i in range(8):
-                req = engine.add(f"r{i}", [(7 * i + j) % 500 + 3 for j in range(20 * BLOCK + 5)], 1)
+                p = [(7 * i + j) % 500 + 3 for j in range(20 * BLOCK + 5)]
+                req = engine.add(f"r{i}", p, 1)
                 chains.append([u64(h) for h in req.block_hashes])
+                tokens_of.update({h: p[k * BLOCK:(k + 1) * BLOCK] for k, h in enumerate(chains[-1])})
             engine.run()
             assert engine.connector_stats["stored_blocks"] == 8 * 20
             deadline = time.monotonic() + 10
@@ -85,8 +94,71 @@ def test_vllms_own_event_classes_decode_every_message_of_kvtierd_under_load(mode
     parent_of = {c[i]: (c[i - 1] if i else None) for c in chains for i in range(len(c))}
     announced = [h for e in stored for h in e.block_hashes]
     assert sorted(announced) == sorted(parent_of)
-    for e in stored:
+    for e in stored:  # with each block's tokens, as vLLM's own events carry them
+        assert e.token_ids == [t for h in e.block_hashes for t in tokens_of[h]]
         assert e.parent_block_hash == parent_of[e.block_hashes[0]]
         for prev, h in zip(e.block_hashes, e.block_hashes[1:]):
             assert parent_of[h] == prev
     assert removed and set(removed) <= set(parent_of)  # evictions, of blocks announced before
+
+
+def _http(port: int, method: str, path: str, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        c.request(method, path, body=None if body is None else json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        c.close()
+
+
+def test_dynamos_indexer_finds_the_prefix_an_engine_stored_through_kvtier(model_dir, tmp_path):
+    """Dynamo's standalone KV indexer (the installed ai-dynamo's `python -m dynamo.indexer`)
+    subscribes to kvtierd as worker 1 and answers /query for a prompt's tokens with the
+    number of its blocks kvtier holds."""
+    endpoint = f"ipc://{tmp_path}/events.sock"
+    lease = PortLease(random.Random())
+    log = open(tmp_path / "indexer.log", "w")
+    with Daemon(page_bytes=64 << 10, pages=256,
+                extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms}}\n") as d:
+        indexer = subprocess.Popen([sys.executable, "-m", "dynamo.indexer", "--port", str(lease.port), "--threads", "1",
+                                    "--block-size", str(BLOCK), "--workers", f"1={endpoint}"],
+                                   stdout=log, stderr=subprocess.STDOUT)
+        engine = None
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and indexer.poll() is None:
+                with contextlib.suppress(OSError):
+                    if _http(lease.port, "GET", "/workers")[0] == 200:
+                        break
+                time.sleep(0.2)
+            assert indexer.poll() is None, (tmp_path / "indexer.log").read_text()[-2000:]
+            time.sleep(1.0)  # its SUB socket's subscription lands before the first event
+            p = [(5 * j) % 500 + 3 for j in range(12 * BLOCK + 7)]
+            engine = Engine(vllm_config(model_dir, d.socket), 64)
+            engine.add("r", p, 1)
+            engine.run()
+            assert engine.connector_stats["stored_blocks"] == 12
+            def matched(tokens):
+                """Dynamo's answer for worker 1: tokens matched, and on its host tier (it
+                reads kvtier's CPU_TIER1 as host-pinned; its `scores` count the GPU tier)."""
+                status, text = _http(lease.port, "POST", "/query", {"token_ids": tokens, "model_name": "default"})
+                assert status == 200, text
+                got = json.loads(text).get("instances", {}).get("1", {})
+                return got.get("longest_matched", 0), got.get("cpu", 0)
+
+            deadline = time.monotonic() + 10
+            while matched(p) != (12 * BLOCK, 12 * BLOCK) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert matched(p) == (12 * BLOCK, 12 * BLOCK), (tmp_path / "indexer.log").read_text()[-2000:]
+            # A prompt that shares its first 5 blocks, then differs; and one that shares none.
+            assert matched(p[:5 * BLOCK] + [7] * (4 * BLOCK)) == (5 * BLOCK, 5 * BLOCK)
+            assert matched([9] * (4 * BLOCK)) == (0, 0)
+        finally:
+            if engine is not None:
+                engine.close()
+            indexer.kill()
+            indexer.wait()
+            log.close()
+            lease.close()

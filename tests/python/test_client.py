@@ -66,6 +66,14 @@ def test_a_page_is_writable_only_while_leased_and_a_write_after_raises(daemon):
         assert list(np.frombuffer(c.page(p), dtype=np.uint8)[:3]) == [1, 2, 3]
 
 
+def test_token_ids_of_a_commit_are_whole_blocks_or_refused(daemon):
+    with kvtier.Client(LAYOUT, daemon.socket, hash_bytes=32) as c:
+        [p] = c.allocate(1)
+        with pytest.raises(kvtier.InvalidArgumentError, match="token_ids"):
+            c.commit([p], hashes(1, seed=6), token_ids=[1] * (LAYOUT.tokens_per_block + 1))
+        assert c.commit([p], hashes(1, seed=6), token_ids=list(range(LAYOUT.tokens_per_block)))[0].ok
+
+
 def test_writes_through_one_view_are_seen_through_another(daemon):
     with kvtier.Client(LAYOUT, daemon.socket) as c:
         [p] = c.allocate(1)
