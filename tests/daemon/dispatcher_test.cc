@@ -169,6 +169,27 @@ TEST_F(DispatcherTest, CommitCountMismatchIsInvalid) {
   EXPECT_TRUE(cache_->CheckInvariants().ok());
 }
 
+TEST_F(DispatcherTest, CommitTokensAreWholeBlocksOrInvalidAndLeaveThePageLeased) {
+  SessionContext ctx(1);
+  ASSERT_EQ(Hello(ctx, fb::Role::Engine)->status(), fb::Status::Ok);
+  ASSERT_EQ(Allocate(ctx, 1)->status(), fb::Status::Ok);
+  auto commit = [&](size_t tokens) {
+    return Call(ctx, [tokens](flatbuffers::FlatBufferBuilder& b) {
+      auto pages = b.CreateVector(std::vector<uint32_t>{0});
+      auto hashes = b.CreateVector(std::vector<uint8_t>(16, 3));
+      auto ids = b.CreateVector(std::vector<uint32_t>(tokens, 5));
+      return std::make_pair(fb::Op::Commit, fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, 0, ids).Union());
+    });
+  };
+  const fb::Response* bad = commit(ctx.layout.tokens_per_block + 1);
+  EXPECT_EQ(bad->status(), fb::Status::InvalidArgument);
+  ASSERT_NE(bad->message(), nullptr);
+  EXPECT_NE(bad->message()->str().find("token_ids"), std::string::npos);
+  EXPECT_EQ(commit(ctx.layout.tokens_per_block)->status(), fb::Status::Ok);  // still leased, so it commits
+  (void)dispatcher_->SessionClosed(ctx, false);
+  EXPECT_TRUE(cache_->CheckInvariants().ok());
+}
+
 TEST_F(DispatcherTest, HandlesFromAnotherDaemonEpochAreRefused) {
   info_.epoch = 0x1234;
   SessionContext ctx(1);
