@@ -116,7 +116,8 @@ CacheManager::~CacheManager() {
 
 // ---- sessions ------------------------------------------------------------------------
 
-Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout) {
+Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout,
+                            std::string_view routable_id) {
   if (s.attached_) return FailedPrecondition("session already attached");
   KVTIER_RETURN_IF_ERROR(layout.Validate());
   for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
@@ -148,7 +149,8 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
                           layout.model_id, kv, layout.dtype == DType::kFloat16 ? FloatKind::kFp16 : FloatKind::kBf16,
                           namespaces_.limits(s.tenant_).kv_quantization);
   if (options_.events) {
-    options_.events->AddNamespace(namespaces_.Get(s.ns_).encoded, tenant, layout.model_id, layout.tokens_per_block);
+    options_.events->AddNamespace(namespaces_.Get(s.ns_).encoded, tenant, layout.model_id, layout.tokens_per_block,
+                                  routable_id);
   }
   s.attached_ = true;
   sessions_[s.id_] = &s;

@@ -584,8 +584,10 @@ const std::vector<Key>& Keys() {
          KVTIER_ASSIGN_OR_RETURN(c->events.options.replay, Scalar("events.replay", n));
          return Status::Ok();
        }},
-      {"events.topic", "kv@{host}@{model}",
-       "Topic of each namespace's messages; {host}, {model} and {tenant} are replaced. "
+      {"events.topic", "kv@{engine}@{model}",
+       "Topic of a namespace's messages for each engine attached to it; {engine} (the routable "
+       "id the engine declared, else the host name), {host}, {model} (the model id up to its "
+       "first '|') and {tenant} are replaced. "
        "Tenants of one model share a topic unless it names {tenant}.",
        KVTIER_SET(Scalar("events.topic", n), events.options.topic)},
       {"events.flush_interval", "50ms", "How often gathered events are sent (a message per topic).",

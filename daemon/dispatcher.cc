@@ -257,7 +257,11 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
     if (m.layout() == nullptr) return InvalidArgument("an engine's Hello needs a layout");
     ctx.hash_bytes = m.hash_bytes();
     ctx.layout = LayoutFromWire(*m.layout());
-    KVTIER_RETURN_IF_ERROR(cache_->Attach(ctx.cache, ctx.tenant, ctx.layout));
+    const std::string routable = m.routable_id() ? m.routable_id()->str() : "";
+    if (routable.size() > 255 || routable.find_first_of("@\n") != std::string::npos) {
+      return InvalidArgument("routable_id must be at most 255 bytes without '@' or newlines");
+    }
+    KVTIER_RETURN_IF_ERROR(cache_->Attach(ctx.cache, ctx.tenant, ctx.layout, routable));
   }
   ctx.hello_done = true;
   KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid << " engine '"

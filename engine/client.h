@@ -52,6 +52,10 @@ struct ClientOptions {
   // Empty: $KVTIER_SOCKET, else kvtierd's default ./var/kvtierd.sock.
   std::string socket_path;
   std::string engine_name = "engine";
+  // Where a router sends this engine's requests ("host:port", llm-d's pod id); kvtierd
+  // names it in the KV event topic of the engine's namespace (events.topic {engine}).
+  // Empty: none.
+  std::string routable_id;
   // The engine's model layout: the namespace its blocks live in. Required.
   ModelLayout layout;
   // Size of every block hash this session sends: 16 or 32.

@@ -50,6 +50,8 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
   on_welcome_ = std::move(on_welcome);
   auto& b = builder();
   auto name = b.CreateString(args.engine_name);
+  auto routable = args.routable_id.empty() ? flatbuffers::Offset<flatbuffers::String>()
+                                           : b.CreateString(args.routable_id);
   flatbuffers::Offset<fb::Layout> layout;
   if (args.layout) layout = LayoutToWire(b, *args.layout);
   fb::HelloBuilder h(b);
@@ -57,6 +59,7 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
   h.add_minor(kProtocolMinor);
   h.add_role(args.role);
   h.add_engine_name(name);
+  if (!args.routable_id.empty()) h.add_routable_id(routable);
   if (args.layout) h.add_layout(layout);
   h.add_hash_bytes(static_cast<uint8_t>(args.hash_bytes));
   KVTIER_ASSIGN_OR_RETURN(Ticket t, Send(fb::Op::Hello, h.Finish().Union()));

@@ -42,6 +42,7 @@ class Connection {
   struct HelloArgs {
     fb::Role role = fb::Role::Engine;
     std::string engine_name;
+    std::string routable_id;              // engines only; may be empty
     const ModelLayout* layout = nullptr;  // engines only
     size_t hash_bytes = 16;
   };

@@ -106,8 +106,8 @@ std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, 
   return std::string(buf.data(), buf.size());
 }
 
-std::string ExpandTopic(std::string_view pattern, std::string_view host, std::string_view model,
-                        std::string_view tenant) {
+std::string ExpandTopic(std::string_view pattern, std::string_view engine, std::string_view host,
+                        std::string_view model, std::string_view tenant) {
   std::string out;
   for (size_t i = 0; i < pattern.size();) {
     auto take = [&](std::string_view name, std::string_view value) {
@@ -116,7 +116,9 @@ std::string ExpandTopic(std::string_view pattern, std::string_view host, std::st
       i += name.size();
       return true;
     };
-    if (take("{host}", host) || take("{model}", model) || take("{tenant}", tenant)) continue;
+    if (take("{engine}", engine) || take("{host}", host) || take("{model}", model) || take("{tenant}", tenant)) {
+      continue;
+    }
     out.push_back(pattern[i++]);
   }
   return out;
@@ -175,10 +177,11 @@ KvEvents::~KvEvents() {
 }
 
 void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                            uint32_t tokens_per_block) {
+                            uint32_t tokens_per_block, std::string_view routable_id) {
+  const std::string_view served = model.substr(0, model.find('|'));
+  const std::string name =
+      ExpandTopic(options_.topic, routable_id.empty() ? std::string_view(host_) : routable_id, host_, served, tenant);
   std::lock_guard<std::mutex> lock(mu_);
-  if (by_namespace_.find(encoded_ns) != by_namespace_.end()) return;
-  const std::string name = ExpandTopic(options_.topic, host_, model, tenant);
   Topic*& t = by_name_[name];
   if (t == nullptr) {
     topics_.push_back(std::make_unique<Topic>());
@@ -186,7 +189,9 @@ void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant
     t->name = name;
     t->block_size = tokens_per_block;
   }
-  by_namespace_.emplace(std::string(encoded_ns), t);
+  auto it = by_namespace_.find(encoded_ns);
+  if (it == by_namespace_.end()) it = by_namespace_.emplace(std::string(encoded_ns), std::vector<Topic*>()).first;
+  if (std::find(it->second.begin(), it->second.end(), t) == it->second.end()) it->second.push_back(t);
 }
 
 KvEvent* KvEvents::Append(Topic& t, KvEvent::Kind kind, TierKind tier) {
@@ -207,7 +212,11 @@ void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tie
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) return;
-  Topic& t = *it->second;
+  for (Topic* t : it->second) AddTo(*t, kind, tier, h, p, tokens);
+}
+
+void KvEvents::AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, uint64_t h, std::optional<uint64_t> p,
+                     std::span<const uint32_t> tokens) {
   if (tokens.size() != t.block_size) tokens = {};
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored
   // joins the previous BlockStored (vLLM's form) when both have tokens or neither has.

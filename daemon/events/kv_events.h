@@ -28,10 +28,15 @@
 // (host) and "CPU_TIER2" (NVMe), which Dynamo maps to device, host-pinned and disk, and
 // which llm-d takes as device tiers as they are (lowercased).
 //
-// One topic per namespace (tenant x model): events.topic with {host}, {model} and {tenant}
-// replaced, "kv@{host}@{model}" by default (llm-d reads pod and model from it). One
-// sequence numbers every message on the socket, so a subscriber to every topic sees
-// consecutive numbers; one subscribed to a single topic sees them increase.
+// Topics: events.topic with {engine}, {host}, {model} and {tenant} replaced,
+// "kv@{engine}@{model}" by default, which llm-d reads as pod and model. {engine} is the
+// routable id an engine declared at Hello ("10.0.0.5:8000"), or the host name for engines
+// that declared none; {model} the layout's model id up to its first '|' (the connectors
+// append layout and rank facts after one). A namespace's blocks go to the topic of every
+// engine that attached to it, since each of them can load them: a router then counts them
+// for every engine on the node. One sequence numbers every message on the socket, so a
+// subscriber to every topic sees consecutive numbers; one subscribed to a single topic
+// sees them increase.
 //
 // kvtierd never sends AllBlocksCleared: a router applies it to everything it knows of the
 // topic's worker, including what the engine itself published. (Blocks that survive a
@@ -75,7 +80,7 @@ struct KvEventsOptions {
   std::string publish = "tcp://127.0.0.1:5590";
   KvEventEncoding encoding = KvEventEncoding::kTagged;
   std::string replay;                            // ROUTER endpoint; empty: no replay socket
-  std::string topic = "kv@{host}@{model}";
+  std::string topic = "kv@{engine}@{model}";
   std::string hostname;       // for {host}; empty: gethostname()
   uint32_t batch_size = 256;  // most events in one message
   int64_t flush_interval_ns = 50'000'000;
@@ -101,9 +106,9 @@ uint64_t EventHash(const BlockHash& hash);
 std::string_view EventMedium(TierKind tier);
 // The msgpack payload of one message: [ts, [events...], nil].
 std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding);
-// events.topic with {host}, {model} and {tenant} replaced.
-std::string ExpandTopic(std::string_view pattern, std::string_view host, std::string_view model,
-                        std::string_view tenant);
+// events.topic with {engine}, {host}, {model} and {tenant} replaced.
+std::string ExpandTopic(std::string_view pattern, std::string_view engine, std::string_view host,
+                        std::string_view model, std::string_view tenant);
 
 class KvEvents {
  public:
@@ -122,10 +127,11 @@ class KvEvents {
   KvEvents(const KvEvents&) = delete;
   KvEvents& operator=(const KvEvents&) = delete;
 
-  // A namespace events may name: its topic and the block size its BlockStored carry.
-  // Idempotent.
+  // A namespace events may name, attached by an engine that routers reach as
+  // `routable_id` (empty: this host): the topic it adds and the block size its
+  // BlockStored carry. Idempotent for a namespace and topic.
   void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                    uint32_t tokens_per_block);
+                    uint32_t tokens_per_block, std::string_view routable_id = {});
   // A block became findable in `tier` (with its tokens when known: exactly the
   // namespace's block size, else none are sent) / stopped being findable there. Events of
   // a namespace never added are not published (their topic is unknown).
@@ -154,6 +160,9 @@ class KvEvents {
   KvEvent* Append(Topic& t, KvEvent::Kind kind, TierKind tier);
   void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
            const BlockHash* parent, std::span<const uint32_t> tokens);
+  // REQUIRES: mu_ held.
+  void AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, uint64_t hash, std::optional<uint64_t> parent,
+             std::span<const uint32_t> tokens);
   void Run();
   void PublishPending();
   void ServeReplay();
@@ -172,7 +181,8 @@ class KvEvents {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  std::unordered_map<std::string, Topic*, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
+  // A namespace's topics, one per engine identity that attached to it.
+  std::unordered_map<std::string, std::vector<Topic*>, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
   std::unordered_map<std::string, Topic*> by_name_;                                  // guarded by mu_
   std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
   uint64_t queued_ = 0;        // events pending; guarded by mu_

@@ -136,14 +136,15 @@ class Client:
     """
 
     def __init__(self, layout: Layout, socket: Optional[str] = None, *, name: str = "python", hash_bytes: int = 16,
-                 timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0):
+                 timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0, routable_id: str = ""):
         self.layout = layout
         self._device = None
         if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or not 0 < timeout_ms < 1 << 31:
             raise InvalidArgumentError(f"timeout_ms must be a positive number of milliseconds, not {timeout_ms!r}")
         if hash_bytes not in (16, 32):
             raise InvalidArgumentError(f"hash_bytes must be 16 or 32, not {hash_bytes!r}")
-        self._c = _kvtier.Client(layout.as_dict(), socket or "", name, hash_bytes, timeout_ms, device, cuda_device)
+        self._c = _kvtier.Client(layout.as_dict(), socket or "", name, hash_bytes, timeout_ms, device, cuda_device,
+                                 routable_id)
 
     # ---- session ----
     def __enter__(self) -> "Client":

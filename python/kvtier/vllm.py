@@ -273,6 +273,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._lookup_wait_s = float(self._extra("lookup_wait_ms", 2)) / 1000.0
         self._chunk = max(1, int(self._extra("store_chunk_blocks", 64)))
         self._device = self._extra("device", None)
+        # Where routers send this server's requests (llm-d's pod id, "IP:port"): kvtierd
+        # names it in the KV event topic of the blocks this server can load.
+        self._routable_id = str(self._extra("routable_id", os.environ.get("KVTIER_ROUTABLE_ID", "")))
         self._model_id = self._extra("model_id", None) or str(getattr(vllm_config.model_config, "model", "model"))
         self._hash_bytes = hash_bytes_for(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", None))
         ranks = _rank_facts(vllm_config)
@@ -323,7 +326,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
         def connect():
             return kvtier.Client(layout.kvtier_layout(), self._socket, name=f"vllm-{self._role.name.lower()}",
-                                 hash_bytes=self._hash_bytes, timeout_ms=self._timeout_ms, device=device)
+                                 hash_bytes=self._hash_bytes, timeout_ms=self._timeout_ms, device=device,
+                                 routable_id=self._routable_id)
 
         self._client = ResilientClient(connect, name=f"kvtier.vllm {self._role.name.lower()}")
 

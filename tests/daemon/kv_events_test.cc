@@ -31,13 +31,12 @@ TEST(KvEvents, AHashIsItsLastEightBytesBigEndian) {
   }
 }
 
-TEST(KvEvents, TopicsNameHostModelAndTenant) {
-  EXPECT_EQ(ExpandTopic("kv@{host}@{model}", "node1", "llama3-8b", "t"), "kv@node1@llama3-8b");
-  EXPECT_EQ(ExpandTopic("{tenant}/{model}/{x}", "h", "m", "acme"), "acme/m/{x}");
+TEST(KvEvents, TopicsNameEngineHostModelAndTenant) {
+  EXPECT_EQ(ExpandTopic("kv@{engine}@{model}", "10.0.0.5:8000", "node1", "llama3-8b", "t"),
+            "kv@10.0.0.5:8000@llama3-8b");
+  EXPECT_EQ(ExpandTopic("kv@{host}@{model}", "e", "node1", "llama3-8b", "t"), "kv@node1@llama3-8b");
+  EXPECT_EQ(ExpandTopic("{tenant}/{model}/{x}", "e", "h", "m", "acme"), "acme/m/{x}");
 }
-
-// The payload is [ts, [events], nil] with positional events, as vLLM's msgspec encoder
-// writes array_like tagged structs.
 std::vector<KvEvent> TwoEvents() {
   std::vector<KvEvent> events(2);
   events[0].kind = KvEvent::Kind::kStored;
@@ -222,6 +221,37 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
   for (const Message& m : Receive(sub, 1, std::chrono::milliseconds(200))) {
     EXPECT_TRUE(m.events.empty()) << "an event of an unknown namespace was published: " << m.topic;
   }
+}
+
+TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
+  auto events = KvEvents::Open(LoopbackOptions());
+  ASSERT_TRUE(events.ok());
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.connect((*events)->publish_endpoint());
+  Join(**events, sub);
+  const auto chain = HashChain(5, 2);
+  // Two engines serving one model on this node, one that declared no identity, and
+  // another model: the connectors' model ids carry layout facts after a '|'.
+  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.5:8000");
+  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");
+  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");  // again: no change
+  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16);
+  (*events)->AddNamespace("other", "t", "qwen", 16, "10.0.0.7:8000");
+  (*events)->Stored("ns", TierKind::kHost, chain[0], BlockHash());
+  (*events)->Removed("ns", TierKind::kHost, chain[0]);
+  (*events)->Stored("other", TierKind::kHost, chain[1], BlockHash());
+  std::map<std::string, std::vector<std::string>> by_topic;
+  for (const Message& m : Receive(sub, 3 * 2 + 1)) {
+    for (const auto& [tag, hashes] : m.events) by_topic[m.topic].push_back(tag);
+  }
+  const std::vector<std::string> both = {"BlockStored", "BlockRemoved"};
+  EXPECT_EQ(by_topic, (std::map<std::string, std::vector<std::string>>{
+                          {"kv@10.0.0.5:8000@llama", both},
+                          {"kv@10.0.0.6:8000@llama", both},
+                          {"kv@node1@llama", both},
+                          {"kv@10.0.0.7:8000@qwen", {"BlockStored"}}}));
 }
 
 TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {

@@ -65,7 +65,7 @@ def test_vllms_own_event_classes_decode_every_message_of_kvtierd_under_load(mode
                 extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms}}\n") as d:
         sub = Subscriber(endpoint)
         time.sleep(0.5)  # the subscription lands before the first namespace attaches
-        engine = Engine(vllm_config(model_dir, d.socket), 256)
+        engine = Engine(vllm_config(model_dir, d.socket, extra={"routable_id": "10.1.2.3:8000"}), 256)
         try:
             chains, tokens_of = [], {}
             for i in range(8):
@@ -84,7 +84,8 @@ def test_vllms_own_event_classes_decode_every_message_of_kvtierd_under_load(mode
             sub.close()
     assert sub.failures == []
     assert [s for s, _ in sub.messages] == list(range(len(sub.messages)))  # none missed, in order
-    assert len(sub.topics) == 1 and next(iter(sub.topics)).startswith("kv@")
+    # llm-d's topic, kv@<pod>@<model>: the identity the server declared and the served model.
+    assert sub.topics == {f"kv@10.1.2.3:8000@{model_dir}"}
     events = [e for _, batch in sub.messages for e in batch.events]
     assert not any(isinstance(e, AllBlocksCleared) for e in events)
     stored = [e for e in events if isinstance(e, BlockStored)]
