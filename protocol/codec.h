@@ -20,7 +20,9 @@
 namespace kvtier {
 
 inline constexpr uint16_t kProtocolMajor = 1;
-inline constexpr uint16_t kProtocolMinor = 0;
+// Minor versions add optional fields an older peer ignores. 1: Commit.token_ids,
+// Hello.routable_id.
+inline constexpr uint16_t kProtocolMinor = 1;
 
 // Verifier limits: far above anything a valid frame needs, low enough to bound work.
 inline constexpr uint32_t kVerifierMaxDepth = 16;
