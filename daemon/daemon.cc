@@ -412,8 +412,8 @@ void Daemon::RegisterMetrics() {
                  [cache] { return cache->counters().allocate_waits; });
   if (const KvEvents* events = events_.get()) {
     m.AddCounterFn("kvtier_events_published_total",
-                   "Block hashes announced on the KV event socket (BlockStored, BlockRemoved).",
-                   {}, [events] { return events->counters().events; });
+                   "Block hashes announced on the KV event socket (BlockStored, BlockRemoved).", {},
+                   [events] { return events->counters().events; });
     m.AddCounterFn("kvtier_event_messages_total", "Messages sent on the KV event socket.", {},
                    [events] { return events->counters().messages; });
     m.AddCounterFn("kvtier_events_dropped_total",

@@ -352,8 +352,7 @@ Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply*
     const uint64_t want = uint64_t{n} * ctx.layout.tokens_per_block;
     if (m.token_ids()->size() != want) {
       return InvalidArgument("commit token_ids must be empty or " + std::to_string(ctx.layout.tokens_per_block) +
-                             " per page (" + std::to_string(want) + "), not " +
-                             std::to_string(m.token_ids()->size()));
+                             " per page (" + std::to_string(want) + "), not " + std::to_string(m.token_ids()->size()));
     }
     tokens = std::span<const uint32_t>(m.token_ids()->data(), m.token_ids()->size());
   }

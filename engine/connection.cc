@@ -50,8 +50,8 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
   on_welcome_ = std::move(on_welcome);
   auto& b = builder();
   auto name = b.CreateString(args.engine_name);
-  auto routable = args.routable_id.empty() ? flatbuffers::Offset<flatbuffers::String>()
-                                           : b.CreateString(args.routable_id);
+  auto routable =
+      args.routable_id.empty() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(args.routable_id);
   flatbuffers::Offset<fb::Layout> layout;
   if (args.layout) layout = LayoutToWire(b, *args.layout);
   fb::HelloBuilder h(b);

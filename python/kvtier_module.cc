@@ -310,7 +310,8 @@ PYBIND11_MODULE(_kvtier, m) {
         return py::buffer_info(p.data, 1, py::format_descriptor<uint8_t>::format(), 1, {p.size}, {1}, !writable);
       })
       .def_property_readonly(
-          "writable", [](const Page& p) { return Call(p.handle, [&](Client& c) { return c.PageWritable(p.tier, p.page); }); })
+          "writable",
+          [](const Page& p) { return Call(p.handle, [&](Client& c) { return c.PageWritable(p.tier, p.page); }); })
       .def_property_readonly("tier", [](const Page& p) { return std::string(TierKindName(p.tier)); })
       .def_property_readonly("page", [](const Page& p) { return p.page; })
       .def_property_readonly("nbytes", [](const Page& p) { return p.size; })

@@ -79,7 +79,7 @@ struct KvEventsOptions {
   // Bound. Not vLLM's default (tcp://*:5557), which an engine on the same host binds.
   std::string publish = "tcp://127.0.0.1:5590";
   KvEventEncoding encoding = KvEventEncoding::kTagged;
-  std::string replay;                            // ROUTER endpoint; empty: no replay socket
+  std::string replay;  // ROUTER endpoint; empty: no replay socket
   std::string topic = "kv@{engine}@{model}";
   std::string hostname;       // for {host}; empty: gethostname()
   uint32_t batch_size = 256;  // most events in one message
@@ -94,8 +94,8 @@ struct KvEvent {
   enum class Kind : uint8_t { kStored, kRemoved };
   Kind kind = Kind::kStored;
   std::vector<uint64_t> hashes;
-  std::optional<uint64_t> parent;  // kStored: of hashes[0]
-  uint32_t block_size = 0;         // kStored: tokens per block
+  std::optional<uint64_t> parent;   // kStored: of hashes[0]
+  uint32_t block_size = 0;          // kStored: tokens per block
   std::vector<uint32_t> token_ids;  // kStored: block_size per hash, or none
   TierKind tier = TierKind::kHost;
 };
@@ -183,7 +183,7 @@ class KvEvents {
   };
   // A namespace's topics, one per engine identity that attached to it.
   std::unordered_map<std::string, std::vector<Topic*>, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
-  std::unordered_map<std::string, Topic*> by_name_;                                  // guarded by mu_
+  std::unordered_map<std::string, Topic*> by_name_;                                               // guarded by mu_
   std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
   uint64_t queued_ = 0;        // events pending; guarded by mu_
 

@@ -178,7 +178,8 @@ TEST_F(DispatcherTest, CommitTokensAreWholeBlocksOrInvalidAndLeaveThePageLeased)
       auto pages = b.CreateVector(std::vector<uint32_t>{0});
       auto hashes = b.CreateVector(std::vector<uint8_t>(16, 3));
       auto ids = b.CreateVector(std::vector<uint32_t>(tokens, 5));
-      return std::make_pair(fb::Op::Commit, fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, 0, ids).Union());
+      return std::make_pair(fb::Op::Commit,
+                            fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, 0, ids).Union());
     });
   };
   const fb::Response* bad = commit(ctx.layout.tokens_per_block + 1);

@@ -247,11 +247,10 @@ TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
     for (const auto& [tag, hashes] : m.events) by_topic[m.topic].push_back(tag);
   }
   const std::vector<std::string> both = {"BlockStored", "BlockRemoved"};
-  EXPECT_EQ(by_topic, (std::map<std::string, std::vector<std::string>>{
-                          {"kv@10.0.0.5:8000@llama", both},
-                          {"kv@10.0.0.6:8000@llama", both},
-                          {"kv@node1@llama", both},
-                          {"kv@10.0.0.7:8000@qwen", {"BlockStored"}}}));
+  EXPECT_EQ(by_topic, (std::map<std::string, std::vector<std::string>>{{"kv@10.0.0.5:8000@llama", both},
+                                                                       {"kv@10.0.0.6:8000@llama", both},
+                                                                       {"kv@node1@llama", both},
+                                                                       {"kv@10.0.0.7:8000@qwen", {"BlockStored"}}}));
 }
 
 TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
@@ -269,7 +268,7 @@ TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
   (*events)->Stored("ns", TierKind::kHost, chain[1], chain[0], t1);         // joins: both have tokens
   (*events)->Stored("ns", TierKind::kHost, chain[2], chain[1]);             // none: its own event
   (*events)->Stored("ns", TierKind::kHost, chain[3], chain[2], short_one);  // not a block's worth: none
-  std::vector<std::pair<size_t, std::vector<uint32_t>>> got;  // hashes, tokens per BlockStored
+  std::vector<std::pair<size_t, std::vector<uint32_t>>> got;                // hashes, tokens per BlockStored
   for (const Message& m : Receive(sub, 4)) {
     for (size_t i = 0; i < m.events.size(); ++i) got.emplace_back(m.events[i].second.size(), m.tokens[i]);
   }
