@@ -185,21 +185,37 @@ void Join(KvEvents& events, zmq::socket_t& sub) {
   FAIL() << "the subscriber never joined";
 }
 
-TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
-  auto events = KvEvents::Open(LoopbackOptions());
-  ASSERT_TRUE(events.ok()) << events.status().ToString();
+// A loopback publisher and a SUB socket to every topic that has joined it.
+struct Subscribed {
+  std::unique_ptr<KvEvents> events;
   zmq::context_t ctx;
-  zmq::socket_t sub(ctx, zmq::socket_type::sub);
-  sub.set(zmq::sockopt::subscribe, "");
-  sub.connect((*events)->publish_endpoint());
-  Join(**events, sub);
+  zmq::socket_t sub{ctx, zmq::socket_type::sub};
+};
+
+std::unique_ptr<Subscribed> Subscribe() {
+  auto events = KvEvents::Open(LoopbackOptions());
+  EXPECT_TRUE(events.ok()) << events.status().ToString();
+  if (!events.ok()) return nullptr;
+  auto s = std::make_unique<Subscribed>();
+  s->events = std::move(*events);
+  s->sub.set(zmq::sockopt::subscribe, "");
+  s->sub.connect(s->events->publish_endpoint());
+  Join(*s->events, s->sub);
+  return s;
+}
+
+TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
+  auto s = Subscribe();
+  ASSERT_NE(s, nullptr);
+  KvEvents* events = s->events.get();
+  zmq::socket_t& sub = s->sub;
   const auto chain = HashChain(3, 4);
-  (*events)->AddNamespace("ns", "t", "llama3-8b", 16);
-  (*events)->Stored("ns", TierKind::kHost, chain[0], BlockHash());
-  for (size_t i = 1; i < chain.size(); ++i) (*events)->Stored("ns", TierKind::kHost, chain[i], chain[i - 1]);
-  (*events)->Removed("ns", TierKind::kHost, chain[3]);
-  (*events)->Removed("ns", TierKind::kHost, chain[2]);
-  (*events)->Stored("unknown-ns", TierKind::kHost, chain[0], BlockHash());  // never published
+  events->AddNamespace("ns", "t", "llama3-8b", 16);
+  events->Stored("ns", TierKind::kHost, chain[0], BlockHash());
+  for (size_t i = 1; i < chain.size(); ++i) events->Stored("ns", TierKind::kHost, chain[i], chain[i - 1]);
+  events->Removed("ns", TierKind::kHost, chain[3]);
+  events->Removed("ns", TierKind::kHost, chain[2]);
+  events->Stored("unknown-ns", TierKind::kHost, chain[0], BlockHash());  // never published
   std::vector<Message> got = Receive(sub, 4 + 2);
   ASSERT_FALSE(got.empty());
   std::vector<std::pair<std::string, std::vector<uint64_t>>> all;
@@ -224,24 +240,21 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
 }
 
 TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
-  auto events = KvEvents::Open(LoopbackOptions());
-  ASSERT_TRUE(events.ok());
-  zmq::context_t ctx;
-  zmq::socket_t sub(ctx, zmq::socket_type::sub);
-  sub.set(zmq::sockopt::subscribe, "");
-  sub.connect((*events)->publish_endpoint());
-  Join(**events, sub);
+  auto s = Subscribe();
+  ASSERT_NE(s, nullptr);
+  KvEvents* events = s->events.get();
+  zmq::socket_t& sub = s->sub;
   const auto chain = HashChain(5, 2);
   // Two engines serving one model on this node, one that declared no identity, and
   // another model: the connectors' model ids carry layout facts after a '|'.
-  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.5:8000");
-  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");
-  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");  // again: no change
-  (*events)->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16);
-  (*events)->AddNamespace("other", "t", "qwen", 16, "10.0.0.7:8000");
-  (*events)->Stored("ns", TierKind::kHost, chain[0], BlockHash());
-  (*events)->Removed("ns", TierKind::kHost, chain[0]);
-  (*events)->Stored("other", TierKind::kHost, chain[1], BlockHash());
+  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.5:8000");
+  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");
+  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");  // again: no change
+  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16);
+  events->AddNamespace("other", "t", "qwen", 16, "10.0.0.7:8000");
+  events->Stored("ns", TierKind::kHost, chain[0], BlockHash());
+  events->Removed("ns", TierKind::kHost, chain[0]);
+  events->Stored("other", TierKind::kHost, chain[1], BlockHash());
   std::map<std::string, std::vector<std::string>> by_topic;
   for (const Message& m : Receive(sub, 3 * 2 + 1)) {
     for (const auto& [tag, hashes] : m.events) by_topic[m.topic].push_back(tag);
@@ -254,21 +267,18 @@ TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
 }
 
 TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
-  auto events = KvEvents::Open(LoopbackOptions());
-  ASSERT_TRUE(events.ok());
-  zmq::context_t ctx;
-  zmq::socket_t sub(ctx, zmq::socket_type::sub);
-  sub.set(zmq::sockopt::subscribe, "");
-  sub.connect((*events)->publish_endpoint());
-  Join(**events, sub);
+  auto s = Subscribe();
+  ASSERT_NE(s, nullptr);
+  KvEvents* events = s->events.get();
+  zmq::socket_t& sub = s->sub;
   const auto chain = HashChain(4, 4);
   const std::vector<uint32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8}, short_one = {9, 9};
-  (*events)->AddNamespace("ns", "t", "m", 4);
-  (*events)->Stored("ns", TierKind::kHost, chain[0], BlockHash(), t0);
-  (*events)->Stored("ns", TierKind::kHost, chain[1], chain[0], t1);         // joins: both have tokens
-  (*events)->Stored("ns", TierKind::kHost, chain[2], chain[1]);             // none: its own event
-  (*events)->Stored("ns", TierKind::kHost, chain[3], chain[2], short_one);  // not a block's worth: none
-  std::vector<std::pair<size_t, std::vector<uint32_t>>> got;                // hashes, tokens per BlockStored
+  events->AddNamespace("ns", "t", "m", 4);
+  events->Stored("ns", TierKind::kHost, chain[0], BlockHash(), t0);
+  events->Stored("ns", TierKind::kHost, chain[1], chain[0], t1);         // joins: both have tokens
+  events->Stored("ns", TierKind::kHost, chain[2], chain[1]);             // none: its own event
+  events->Stored("ns", TierKind::kHost, chain[3], chain[2], short_one);  // not a block's worth: none
+  std::vector<std::pair<size_t, std::vector<uint32_t>>> got;             // hashes, tokens per BlockStored
   for (const Message& m : Receive(sub, 4)) {
     for (size_t i = 0; i < m.events.size(); ++i) got.emplace_back(m.events[i].second.size(), m.tokens[i]);
   }
