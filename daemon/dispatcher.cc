@@ -261,7 +261,8 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
     if (routable.size() > 255 || routable.find_first_of("@\n") != std::string::npos) {
       return InvalidArgument("routable_id must be at most 255 bytes without '@' or newlines");
     }
-    KVTIER_RETURN_IF_ERROR(cache_->Attach(ctx.cache, ctx.tenant, ctx.layout, routable));
+    if (m.data_parallel_rank() < -1) return InvalidArgument("data_parallel_rank must be -1 (none) or a rank");
+    KVTIER_RETURN_IF_ERROR(cache_->Attach(ctx.cache, ctx.tenant, ctx.layout, routable, m.data_parallel_rank()));
   }
   ctx.hello_done = true;
   KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid << " engine '"

@@ -38,6 +38,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   hello.role = fb::Role::Engine;
   hello.engine_name = options.engine_name;
   hello.routable_id = options.routable_id;
+  hello.data_parallel_rank = options.data_parallel_rank;
   hello.layout = &c->options_.layout;
   hello.hash_bytes = options.hash_bytes;
   auto on_welcome = [segments](const fb::Welcome& w) {

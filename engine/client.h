@@ -56,6 +56,9 @@ struct ClientOptions {
   // names it in the KV event topic of the engine's namespace (events.topic {engine}).
   // Empty: none.
   std::string routable_id;
+  // The engine's data-parallel rank behind routable_id, carried by its KV event batches.
+  // -1: none.
+  int data_parallel_rank = -1;
   // The engine's model layout: the namespace its blocks live in. Required.
   ModelLayout layout;
   // Size of every block hash this session sends: 16 or 32.

@@ -43,6 +43,7 @@ class Connection {
     fb::Role role = fb::Role::Engine;
     std::string engine_name;
     std::string routable_id;              // engines only; may be empty
+    int data_parallel_rank = -1;          // engines only; -1: none
     const ModelLayout* layout = nullptr;  // engines only
     size_t hash_bytes = 16;
   };

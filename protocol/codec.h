@@ -21,7 +21,7 @@ namespace kvtier {
 
 inline constexpr uint16_t kProtocolMajor = 1;
 // Minor versions add optional fields an older peer ignores. 1: Commit.token_ids,
-// Hello.routable_id.
+// Hello.routable_id and Hello.data_parallel_rank.
 inline constexpr uint16_t kProtocolMinor = 1;
 
 // Verifier limits: far above anything a valid frame needs, low enough to bound work.

@@ -130,11 +130,13 @@ struct Page {
 };
 
 Handle Connect(const py::dict& layout, const std::string& socket, const std::string& name, size_t hash_bytes,
-               int timeout_ms, const std::string& device, int cuda_device, const std::string& routable_id) {
+               int timeout_ms, const std::string& device, int cuda_device, const std::string& routable_id,
+               int data_parallel_rank) {
   ClientOptions o;
   o.socket_path = socket;
   o.engine_name = name;
   o.routable_id = routable_id;
+  o.data_parallel_rank = data_parallel_rank;
   o.layout = LayoutOf(layout);
   o.hash_bytes = hash_bytes;
   o.timeout_ms = timeout_ms;
@@ -321,7 +323,7 @@ PYBIND11_MODULE(_kvtier, m) {
   py::class_<ClientHandle, Handle>(m, "Client")
       .def(py::init(&Connect), py::arg("layout"), py::arg("socket") = "", py::arg("name") = "python",
            py::arg("hash_bytes") = 16, py::arg("timeout_ms") = 60000, py::arg("device") = "auto",
-           py::arg("cuda_device") = 0, py::arg("routable_id") = "")
+           py::arg("cuda_device") = 0, py::arg("routable_id") = "", py::arg("data_parallel_rank") = -1)
       .def("close", [](const Handle& h) { Call(h, [](Client& c) { c.Close(); }); })
       .def_property_readonly("closed", [](const Handle& h) { return h->client->closed(); })
       .def_property_readonly("session_id", [](const Handle& h) { return h->client->session_id(); })

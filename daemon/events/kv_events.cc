@@ -95,14 +95,19 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
 
 }  // namespace
 
-std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding) {
+std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding,
+                             std::optional<uint32_t> dp_rank) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_array(3);
   pk.pack_double(timestamp);
   pk.pack_array(static_cast<uint32_t>(events.size()));
   for (const KvEvent& e : events) PackEvent(pk, e, encoding);
-  pk.pack_nil();  // data_parallel_rank
+  if (dp_rank) {
+    pk.pack_uint32(*dp_rank);
+  } else {
+    pk.pack_nil();
+  }
   return std::string(buf.data(), buf.size());
 }
 
@@ -177,16 +182,18 @@ KvEvents::~KvEvents() {
 }
 
 void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                            uint32_t tokens_per_block, std::string_view routable_id) {
+                            uint32_t tokens_per_block, std::string_view routable_id, int dp_rank) {
   const std::string_view served = model.substr(0, model.find('|'));
   const std::string name =
       ExpandTopic(options_.topic, routable_id.empty() ? std::string_view(host_) : routable_id, host_, served, tenant);
+  const std::optional<uint32_t> rank = dp_rank >= 0 ? std::optional(static_cast<uint32_t>(dp_rank)) : std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  Topic*& t = by_name_[name];
+  Topic*& t = by_name_[rank ? name + "#" + std::to_string(*rank) : name];
   if (t == nullptr) {
     topics_.push_back(std::make_unique<Topic>());
     t = topics_.back().get();
     t->name = name;
+    t->dp_rank = rank;
     t->block_size = tokens_per_block;
   }
   auto it = by_namespace_.find(encoded_ns);
@@ -298,16 +305,21 @@ void KvEvents::Run() {
 }
 
 void KvEvents::PublishPending() {
-  std::vector<std::pair<std::string, std::vector<KvEvent>>> batches;
+  struct Batch {
+    std::string topic;
+    std::optional<uint32_t> dp_rank;
+    std::vector<KvEvent> events;
+  };
+  std::vector<Batch> batches;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (Topic* t : order_) batches.emplace_back(t->name, std::move(t->pending));
+    for (Topic* t : order_) batches.push_back(Batch{t->name, t->dp_rank, std::move(t->pending)});
     for (Topic* t : order_) t->pending.clear();
     order_.clear();
     queued_ = 0;
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  for (auto& [topic, events] : batches) {
+  for (auto& [topic, dp_rank, events] : batches) {
     // At most batch_size hashes a message.
     for (size_t at = 0; at < events.size();) {
       size_t end = at, hashes = 0;
@@ -316,7 +328,7 @@ void KvEvents::PublishPending() {
         ++end;
       }
       std::string payload =
-          EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at), options_.encoding);
+          EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at), options_.encoding, dp_rank);
       const uint64_t seq = next_seq_++;
       const std::string seq_bytes = SeqBytes(seq);
       try {

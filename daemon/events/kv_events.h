@@ -5,7 +5,7 @@
 // (lib/kv-router/src/zmq_wire) decode:
 //
 //   ZMQ PUB multipart  [topic, sequence (8 bytes, big-endian), msgpack payload]
-//   payload            [timestamp (float seconds), [event, ...], data_parallel_rank (nil)]
+//   payload            [timestamp (float seconds), [event, ...], data_parallel_rank]
 //
 // Each event in one of two encodings (events.encoding):
 //
@@ -31,7 +31,9 @@
 // Topics: events.topic with {engine}, {host}, {model} and {tenant} replaced,
 // "kv@{engine}@{model}" by default, which llm-d reads as pod and model. {engine} is the
 // routable id an engine declared at Hello ("10.0.0.5:8000"), or the host name for engines
-// that declared none; {model} the layout's model id up to its first '|' (the connectors
+// that declared none, and a topic's batches carry the data-parallel rank the engine
+// declared with it (nil: none; two ranks behind one id share the topic name, each with
+// its own batches); {model} the layout's model id up to its first '|' (the connectors
 // append layout and rank facts after one). A namespace's blocks go to the topic of every
 // engine that attached to it, since each of them can load them: a router then counts them
 // for every engine on the node. One sequence numbers every message on the socket, so a
@@ -104,8 +106,9 @@ struct KvEvent {
 uint64_t EventHash(const BlockHash& hash);
 // The medium a tier is announced as ("GPU", "CPU_TIER1", "CPU_TIER2").
 std::string_view EventMedium(TierKind tier);
-// The msgpack payload of one message: [ts, [events...], nil].
-std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding);
+// The msgpack payload of one message: [ts, [events...], dp_rank or nil].
+std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding,
+                             std::optional<uint32_t> dp_rank = std::nullopt);
 // events.topic with {engine}, {host}, {model} and {tenant} replaced.
 std::string ExpandTopic(std::string_view pattern, std::string_view engine, std::string_view host,
                         std::string_view model, std::string_view tenant);
@@ -131,7 +134,7 @@ class KvEvents {
   // `routable_id` (empty: this host): the topic it adds and the block size its
   // BlockStored carry. Idempotent for a namespace and topic.
   void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                    uint32_t tokens_per_block, std::string_view routable_id = {});
+                    uint32_t tokens_per_block, std::string_view routable_id = {}, int dp_rank = -1);
   // A block became findable in `tier` (with its tokens when known: exactly the
   // namespace's block size, else none are sent) / stopped being findable there. Events of
   // a namespace never added are not published (their topic is unknown).
@@ -152,6 +155,7 @@ class KvEvents {
   struct Sockets;
   struct Topic {
     std::string name;
+    std::optional<uint32_t> dp_rank;
     uint32_t block_size = 0;
     std::vector<KvEvent> pending;
   };

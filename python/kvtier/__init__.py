@@ -132,11 +132,14 @@ class Client:
     ``socket``: None or "" uses $KVTIER_SOCKET, else kvtierd's default ./var/kvtierd.sock.
     ``device``: "auto" (CUDA when visible, else host-emulated), "cuda" or "host-emulated";
     KV tensors given to store_kv/load_kv must live where it says (CPU tensors need
-    "host-emulated"). Thread-safe: calls from several threads are serialized.
+    "host-emulated"). ``routable_id`` ("IP:port", where routers send the engine's
+    requests) and ``data_parallel_rank`` (-1: none) name the engine in kvtierd's KV event
+    topics. Thread-safe: calls from several threads are serialized.
     """
 
     def __init__(self, layout: Layout, socket: Optional[str] = None, *, name: str = "python", hash_bytes: int = 16,
-                 timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0, routable_id: str = ""):
+                 timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0, routable_id: str = "",
+                 data_parallel_rank: int = -1):
         self.layout = layout
         self._device = None
         if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or not 0 < timeout_ms < 1 << 31:
@@ -144,7 +147,7 @@ class Client:
         if hash_bytes not in (16, 32):
             raise InvalidArgumentError(f"hash_bytes must be 16 or 32, not {hash_bytes!r}")
         self._c = _kvtier.Client(layout.as_dict(), socket or "", name, hash_bytes, timeout_ms, device, cuda_device,
-                                 routable_id)
+                                 routable_id, data_parallel_rank)
 
     # ---- session ----
     def __enter__(self) -> "Client":

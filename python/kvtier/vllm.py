@@ -276,6 +276,9 @@ class KvtierConnector(KVConnectorBase_V1):
         # Where routers send this server's requests (llm-d's pod id, "IP:port"): kvtierd
         # names it in the KV event topic of the blocks this server can load.
         self._routable_id = str(self._extra("routable_id", os.environ.get("KVTIER_ROUTABLE_ID", "")))
+        pc = vllm_config.parallel_config
+        dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
+        self._dp_rank = int(getattr(pc, "data_parallel_rank", 0) or 0) if dp_size > 1 else -1
         self._model_id = self._extra("model_id", None) or str(getattr(vllm_config.model_config, "model", "model"))
         self._hash_bytes = hash_bytes_for(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", None))
         ranks = _rank_facts(vllm_config)
@@ -327,7 +330,7 @@ class KvtierConnector(KVConnectorBase_V1):
         def connect():
             return kvtier.Client(layout.kvtier_layout(), self._socket, name=f"vllm-{self._role.name.lower()}",
                                  hash_bytes=self._hash_bytes, timeout_ms=self._timeout_ms, device=device,
-                                 routable_id=self._routable_id)
+                                 routable_id=self._routable_id, data_parallel_rank=self._dp_rank)
 
         self._client = ResilientClient(connect, name=f"kvtier.vllm {self._role.name.lower()}")
 

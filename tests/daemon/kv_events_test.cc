@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <msgpack.hpp>
+#include <optional>
 #include <thread>
 #include <zmq.hpp>
 
@@ -109,6 +110,7 @@ struct Message {
   uint64_t seq = 0;
   std::vector<std::pair<std::string, std::vector<uint64_t>>> events;  // tag, hashes
   std::vector<std::vector<uint32_t>> tokens;                          // per event
+  std::optional<uint32_t> dp_rank;                                    // the batch's
 };
 
 Message Decode(std::vector<zmq::message_t>& parts) {
@@ -117,6 +119,7 @@ Message Decode(std::vector<zmq::message_t>& parts) {
   m.seq = BigEndian(static_cast<const uint8_t*>(parts[1].data()));
   msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(parts[2].data()), parts[2].size());
   const msgpack::object& list = oh.get().via.array.ptr[1];
+  if (!oh.get().via.array.ptr[2].is_nil()) m.dp_rank = oh.get().via.array.ptr[2].as<uint32_t>();
   for (uint32_t i = 0; i < list.via.array.size; ++i) {  // tagged: maps
     std::map<std::string, msgpack::object> e;
     list.via.array.ptr[i].convert(e);
@@ -264,6 +267,25 @@ TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
                                                                        {"kv@10.0.0.6:8000@llama", both},
                                                                        {"kv@node1@llama", both},
                                                                        {"kv@10.0.0.7:8000@qwen", {"BlockStored"}}}));
+}
+
+TEST(KvEvents, AnEnginesDataParallelRankRidesOnItsTopicsBatches) {
+  auto s = Subscribe();
+  ASSERT_NE(s, nullptr);
+  const auto chain = HashChain(6, 2);
+  // Two DP ranks behind one API server: one topic name, a batch per rank.
+  s->events->AddNamespace("rank0", "t", "m", 16, "10.0.0.8:8000", 0);
+  s->events->AddNamespace("rank1", "t", "m", 16, "10.0.0.8:8000", 1);
+  s->events->Stored("rank0", TierKind::kHost, chain[0], BlockHash());
+  s->events->Stored("rank1", TierKind::kHost, chain[1], BlockHash());
+  std::map<uint32_t, std::pair<std::string, uint64_t>> by_rank;  // rank -> topic, hash
+  for (const Message& m : Receive(s->sub, 2)) {
+    ASSERT_TRUE(m.dp_rank.has_value()) << m.topic;
+    by_rank[*m.dp_rank] = {m.topic, m.events.at(0).second.at(0)};
+  }
+  EXPECT_EQ(by_rank,
+            (std::map<uint32_t, std::pair<std::string, uint64_t>>{{0, {"kv@10.0.0.8:8000@m", EventHash(chain[0])}},
+                                                                  {1, {"kv@10.0.0.8:8000@m", EventHash(chain[1])}}}));
 }
 
 TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
