@@ -77,6 +77,13 @@ Status Client::CheckHashes(std::span<const BlockHash> hs) const {
   return Status::Ok();
 }
 
+Status Client::CheckTokenIds(size_t blocks, std::span<const uint32_t> token_ids) const {
+  const uint64_t want = uint64_t{blocks} * options_.layout.tokens_per_block;
+  if (token_ids.empty() || token_ids.size() == want) return Status::Ok();
+  return InvalidArgument("commit token_ids: " + std::to_string(token_ids.size()) + " for " + std::to_string(blocks) +
+                         " blocks of " + std::to_string(options_.layout.tokens_per_block) + " tokens");
+}
+
 // ---- Allocate ----
 Result<Ticket> Client::StartAllocate(TierKind tier, uint32_t count) {
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
@@ -105,12 +112,7 @@ Result<std::vector<PageId>> Client::Allocate(TierKind tier, uint32_t count) {
 // ---- Commit ----
 Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain,
                                    std::span<const uint32_t> token_ids) {
-  const uint64_t want_tokens = uint64_t{entries.size()} * options_.layout.tokens_per_block;
-  if (!token_ids.empty() && token_ids.size() != want_tokens) {
-    return InvalidArgument("commit token_ids: " + std::to_string(token_ids.size()) + " for " +
-                           std::to_string(entries.size()) + " blocks of " +
-                           std::to_string(options_.layout.tokens_per_block) + " tokens");
-  }
+  KVTIER_RETURN_IF_ERROR(CheckTokenIds(entries.size(), token_ids));
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<BlockHash> hashes, parents;
   std::vector<PageId> pages;
@@ -344,9 +346,7 @@ Result<std::vector<BlockResult>> Client::StoreBlocks(const EngineKv& kv, std::sp
   if (engine_blocks.size() != hashes.size() || (!parents.empty() && parents.size() != hashes.size())) {
     return InvalidArgument("StoreBlocks: one engine block and hash (and parent) per block");
   }
-  if (!token_ids.empty() && token_ids.size() != hashes.size() * options_.layout.tokens_per_block) {
-    return InvalidArgument("StoreBlocks: token_ids must be empty or tokens_per_block per block");
-  }
+  KVTIER_RETURN_IF_ERROR(CheckTokenIds(hashes.size(), token_ids));  // before leasing anything
   for (uint32_t b : engine_blocks) {
     if (b >= kv.num_blocks) return InvalidArgument("StoreBlocks: engine block out of range");
   }

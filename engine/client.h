@@ -240,6 +240,8 @@ class Client {
  private:
   Client(const ClientOptions& options, std::unique_ptr<SegmentMap> segments);
   Status CheckHashes(std::span<const BlockHash> hs) const;
+  // token_ids of a commit of `blocks` blocks: none, or the layout's tokens_per_block each.
+  Status CheckTokenIds(size_t blocks, std::span<const uint32_t> token_ids) const;
   // The connection, or kFailedPrecondition after Close().
   Result<Connection*> Conn() const;
 

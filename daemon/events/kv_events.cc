@@ -48,10 +48,6 @@ void PackHashes(Packer& pk, const std::vector<uint64_t>& hashes) {
   for (uint64_t h : hashes) pk.pack_uint64(h);
 }
 
-}  // namespace
-
-namespace {
-
 // One event, as a map keyed by field name (tagged) or an array in field order
 // (positional); both name the same fields in the same order.
 void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
@@ -188,7 +184,7 @@ void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant
       ExpandTopic(options_.topic, routable_id.empty() ? std::string_view(host_) : routable_id, host_, served, tenant);
   const std::optional<uint32_t> rank = dp_rank >= 0 ? std::optional(static_cast<uint32_t>(dp_rank)) : std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
-  Topic*& t = by_name_[rank ? name + "#" + std::to_string(*rank) : name];
+  Topic*& t = by_name_[{name, rank}];
   if (t == nullptr) {
     topics_.push_back(std::make_unique<Topic>());
     t = topics_.back().get();

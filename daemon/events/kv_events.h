@@ -59,6 +59,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -187,7 +188,7 @@ class KvEvents {
   };
   // A namespace's topics, one per engine identity that attached to it.
   std::unordered_map<std::string, std::vector<Topic*>, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
-  std::unordered_map<std::string, Topic*> by_name_;                                               // guarded by mu_
+  std::map<std::pair<std::string, std::optional<uint32_t>>, Topic*> by_name_;  // name, dp rank; guarded by mu_
   std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
   uint64_t queued_ = 0;        // events pending; guarded by mu_
 
