@@ -117,7 +117,7 @@ CacheManager::~CacheManager() {
 // ---- sessions ------------------------------------------------------------------------
 
 Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout,
-                            std::string_view routable_id, int dp_rank) {
+                            const EventSource& source) {
   if (s.attached_) return FailedPrecondition("session already attached");
   KVTIER_RETURN_IF_ERROR(layout.Validate());
   for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
@@ -150,7 +150,7 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
                           namespaces_.limits(s.tenant_).kv_quantization);
   if (options_.events) {
     options_.events->AddNamespace(namespaces_.Get(s.ns_).encoded, tenant, layout.model_id, layout.tokens_per_block,
-                                  routable_id, dp_rank);
+                                  source);
   }
   s.attached_ = true;
   sessions_[s.id_] = &s;

@@ -147,9 +147,8 @@ class CacheManager {
 
   // Binds a session to tenant x layout. kInvalidArgument for a bad layout or a block that
   // does not fit a page; kFailedPrecondition if already attached.
-  // `routable_id` and `dp_rank` (-1: none) name the engine in KV events (KvEvents).
-  Status Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout, std::string_view routable_id = {},
-                int dp_rank = -1);
+  // `source` names the engine in KV events (KvEvents).
+  Status Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout, const EventSource& source = {});
   // Drops everything the session holds: references go, leased pages return to free — or,
   // with `quarantine_leases`, into quarantine until ReleaseQuarantine(returned id); 0 when
   // nothing was quarantined.

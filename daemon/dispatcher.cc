@@ -262,7 +262,11 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
       return InvalidArgument("routable_id must be at most 255 bytes without '@' or newlines");
     }
     if (m.data_parallel_rank() < -1) return InvalidArgument("data_parallel_rank must be -1 (none) or a rank");
-    KVTIER_RETURN_IF_ERROR(cache_->Attach(ctx.cache, ctx.tenant, ctx.layout, routable, m.data_parallel_rank()));
+    const std::optional<EventHashForm> hashes = EventHashesFromWire(m.event_hashes());
+    if (!hashes) return InvalidArgument("event_hashes must be Vllm, Sglang or None");
+    KVTIER_RETURN_IF_ERROR(
+        cache_->Attach(ctx.cache, ctx.tenant, ctx.layout,
+                       EventSource{.routable_id = routable, .dp_rank = m.data_parallel_rank(), .hashes = *hashes}));
   }
   ctx.hello_done = true;
   KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid << " engine '"

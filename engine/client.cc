@@ -39,6 +39,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   hello.engine_name = options.engine_name;
   hello.routable_id = options.routable_id;
   hello.data_parallel_rank = options.data_parallel_rank;
+  hello.event_hashes = options.event_hashes;
   hello.layout = &c->options_.layout;
   hello.hash_bytes = options.hash_bytes;
   auto on_welcome = [segments](const fb::Welcome& w) {

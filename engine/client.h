@@ -59,6 +59,9 @@ struct ClientOptions {
   // The engine's data-parallel rank behind routable_id, carried by its KV event batches.
   // -1: none.
   int data_parallel_rank = -1;
+  // How the engine's own KV events name a block: kvtierd announces this session's
+  // blocks alike (kNone: not at all).
+  EventHashForm event_hashes = EventHashForm::kVllm;
   // The engine's model layout: the namespace its blocks live in. Required.
   ModelLayout layout;
   // Size of every block hash this session sends: 16 or 32.

@@ -61,6 +61,7 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
   h.add_engine_name(name);
   if (!args.routable_id.empty()) h.add_routable_id(routable);
   h.add_data_parallel_rank(args.data_parallel_rank);
+  h.add_event_hashes(EventHashesToWire(args.event_hashes));
   if (args.layout) h.add_layout(layout);
   h.add_hash_bytes(static_cast<uint8_t>(args.hash_bytes));
   KVTIER_ASSIGN_OR_RETURN(Ticket t, Send(fb::Op::Hello, h.Finish().Union()));

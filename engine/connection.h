@@ -42,9 +42,10 @@ class Connection {
   struct HelloArgs {
     fb::Role role = fb::Role::Engine;
     std::string engine_name;
-    std::string routable_id;              // engines only; may be empty
-    int data_parallel_rank = -1;          // engines only; -1: none
-    const ModelLayout* layout = nullptr;  // engines only
+    std::string routable_id;                            // engines only; may be empty
+    int data_parallel_rank = -1;                        // engines only; -1: none
+    EventHashForm event_hashes = EventHashForm::kVllm;  // engines only
+    const ModelLayout* layout = nullptr;                // engines only
     size_t hash_bytes = 16;
   };
   struct Session {

@@ -21,8 +21,8 @@ namespace kvtier {
 
 inline constexpr uint16_t kProtocolMajor = 1;
 // Minor versions add optional fields an older peer ignores. 1: Commit.token_ids,
-// Hello.routable_id and Hello.data_parallel_rank.
-inline constexpr uint16_t kProtocolMinor = 1;
+// Hello.routable_id and Hello.data_parallel_rank. 2: Hello.event_hashes.
+inline constexpr uint16_t kProtocolMinor = 2;
 
 // Verifier limits: far above anything a valid frame needs, low enough to bound work.
 inline constexpr uint32_t kVerifierMaxDepth = 16;
@@ -70,6 +70,15 @@ inline std::optional<TierKind> TierFromWire(fb::Tier t) {
 }
 
 // Block states (kvctl explain): enum BlockState has BlockState's numbers.
+inline fb::EventHashes EventHashesToWire(EventHashForm f) { return static_cast<fb::EventHashes>(f); }
+// Unknown wire values (a newer peer) are an error: announcing blocks under the wrong ids
+// would mislead a router.
+inline std::optional<EventHashForm> EventHashesFromWire(fb::EventHashes f) {
+  const int v = static_cast<int>(f);
+  if (v > static_cast<int>(EventHashForm::kNone)) return std::nullopt;
+  return static_cast<EventHashForm>(v);
+}
+
 inline fb::BlockState BlockStateToWire(BlockState s) { return static_cast<fb::BlockState>(s); }
 // A value only a newer peer knows reads as kNeverStored.
 BlockState BlockStateFromWire(fb::BlockState s);

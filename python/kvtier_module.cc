@@ -131,8 +131,17 @@ struct Page {
 
 Handle Connect(const py::dict& layout, const std::string& socket, const std::string& name, size_t hash_bytes,
                int timeout_ms, const std::string& device, int cuda_device, const std::string& routable_id,
-               int data_parallel_rank) {
+               int data_parallel_rank, const std::string& event_hashes) {
   ClientOptions o;
+  if (event_hashes == "vllm") {
+    o.event_hashes = EventHashForm::kVllm;
+  } else if (event_hashes == "sglang") {
+    o.event_hashes = EventHashForm::kSglang;
+  } else if (event_hashes == "none") {
+    o.event_hashes = EventHashForm::kNone;
+  } else {
+    Raise(InvalidArgument("event_hashes must be \"vllm\", \"sglang\" or \"none\", not \"" + event_hashes + "\""));
+  }
   o.socket_path = socket;
   o.engine_name = name;
   o.routable_id = routable_id;
@@ -323,7 +332,8 @@ PYBIND11_MODULE(_kvtier, m) {
   py::class_<ClientHandle, Handle>(m, "Client")
       .def(py::init(&Connect), py::arg("layout"), py::arg("socket") = "", py::arg("name") = "python",
            py::arg("hash_bytes") = 16, py::arg("timeout_ms") = 60000, py::arg("device") = "auto",
-           py::arg("cuda_device") = 0, py::arg("routable_id") = "", py::arg("data_parallel_rank") = -1)
+           py::arg("cuda_device") = 0, py::arg("routable_id") = "", py::arg("data_parallel_rank") = -1,
+           py::arg("event_hashes") = "vllm")
       .def("close", [](const Handle& h) { Call(h, [](Client& c) { c.Close(); }); })
       .def_property_readonly("closed", [](const Handle& h) { return h->client->closed(); })
       .def_property_readonly("session_id", [](const Handle& h) { return h->client->session_id(); })

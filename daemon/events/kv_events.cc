@@ -12,11 +12,12 @@
 
 namespace kvtier {
 
-uint64_t EventHash(const BlockHash& hash) {
+uint64_t EventHash(const BlockHash& hash, EventHashForm form) {
   auto b = hash.bytes();
+  const size_t n = std::min<size_t>(b.size(), 8);
+  const size_t from = form == EventHashForm::kSglang ? 0 : b.size() - n;
   uint64_t v = 0;
-  const size_t from = b.size() >= 8 ? b.size() - 8 : 0;
-  for (size_t i = from; i < b.size(); ++i) v = (v << 8) | b[i];
+  for (size_t i = from; i < from + n; ++i) v = (v << 8) | b[i];
   return v;
 }
 
@@ -43,9 +44,17 @@ void PackStr(Packer& pk, std::string_view s) {
   pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
 }
 
-void PackHashes(Packer& pk, const std::vector<uint64_t>& hashes) {
+void PackHash(Packer& pk, uint64_t h, bool is_signed) {
+  if (is_signed) {
+    pk.pack_int64(static_cast<int64_t>(h));
+  } else {
+    pk.pack_uint64(h);
+  }
+}
+
+void PackHashes(Packer& pk, const std::vector<uint64_t>& hashes, bool is_signed) {
   pk.pack_array(static_cast<uint32_t>(hashes.size()));
-  for (uint64_t h : hashes) pk.pack_uint64(h);
+  for (uint64_t h : hashes) PackHash(pk, h, is_signed);
 }
 
 // One event, as a map keyed by field name (tagged) or an array in field order
@@ -65,11 +74,11 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
   field("type");
   PackStr(pk, stored ? "BlockStored" : "BlockRemoved");
   field("block_hashes");
-  PackHashes(pk, e.hashes);
+  PackHashes(pk, e.hashes, e.signed_hashes);
   if (stored) {
     field("parent_block_hash");
     if (e.parent) {
-      pk.pack_uint64(*e.parent);
+      PackHash(pk, *e.parent, e.signed_hashes);
     } else {
       pk.pack_nil();
     }
@@ -178,11 +187,13 @@ KvEvents::~KvEvents() {
 }
 
 void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                            uint32_t tokens_per_block, std::string_view routable_id, int dp_rank) {
+                            uint32_t tokens_per_block, const EventSource& source) {
+  if (source.hashes == EventHashForm::kNone) return;
   const std::string_view served = model.substr(0, model.find('|'));
-  const std::string name =
-      ExpandTopic(options_.topic, routable_id.empty() ? std::string_view(host_) : routable_id, host_, served, tenant);
-  const std::optional<uint32_t> rank = dp_rank >= 0 ? std::optional(static_cast<uint32_t>(dp_rank)) : std::nullopt;
+  const std::string name = ExpandTopic(
+      options_.topic, source.routable_id.empty() ? std::string_view(host_) : source.routable_id, host_, served, tenant);
+  const std::optional<uint32_t> rank =
+      source.dp_rank >= 0 ? std::optional(static_cast<uint32_t>(source.dp_rank)) : std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   Topic*& t = by_name_[{name, rank}];
   if (t == nullptr) {
@@ -193,8 +204,10 @@ void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant
     t->block_size = tokens_per_block;
   }
   auto it = by_namespace_.find(encoded_ns);
-  if (it == by_namespace_.end()) it = by_namespace_.emplace(std::string(encoded_ns), std::vector<Topic*>()).first;
-  if (std::find(it->second.begin(), it->second.end(), t) == it->second.end()) it->second.push_back(t);
+  if (it == by_namespace_.end())
+    it = by_namespace_.emplace(std::string(encoded_ns), Announced{source.hashes, {}}).first;
+  std::vector<Topic*>& topics = it->second.topics;
+  if (std::find(topics.begin(), topics.end(), t) == topics.end()) topics.push_back(t);
 }
 
 KvEvent* KvEvents::Append(Topic& t, KvEvent::Kind kind, TierKind tier) {
@@ -210,22 +223,24 @@ KvEvent* KvEvents::Append(Topic& t, KvEvent::Kind kind, TierKind tier) {
 
 void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
                    const BlockHash* parent, std::span<const uint32_t> tokens) {
-  const uint64_t h = EventHash(hash);
-  const std::optional<uint64_t> p = parent && !parent->empty() ? std::optional(EventHash(*parent)) : std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) return;
-  for (Topic* t : it->second) AddTo(*t, kind, tier, h, p, tokens);
+  const EventHashForm form = it->second.hashes;
+  const uint64_t h = EventHash(hash, form);
+  const std::optional<uint64_t> p = parent && !parent->empty() ? std::optional(EventHash(*parent, form)) : std::nullopt;
+  for (Topic* t : it->second.topics) AddTo(*t, kind, tier, form == EventHashForm::kSglang, h, p, tokens);
 }
 
-void KvEvents::AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, uint64_t h, std::optional<uint64_t> p,
-                     std::span<const uint32_t> tokens) {
+void KvEvents::AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, bool signed_hashes, uint64_t h,
+                     std::optional<uint64_t> p, std::span<const uint32_t> tokens) {
   if (tokens.size() != t.block_size) tokens = {};
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored
   // joins the previous BlockStored (vLLM's form) when both have tokens or neither has.
   if (!t.pending.empty()) {
     KvEvent& last = t.pending.back();
-    const bool joins = last.kind == kind && last.tier == tier && last.hashes.size() < options_.batch_size &&
+    const bool joins = last.kind == kind && last.tier == tier && last.signed_hashes == signed_hashes &&
+                       last.hashes.size() < options_.batch_size &&
                        (kind == KvEvent::Kind::kRemoved ||
                         (p && last.hashes.back() == *p && last.token_ids.empty() == tokens.empty()));
     if (joins) {
@@ -241,6 +256,7 @@ void KvEvents::AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, uint64_t h, st
   }
   KvEvent* e = Append(t, kind, tier);
   if (e == nullptr) return;
+  e->signed_hashes = signed_hashes;
   e->hashes.push_back(h);
   if (kind == KvEvent::Kind::kStored) {
     e->parent = p;

@@ -22,8 +22,13 @@
 // (an engine that sent none; a block announced again on another tier, since kvtierd keeps
 // no tokens). A BlockStored's blocks all have tokens or none do.
 //
-// A block hash is announced as an unsigned 64-bit integer: its last 8 bytes read
-// big-endian, as vLLM turns bytes hashes into integers. A BlockStored's hashes are a chain
+// A block hash is announced in the form of the engine that attached to its namespace
+// (Hello.event_hashes): vLLM's, an unsigned 64-bit integer of its last 8 bytes read
+// big-endian, as vLLM turns bytes hashes into integers; SGLang's, a signed 64-bit integer
+// of its first 8 bytes (sglang.srt.mem_cache.utils.hash_str_to_int64 of the page's hex
+// hash), so a router sees kvtierd's announcement of a page under the id SGLang's own
+// events give it; or none, for namespaces whose pages are no prefix block a router indexes
+// (SGLang's sidecar pools). A BlockStored's hashes are a chain
 // (each the parent of the next), the first's parent given. Media: "GPU", "CPU_TIER1"
 // (host) and "CPU_TIER2" (NVMe), which Dynamo maps to device, host-pinned and disk, and
 // which llm-d takes as device tiers as they are (lowercased).
@@ -77,6 +82,13 @@
 namespace kvtier {
 
 enum class KvEventEncoding : uint8_t { kTagged, kPositional };
+// How an engine is named in events: where routers reach it ("10.0.0.5:8000"; empty: this
+// host), its data-parallel rank (-1: none) and its hash form.
+struct EventSource {
+  std::string_view routable_id;
+  int dp_rank = -1;
+  EventHashForm hashes = EventHashForm::kVllm;
+};
 
 struct KvEventsOptions {
   // Bound. Not vLLM's default (tcp://*:5557), which an engine on the same host binds.
@@ -101,10 +113,11 @@ struct KvEvent {
   uint32_t block_size = 0;          // kStored: tokens per block
   std::vector<uint32_t> token_ids;  // kStored: block_size per hash, or none
   TierKind tier = TierKind::kHost;
+  bool signed_hashes = false;  // hashes (and parent) are int64 bit patterns (SGLang's form)
 };
 
-// The announced form of a block hash: its last 8 bytes, big-endian.
-uint64_t EventHash(const BlockHash& hash);
+// A block hash as announced in `form` (not kNone): the 64 bits to send.
+uint64_t EventHash(const BlockHash& hash, EventHashForm form = EventHashForm::kVllm);
 // The medium a tier is announced as ("GPU", "CPU_TIER1", "CPU_TIER2").
 std::string_view EventMedium(TierKind tier);
 // The msgpack payload of one message: [ts, [events...], dp_rank or nil].
@@ -131,11 +144,12 @@ class KvEvents {
   KvEvents(const KvEvents&) = delete;
   KvEvents& operator=(const KvEvents&) = delete;
 
-  // A namespace events may name, attached by an engine that routers reach as
-  // `routable_id` (empty: this host): the topic it adds and the block size its
-  // BlockStored carry. Idempotent for a namespace and topic.
+  // A namespace events may name, attached by the engine `source` names: the topic it adds
+  // and the block size its BlockStored carry. Idempotent for a namespace and topic. The
+  // first engine to attach sets the namespace's hash form; one with form kNone adds
+  // nothing.
   void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                    uint32_t tokens_per_block, std::string_view routable_id = {}, int dp_rank = -1);
+                    uint32_t tokens_per_block, const EventSource& source = {});
   // A block became findable in `tier` (with its tokens when known: exactly the
   // namespace's block size, else none are sent) / stopped being findable there. Events of
   // a namespace never added are not published (their topic is unknown).
@@ -166,8 +180,8 @@ class KvEvents {
   void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
            const BlockHash* parent, std::span<const uint32_t> tokens);
   // REQUIRES: mu_ held.
-  void AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, uint64_t hash, std::optional<uint64_t> parent,
-             std::span<const uint32_t> tokens);
+  void AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, bool signed_hashes, uint64_t hash,
+             std::optional<uint64_t> parent, std::span<const uint32_t> tokens);
   void Run();
   void PublishPending();
   void ServeReplay();
@@ -186,9 +200,13 @@ class KvEvents {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  // A namespace's topics, one per engine identity that attached to it.
-  std::unordered_map<std::string, std::vector<Topic*>, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
-  std::map<std::pair<std::string, std::optional<uint32_t>>, Topic*> by_name_;  // name, dp rank; guarded by mu_
+  // A namespace's hash form and topics, one per engine identity that attached to it.
+  struct Announced {
+    EventHashForm hashes = EventHashForm::kVllm;
+    std::vector<Topic*> topics;
+  };
+  std::unordered_map<std::string, Announced, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
+  std::map<std::pair<std::string, std::optional<uint32_t>>, Topic*> by_name_;           // name, dp rank; guarded by mu_
   std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
   uint64_t queued_ = 0;        // events pending; guarded by mu_
 

@@ -18,6 +18,11 @@ namespace kvtier {
 
 inline constexpr size_t kMaxHashBytes = 32;
 
+// How an engine's own KV events name a block, so kvtierd's announcements of it match
+// (daemon/events/kv_events.h): vLLM's (the hash's last 8 bytes, big-endian, unsigned),
+// SGLang's (its first 8 bytes as a signed 64-bit integer), or not announced at all.
+enum class EventHashForm : uint8_t { kVllm, kSglang, kNone };
+
 // Copies `n` bytes of a hash: the two sizes engines use as fixed-size copies (inlined
 // moves, not a call per hash: a long chain is 8,192 of them), any other size as it is.
 inline void CopyHashBytes(uint8_t* dst, const uint8_t* src, size_t n) {

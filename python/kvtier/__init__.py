@@ -25,7 +25,6 @@ reference engine, the binding's benchmark and the real-vLLM end-to-end run.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Iterable, NamedTuple, Optional, Sequence
 
@@ -82,14 +81,14 @@ class Layout:
         return 2 * self.layers * self.tokens_per_block * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
 
     @staticmethod
-    def opaque(model: str, block_bytes: int) -> "Layout":
+    def opaque(model: str, block_bytes: int, tokens_per_block: int = 1) -> "Layout":
         """A layout for blocks that are opaque bytes to their engine (SGLang's pages, a
-        benchmark's): one layer of int8 elements, `block_bytes` (even) per block."""
-        if block_bytes <= 0 or block_bytes % 2:
-            raise InvalidArgumentError(f"an opaque block of {block_bytes} bytes: want a positive even size")
-        half = block_bytes // 2
-        dim = math.gcd(half, 16384)
-        return Layout(model, layers=1, kv_heads=1, head_dim=dim, dtype="int8", tokens_per_block=half // dim)
+        benchmark's): `block_bytes` per block of `tokens_per_block` tokens (the block size
+        its KV events announce)."""
+        if not isinstance(block_bytes, int) or block_bytes <= 0:
+            raise InvalidArgumentError(f"an opaque block of {block_bytes!r} bytes: want a positive size")
+        return Layout(model, layers=1, kv_heads=1, head_dim=1, dtype="int8", tokens_per_block=tokens_per_block,
+                      block_bytes=block_bytes)
 
     def as_dict(self) -> dict:
         for name in ("layers", "kv_heads", "head_dim", "tokens_per_block"):
@@ -134,12 +133,15 @@ class Client:
     KV tensors given to store_kv/load_kv must live where it says (CPU tensors need
     "host-emulated"). ``routable_id`` ("IP:port", where routers send the engine's
     requests) and ``data_parallel_rank`` (-1: none) name the engine in kvtierd's KV event
-    topics. Thread-safe: calls from several threads are serialized.
+    topics; ``event_hashes`` is how the engine's own events name a block, so kvtierd's
+    announcements of this session's blocks match them: "vllm" (last 8 bytes, unsigned),
+    "sglang" (first 8 bytes, signed) or "none" (not announced). Thread-safe: calls from
+    several threads are serialized.
     """
 
     def __init__(self, layout: Layout, socket: Optional[str] = None, *, name: str = "python", hash_bytes: int = 16,
                  timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0, routable_id: str = "",
-                 data_parallel_rank: int = -1):
+                 data_parallel_rank: int = -1, event_hashes: str = "vllm"):
         self.layout = layout
         self._device = None
         if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or not 0 < timeout_ms < 1 << 31:
@@ -147,7 +149,7 @@ class Client:
         if hash_bytes not in (16, 32):
             raise InvalidArgumentError(f"hash_bytes must be 16 or 32, not {hash_bytes!r}")
         self._c = _kvtier.Client(layout.as_dict(), socket or "", name, hash_bytes, timeout_ms, device, cuda_device,
-                                 routable_id, data_parallel_rank)
+                                 routable_id, data_parallel_rank, event_hashes)
 
     # ---- session ----
     def __enter__(self) -> "Client":

@@ -145,6 +145,34 @@ TEST_F(DispatcherTest, WrongMajorVersionIsRefusedAndCloses) {
   EXPECT_TRUE(ctx.close_after_reply);
 }
 
+// Hello's engine identity for KV events: checked before the session attaches.
+TEST_F(DispatcherTest, AnEnginesEventIdentityIsChecked) {
+  auto hello = [&](SessionContext& ctx, const std::string& routable, int rank, uint8_t hashes) {
+    return Call(ctx, [&](flatbuffers::FlatBufferBuilder& b) {
+      auto layout = LayoutToWire(b, testing::TestLayout());
+      auto name = b.CreateString("test-engine");
+      auto id = b.CreateString(routable);
+      auto h = fb::CreateHello(b, kProtocolMajor, kProtocolMinor, fb::Role::Engine, name, layout, 16, id, rank,
+                               static_cast<fb::EventHashes>(hashes));
+      return std::make_pair(fb::Op::Hello, h.Union());
+    });
+  };
+  struct Case {
+    std::string routable;
+    int rank;
+    uint8_t hashes;
+    fb::Status want;
+  };
+  for (const Case& c :
+       {Case{"10.0.0.5:8000", 0, 1, fb::Status::Ok}, Case{"10.0.0.5:8000", -1, 2, fb::Status::Ok},
+        Case{"a@b", -1, 0, fb::Status::InvalidArgument}, Case{"10.0.0.5:8000", -2, 0, fb::Status::InvalidArgument},
+        Case{"10.0.0.5:8000", 0, 3, fb::Status::InvalidArgument}}) {
+    SessionContext ctx(1);
+    const fb::Response* r = hello(ctx, c.routable, c.rank, c.hashes);
+    EXPECT_EQ(r->status(), c.want) << c.routable << " rank " << c.rank << " hashes " << int(c.hashes);
+  }
+}
+
 TEST_F(DispatcherTest, HashVectorsOfTheWrongSizeAreInvalid) {
   SessionContext ctx(1);
   ASSERT_EQ(Hello(ctx, fb::Role::Engine)->status(), fb::Status::Ok);

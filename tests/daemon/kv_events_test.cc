@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #define MSGPACK_NO_BOOST 1
+#include <array>
 #include <chrono>
 #include <map>
 #include <msgpack.hpp>
@@ -29,7 +30,15 @@ TEST(KvEvents, AHashIsItsLastEightBytesBigEndian) {
   for (size_t size : {16u, 32u}) {
     const BlockHash h = HashChain(7, 1, size)[0];
     EXPECT_EQ(EventHash(h), BigEndian(h.bytes().data() + size - 8));
+    EXPECT_EQ(EventHash(h, EventHashForm::kVllm), EventHash(h));
   }
+}
+
+// SGLang's hash_str_to_int64: the first 16 hex digits of the page's SHA-256 hex string.
+TEST(KvEvents, InSglangsFormAHashIsItsFirstEightBytesBigEndian) {
+  const BlockHash h = HashChain(8, 1, 32)[0];
+  EXPECT_EQ(EventHash(h, EventHashForm::kSglang), BigEndian(h.bytes().data()));
+  EXPECT_NE(EventHash(h, EventHashForm::kSglang), EventHash(h));
 }
 
 TEST(KvEvents, TopicsNameEngineHostModelAndTenant) {
@@ -111,7 +120,23 @@ struct Message {
   std::vector<std::pair<std::string, std::vector<uint64_t>>> events;  // tag, hashes
   std::vector<std::vector<uint32_t>> tokens;                          // per event
   std::optional<uint32_t> dp_rank;                                    // the batch's
+  bool negative_hashes = false;                                       // some hash was sent as a negative integer
 };
+
+// Hashes as their 64-bit patterns, whether sent unsigned or (SGLang's form) signed.
+std::vector<uint64_t> Hashes(const msgpack::object& list, bool* negative) {
+  std::vector<uint64_t> out;
+  for (uint32_t i = 0; i < list.via.array.size; ++i) {
+    const msgpack::object& o = list.via.array.ptr[i];
+    if (o.type == msgpack::type::NEGATIVE_INTEGER) {
+      *negative = true;
+      out.push_back(static_cast<uint64_t>(o.via.i64));
+    } else {
+      out.push_back(o.as<uint64_t>());
+    }
+  }
+  return out;
+}
 
 Message Decode(std::vector<zmq::message_t>& parts) {
   Message m;
@@ -123,7 +148,7 @@ Message Decode(std::vector<zmq::message_t>& parts) {
   for (uint32_t i = 0; i < list.via.array.size; ++i) {  // tagged: maps
     std::map<std::string, msgpack::object> e;
     list.via.array.ptr[i].convert(e);
-    m.events.emplace_back(e["type"].as<std::string>(), e["block_hashes"].as<std::vector<uint64_t>>());
+    m.events.emplace_back(e["type"].as<std::string>(), Hashes(e["block_hashes"], &m.negative_hashes));
     m.tokens.push_back(e.count("token_ids") ? e["token_ids"].as<std::vector<uint32_t>>() : std::vector<uint32_t>());
   }
   return m;
@@ -250,11 +275,11 @@ TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
   const auto chain = HashChain(5, 2);
   // Two engines serving one model on this node, one that declared no identity, and
   // another model: the connectors' model ids carry layout facts after a '|'.
-  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.5:8000");
-  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");
-  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, "10.0.0.6:8000");  // again: no change
+  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.5:8000"});
+  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.6:8000"});
+  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.6:8000"});  // again: no change
   events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16);
-  events->AddNamespace("other", "t", "qwen", 16, "10.0.0.7:8000");
+  events->AddNamespace("other", "t", "qwen", 16, {.routable_id = "10.0.0.7:8000"});
   events->Stored("ns", TierKind::kHost, chain[0], BlockHash());
   events->Removed("ns", TierKind::kHost, chain[0]);
   events->Stored("other", TierKind::kHost, chain[1], BlockHash());
@@ -274,8 +299,8 @@ TEST(KvEvents, AnEnginesDataParallelRankRidesOnItsTopicsBatches) {
   ASSERT_NE(s, nullptr);
   const auto chain = HashChain(6, 2);
   // Two DP ranks behind one API server: one topic name, a batch per rank.
-  s->events->AddNamespace("rank0", "t", "m", 16, "10.0.0.8:8000", 0);
-  s->events->AddNamespace("rank1", "t", "m", 16, "10.0.0.8:8000", 1);
+  s->events->AddNamespace("rank0", "t", "m", 16, {.routable_id = "10.0.0.8:8000", .dp_rank = 0});
+  s->events->AddNamespace("rank1", "t", "m", 16, {.routable_id = "10.0.0.8:8000", .dp_rank = 1});
   s->events->Stored("rank0", TierKind::kHost, chain[0], BlockHash());
   s->events->Stored("rank1", TierKind::kHost, chain[1], BlockHash());
   std::map<uint32_t, std::pair<std::string, uint64_t>> by_rank;  // rank -> topic, hash
@@ -286,6 +311,36 @@ TEST(KvEvents, AnEnginesDataParallelRankRidesOnItsTopicsBatches) {
   EXPECT_EQ(by_rank,
             (std::map<uint32_t, std::pair<std::string, uint64_t>>{{0, {"kv@10.0.0.8:8000@m", EventHash(chain[0])}},
                                                                   {1, {"kv@10.0.0.8:8000@m", EventHash(chain[1])}}}));
+}
+
+// An SGLang engine's namespace is announced with SGLang's ids (signed, from the first 8
+// bytes), its sidecar pools' namespaces (form kNone) not at all.
+TEST(KvEvents, ANamespacesHashFormIsTheFirstAttachersAndNoneAnnouncesNothing) {
+  auto s = Subscribe();
+  ASSERT_NE(s, nullptr);
+  std::array<uint8_t, 32> top{};
+  top.fill(0xf1);  // the top bit set: a negative int64 in SGLang's form
+  const BlockHash page(top), next = HashChain(9, 1, 32)[0];
+  s->events->AddNamespace("kv", "t", "sglang:qwen", 16,
+                          {.routable_id = "10.0.0.9:30000", .hashes = EventHashForm::kSglang});
+  s->events->AddNamespace("kv", "t", "sglang:qwen", 16, {.routable_id = "10.0.0.10:30000"});  // form stays SGLang's
+  s->events->AddNamespace("draft", "t", "sglang:qwen", 16,
+                          {.routable_id = "10.0.0.9:30000", .hashes = EventHashForm::kNone});
+  s->events->Stored("draft", TierKind::kHost, next, BlockHash());
+  s->events->Stored("kv", TierKind::kHost, page, BlockHash());
+  s->events->Stored("kv", TierKind::kHost, next, page);
+  std::map<std::string, std::vector<uint64_t>> by_topic;
+  bool negative = false;
+  for (const Message& m : Receive(s->sub, 2 * 2)) {
+    negative |= m.negative_hashes;
+    for (const auto& [tag, hashes] : m.events) {
+      by_topic[m.topic].insert(by_topic[m.topic].end(), hashes.begin(), hashes.end());
+    }
+  }
+  const std::vector<uint64_t> want = {EventHash(page, EventHashForm::kSglang), EventHash(next, EventHashForm::kSglang)};
+  EXPECT_EQ(by_topic, (std::map<std::string, std::vector<uint64_t>>{{"kv@10.0.0.9:30000@sglang:qwen", want},
+                                                                    {"kv@10.0.0.10:30000@sglang:qwen", want}}));
+  EXPECT_TRUE(negative) << "a hash with its top bit set must go as a negative integer, as SGLang sends it";
 }
 
 TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
