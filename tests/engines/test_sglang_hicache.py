@@ -130,14 +130,6 @@ def sglang(socket, pool, interface_v1=True, **kw):
     return ctl
 
 
-@pytest.fixture
-def kvtierd():
-    d = Daemon(page_bytes=64 << 10, pages=2048)
-    yield d
-    d.stop()
-    d.close()
-
-
 def tokens_for(pages, salt):
     return [(salt * 7919 + i * 31) % 30000 + 5 for i in range(pages * PAGE)]
 
@@ -176,9 +168,9 @@ def daemon_holds_nothing(socket):
 
 
 # ---- 1. the prefetch thread on a fresh backend ----
-def test_the_prefetch_thread_answers_on_a_fresh_backend_and_after_a_store(kvtierd, caplog):
+def test_the_prefetch_thread_answers_on_a_fresh_backend_and_after_a_store(daemon, caplog):
     pool = mha_pool("page_first")
-    ctl = sglang(kvtierd.socket, pool)
+    ctl = sglang(daemon.socket, pool)
     thread = threading.Thread(target=ctl.prefetch_thread_func, daemon=True)
     thread.start()
     tokens = tokens_for(40, 1)
@@ -199,9 +191,9 @@ def test_the_prefetch_thread_answers_on_a_fresh_backend_and_after_a_store(kvtier
 
 
 # ---- 2. --enable-metrics ----
-def test_get_stats_is_sglangs_storage_metrics_which_its_collector_logs(kvtierd):
+def test_get_stats_is_sglangs_storage_metrics_which_its_collector_logs(daemon):
     pool = mha_pool("page_first")
-    ctl = sglang(kvtierd.socket, pool)
+    ctl = sglang(daemon.socket, pool)
     backend = ctl.storage_backend
     tokens = tokens_for(10, 2)
     backup(ctl, pool, tokens, seed=2)
@@ -232,19 +224,19 @@ def test_the_documented_config_selects_sglangs_page_interface():
 
 # ---- 4. a page written by one interface is read byte-equal by the other ----
 @pytest.mark.parametrize("kind,layout", [("mha", lay) for lay in MHA_LAYOUTS] + [("mla", lay) for lay in MLA_LAYOUTS])
-def test_a_page_written_by_one_interface_reads_byte_equal_through_the_other(kvtierd, kind, layout):
+def test_a_page_written_by_one_interface_reads_byte_equal_through_the_other(daemon, kind, layout):
     make = mha_pool if kind == "mha" else mla_pool
     mla = kind == "mla"
     for n, (write_v1, read_v1) in enumerate([(False, True), (True, False)]):
         writer_pool, reader_pool = make(layout), make(layout)
-        writer = sglang(kvtierd.socket, writer_pool, write_v1, is_mla_model=mla)
-        reader = sglang(kvtierd.socket, reader_pool, read_v1, is_mla_model=mla)
+        writer = sglang(daemon.socket, writer_pool, write_v1, is_mla_model=mla)
+        reader = sglang(daemon.socket, reader_pool, read_v1, is_mla_model=mla)
         tokens = tokens_for(6, 10 + n)
         _, want = backup(writer, writer_pool, tokens, seed=10 + n)
         got = prefetch(reader, reader_pool, tokens)
         assert len(got) == 6
         assert all(torch.equal(a, b) for a, b in zip(got, want)), f"{layout}: v1 write {write_v1}, v1 read {read_v1}"
-    assert daemon_holds_nothing(kvtierd.socket)
+    assert daemon_holds_nothing(daemon.socket)
 
 
 # ---- 5. ranks, draft and side pools, batches, split heads ----
@@ -254,28 +246,28 @@ def test_a_page_written_by_one_interface_reads_byte_equal_through_the_other(kvti
     (dict(tp_rank=1, tp_size=2), False),      # MHA: another rank's heads
     (dict(dp_rank=3), True),                  # DP attention groups hold the same heads
 ])
-def test_each_rank_slice_has_its_own_pages(kvtierd, other, hit):
+def test_each_rank_slice_has_its_own_pages(daemon, other, hit):
     pool = mha_pool("page_first")
     tokens = tokens_for(4, 20)
     base = dict(pp_size=other.get("pp_size", 1), attn_cp_size=other.get("attn_cp_size", 1),
                 tp_size=other.get("tp_size", 1))
-    backup(sglang(kvtierd.socket, pool, **base), pool, tokens, seed=20)
+    backup(sglang(daemon.socket, pool, **base), pool, tokens, seed=20)
     second_pool = mha_pool("page_first")
-    second = sglang(kvtierd.socket, second_pool, **{**base, **other})
+    second = sglang(daemon.socket, second_pool, **{**base, **other})
     assert len(prefetch(second, second_pool, tokens)) == (4 if hit else 0)
 
 
-def test_mla_pages_are_shared_by_tp_ranks_but_not_by_pipeline_stages(kvtierd):
+def test_mla_pages_are_shared_by_tp_ranks_but_not_by_pipeline_stages(daemon):
     pool = mla_pool("page_first")
-    writer = sglang(kvtierd.socket, pool, is_mla_model=True, tp_size=2)
+    writer = sglang(daemon.socket, pool, is_mla_model=True, tp_size=2)
     tokens = tokens_for(3, 21)
     _, want = backup(writer, pool, tokens, seed=21)
     rank1_pool = mla_pool("page_first")
-    rank1 = sglang(kvtierd.socket, rank1_pool, is_mla_model=True, tp_rank=1, tp_size=2)
+    rank1 = sglang(daemon.socket, rank1_pool, is_mla_model=True, tp_rank=1, tp_size=2)
     got = prefetch(rank1, rank1_pool, tokens)
     assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want))
     stage1_pool = mla_pool("page_first")
-    stage1 = sglang(kvtierd.socket, stage1_pool, is_mla_model=True, pp_rank=1, pp_size=2)
+    stage1 = sglang(daemon.socket, stage1_pool, is_mla_model=True, pp_rank=1, pp_size=2)
     assert prefetch(stage1, stage1_pool, tokens) == []
 
 
@@ -314,11 +306,11 @@ def test_parent_links_cross_sglangs_batches_and_events_use_sglangs_ids_and_page_
     assert topics == {"kv@10.0.0.9:30000@tiny-model"}
 
 
-def test_draft_and_side_pools_go_through_the_v2_calls_with_sglangs_hit_policies(kvtierd):
+def test_draft_and_side_pools_go_through_the_v2_calls_with_sglangs_hit_policies(daemon):
     kv = mha_pool("page_first")
     draft = mha_pool("page_first", layers=1)  # the draft model's KV: another page size
     mamba = mamba_pool()
-    ctl = sglang(kvtierd.socket, kv)
+    ctl = sglang(daemon.socket, kv)
     backend = ctl.storage_backend
     backend.register_mem_host_pool_v2(draft, PoolName.DRAFT)
     backend.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
@@ -353,20 +345,20 @@ def test_draft_and_side_pools_go_through_the_v2_calls_with_sglangs_hit_policies(
     # Indices that do not match the keys: refused, nothing held.
     bad = backend.batch_set_v2([PoolTransfer(name=PoolName.DRAFT, host_indices=draft_idx[:PAGE], keys=hashes)], extra)
     assert bad == {"draft": [False] * 5}
-    assert daemon_holds_nothing(kvtierd.socket)
+    assert daemon_holds_nothing(daemon.socket)
 
 
-def test_heterogeneous_tp_splits_a_page_into_the_heads_of_each_smaller_rank(kvtierd):
+def test_heterogeneous_tp_splits_a_page_into_the_heads_of_each_smaller_rank(daemon):
     # One rank at TP 1 (4 heads) and the two ranks of TP 2 (2 heads each): tp_lcm_size 2.
     wide = mha_pool("page_head", heads=4)
-    writer = sglang(kvtierd.socket, wide, tp_lcm_size=2, should_split_heads=True)
+    writer = sglang(daemon.socket, wide, tp_lcm_size=2, should_split_heads=True)
     tokens = tokens_for(3, 50)
     _, want = backup(writer, wide, tokens, seed=50)
     mine = prefetch(writer, wide, tokens)  # its split pages, read back whole
     assert len(mine) == 3 and all(torch.equal(a, b) for a, b in zip(mine, want))
     for rank in (0, 1):
         narrow = mha_pool("page_head", heads=2)
-        got = prefetch(sglang(kvtierd.socket, narrow, tp_rank=rank, tp_size=2, tp_lcm_size=2), narrow, tokens)
+        got = prefetch(sglang(daemon.socket, narrow, tp_rank=rank, tp_size=2, tp_lcm_size=2), narrow, tokens)
         assert len(got) == 3
         # page_head pages are [k|v][head][token][layer][dim]: rank r holds heads 2r and 2r+1.
         for page, whole in zip(got, want):
@@ -375,17 +367,17 @@ def test_heterogeneous_tp_splits_a_page_into_the_heads_of_each_smaller_rank(kvti
 
 
 # ---- 6. values and targets of the wrong size ----
-def test_wrong_sized_values_and_targets_fail_and_hold_nothing(kvtierd):
+def test_wrong_sized_values_and_targets_fail_and_hold_nothing(daemon):
     pool = mha_pool("page_first")
-    backend = sglang(kvtierd.socket, pool).storage_backend
+    backend = sglang(daemon.socket, pool).storage_backend
     keys = get_storage_hash_str(tokens_for(2, 60), None, page_size=PAGE)
     page = pool.get_dummy_flat_data_page()
     for _ in range(300):
         assert backend.batch_set(keys, [page, page[:-1]]) is False
         assert backend.batch_set(keys[:1], [torch.zeros(7, dtype=torch.bfloat16)]) is False
-    assert daemon_holds_nothing(kvtierd.socket)
+    assert daemon_holds_nothing(daemon.socket)
     assert backend.batch_set(keys, [page, page]) is True
     assert backend.batch_get(keys, [page.clone(), page[:-1].clone()])[1] is None
     assert backend.batch_get(keys, [page.clone(), page.clone()])[1] is not None
     assert backend.batch_get_v1(keys, torch.arange(PAGE)) == [False, False]  # one page of indices for two keys
-    assert daemon_holds_nothing(kvtierd.socket)
+    assert daemon_holds_nothing(daemon.socket)
