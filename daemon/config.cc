@@ -307,6 +307,11 @@ const std::vector<Key>& Keys() {
        "TCP port of the Prometheus endpoint; 0 picks a free port "
        "(kvctl status shows it), -1 turns the endpoint off.",
        KVTIER_SET((Integer<int>("metrics.port", n, -1, 65535)), metrics_port)},
+      {"metrics.stall_timeout", "10s",
+       "/healthz on the metrics port answers 503 once the control loop has not run for this "
+       "long (a liveness probe then restarts kvtierd).",
+       KVTIER_SET((Duration("metrics.stall_timeout", n, 500'000'000, 3'600'000'000'000, false, "500ms..1h")),
+                  metrics_stall_timeout_ns)},
       {"tiers.host.enabled", "true", "The pinned host-RAM tier (a memfd pool shared with engines).",
        KVTIER_SET(Boolean("tiers.host.enabled", n), host.enabled)},
       {"tiers.host.capacity", "1GiB", "Size of the host pool; a multiple of segment_bytes.",

@@ -116,7 +116,8 @@ struct DaemonConfig {
   uint32_t admin_sessions = 8;
 
   std::string metrics_listen = "127.0.0.1";
-  int metrics_port = 9490;  // 0: any free port; -1: no metrics endpoint
+  int metrics_port = 9490;                            // 0: any free port; -1: no metrics endpoint
+  int64_t metrics_stall_timeout_ns = 10'000'000'000;  // /healthz: 503 past this
 
   // The host tier, on by default.
   TierOptions host = [] {

@@ -55,7 +55,11 @@ class UndoOnFailedStart {
 
 }  // namespace
 
-Daemon::Daemon(const DaemonConfig& config) : config_(config), signals_(io_, SIGTERM, SIGINT), tick_(io_) {}
+Daemon::Daemon(const DaemonConfig& config)
+    : config_(config),
+      signals_(io_, SIGTERM, SIGINT),
+      health_(SystemClock::Default(), config.metrics_stall_timeout_ns),
+      tick_(io_) {}
 
 Daemon::~Daemon() {
   nvme_events_.reset();
@@ -70,7 +74,7 @@ Daemon::~Daemon() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
-Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
+Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(TestHooks hooks) {
   const NvmeTierConfig& c = config_.nvme;
   IoEngineOptions io;
   io.backend = c.io_backend;
@@ -78,7 +82,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
   io.max_buffers = static_cast<uint32_t>(config_.host.capacity_bytes / config_.host.segment_bytes);
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, OpenIoEngine(io));
   KVTIER_LOG(NOTICE) << "nvme: io backend " << engine->name();
-  if (wrap_io) engine = wrap_io(std::move(engine));
+  if (hooks.wrap_io) engine = hooks.wrap_io(std::move(engine));
   RocksDbIndexOptions ro;
   ro.path = config_.data_dir + "/index";
   ro.block_cache_bytes = c.index_cache_bytes;
@@ -91,6 +95,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
   o.low_watermark = c.low_watermark;
   o.policy = c.policy;
   o.verify_bytes_per_s = c.verify_bytes_per_s;
+  o.before_load = std::move(hooks.before_index_load);
   // Tenants with NVMe limits are owners 1..n of the tier's slots; everyone else is owner 0.
   std::unordered_map<std::string, uint16_t> owners;
   auto slots = [&](uint64_t bytes) {
@@ -122,7 +127,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(IoEngineWrapper wrap_io) {
       [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, SystemClock::Default());
 }
 
-Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngineWrapper wrap_io) {
+Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHooks hooks) {
   UndoOnFailedStart undo;  // declared first: runs after the daemon (its lock, its index) is closed
   std::unique_ptr<Daemon> d(new Daemon(config));
   SetLogLevel(config.log_level);
@@ -210,7 +215,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
                                FormatBytes(kMinIndexFreeBytes) + ")");
     }
     undo.WillCreate(config.data_dir + "/index");
-    auto opened = d->OpenNvme(std::move(wrap_io));
+    auto opened = d->OpenNvme(std::move(hooks));
     if (!opened.ok() && opened.status().code() == StatusCode::kResourceExhausted) {
       return opened.status().WithContext("data_dir " + config.data_dir + "'s file system is full");
     }
@@ -273,8 +278,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, IoEngin
 
   if (config.metrics_port >= 0) {
     Daemon* raw = d.get();
-    KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Open(d->io_, config.metrics_listen, config.metrics_port,
-                                                              [raw] { return raw->metrics_.Render(); }));
+    KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Open(
+                                          d->io_, config.metrics_listen, config.metrics_port,
+                                          [raw] { return raw->metrics_.Render(); }, &d->health_));
     d->info_.metrics_url = d->http_->url();
   }
 
@@ -561,6 +567,7 @@ void Daemon::ScheduleTick() {
   tick_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     cache_->Tick();
+    health_.Beat(NotReady());
     if (watchdog_usec_ > 0) {
       const auto now = std::chrono::steady_clock::now();
       if (now - watchdog_last_ >= std::chrono::microseconds(watchdog_usec_ / 2)) {
@@ -570,6 +577,15 @@ void Daemon::ScheduleTick() {
     }
     ScheduleTick();
   });
+}
+
+std::string Daemon::NotReady() const {
+  if (cache_->draining()) return "draining (kvctl drain): no new GPU leases";
+  if (const NvmeTier* nvme = cache_->nvme()) {
+    if (!nvme->ready()) return "the NVMe index is loading";
+    if (!nvme->index_writable()) return "NVMe index writes are failing (a full or failing disk); retrying";
+  }
+  return "";
 }
 
 void Daemon::FinishInFlightIo() {
@@ -615,6 +631,7 @@ Status Daemon::Run() {
   if (sd_watchdog_enabled(0, &watchdog_usec_) <= 0) watchdog_usec_ = 0;
   watchdog_last_ = std::chrono::steady_clock::now();
   sd_notify(0, "READY=1");
+  health_.Beat(NotReady());
   io_.run();
   sd_notify(0, "STOPPING=1");
   stopping_ = true;

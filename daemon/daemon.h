@@ -1,7 +1,8 @@
 #pragma once
 // Daemon: kvtierd assembled from its parts — config, cache manager, dispatcher, Unix
 // socket server, metrics endpoint — on one io_context run by the calling thread (the
-// control thread). main.cc only parses flags and calls Open() and Run().
+// control thread); the metrics endpoint answers from a thread of its own. main.cc only parses flags and calls Open()
+// and Run().
 //
 // Not thread-safe, except RequestStop(), which any thread may call.
 
@@ -15,6 +16,7 @@
 #include "daemon/cache_manager.h"
 #include "daemon/config.h"
 #include "daemon/dispatcher.h"
+#include "daemon/health.h"
 #include "daemon/metrics.h"
 #include "daemon/metrics_http.h"
 #include "daemon/server.h"
@@ -27,11 +29,17 @@ class Daemon {
   // Wraps the NVMe tier's IoEngine before use (tests inject faults this way); identity
   // by default.
   using IoEngineWrapper = std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)>;
+  // What tests change in a real daemon (kvtierd-faulty): the NVMe IoEngine's wrapper, and
+  // a hook run on the scan thread before the NVMe index load (NvmeTierOptions::before_load).
+  struct TestHooks {
+    IoEngineWrapper wrap_io;
+    std::function<void()> before_index_load;
+  };
 
   // Creates the data directory, takes its lock (one daemon per data_dir), builds the
   // pools, opens the NVMe tier and its index, and binds the socket and metrics port.
   // Errors name what failed.
-  static Result<std::unique_ptr<Daemon>> Open(const DaemonConfig& config, IoEngineWrapper wrap_io = nullptr);
+  static Result<std::unique_ptr<Daemon>> Open(const DaemonConfig& config, TestHooks hooks = {});
   ~Daemon();
 
   // Serves until SIGTERM/SIGINT or RequestStop(); then closes every session and removes
@@ -43,11 +51,13 @@ class Daemon {
 
  private:
   explicit Daemon(const DaemonConfig& config);
-  Result<std::unique_ptr<NvmeTier>> OpenNvme(IoEngineWrapper wrap_io);
+  Result<std::unique_ptr<NvmeTier>> OpenNvme(TestHooks hooks);
   void RegisterMetrics();
   void RegisterRemoteMetrics();
   void WatchNvme();
   void ScheduleTick();
+  // Why the daemon should not get engines now (Health::Beat), or "".
+  std::string NotReady() const;
   // After the loop stops: stops scans, lets spills, fetches and index writes in flight
   // finish (bounded). Not `kvctl drain` (CacheManager::SetDrain), which runs while serving.
   void FinishInFlightIo();
@@ -58,6 +68,7 @@ class Daemon {
   int lock_fd_ = -1;
   DaemonInfo info_;
   MetricsRegistry metrics_;
+  Health health_;  // before http_, which reads it
   std::unique_ptr<TenantResolver> tenants_;
   std::unique_ptr<DeviceBackend> device_;  // before cache_: the GPU pool's memory lives in it
   // A backend of the GPU copy thread's own (one backend per thread), and its stream:

@@ -9,7 +9,7 @@
 
 namespace kvtier {
 
-int DaemonMain(int argc, char** argv, Daemon::IoEngineWrapper wrap_io) {
+int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
   CLI::App app{"kvtierd: node-local KV-cache tiering daemon for LLM inference hosts"};
   std::string config_path;
   bool print_default = false, version = false, check = false;
@@ -46,7 +46,7 @@ int DaemonMain(int argc, char** argv, Daemon::IoEngineWrapper wrap_io) {
     std::printf("config OK\n");
     return 0;
   }
-  auto daemon = Daemon::Open(*config, std::move(wrap_io));
+  auto daemon = Daemon::Open(*config, std::move(hooks));
   if (!daemon.ok()) {
     KVTIER_LOG(ERROR) << "cannot start: " << daemon.status().ToString();
     return 1;

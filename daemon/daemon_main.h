@@ -8,6 +8,6 @@ namespace kvtier {
 
 // Returns the process exit status: 0 clean, 1 start or shutdown failure, 2 bad flags or
 // config.
-int DaemonMain(int argc, char** argv, Daemon::IoEngineWrapper wrap_io = nullptr);
+int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks = {});
 
 }  // namespace kvtier

@@ -1,5 +1,6 @@
 #include "daemon/metrics_http.h"
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
@@ -18,6 +19,8 @@ constexpr size_t kMaxRequestBytes = 8192;
 constexpr int kMaxConnections = 32;
 constexpr auto kHeaderDeadline = std::chrono::seconds(2);
 constexpr auto kDeadline = std::chrono::seconds(10);
+// How long /metrics waits for the control thread to render it.
+constexpr auto kRenderDeadline = std::chrono::seconds(5);
 }  // namespace
 
 class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<HttpConnection> {
@@ -73,8 +76,12 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
       return;
     }
     head_only_ = method == "HEAD";
+    const Health* health = server_->health_;
     if (target == "/metrics" || target.rfind("/metrics?", 0) == 0) {
-      Respond("200 OK", "text/plain; version=0.0.4; charset=utf-8", server_->render_());
+      AwaitRender();
+    } else if (health && (target == "/healthz" || target == "/readyz")) {
+      const Health::Answer a = target == "/healthz" ? health->Live() : health->Ready();
+      Respond(a.ok ? "200 OK" : "503 Service Unavailable", "text/plain; charset=utf-8", a.body + "\n");
     } else if (target == "/") {
       Respond("200 OK", "text/html; charset=utf-8",
               "<html><body><a href=\"/metrics\">kvtierd metrics</a></body></html>\n");
@@ -83,7 +90,28 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
     }
   }
 
+  // /metrics: rendered on the control thread, answered here; 503 if that takes too long
+  // (the control loop is stuck or swamped). The control thread holds only a weak
+  // reference, so a connection never outlives the server through it.
+  void AwaitRender() {
+    server_->reading_.erase(id_);
+    timer_.expires_after(kRenderDeadline);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->Respond("503 Service Unavailable", "text/plain", "the control loop did not render in time\n");
+    });
+    asio::post(server_->control_, [w = weak_from_this(), render = server_->render_] {
+      std::shared_ptr<HttpConnection> self = w.lock();
+      if (!self) return;
+      std::string body = render();
+      auto executor = self->socket_.get_executor();
+      asio::post(executor, [self = std::move(self), body = std::move(body)]() mutable {
+        self->Respond("200 OK", "text/plain; version=0.0.4; charset=utf-8", std::move(body));
+      });
+    });
+  }
+
   void Respond(const std::string& status, const std::string& type, std::string body) {
+    if (responding_) return;
     responding_ = true;
     if (!server_->stopped_) server_->reading_.erase(id_);
     // The rest of the exchange (writing the response) must end by the overall deadline.
@@ -117,14 +145,17 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
   uint64_t id_;
 };
 
-MetricsHttpServer::MetricsHttpServer(asio::io_context& io, std::function<std::string()> render)
-    : acceptor_(io), render_(std::move(render)) {}
+MetricsHttpServer::MetricsHttpServer(asio::io_context& control, std::function<std::string()> render,
+                                     const Health* health)
+    : control_(control), acceptor_(io_), render_(std::move(render)), health_(health) {}
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
-Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Open(asio::io_context& io, const std::string& address,
-                                                                   int port, std::function<std::string()> render) {
-  std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer(io, std::move(render)));
+Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Open(asio::io_context& control,
+                                                                   const std::string& address, int port,
+                                                                   std::function<std::string()> render,
+                                                                   const Health* health) {
+  std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer(control, std::move(render), health));
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(address, ec);
   if (ec) return InvalidArgument("metrics.listen '" + address + "' is not an IP address");
@@ -147,7 +178,11 @@ std::string MetricsHttpServer::url() const {
   return "http://" + (v6 ? "[" + address_ + "]" : address_) + ":" + std::to_string(port_) + "/metrics";
 }
 
-void MetricsHttpServer::Start() { Accept(); }
+void MetricsHttpServer::Start() {
+  if (thread_.joinable() || stopped_) return;
+  Accept();
+  thread_ = std::thread([this] { io_.run(); });
+}
 
 void MetricsHttpServer::Accept() {
   acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
@@ -174,6 +209,9 @@ void MetricsHttpServer::Accept() {
 
 void MetricsHttpServer::Stop() {
   if (stopped_) return;
+  // The thread first: after the join nothing else touches the acceptor or connections.
+  io_.stop();
+  if (thread_.joinable()) thread_.join();
   stopped_ = true;
   boost::system::error_code ec;
   acceptor_.close(ec);

@@ -74,6 +74,9 @@ struct NvmeTierOptions {
   // kResourceExhausted. reserve_slots[o]: what the watermark never takes it below (the
   // watermark takes from the owner holding the most above its reserve). 0: no limit.
   std::function<uint16_t(std::string_view key)> owner_of;
+  // Test hook (tests/support/kvtierd_faulty_main.cc: a slow index): runs on the scan thread
+  // before the restart load reads the index. Null in the daemon.
+  std::function<void()> before_load;
   std::vector<uint32_t> quota_slots, reserve_slots;  // by owner
 };
 

@@ -18,8 +18,10 @@ void NvmeTier::StartLoad() {
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
   auto owner_of = options_.owner_of;
+  auto before_load = options_.before_load;
   const size_t owners = held_.size();
-  scans_->Submit([store, capacity, weak, post, owner_of, owners](std::stop_token stop) {
+  scans_->Submit([store, capacity, weak, post, owner_of, owners, before_load](std::stop_token stop) {
+    if (before_load) before_load();
     // One word per slot (its entry's last access + 1; 0: no entry), not a growing list:
     // this runs once per start over what may be millions of entries.
     std::vector<uint32_t> last(capacity, 0);

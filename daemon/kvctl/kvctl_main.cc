@@ -10,10 +10,16 @@
 //   kvctl evict --tier T --bytes N   free cache space now (admin)
 //   kvctl drain [--resume]    before maintenance: GPU -> host -> NVMe, no new GPU leases (admin)
 //   kvctl top                 a live view, one 80x24 screen a second
+//   kvctl health              exit 0 ready, 1 not live (no answer, stuck), 3 live but not ready
 //   kvctl plan ...            capacity planner (no daemon needed)
 //
 // With no --socket, kvctl uses $KVTIER_SOCKET or kvtierd's default ./var/kvtierd.sock.
 // Exit status: 0 success, 1 the daemon did not answer or refused, 2 usage error.
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -382,6 +388,93 @@ int Evict(kvtier::ControlClient& c, const std::string& tier_name, const std::str
   return 0;
 }
 
+// GET http://HOST:PORT/PATH of the metrics endpoint: (status code, body), or an error.
+// Blocking, bounded by `timeout_ms` per send and receive.
+kvtier::Result<std::pair<int, std::string>> HttpGet(const std::string& metrics_url, const std::string& path,
+                                                    int timeout_ms) {
+  const std::string prefix = "http://";
+  if (metrics_url.rfind(prefix, 0) != 0) return kvtier::InvalidArgument("metrics URL '" + metrics_url + "'");
+  const std::string rest = metrics_url.substr(prefix.size());
+  const std::string authority = rest.substr(0, rest.find('/'));
+  const size_t colon = authority.rfind(':');
+  if (colon == std::string::npos) return kvtier::InvalidArgument("metrics URL '" + metrics_url + "' has no port");
+  std::string host = authority.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  const std::string port = authority.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    return kvtier::Unavailable("cannot resolve " + authority);
+  }
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const bool connected = fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+  freeaddrinfo(found);
+  if (!connected) {
+    if (fd >= 0) ::close(fd);
+    return kvtier::Unavailable("cannot connect to " + authority);
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + authority + "\r\nConnection: close\r\n\r\n";
+  std::string response;
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    for (ssize_t n; response.size() < (1 << 20) && (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
+  }
+  ::close(fd);
+  int code = 0;
+  if (std::sscanf(response.c_str(), "HTTP/1.%*d %d", &code) != 1) {
+    return kvtier::Unavailable("no HTTP answer from " + authority + path + " within " + std::to_string(timeout_ms) +
+                               " ms");
+  }
+  const size_t body = response.find("\r\n\r\n");
+  std::string text = body == std::string::npos ? "" : response.substr(body + 4);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return std::make_pair(code, text);
+}
+
+// kvctl health: the readiness probe's answer (/readyz of the metrics endpoint) after the
+// socket answered; from the stats reply when there is no metrics endpoint.
+int Health(kvtier::Result<DaemonStats> stats, int timeout_ms, bool as_json) {
+  enum { kReady = 0, kNotLive = 1, kNotReady = 3 };
+  int code = kReady;
+  std::string why;
+  if (!stats.ok()) {
+    code = kNotLive;
+    why = stats.status().message();
+  } else if (!stats->metrics_url.empty()) {
+    auto live = HttpGet(stats->metrics_url, "/healthz", timeout_ms);
+    auto ready = live.ok() && live->first == 200 ? HttpGet(stats->metrics_url, "/readyz", timeout_ms) : live;
+    if (!ready.ok()) {
+      code = kNotLive;
+      why = ready.status().message();
+    } else {
+      code = ready->first == 200 ? kReady : live->first == 200 ? kNotReady : kNotLive;
+      why = ready->second;
+    }
+  } else if (stats->draining) {
+    code = kNotReady;
+    why = "draining (kvctl drain)";
+  } else {
+    why = "ready";
+    for (const auto& t : stats->tiers) {
+      if (!t.ready) {
+        code = kNotReady;
+        why = "the NVMe index is loading";
+      }
+    }
+  }
+  const char* state = code == kReady ? "ready" : code == kNotReady ? "not ready" : "not live";
+  if (as_json) {
+    std::cout << json{{"state", state}, {"why", why}, {"exit", code}}.dump(2) << "\n";
+  } else {
+    std::printf("%s%s%s\n", state, why == state ? "" : ": ", why == state ? "" : why.c_str());
+  }
+  return code;
+}
+
 int Drain(kvtier::ControlClient& c, bool resume, bool no_wait, double timeout_s, bool as_json) {
   auto r = c.Drain(!resume);
   if (!r.ok()) return Die("drain", r.status());
@@ -709,6 +802,14 @@ int main(int argc, char** argv) {
   drain->add_flag("--resume", resume, "End the drain: grant GPU leases again");
   drain->add_flag("--no-wait", no_wait, "Start it and return");
   drain->add_option("--timeout", drain_timeout, "Seconds to wait for it (default 600); exit 1 if not done");
+  auto* health = app.add_subcommand(
+      "health",
+      "Whether kvtierd should get engines (an exec probe): exit 0 ready, 1 not live (no answer on the socket "
+      "within --timeout, or the control loop stuck: /healthz 503), 3 live but not ready (/readyz 503: "
+      "starting, draining, NVMe index loading or failing)");
+  double health_timeout = 5;
+  health->add_option("--timeout", health_timeout, "Seconds to wait for each answer (default 5)")
+      ->check(CLI::Range(0.1, 600.0));
   auto* top = app.add_subcommand("top",
                                  "A live view (80x24, once a second): tier usage, hit ratio, bytes/s per path, "
                                  "sessions, fetch queue. Ctrl-C quits");
@@ -716,7 +817,7 @@ int main(int argc, char** argv) {
   int iterations = 0;
   top->add_option("--interval", interval, "Seconds between screens (default 1)")->check(CLI::Range(0.05, 3600.0));
   top->add_option("--iterations", iterations, "Screens to draw, then exit (default: until interrupted)");
-  for (auto* sub : {status, tiers, sessions, verify, lookup, explain, blocks, evict, drain, top}) {
+  for (auto* sub : {status, tiers, sessions, verify, lookup, explain, blocks, evict, drain, top, health}) {
     sub->add_option("-s,--socket", socket, "kvtierd's Unix socket");
     sub->add_flag("--json", as_json, "Print JSON");
   }
@@ -733,6 +834,12 @@ int main(int argc, char** argv) {
   o.timeout_ms = 10'000;
   // The session's hash size is the size of the hashes asked about (32 hex digits: 16 bytes).
   if ((lookup->parsed() || explain->parsed()) && !hashes.empty() && hashes.front().size() == 64) o.hash_bytes = 32;
+  if (health->parsed()) {
+    o.timeout_ms = static_cast<int>(health_timeout * 1000);
+    auto hc = kvtier::ControlClient::Connect(o);
+    if (!hc.ok()) return Health(hc.status(), o.timeout_ms, as_json);
+    return Health((*hc)->Stats(false), o.timeout_ms, as_json);
+  }
   auto client = kvtier::ControlClient::Connect(o);
   if (!client.ok()) {
     std::fprintf(stderr, "kvctl: %s\n", client.status().message().c_str());

@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 namespace kvtier {
 
@@ -40,7 +42,11 @@ Result<std::vector<IoFault>> ParseIoFaults(const std::string& spec) {
       f.kind = IoFault::Kind::kEagain;
     else if (kind == "short")
       f.kind = IoFault::Kind::kShort;
-    else
+    else if (kind.rfind("stall", 0) == 0 && kind.size() > 5 &&
+             kind.find_first_not_of("0123456789", 5) == std::string::npos) {
+      f.kind = IoFault::Kind::kStall;
+      f.stall_ms = static_cast<uint32_t>(std::strtoul(kind.c_str() + 5, nullptr, 10));
+    } else
       return InvalidArgument("io fault kind '" + kind + "'");
     out.push_back(f);
   }
@@ -66,6 +72,10 @@ Status FaultInjectionIoEngine::Enqueue(const IoRequest& request) {
   const IoFault* f = Match(request);
   if (f == nullptr) return inner_->Enqueue(request);
   ++injected_count_;
+  if (f->kind == IoFault::Kind::kStall) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(f->stall_ms));
+    return inner_->Enqueue(request);
+  }
   if (f->kind == IoFault::Kind::kShort && request.op != IoOp::kFdatasync && request.len > 1) {
     IoRequest half = request;
     half.len = request.len / 2;  // completes "successfully" with half the bytes

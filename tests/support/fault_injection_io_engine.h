@@ -3,9 +3,12 @@
 // (as RocksDB's FaultInjectionTestFS and Seastar's allocation-failure sweep).
 //
 // A fault names which requests it hits — the Nth (1-based) read, write, sync or any
-// request — and how: -EIO, -ENOSPC, -EAGAIN, or a short transfer (the request is issued
-// with half its length and completes with that count). Everything else passes through.
-// Spec strings, for the command line and the environment: "write:3:eio,read:1:short".
+// request — and how: -EIO, -ENOSPC, -EAGAIN, a short transfer (the request is issued
+// with half its length and completes with that count), or a stall (the submitting thread
+// blocks for that long in Enqueue, as in a submission queue stuck behind a hung device,
+// and the request then goes through). Everything else passes through.
+// Spec strings, for the command line and the environment: "write:3:eio,read:1:short,
+// write:1:stall5000" (milliseconds).
 // Not thread-safe, like the engine it wraps.
 
 #include <memory>
@@ -19,11 +22,12 @@ namespace kvtier {
 struct IoFault {
   enum class Op { kRead, kWrite, kSync, kAny } op = IoFault::Op::kAny;
   uint64_t nth = 1;
-  enum class Kind { kEio, kEnospc, kEagain, kShort } kind = IoFault::Kind::kEio;
+  enum class Kind { kEio, kEnospc, kEagain, kShort, kStall } kind = IoFault::Kind::kEio;
+  uint32_t stall_ms = 0;  // kStall
 };
 
 // Parses "op:nth:kind[,op:nth:kind...]" with op in read|write|sync|any and kind in
-// eio|enospc|eagain|short.
+// eio|enospc|eagain|short|stallMS.
 Result<std::vector<IoFault>> ParseIoFaults(const std::string& spec);
 
 class FaultInjectionIoEngine final : public IoEngine {

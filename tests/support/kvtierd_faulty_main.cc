@@ -1,7 +1,10 @@
-// kvtierd-faulty: kvtierd whose NVMe IoEngine is wrapped in a FaultInjectionIoEngine driven
-// by $KVTIER_IO_FAULTS ("op:nth:kind,..."). For tests only.
+// kvtierd-faulty: kvtierd with test faults, for tests only:
+//   $KVTIER_IO_FAULTS ("op:nth:kind,...")  the NVMe IoEngine wrapped in a FaultInjectionIoEngine
+//   $KVTIER_INDEX_LOAD_DELAY_MS           the NVMe index load starts this late (a slow index)
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "daemon/daemon_main.h"
 #include "tests/support/fault_injection_io_engine.h"
@@ -13,7 +16,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvtierd-faulty: KVTIER_IO_FAULTS: %s\n", faults.status().ToString().c_str());
     return 2;
   }
-  return kvtier::DaemonMain(argc, argv, [f = *faults](std::unique_ptr<kvtier::IoEngine> inner) {
+  kvtier::Daemon::TestHooks hooks;
+  hooks.wrap_io = [f = *faults](std::unique_ptr<kvtier::IoEngine> inner) {
     return std::unique_ptr<kvtier::IoEngine>(new kvtier::FaultInjectionIoEngine(std::move(inner), f));
-  });
+  };
+  if (const char* delay = std::getenv("KVTIER_INDEX_LOAD_DELAY_MS")) {
+    const long ms = std::strtol(delay, nullptr, 10);
+    hooks.before_index_load = [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  }
+  return kvtier::DaemonMain(argc, argv, std::move(hooks));
 }

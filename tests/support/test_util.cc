@@ -86,7 +86,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
     << options_.socket_yaml << "data_dir: " << data_dir() << "\n"
     << "log_level: " << options_.log_level << "\n"
     << "metrics:\n  port: 0\n"
-    << "tiers:\n  host:\n"
+    << options_.metrics_yaml << "tiers:\n  host:\n"
     << "    capacity: " << options_.host_capacity << "\n"
     << "    page_bytes: " << options_.page_bytes << "\n"
     << "    segment_bytes: " << options_.segment_bytes << "\n"

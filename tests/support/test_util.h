@@ -54,9 +54,10 @@ class DaemonProcess {
     std::string page_bytes = "1MiB";
     std::string segment_bytes = "16MiB";
     std::string extra_yaml;
-    std::string host_yaml;    // more keys under tiers.host:, indented, e.g. "    overcommit: true\n"
-    std::string socket_yaml;  // more keys under socket:, indented, e.g. "  group: 4000\n"
-    std::string kvtierd;      // binary; empty: BinaryPath("kvtierd")
+    std::string host_yaml;     // more keys under tiers.host:, indented, e.g. "    overcommit: true\n"
+    std::string socket_yaml;   // more keys under socket:, indented, e.g. "  group: 4000\n"
+    std::string metrics_yaml;  // more keys under metrics:, indented, e.g. "  stall_timeout: 1s\n"
+    std::string kvtierd;       // binary; empty: BinaryPath("kvtierd")
     std::string log_level = "debug";
     int cpu = -1;                  // pin kvtierd to this CPU (benchmarks); -1: no pinning
     std::vector<std::string> env;  // "NAME=value" added to the daemon's environment
