@@ -8,7 +8,7 @@ CTEST_ARGS ?=
 FUZZ_SECONDS ?= 600
 
 .PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean format format-check \
-        engines-env test-engines
+        engines-env test-engines tools-env
 
 all: build
 
@@ -22,13 +22,17 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+test: build tools-env
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 600 $(CTEST_ARGS)
 
 # The real-engine tests: vLLM's own classes drive kvtier (tests/engines), in the engines
 # environment (build-engines/venv from pinned requirements; made or reused by engines-env).
 engines-env: deps
 	scripts/engines-env.sh
+
+# The validators of deploy/kubernetes (tests/deploy), from PyPI, pinned: build-tools/venv.
+tools-env: deps
+	scripts/tools-env.sh
 
 test-engines: build engines-env
 	cd tests/engines && KVTIER_KVTIERD=$(CURDIR)/$(BUILD)/bin/kvtierd HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 \

@@ -9,7 +9,7 @@ PACKAGES=(
   librocksdb-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libsystemd-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
-  prometheus fio tmux systemd
+  prometheus fio tmux systemd python3-yaml python3-venv
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libopenblas0-pthread
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
   redis-server redis-tools libhiredis-dev
