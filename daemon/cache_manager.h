@@ -145,6 +145,13 @@ class CacheManager {
                                                     std::unique_ptr<RemoteTier> remote = nullptr);
   ~CacheManager();
 
+  // Tenants' limits from a reloaded config (NamespaceTable::SetLimits): host, GPU and
+  // remote quotas and reserves apply to the next allocation; the NVMe tier's were fixed
+  // at start.
+  void SetTenantLimits(std::unordered_map<std::string, TenantLimits> tenant_limits, TenantLimits unknown_limits) {
+    namespaces_.SetLimits(std::move(tenant_limits), unknown_limits);
+  }
+
   // Binds a session to tenant x layout. kInvalidArgument for a bad layout or a block that
   // does not fit a page; kFailedPrecondition if already attached.
   // `source` names the engine in KV events (KvEvents).

@@ -48,6 +48,22 @@ Result<T> Integer(std::string_view path, const YAML::Node& n, long long lo, long
   return static_cast<T>(v);
 }
 
+// A ZMQ endpoint kvtierd binds: tcp://HOST:PORT (PORT 1..65535, or * for any) or ipc://PATH.
+Status CheckEndpoint(std::string_view path, const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) == 0 && endpoint.size() > 6) return Status::Ok();
+  if (endpoint.rfind("tcp://", 0) != 0)
+    return ConfigKeyError(path, "'" + endpoint + "' is not tcp://HOST:PORT or ipc://PATH");
+  const size_t colon = endpoint.rfind(':');
+  const std::string port = colon > 5 ? endpoint.substr(colon + 1) : "";
+  if (port == "*") return Status::Ok();
+  char* end = nullptr;
+  const long v = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || v < 1 || v > 65535) {
+    return ConfigKeyError(path, "'" + endpoint + "' needs a port in 1..65535 (or *)");
+  }
+  return Status::Ok();
+}
+
 // A duration ("10s", "50ms") in [lo_ns, hi_ns], or 0 when `zero_ok`; `range` says the
 // bounds in the error.
 Result<int64_t> Duration(std::string_view path, const YAML::Node& n, int64_t lo_ns, int64_t hi_ns, bool zero_ok,
@@ -553,7 +569,16 @@ const std::vector<Key>& Keys() {
       {"tiers.remote.key_prefix", "\"kvtier:\"",
        "Prefix of every key kvtierd writes; the rest is the hex of tenant, model fingerprint and "
        "block hash.",
-       KVTIER_SET(Scalar("tiers.remote.key_prefix", n), remote.key_prefix)},
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->remote.key_prefix, Scalar("tiers.remote.key_prefix", n));
+         // A hash tag ({...}) would put every key in one slot: one node holds the whole tier.
+         if (c->remote.key_prefix.find_first_of("{}") != std::string::npos) {
+           return ConfigKeyError("tiers.remote.key_prefix", "'" + c->remote.key_prefix +
+                                                                "' has a '{' or '}': a Redis Cluster hash tag would "
+                                                                "put every key in one slot, on one node");
+         }
+         return Status::Ok();
+       }},
       {"tiers.remote.max_puts_in_flight", "32",
        "Most puts at once; each pins its block's host page until the cluster answers.",
        KVTIER_SET((Integer<uint32_t>("tiers.remote.max_puts_in_flight", n, 1, 4096)), remote.max_puts_in_flight)},
@@ -569,7 +594,10 @@ const std::vector<Key>& Keys() {
       {"events.publish", "tcp://127.0.0.1:5590",
        "Endpoint the PUB socket binds (tcp://HOST:PORT, ipc://PATH). Loopback by default: "
        "name another address to publish to other hosts. Not 5557, where vLLM publishes.",
-       KVTIER_SET(Scalar("events.publish", n), events.options.publish)},
+       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->events.options.publish, Scalar("events.publish", n));
+         return CheckEndpoint("events.publish", c->events.options.publish);
+       }},
       {"events.encoding", "tagged",
        "tagged: each event a map with its type (vLLM since PR #42892, what its current "
        "decoders read); positional: each event an array led by its type (older vLLM and the "
@@ -587,7 +615,8 @@ const std::vector<Key>& Keys() {
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          KVTIER_ASSIGN_OR_RETURN(c->events.options.replay, Scalar("events.replay", n));
-         return Status::Ok();
+         return c->events.options.replay.empty() ? Status::Ok()
+                                                 : CheckEndpoint("events.replay", c->events.options.replay);
        }},
       {"events.topic", "kv@{engine}@{model}",
        "Topic of a namespace's messages for each engine attached to it; {engine} (the routable "

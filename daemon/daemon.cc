@@ -4,13 +4,19 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <boost/asio/post.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
+#include <set>
+#include <sstream>
 #include <vector>
 
 #include "daemon/config_host.h"
@@ -53,11 +59,102 @@ class UndoOnFailedStart {
   bool kept_ = false;
 };
 
+// The standard process_* series (Prometheus client libraries' names), read at scrape time
+// from /proc/self and getrlimit.
+void RegisterProcessMetrics(MetricsRegistry& m, int64_t started_wall) {
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  auto statm = [](int field) {
+    std::ifstream f("/proc/self/statm");
+    double v = 0;
+    for (int i = 0; i <= field && (f >> v); ++i) {
+    }
+    return v;
+  };
+  m.AddGaugeFn("process_resident_memory_bytes", "Resident memory size in bytes.", {},
+               [statm, page] { return statm(1) * page; });
+  m.AddGaugeFn("process_virtual_memory_bytes", "Virtual memory size in bytes.", {},
+               [statm, page] { return statm(0) * page; });
+  m.AddGaugeFn("process_open_fds", "Number of open file descriptors.", {}, [] {
+    std::error_code ec;
+    double n = 0;
+    for (auto it = fs::directory_iterator("/proc/self/fd", ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      ++n;
+    }
+    return n;
+  });
+  m.AddGaugeFn("process_max_fds", "Maximum number of open file descriptors.", {}, [] {
+    rlimit r{};
+    return ::getrlimit(RLIMIT_NOFILE, &r) == 0 ? static_cast<double>(r.rlim_cur) : 0.0;
+  });
+  m.AddCounterFn("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.", {}, [ticks] {
+    std::ifstream f("/proc/self/stat");
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');  // the command name may hold spaces
+    if (close == std::string::npos) return 0.0;
+    std::istringstream rest(text.substr(close + 2));
+    std::string field;
+    double utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && (rest >> field); ++i) {
+      if (i == 14) utime = std::atof(field.c_str());
+      if (i == 15) stime = std::atof(field.c_str());
+    }
+    return (utime + stime) / ticks;
+  });
+  m.AddGaugeFn("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", {},
+               [started_wall] { return static_cast<double>(started_wall); });
+}
+
+// The top-level sections of two config texts whose YAML differs.
+std::vector<std::string> ChangedSections(const std::string& before, const std::string& after) {
+  std::vector<std::string> changed;
+  try {
+    const YAML::Node a = YAML::Load(before), b = YAML::Load(after);
+    std::set<std::string> keys;
+    for (const YAML::Node& n : {a, b}) {
+      if (!n.IsMap()) continue;
+      for (const auto& kv : n) keys.insert(kv.first.as<std::string>());
+    }
+    for (const std::string& k : keys) {
+      const std::string x = a.IsMap() && a[k] ? YAML::Dump(a[k]) : "", y = b.IsMap() && b[k] ? YAML::Dump(b[k]) : "";
+      if (x != y) changed.push_back(k);
+    }
+  } catch (const YAML::Exception&) {
+    changed.push_back("(unreadable)");
+  }
+  return changed;
+}
+
+// Each configured tenant's limits by name, and everyone else's.
+std::pair<std::unordered_map<std::string, TenantLimits>, TenantLimits> TenantLimitsOf(const SecurityConfig& security) {
+  auto limits = [](const TierBytes& quota, const TierBytes& reserve) {
+    TenantLimits l;
+    l.quota_bytes[TierIndex(TierKind::kHost)] = quota.host;
+    l.quota_bytes[TierIndex(TierKind::kGpu)] = quota.gpu;
+    l.quota_bytes[TierIndex(TierKind::kNvme)] = quota.nvme;
+    l.quota_bytes[TierIndex(TierKind::kRemote)] = quota.remote;
+    l.reserve_bytes[TierIndex(TierKind::kHost)] = reserve.host;
+    l.reserve_bytes[TierIndex(TierKind::kGpu)] = reserve.gpu;
+    l.reserve_bytes[TierIndex(TierKind::kNvme)] = reserve.nvme;
+    return l;
+  };
+  std::unordered_map<std::string, TenantLimits> configured;
+  for (const TenantConfig& t : security.tenants) {
+    configured[t.name] = limits(t.quota, t.reserve);
+    configured[t.name].kv_quantization = t.kv_quantization;
+  }
+  TenantLimits unknown = limits(security.unknown_quota, TierBytes{});
+  unknown.kv_quantization = security.unknown_kv_quantization;
+  return {std::move(configured), unknown};
+}
+
 }  // namespace
 
 Daemon::Daemon(const DaemonConfig& config)
     : config_(config),
       signals_(io_, SIGTERM, SIGINT),
+      reload_signal_(io_, SIGHUP),
       health_(SystemClock::Default(), config.metrics_stall_timeout_ns),
       tick_(io_) {}
 
@@ -156,23 +253,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   co.tiers[TierIndex(TierKind::kHost)] = config.host;
   co.max_entries_per_request = config.max_entries_per_request;
   co.max_leased_share = config.security.max_leased_share;
-  auto limits = [](const TierBytes& quota, const TierBytes& reserve) {
-    TenantLimits l;
-    l.quota_bytes[TierIndex(TierKind::kHost)] = quota.host;
-    l.quota_bytes[TierIndex(TierKind::kGpu)] = quota.gpu;
-    l.quota_bytes[TierIndex(TierKind::kNvme)] = quota.nvme;
-    l.quota_bytes[TierIndex(TierKind::kRemote)] = quota.remote;
-    l.reserve_bytes[TierIndex(TierKind::kHost)] = reserve.host;
-    l.reserve_bytes[TierIndex(TierKind::kGpu)] = reserve.gpu;
-    l.reserve_bytes[TierIndex(TierKind::kNvme)] = reserve.nvme;
-    return l;
-  };
-  for (const TenantConfig& t : config.security.tenants) {
-    co.tenant_limits[t.name] = limits(t.quota, t.reserve);
-    co.tenant_limits[t.name].kv_quantization = t.kv_quantization;
-  }
-  co.unknown_limits = limits(config.security.unknown_quota, TierBytes{});
-  co.unknown_limits.kv_quantization = config.security.unknown_kv_quantization;
+  std::tie(co.tenant_limits, co.unknown_limits) = TenantLimitsOf(config.security);
   {
     boost::asio::io_context* io_ctx = &d->io_;
     co.post = [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); };
@@ -312,6 +393,7 @@ void Daemon::RegisterMetrics() {
   const int64_t started_wall = SystemClock::Default()->WallSeconds();
   m.AddGaugeFn("kvtier_start_time_seconds", "Unix time kvtierd started.", {},
                [started_wall] { return static_cast<double>(started_wall); });
+  RegisterProcessMetrics(m, started_wall);
   const char* hits_help =
       "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
       "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.";
@@ -609,6 +691,56 @@ void Daemon::FinishInFlightIo() {
   io_.poll();
 }
 
+void Daemon::EnableReload(std::string config_path) {
+  config_path_ = std::move(config_path);
+  std::ifstream in(config_path_);
+  start_text_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void Daemon::WatchReload() {
+  reload_signal_.async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    Reload();
+    WatchReload();
+  });
+}
+
+void Daemon::Reload() {
+  if (config_path_.empty()) {
+    KVTIER_LOG(WARNING) << "SIGHUP: running on the embedded default config; nothing to reload";
+    return;
+  }
+  auto next = LoadConfigFile(config_path_);
+  if (!next.ok()) {
+    KVTIER_LOG(ERROR) << "SIGHUP: " << config_path_ << " not reloaded, nothing changed: " << next.status().message();
+    return;
+  }
+  SetLogLevel(next->log_level);
+  *tenants_ = TenantResolver(next->security, ::geteuid());  // the dispatcher and server hold it
+  auto [configured, unknown] = TenantLimitsOf(next->security);
+  cache_->SetTenantLimits(std::move(configured), unknown);
+  // What else differs from the file read at start waits for a restart: named by its
+  // top-level section. (config_ stays the config the daemon started with.)
+  std::vector<std::string> later;
+  std::ifstream in(config_path_);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const std::string& key : ChangedSections(start_text_, text)) {
+    if (key != "log_level" && key != "security") later.push_back(key);
+  }
+  const bool nvme_limits = next->security.tenants.size() != config_.security.tenants.size() ||
+                           !std::equal(next->security.tenants.begin(), next->security.tenants.end(),
+                                       config_.security.tenants.begin(), [](const auto& a, const auto& b) {
+                                         return a.quota.nvme == b.quota.nvme && a.reserve.nvme == b.reserve.nvme;
+                                       });
+  std::string msg = "SIGHUP: reloaded " + config_path_ + ": log_level and tenants applied";
+  if (nvme_limits) msg += "; tenants' NVMe quotas and reserves apply at the next restart";
+  if (!later.empty()) {
+    msg += "; changed, applied at the next restart:";
+    for (const std::string& k : later) msg += " " + k;
+  }
+  KVTIER_LOG(NOTICE) << msg;
+}
+
 void Daemon::RequestStop() {
   boost::asio::post(io_, [this] { io_.stop(); });
 }
@@ -619,6 +751,7 @@ Status Daemon::Run() {
     KVTIER_LOG(NOTICE) << "signal " << sig << ": shutting down";
     io_.stop();
   });
+  WatchReload();
   server_->Start();
   if (http_) http_->Start();
   if (NvmeTier* nvme = cache_->nvme()) {

@@ -43,8 +43,13 @@ class Daemon {
   ~Daemon();
 
   // Serves until SIGTERM/SIGINT or RequestStop(); then closes every session and removes
-  // the socket. Tells systemd READY=1 and STOPPING=1 when run under it.
+  // the socket. Tells systemd READY=1 and STOPPING=1 when run under it. SIGHUP reloads
+  // the config file (EnableReload): log_level and the tenants (security.*: who is which
+  // tenant, quotas, reserves) take effect; other changed keys are named in the log and
+  // wait for a restart; a file that does not parse changes nothing.
   Status Run();
+  // The file SIGHUP reloads (empty: the embedded default, nothing to reload).
+  void EnableReload(std::string config_path);
   void RequestStop();
 
   const DaemonInfo& info() const { return info_; }
@@ -55,6 +60,8 @@ class Daemon {
   void RegisterMetrics();
   void RegisterRemoteMetrics();
   void WatchNvme();
+  void WatchReload();
+  void Reload();
   void ScheduleTick();
   // Why the daemon should not get engines now (Health::Beat), or "".
   std::string NotReady() const;
@@ -65,6 +72,9 @@ class Daemon {
   DaemonConfig config_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
+  boost::asio::signal_set reload_signal_;  // SIGHUP
+  std::string config_path_;
+  std::string start_text_;  // config_path_'s text when reloads were enabled
   int lock_fd_ = -1;
   DaemonInfo info_;
   MetricsRegistry metrics_;

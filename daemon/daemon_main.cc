@@ -51,6 +51,7 @@ int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
     KVTIER_LOG(ERROR) << "cannot start: " << daemon.status().ToString();
     return 1;
   }
+  if (!config_path.empty()) (*daemon)->EnableReload(config_path);
   Status st = (*daemon)->Run();
   return st.ok() ? 0 : 1;
 }

@@ -40,7 +40,7 @@ class Health {
   const Clock* clock_;
   const int64_t stall_timeout_ns_;
   mutable std::mutex mu_;
-  int64_t last_beat_ns_ = -1;         // guarded by mu_; -1: no beat yet
+  int64_t last_beat_ns_ = -1;           // guarded by mu_; -1: no beat yet
   std::string not_ready_ = "starting";  // guarded by mu_
 };
 

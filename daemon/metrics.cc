@@ -105,10 +105,9 @@ Histogram* MetricsRegistry::AddHistogram(const std::string& name, const std::str
 }
 
 void MetricsRegistry::AddCounterFn(const std::string& name, const std::string& help, Labels labels,
-                                   std::function<uint64_t()> fn) {
+                                   std::function<double()> fn) {
   Family& f = GetFamily(name, help, Type::kCounter);
-  f.series.push_back(
-      Series{std::move(labels), nullptr, nullptr, nullptr, [fn = std::move(fn)] { return static_cast<double>(fn()); }});
+  f.series.push_back(Series{std::move(labels), nullptr, nullptr, nullptr, std::move(fn)});
 }
 
 void MetricsRegistry::AddGaugeFn(const std::string& name, const std::string& help, Labels labels,

@@ -73,7 +73,7 @@ class MetricsRegistry {
   // Series whose value is read from `fn` at each Render(): the way to export state that
   // another component already counts (CacheManager's counters, tier occupancy). `fn` must
   // stay callable for the registry's life.
-  void AddCounterFn(const std::string& name, const std::string& help, Labels labels, std::function<uint64_t()> fn);
+  void AddCounterFn(const std::string& name, const std::string& help, Labels labels, std::function<double()> fn);
   void AddGaugeFn(const std::string& name, const std::string& help, Labels labels, std::function<double()> fn);
 
   // The text exposition format, families in registration order.

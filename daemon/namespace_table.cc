@@ -11,6 +11,16 @@ namespace kvtier {
 NamespaceTable::NamespaceTable(std::unordered_map<std::string, TenantLimits> tenant_limits, TenantLimits unknown_limits)
     : configured_(std::move(tenant_limits)), unknown_(unknown_limits) {}
 
+void NamespaceTable::SetLimits(std::unordered_map<std::string, TenantLimits> tenant_limits,
+                               TenantLimits unknown_limits) {
+  configured_ = std::move(tenant_limits);
+  unknown_ = unknown_limits;
+  for (Tenant& t : tenants_) {
+    auto lim = configured_.find(t.name);
+    t.limits = lim != configured_.end() ? lim->second : unknown_;
+  }
+}
+
 TenantId NamespaceTable::InternTenant(std::string_view name) {
   auto [it, inserted] = tenant_ids_.try_emplace(std::string(name), 0);
   if (!inserted) return it->second;

@@ -42,6 +42,9 @@ class NamespaceTable {
   TenantId InternTenant(std::string_view name);
   const std::string& tenant_name(TenantId t) const { return tenants_[t].name; }
   const TenantLimits& limits(TenantId t) const { return tenants_[t].limits; }
+  // New limits for configured tenants and for the others (a config reload): known
+  // tenants' limits change now.
+  void SetLimits(std::unordered_map<std::string, TenantLimits> tenant_limits, TenantLimits unknown_limits);
   size_t tenant_count() const { return tenants_.size(); }
 
   // ---- namespaces ----

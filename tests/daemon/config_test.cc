@@ -121,6 +121,11 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"events: {flush_interval: 0}\n", "events.flush_interval"},
       {"events: {batch_size: 0}\n", "events.batch_size"},
       {"events: {topic: ''}\n", "events.topic"},
+      {"events: {publish: 'tcp://127.0.0.1:99999'}\n", "events.publish"},
+      {"events: {publish: 'tcp://127.0.0.1'}\n", "events.publish"},
+      {"events: {replay: 'tcp://127.0.0.1:0x10'}\n", "events.replay"},
+      {"metrics:\n  stall_timeout: 10ms\n", "metrics.stall_timeout"},
+      {"tiers: {remote: {nodes: ['127.0.0.1:1'], key_prefix: '{kv}:'}}\n", "tiers.remote.key_prefix"},
   };
   for (const Case& c : cases) {
     auto r = ParseConfig(c.yaml);

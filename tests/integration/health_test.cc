@@ -115,3 +115,33 @@ TEST(Health, HealthzIs503WhileTheControlLoopIsStuckAnd200After) {
 
 }  // namespace
 }  // namespace kvtier::testing
+
+namespace kvtier::testing {
+namespace {
+
+// The standard process_* series (what a Kubernetes or node dashboard plots for any
+// process), from /proc: they move with what the daemon holds.
+TEST(Health, ProcessSeriesFollowTheProcess) {
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  const double fds = Metric(url, "process_open_fds");
+  EXPECT_GT(fds, 3);
+  EXPECT_GT(Metric(url, "process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GE(Metric(url, "process_virtual_memory_bytes"), Metric(url, "process_resident_memory_bytes"));
+  EXPECT_GT(Metric(url, "process_max_fds"), fds);
+  EXPECT_GE(Metric(url, "process_cpu_seconds_total"), 0);
+  EXPECT_GT(Metric(url, "process_start_time_seconds"), 1.7e9);
+  std::vector<std::unique_ptr<Client>> engines;
+  for (int i = 0; i < 5; ++i) {
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "e" + std::to_string(i)));
+    ASSERT_TRUE(c.ok());
+    engines.push_back(std::move(*c));
+  }
+  EXPECT_GE(Metric(url, "process_open_fds"), fds + 5) << "a socket per engine";
+  engines.clear();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing
