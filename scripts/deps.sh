@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git python3 curl
+  build-essential cmake ninja-build pkg-config git python3 curl file
   liburing-dev libboost-dev flatbuffers-compiler libflatbuffers-dev
   librocksdb-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libsystemd-dev libgtest-dev libgmock-dev libbenchmark-dev
