@@ -11,18 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=build-engines/venv
-REQ=tests/engines/requirements.txt
-PYTHON=${PYTHON:-python3}
-stamp=$VENV/.kvtier-pins
-want=$(sha256sum "$REQ" | cut -d' ' -f1)
-if [[ ! -x $VENV/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-  rm -rf "$VENV"
-  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
-    { echo "engines-env: $PYTHON is older than 3.10" >&2; exit 1; }
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ"
-  echo "$want" >"$stamp"
-fi
+source scripts/pinned-venv.sh
+pinned_venv "$VENV" tests/engines/requirements.txt 10
 # kvtier from this checkout (no build isolation: scikit-build-core and pybind11 are pinned
 # above), and kvtier_testing from tests/python by a path file.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation ./python

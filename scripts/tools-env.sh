@@ -6,16 +6,5 @@
 # time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=build-tools/venv
-REQ=tests/deploy/requirements.txt
-PYTHON=${PYTHON:-python3}
-stamp=$VENV/.kvtier-pins
-want=$(sha256sum "$REQ" | cut -d' ' -f1)
-if [[ -x $VENV/bin/python && -f $stamp && $(cat "$stamp") == "$want" ]]; then
-  exit 0
-fi
-rm -rf "$VENV"
-"$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ"
-echo "$want" >"$stamp"
-"$VENV/bin/kubernetes-validate" --version
+source scripts/pinned-venv.sh
+pinned_venv build-tools/venv tests/deploy/requirements.txt 9
