@@ -1,6 +1,10 @@
 #include "daemon/events/kv_events.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #define MSGPACK_NO_BOOST 1
 #include <algorithm>
@@ -142,7 +146,45 @@ struct KvEvents::Sockets {
 
 KvEvents::KvEvents(const KvEventsOptions& options) : options_(options), sockets_(std::make_unique<Sockets>()) {}
 
+namespace {
+
+// ZMQ's ipc bind replaces a socket file another process listens on (that process then
+// publishes to nobody, and its subscribers read ours): refuse an ipc path in use.
+Status CheckIpcFree(std::string_view key, const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0) return Status::Ok();
+  const std::string path = endpoint.substr(6);
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) return Status::Ok();  // ZMQ reports it
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool listening = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (fd >= 0) ::close(fd);
+  if (listening) {
+    return FailedPrecondition(std::string(key) + " '" + endpoint +
+                              "': another process publishes there (a second kvtierd?); give each its own path");
+  }
+  return Status::Ok();
+}
+
+// A TCP endpoint on every interface ("tcp://*:5590", 0.0.0.0, [::]).
+bool AllInterfaces(const std::string& endpoint) {
+  return endpoint.rfind("tcp://*", 0) == 0 || endpoint.rfind("tcp://0.0.0.0:", 0) == 0 ||
+         endpoint.rfind("tcp://[::]:", 0) == 0;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options) {
+  KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.publish", options.publish));
+  if (!options.replay.empty()) KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.replay", options.replay));
+  for (const std::string* ep : {&options.publish, &options.replay}) {
+    if (AllInterfaces(*ep)) {
+      KVTIER_LOG(WARNING) << "events: " << *ep
+                          << " listens on every interface: whoever reaches it reads every tenant's block "
+                             "hashes (bind an address routers reach, or use ipc:// with file permissions)";
+    }
+  }
   std::unique_ptr<KvEvents> e(new KvEvents(options));
   e->host_ = options.hostname;
   if (e->host_.empty()) {

@@ -7,6 +7,7 @@
 #define MSGPACK_NO_BOOST 1
 #include <array>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <msgpack.hpp>
 #include <optional>
@@ -424,6 +425,30 @@ TEST(KvEvents, AnEndpointInUseIsAnErrorNamingTheKey) {
   auto second = KvEvents::Open(o);
   ASSERT_FALSE(second.ok());
   EXPECT_NE(second.status().message().find("events.publish"), std::string::npos) << second.status().ToString();
+}
+
+// ZMQ would replace the socket file of an ipc endpoint another daemon publishes on; a
+// file nobody listens on any more (a crashed daemon's) is taken over.
+TEST(KvEvents, AnIpcPathAnotherPublisherHoldsIsRefusedAndAStaleOneReused) {
+  testing::TempDir dir;
+  KvEventsOptions o;
+  o.publish = "ipc://" + dir.File("events.sock");
+  o.replay = "ipc://" + dir.File("replay.sock");
+  auto first = KvEvents::Open(o);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second = KvEvents::Open(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("events.publish"), std::string::npos) << second.status().ToString();
+  KvEventsOptions replay_only = o;
+  replay_only.publish = "ipc://" + dir.File("other.sock");
+  auto third = KvEvents::Open(replay_only);
+  ASSERT_FALSE(third.ok());
+  EXPECT_NE(third.status().message().find("events.replay"), std::string::npos) << third.status().ToString();
+  first->reset();
+  ASSERT_TRUE(std::filesystem::exists(dir.File("events.sock"))) << "ZMQ leaves the file; nobody listens on it";
+  auto again = KvEvents::Open(o);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
 }  // namespace

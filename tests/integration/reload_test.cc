@@ -33,8 +33,7 @@ TEST(Reload, SighupAppliesLogLevelAndQuotasNamesTheRestAndSurvivesABadFile) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   auto eight = (*c)->Allocate(TierKind::kHost, 8);
   ASSERT_TRUE(eight.ok()) << eight.status().ToString();
-  ASSERT_TRUE(
-      (*c)->Release(TierKind::kHost, *eight, {}).ok());  // nothing held: the quota below is about new leases
+  ASSERT_TRUE((*c)->Release(TierKind::kHost, *eight, {}).ok());  // nothing held: the quota below is about new leases
 
   // A quota of 4 MiB for unknown tenants (this engine's), a bigger host pool, debug logs.
   Rewrite(d.config_path(), "unknown_quota: {host: 0}", "unknown_quota: {host: 4MiB}");
@@ -55,8 +54,7 @@ TEST(Reload, SighupAppliesLogLevelAndQuotasNamesTheRestAndSurvivesABadFile) {
   // A file that does not parse: an error in the log, the daemon serves on unchanged.
   Rewrite(d.config_path(), "unknown_quota: {host: 4MiB}", "unknown_quota: {host: lots}");
   ASSERT_EQ(::kill(d.pid(), SIGHUP), 0);
-  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("not reloaded, nothing changed") != std::string::npos; }))
-      << d.Log();
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("not reloaded, nothing changed") != std::string::npos; })) << d.Log();
   EXPECT_NE(d.Log().find("security.unknown_quota"), std::string::npos) << d.Log();
   EXPECT_FALSE((*c)->Allocate(TierKind::kHost, 1).ok()) << "the 4 MiB quota still holds";
   EXPECT_TRUE(StatsOf(d.socket_path()).ok());
