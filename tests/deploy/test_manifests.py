@@ -191,7 +191,7 @@ def test_the_containerfile_builds_with_deps_sh_and_runs_slim_as_non_root():
     assert any(w == "COPY" and r.startswith("--from=build") for w, r in run_stage["lines"])
     user = lines["USER"].split(":")[0]
     assert user.isdigit() and int(user) != 0
-    assert '"/usr/bin/kvctl", "health"' in lines["HEALTHCHECK"]
+    assert '"/usr/bin/kvctl", "health", "--live"' in lines["HEALTHCHECK"]
     assert lines["ENTRYPOINT"] == '["/usr/bin/kvtierd"]'
     assert "/run/kvtier" in lines["VOLUME"] and "/var/lib/kvtier" in lines["VOLUME"]
     assert lines["EXPOSE"] == "9490"

@@ -74,6 +74,7 @@ TEST(Health, ReadyzIs503DuringADrainAnd200WhenItEnds) {
   EXPECT_NE(Get(base, "/readyz").body.find("draining"), std::string::npos);
   EXPECT_EQ(Get(base, "/healthz").code, 200);
   EXPECT_EQ(KvctlHealth(d), 3);
+  EXPECT_EQ(KvctlHealth(d, "--live"), 0) << "a drain is not a fault: a container's HEALTHCHECK passes";
   ASSERT_EQ(Sh(BinaryPath("kvctl") + " drain --resume --socket " + d.socket_path()).code, 0);
   EXPECT_TRUE(WaitUntil([&] { return Get(base, "/readyz").code == 200; }));
   EXPECT_EQ(KvctlHealth(d), 0);
@@ -105,6 +106,7 @@ TEST(Health, HealthzIs503WhileTheControlLoopIsStuckAnd200After) {
   EXPECT_NE(stuck.body.find("has not run for"), std::string::npos) << stuck.body;
   EXPECT_EQ(Get(base, "/readyz").code, 503);
   EXPECT_EQ(KvctlHealth(d, "--timeout 1"), 1) << "the socket does not answer either";
+  EXPECT_EQ(KvctlHealth(d, "--live --timeout 1"), 1);
   EXPECT_EQ(Get(base, "/metrics").code, 503) << "not rendered in time by a stuck control thread";
   engine.join();
   EXPECT_TRUE(WaitUntil([&] { return Get(base, "/healthz").code == 200; }, std::chrono::seconds(10))) << d.Log();
