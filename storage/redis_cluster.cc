@@ -455,6 +455,11 @@ void RedisCluster::Connection::Finish(Request& r, std::vector<std::function<void
         owner_->Redirect(std::move(r), slot, address, ask);
         return;
       }
+      if (r.kind == Request::Kind::kGet && slot_.text.rfind("WRONGTYPE", 0) == 0) {
+        // Another Redis type at a value's key: not a value (the caller's miss and delete).
+        rep.status = DataLoss("redis " + node_->address + ": " + slot_.text);
+        break;
+      }
       rep.status = ClusterRefusal(slot_.text) ? Unavailable("redis " + node_->address + ": " + slot_.text)
                                               : Internal("redis " + node_->address + ": " + slot_.text);
       break;

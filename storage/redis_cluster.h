@@ -92,7 +92,8 @@ class RedisCluster {
   using Post = std::function<void(std::function<void()>)>;
   using Done = std::function<void(const RedisReply&)>;
   // A GET's value, on a connection thread; the bytes are valid only during the call. Its
-  // status becomes the reply's (e.g. kDataLoss for a value that does not verify).
+  // status becomes the reply's (e.g. kDataLoss for a value that does not verify; a key of
+  // another Redis type, answered WRONGTYPE, is kDataLoss too).
   using ValueSink = std::function<Status(std::span<const uint8_t> value)>;
   // A SET's value: head ‖ body. `body` is borrowed and must stay unchanged until `done`
   // runs; `prepare`, if set, runs on the connection thread before the value is first
