@@ -67,8 +67,9 @@ struct RedisClusterOptions {
 
 struct RedisReply {
   // OK; kNotFound for a nil GET; kUnavailable when not sent (breaker open, no node for the
-  // slot), not answered in time, or refused by a cluster that is down; kInternal for any
-  // other error reply; or what a GET's sink returned.
+  // slot), not answered in time, or refused by a cluster that is down; kDataLoss for a GET
+  // of a key of another type (WRONGTYPE); kInternal for any other error reply; or what a
+  // GET's sink returned.
   Status status;
   int64_t integer = 0;     // EXISTS, DEL
   int64_t latency_ns = 0;  // from the call to the reply
