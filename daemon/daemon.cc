@@ -710,7 +710,10 @@ void Daemon::Reload() {
     KVTIER_LOG(WARNING) << "SIGHUP: running on the embedded default config; nothing to reload";
     return;
   }
-  auto next = LoadConfigFile(config_path_);
+  // Read once: what is applied and what is compared with the start are the same text.
+  std::ifstream in(config_path_);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto next = in ? ParseConfig(text) : Result<DaemonConfig>(NotFound("cannot read it"));
   if (!next.ok()) {
     KVTIER_LOG(ERROR) << "SIGHUP: " << config_path_ << " not reloaded, nothing changed: " << next.status().message();
     return;
@@ -722,8 +725,6 @@ void Daemon::Reload() {
   // What else differs from the file read at start waits for a restart: named by its
   // top-level section. (config_ stays the config the daemon started with.)
   std::vector<std::string> later;
-  std::ifstream in(config_path_);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const std::string& key : ChangedSections(start_text_, text)) {
     if (key != "log_level" && key != "security") later.push_back(key);
   }

@@ -102,6 +102,37 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
   }
 }
 
+// ZMQ's ipc bind replaces a socket file another process listens on (that process then
+// publishes to nobody, and its subscribers read ours): refuse an ipc path in use.
+Status CheckIpcFree(std::string_view key, const std::string& endpoint) {
+  if (endpoint.rfind("ipc://", 0) != 0) return Status::Ok();
+  const std::string path = endpoint.substr(6);
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) return Status::Ok();  // ZMQ reports it
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool listening = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (fd >= 0) ::close(fd);
+  if (listening) {
+    return FailedPrecondition(std::string(key) + " '" + endpoint +
+                              "': another process publishes there (a second kvtierd?); give each its own path");
+  }
+  return Status::Ok();
+}
+
+// A TCP endpoint on every interface ("tcp://*:5590", 0.0.0.0, [::]).
+bool AllInterfaces(const std::string& endpoint) {
+  return endpoint.rfind("tcp://*", 0) == 0 || endpoint.rfind("tcp://0.0.0.0:", 0) == 0 ||
+         endpoint.rfind("tcp://[::]:", 0) == 0;
+}
+
+std::string SeqBytes(uint64_t seq) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i, seq >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(seq & 0xff);
+  return out;
+}
+
 }  // namespace
 
 std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding,
@@ -145,35 +176,6 @@ struct KvEvents::Sockets {
 };
 
 KvEvents::KvEvents(const KvEventsOptions& options) : options_(options), sockets_(std::make_unique<Sockets>()) {}
-
-namespace {
-
-// ZMQ's ipc bind replaces a socket file another process listens on (that process then
-// publishes to nobody, and its subscribers read ours): refuse an ipc path in use.
-Status CheckIpcFree(std::string_view key, const std::string& endpoint) {
-  if (endpoint.rfind("ipc://", 0) != 0) return Status::Ok();
-  const std::string path = endpoint.substr(6);
-  sockaddr_un addr{};
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) return Status::Ok();  // ZMQ reports it
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool listening = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  if (fd >= 0) ::close(fd);
-  if (listening) {
-    return FailedPrecondition(std::string(key) + " '" + endpoint +
-                              "': another process publishes there (a second kvtierd?); give each its own path");
-  }
-  return Status::Ok();
-}
-
-// A TCP endpoint on every interface ("tcp://*:5590", 0.0.0.0, [::]).
-bool AllInterfaces(const std::string& endpoint) {
-  return endpoint.rfind("tcp://*", 0) == 0 || endpoint.rfind("tcp://0.0.0.0:", 0) == 0 ||
-         endpoint.rfind("tcp://[::]:", 0) == 0;
-}
-
-}  // namespace
 
 Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options) {
   KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.publish", options.publish));
@@ -316,14 +318,6 @@ KvEvents::Counters KvEvents::counters() const {
 }
 
 // ---- the publisher thread ---------------------------------------------------------------
-
-namespace {
-std::string SeqBytes(uint64_t seq) {
-  std::string out(8, '\0');
-  for (int i = 7; i >= 0; --i, seq >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(seq & 0xff);
-  return out;
-}
-}  // namespace
 
 void KvEvents::Run() {
   using Clock = std::chrono::steady_clock;

@@ -445,11 +445,12 @@ int Health(kvtier::Result<DaemonStats> stats, int timeout_ms, bool live_only, bo
     code = kNotLive;
     why = stats.status().message();
   } else if (!stats->metrics_url.empty()) {
-    auto live = HttpGet(stats->metrics_url, "/healthz", timeout_ms);
-    auto ready = live.ok() && live->first == 200 ? HttpGet(stats->metrics_url, "/readyz", timeout_ms) : live;
-    if (!ready.ok()) {
+    // /readyz answers 503 when not live too; /healthz tells the two apart.
+    auto ready = HttpGet(stats->metrics_url, "/readyz", timeout_ms);
+    auto live = ready.ok() && ready->first != 200 ? HttpGet(stats->metrics_url, "/healthz", timeout_ms) : ready;
+    if (!ready.ok() || !live.ok()) {
       code = kNotLive;
-      why = ready.status().message();
+      why = (ready.ok() ? live : ready).status().message();
     } else {
       code = ready->first == 200 ? kReady : live->first == 200 ? kNotReady : kNotLive;
       why = ready->second;

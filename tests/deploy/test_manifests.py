@@ -3,13 +3,13 @@ Kubernetes' own schemas (kubernetes-validate --strict), checkov's security polic
 yamllint, promtool for the PrometheusRule, and kvtierd itself for the ConfigMap's config.
 The tools come from build-tools/venv (make tools-env); a missing one fails the test."""
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
 
-import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,7 +63,7 @@ def test_every_manifest_passes_kubernetes_own_schemas_strictly():
 
 def test_checkov_finds_nothing_but_the_accepted_findings():
     r = run([tool("checkov"), "-d", DEPLOY, "--framework", "kubernetes", "-o", "json"])
-    report = __import__("json").loads(r.stdout)
+    report = json.loads(r.stdout)
     failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
     assert failed == [], failed
     skipped = {c["check_id"] for c in report["results"]["skipped_checks"]}

@@ -6,7 +6,6 @@ import signal
 import time
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 import kvtier
