@@ -103,6 +103,7 @@ struct RedisCluster::Request {
   ValueSink sink;  // kGet
   Done done;
   int64_t start_ns = 0;
+  int64_t deadline_ns = 0;  // start + timeout: the reply must have arrived by then
   uint16_t slot = 0;
   int redirects = 0;
   bool asking = false;  // send ASKING first (an ASK redirect)
@@ -115,18 +116,30 @@ class RedisCluster::Connection {
   Connection(RedisCluster* owner, Node* node) : owner_(owner), node_(node), buf_(256 << 10) {
     thread_ = std::jthread([this](std::stop_token st) { Run(st); });
   }
-  ~Connection() {
+  ~Connection() { Join(); }
+  // The thread ends after the batch it is serving, failing what is still queued (and
+  // whatever is queued later) with kUnavailable.
+  void RequestStop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopped_ = true;
+    }
     thread_.request_stop();
-    thread_.join();
   }
-  // The thread ends after the batch it is serving; the destructor joins it.
-  void RequestStop() { thread_.request_stop(); }
+  void Join() {
+    RequestStop();
+    if (thread_.joinable()) thread_.join();
+  }
   void Enqueue(Request r) {
     {
       std::lock_guard<std::mutex> l(mu_);
-      queue_.push_back(std::move(r));
+      if (!stopped_) {
+        queue_.push_back(std::move(r));
+        cv_.notify_one();
+        return;
+      }
     }
-    cv_.notify_one();
+    owner_->FailRequest(r, Unavailable("redis " + NodeAddress() + ": node left the cluster's slot map"));
   }
 
  private:
@@ -147,13 +160,17 @@ class RedisCluster::Connection {
   static redisReplyObjectFunctions functions_;
 
   void Run(std::stop_token st);
+  const std::string& NodeAddress() const;
   bool Connect(std::string* error);
   void Close();
   void Serve(std::vector<Request>& batch, std::vector<std::function<void()>>& out);
   // Writes requests [from, end) of the batch; false (with *error) on an I/O error.
   bool Write(std::vector<Request>& batch, size_t from, std::string* error);
-  // Reads one reply into slot_ by `deadline_ns`.
-  bool Read(int64_t deadline_ns, std::string* error, bool* timed_out);
+  // Reads one reply into slot_ by `deadline_ns`. *oversized: the reply is longer than
+  // max_value_bytes (it was not read; the connection must be closed).
+  bool Read(int64_t deadline_ns, std::string* error, bool* timed_out, bool* oversized);
+  // Whether the reply being read is already known to be longer than the limit.
+  bool Oversized() const;
   // The outcome of request `r` from slot_ (or a redirect, which re-queues it).
   void Finish(Request& r, std::vector<std::function<void()>>& out);
   void Fail(Request& r, const Status& st, std::vector<std::function<void()>>& out);
@@ -163,6 +180,7 @@ class RedisCluster::Connection {
   std::mutex mu_;
   std::condition_variable_any cv_;
   std::deque<Request> queue_;
+  bool stopped_ = false;
   // Connection thread only.
   redisContext* ctx_ = nullptr;
   redisReader* reader_ = nullptr;
@@ -223,10 +241,14 @@ class RedisCluster::Node {
         open_period_ns_(owner->options_.breaker_open_ns) {
     for (uint32_t i = 0; i <= value_connections; ++i) conns_.push_back(std::make_unique<Connection>(owner, this));
   }
-  // Asks the connection threads to end (the destructor joins them).
+  // Asks the connection threads to end; Join waits for them.
   void RequestStop() {
     for (auto& c : conns_) c->RequestStop();
   }
+  void Join() {
+    for (auto& c : conns_) c->Join();
+  }
+  size_t threads() const { return conns_.size(); }
 
   void Enqueue(Request r) {
     if (r.small() || conns_.size() == 1) {
@@ -294,28 +316,30 @@ void RedisCluster::Connection::Run(std::stop_token st) {
     owner_->Deliver(std::move(out));
   }
   Close();
+  // Dropped from the slot map (not the cluster being destroyed): what was queued fails.
+  std::deque<Request> left;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopped_ = true;
+    left.swap(queue_);
+  }
+  for (Request& r : left) owner_->FailRequest(r, Unavailable("redis " + node_->address + ": node left the slot map"));
 }
 
+const std::string& RedisCluster::Connection::NodeAddress() const { return node_->address; }
+
 bool RedisCluster::Connection::Connect(std::string* error) {
-  const RedisClusterOptions& o = owner_->options_;
-  ctx_ = redisConnectWithTimeout(node_->host.c_str(), node_->port, ToTimeval(o.connect_timeout_ns));
-  if (ctx_ == nullptr || ctx_->err) {
-    *error = ctx_ ? std::string(ctx_->errstr) : std::string("out of memory");
-    Close();
-    return false;
-  }
-  if (redisSetTimeout(ctx_, ToTimeval(o.timeout_ns)) != REDIS_OK) {
-    *error = "cannot set socket timeouts";
-    Close();
-    return false;
-  }
+  ctx_ = static_cast<redisContext*>(owner_->OpenContext(node_->host, node_->port, error));
+  if (ctx_ == nullptr) return false;
   reader_ = redisReaderCreateWithFunctions(&functions_);
   if (reader_ == nullptr) {
     *error = "out of memory";
     Close();
     return false;
   }
-  reader_->maxbuf = 0;  // keep the buffer: values are large and arrive all the time
+  // Keep the buffer between replies (values are large and arrive all the time): Read
+  // bounds it by max_value_bytes.
+  reader_->maxbuf = 0;
   owner_->counters_.connects.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -393,7 +417,25 @@ bool RedisCluster::Connection::Write(std::vector<Request>& batch, size_t from, s
   return true;
 }
 
-bool RedisCluster::Connection::Read(int64_t deadline_ns, std::string* error, bool* timed_out) {
+bool RedisCluster::Connection::Oversized() const {
+  const uint64_t limit = owner_->max_value_bytes_;
+  const size_t unread = reader_->len - reader_->pos;
+  // Whatever the reply, no more than a value (and its framing) is kept unread.
+  if (unread > limit + 64) return true;
+  // A bulk string at the top whose length line has arrived: the reader consumed its '$'
+  // and stopped before the line, or before the bytes it announces.
+  if (reader_->ridx != 0 || reader_->rstack[0].type != REDIS_REPLY_STRING) return false;
+  uint64_t n = 0;
+  for (size_t i = reader_->pos; i < reader_->len; ++i) {
+    const char c = reader_->buf[i];
+    if (c < '0' || c > '9') return false;  // "\r" (or a nil's "-1"): the reader decides
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+    if (n > limit) return true;
+  }
+  return false;
+}
+
+bool RedisCluster::Connection::Read(int64_t deadline_ns, std::string* error, bool* timed_out, bool* oversized) {
   slot_.type = 0;
   slot_.text.clear();
   slot_.sink_status = Status::Ok();
@@ -404,6 +446,11 @@ bool RedisCluster::Connection::Read(int64_t deadline_ns, std::string* error, boo
       return false;
     }
     if (obj != nullptr) return true;
+    if (Oversized()) {
+      *oversized = true;
+      *error = "a reply longer than " + std::to_string(owner_->max_value_bytes_) + " bytes";
+      return false;
+    }
     const int64_t left = deadline_ns - NowNs();
     if (left <= 0) {
       *timed_out = true;
@@ -460,8 +507,15 @@ void RedisCluster::Connection::Finish(Request& r, std::vector<std::function<void
         rep.status = DataLoss("redis " + node_->address + ": " + slot_.text);
         break;
       }
-      rep.status = ClusterRefusal(slot_.text) ? Unavailable("redis " + node_->address + ": " + slot_.text)
-                                              : Internal("redis " + node_->address + ": " + slot_.text);
+      const std::string text = "redis " + node_->address + ": " + slot_.text;
+      owner_->LogError(slot_.text.substr(0, slot_.text.find(' ')), text);
+      if (ClusterRefusal(slot_.text)) {
+        rep.status = Unavailable(text);
+      } else if (slot_.text.rfind("OOM", 0) == 0) {
+        rep.status = ResourceExhausted(text);
+      } else {
+        rep.status = Internal(text);
+      }
       break;
     }
     case REDIS_REPLY_NIL:
@@ -487,6 +541,18 @@ void RedisCluster::Connection::Finish(Request& r, std::vector<std::function<void
 }
 
 void RedisCluster::Connection::Serve(std::vector<Request>& batch, std::vector<std::function<void()>>& out) {
+  // A request whose deadline passed while it waited (behind a slow node) is not sent.
+  size_t live = 0;
+  const int64_t now = NowNs();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].deadline_ns <= now) {
+      owner_->counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
+      Fail(batch[i], Unavailable("redis " + node_->address + ": not sent within the timeout (the node is slow)"), out);
+    } else if (live++ != i) {
+      batch[live - 1] = std::move(batch[i]);
+    }
+  }
+  batch.resize(live);
   size_t from = 0;
   // A connection the server closed while it was idle fails its next batch; the rest of
   // that batch is tried once more on a new connection (every command here is idempotent).
@@ -494,21 +560,21 @@ void RedisCluster::Connection::Serve(std::vector<Request>& batch, std::vector<st
     std::string error;
     const bool reused = ctx_ != nullptr;
     if (!ctx_ && !Connect(&error)) {
+      owner_->LogError("connect", "redis " + node_->address + ": cannot connect: " + error);
       node_->Failure(NowNs());
       for (size_t i = from; i < batch.size(); ++i) {
         Fail(batch[i], Unavailable("redis " + node_->address + ": cannot connect: " + error), out);
       }
       return;
     }
-    bool timed_out = false;
+    bool timed_out = false, oversized = false;
     bool ok = Write(batch, from, &error);
-    const int64_t deadline = NowNs() + owner_->options_.timeout_ns;
     const size_t written_from = from;
     for (; ok && from < batch.size(); ++from) {
       Request& r = batch[from];
-      if (r.asking && !(ok = Read(deadline, &error, &timed_out))) break;  // ASKING's +OK
+      if (r.asking && !(ok = Read(r.deadline_ns, &error, &timed_out, &oversized))) break;  // ASKING's +OK
       current_ = &r;
-      ok = Read(deadline, &error, &timed_out);
+      ok = Read(r.deadline_ns, &error, &timed_out, &oversized);
       current_ = nullptr;
       if (!ok) break;
       Finish(r, out);
@@ -518,9 +584,25 @@ void RedisCluster::Connection::Serve(std::vector<Request>& batch, std::vector<st
       return;
     }
     Close();
-    if (timed_out) owner_->counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
+    if (oversized) {
+      // The node answered, with something no block is: a miss (the caller deletes it), not
+      // a node failure. The rest of the batch goes again on a new connection.
+      owner_->counters_.oversized.fetch_add(1, std::memory_order_relaxed);
+      owner_->LogError("oversized", "redis " + node_->address + ": " + error + " refused");
+      Request& r = batch[from];
+      Fail(r, r.kind == Request::Kind::kGet ? DataLoss("redis " + node_->address + ": " + error) : Unavailable(error),
+           out);
+      std::lock_guard<std::mutex> l(mu_);
+      for (size_t i = batch.size(); i > from + 1; --i) queue_.push_front(std::move(batch[i - 1]));
+      return;
+    }
+    if (timed_out) {
+      owner_->counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
+      owner_->LogError("timeout", "redis " + node_->address + ": " + error);
+    }
     // Retry only what a stale idle connection lost: nothing of this batch was answered.
     if (reused && !timed_out && from == written_from && attempt == 0) continue;
+    if (!timed_out) owner_->LogError("io", "redis " + node_->address + ": " + error);
     node_->Failure(NowNs());
     for (; from < batch.size(); ++from) Fail(batch[from], Unavailable("redis " + node_->address + ": " + error), out);
   }
@@ -562,7 +644,10 @@ bool RedisCluster::ParseAddress(std::string_view address, std::string* host, int
   return true;
 }
 
-RedisCluster::RedisCluster(const RedisClusterOptions& options, Post post) : options_(options), post_(std::move(post)) {}
+RedisCluster::RedisCluster(const RedisClusterOptions& options, Post post)
+    : options_(options),
+      max_value_bytes_(options.max_value_bytes ? options.max_value_bytes : uint64_t{64} << 20),
+      post_(std::move(post)) {}
 
 Result<std::unique_ptr<RedisCluster>> RedisCluster::Open(const RedisClusterOptions& options, Post post) {
   if (options.seeds.empty()) return InvalidArgument("a Redis Cluster needs at least one seed node");
@@ -572,7 +657,7 @@ Result<std::unique_ptr<RedisCluster>> RedisCluster::Open(const RedisClusterOptio
     if (!ParseAddress(s, &host, &port)) return InvalidArgument("'" + s + "' is not host:port");
   }
   if (options.connections_per_node == 0 || options.timeout_ns <= 0 || options.connect_timeout_ns <= 0 ||
-      options.breaker_failures == 0) {
+      options.breaker_failures == 0 || options.max_nodes == 0) {
     return InvalidArgument("Redis Cluster options out of range");
   }
   std::unique_ptr<RedisCluster> c(new RedisCluster(options, std::move(post)));
@@ -591,8 +676,9 @@ RedisCluster::~RedisCluster() {
   refresh_cv_.notify_all();
   if (refresher_.joinable()) refresher_.join();
   // From here no node is handed out (a redirect fails instead), so no connection thread
-  // queues work on another; every thread is asked to end before any is joined.
-  std::vector<std::unique_ptr<Node>> nodes;
+  // queues work on another; every thread is asked to end before any is joined. Callbacks
+  // of requests failed from here on are posted, and dropped by owners that are gone.
+  std::vector<std::shared_ptr<Node>> nodes;
   {
     std::lock_guard<std::mutex> l(mu_);
     stopping_ = true;
@@ -601,23 +687,74 @@ RedisCluster::~RedisCluster() {
     masters_.clear();
   }
   for (auto& n : nodes) n->RequestStop();
-  nodes.clear();  // joins
+  for (auto& n : nodes) n->Join();
 }
 
-RedisCluster::Node* RedisCluster::NodeAt(const std::string& address) {
+void* RedisCluster::OpenContext(const std::string& host, int port, std::string* error) const {
+  redisContext* ctx = redisConnectWithTimeout(host.c_str(), port, ToTimeval(options_.connect_timeout_ns));
+  if (ctx == nullptr || ctx->err) {
+    *error = ctx ? std::string(ctx->errstr) : std::string("out of memory");
+    if (ctx) redisFree(ctx);
+    return nullptr;
+  }
+  if (redisSetTimeout(ctx, ToTimeval(options_.timeout_ns)) != REDIS_OK) {
+    *error = "cannot set socket timeouts";
+    redisFree(ctx);
+    return nullptr;
+  }
+  if (!options_.password.empty()) {
+    const std::string user = options_.username.empty() ? "default" : options_.username;
+    auto* r = static_cast<redisReply*>(
+        redisCommand(ctx, "AUTH %b %b", user.data(), user.size(), options_.password.data(), options_.password.size()));
+    const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
+    if (!ok) *error = r == nullptr ? std::string(ctx->errstr) : "AUTH as '" + user + "': " + std::string(r->str, r->len);
+    if (r) freeReplyObject(r);
+    if (!ok) {
+      redisFree(ctx);
+      return nullptr;
+    }
+  }
+  return ctx;
+}
+
+void RedisCluster::LogError(const std::string& kind, const std::string& text) {
+  constexpr int64_t kGap = 60'000'000'000;
+  const int64_t now = NowNs();
+  uint64_t unlogged = 0;
+  {
+    std::lock_guard<std::mutex> l(log_mu_);
+    auto it = std::find_if(logged_.begin(), logged_.end(), [&](const ErrorLog& e) { return e.kind == kind; });
+    if (it == logged_.end()) {
+      if (logged_.size() >= 64) return;  // an endless variety of words is not worth a line each
+      logged_.push_back(ErrorLog{kind, now, 0});
+    } else if (now - it->last_ns < kGap) {
+      ++it->unlogged;
+      return;
+    } else {
+      unlogged = std::exchange(it->unlogged, 0);
+      it->last_ns = now;
+    }
+  }
+  KVTIER_LOG(WARNING) << "remote tier: " << text
+                      << (unlogged ? " (and " + std::to_string(unlogged) + " more like it in the last minute)" : "");
+}
+
+std::shared_ptr<RedisCluster::Node> RedisCluster::NodeAt(const std::string& address, bool stranger) {
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return nullptr;
   for (auto& n : nodes_) {
-    if (n->address == address) return n.get();
+    if (n->address == address) return n;
   }
   std::string host;
   int port = 0;
-  if (!ParseAddress(address, &host, &port) || nodes_.size() >= 1024) return nullptr;
-  nodes_.push_back(std::make_unique<Node>(this, address, host, port, options_.connections_per_node));
-  return nodes_.back().get();
+  if (!ParseAddress(address, &host, &port)) return nullptr;
+  // nodes_ holds the masters of the map and the strangers met since it was read.
+  if (stranger && nodes_.size() >= masters_.size() + kMaxStrangers) return nullptr;
+  nodes_.push_back(std::make_shared<Node>(this, address, host, port, options_.connections_per_node));
+  return nodes_.back();
 }
 
-RedisCluster::Node* RedisCluster::Route(uint16_t slot) const {
+std::shared_ptr<RedisCluster::Node> RedisCluster::Route(uint16_t slot) const {
   std::lock_guard<std::mutex> l(mu_);
   return slots_.empty() ? nullptr : slots_[slot];
 }
@@ -629,33 +766,36 @@ void RedisCluster::Deliver(std::vector<std::function<void()>> fns) {
   });
 }
 
+void RedisCluster::FailRequest(Request& r, Status st) {
+  counters_.requests.fetch_add(1, std::memory_order_relaxed);
+  counters_.failures.fetch_add(1, std::memory_order_relaxed);
+  RedisReply rep;
+  rep.status = std::move(st);
+  rep.latency_ns = NowNs() - r.start_ns;
+  std::vector<std::function<void()>> fns;
+  if (r.done) fns.push_back([done = std::move(r.done), rep] { done(rep); });
+  Deliver(std::move(fns));
+}
+
 void RedisCluster::Submit(Request r) {
   r.start_ns = NowNs();
+  r.deadline_ns = r.start_ns + options_.timeout_ns;
   r.slot = KeySlot(r.key);
-  Node* n = Route(r.slot);
-  auto fail = [this, &r](Status st) {
-    counters_.requests.fetch_add(1, std::memory_order_relaxed);
-    counters_.failures.fetch_add(1, std::memory_order_relaxed);
-    RedisReply rep;
-    rep.status = std::move(st);
-    std::vector<std::function<void()>> fns;
-    if (r.done) fns.push_back([done = std::move(r.done), rep] { done(rep); });
-    Deliver(std::move(fns));
-  };
+  std::shared_ptr<Node> n = Route(r.slot);
   if (n == nullptr) {
     RequestRefresh();
-    return fail(Unavailable("no Redis Cluster slot map yet"));
+    return FailRequest(r, Unavailable("no Redis Cluster slot map yet"));
   }
   if (!n->Admit(r.start_ns)) {
     counters_.breaker_rejections.fetch_add(1, std::memory_order_relaxed);
-    return fail(Unavailable("redis " + n->address + " is down (circuit breaker open)"));
+    return FailRequest(r, Unavailable("redis " + n->address + " is down (circuit breaker open)"));
   }
   n->Enqueue(std::move(r));
 }
 
 void RedisCluster::Redirect(Request r, uint16_t slot, const std::string& address, bool ask) {
   counters_.redirects.fetch_add(1, std::memory_order_relaxed);
-  Node* n = ++r.redirects > kMaxRedirects ? nullptr : NodeAt(address);
+  std::shared_ptr<Node> n = ++r.redirects > kMaxRedirects ? nullptr : NodeAt(address, /*stranger=*/true);
   if (n != nullptr && !ask) {
     std::lock_guard<std::mutex> l(mu_);
     if (!slots_.empty()) slots_[slot] = n;
@@ -663,14 +803,9 @@ void RedisCluster::Redirect(Request r, uint16_t slot, const std::string& address
   if (!ask) RequestRefresh();
   r.asking = ask;
   if (n == nullptr || !n->Admit(NowNs())) {
-    counters_.requests.fetch_add(1, std::memory_order_relaxed);
-    counters_.failures.fetch_add(1, std::memory_order_relaxed);
-    RedisReply rep;
-    rep.status = Unavailable("redis: slot " + std::to_string(slot) + " redirected to " + address + ", not reachable");
-    std::vector<std::function<void()>> fns;
-    if (r.done) fns.push_back([done = std::move(r.done), rep] { done(rep); });
-    Deliver(std::move(fns));
-    return;
+    LogError("redirect", "redis: slot " + std::to_string(slot) + " redirected to " + address + ", not followed");
+    return FailRequest(r, Unavailable("redis: slot " + std::to_string(slot) + " redirected to " + address +
+                                      ", not reachable or not followed"));
   }
   n->Enqueue(std::move(r));
 }
@@ -713,17 +848,33 @@ std::vector<RedisCluster::NodeState> RedisCluster::Masters() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<NodeState> out;
   const int64_t now = NowNs();
-  for (const Node* n : masters_) out.push_back(NodeState{n->address, n->open(now), n->failures()});
+  for (const auto& n : masters_) out.push_back(NodeState{n->address, n->open(now), n->failures()});
   return out;
 }
 
 bool RedisCluster::Available() const {
   std::lock_guard<std::mutex> l(mu_);
   const int64_t now = NowNs();
-  for (const Node* n : masters_) {
+  for (const auto& n : masters_) {
     if (n->Admit(now)) return true;
   }
   return false;
+}
+
+bool RedisCluster::AnyOpen() const {
+  std::lock_guard<std::mutex> l(mu_);
+  const int64_t now = NowNs();
+  for (const auto& n : masters_) {
+    if (n->open(now)) return true;
+  }
+  return false;
+}
+
+size_t RedisCluster::connection_threads() const {
+  std::lock_guard<std::mutex> l(mu_);
+  size_t t = 0;
+  for (const auto& n : nodes_) t += n->threads();
+  return t;
 }
 
 void RedisCluster::RequestRefresh() {
@@ -736,23 +887,65 @@ void RedisCluster::RequestRefresh() {
 
 void RedisCluster::RefreshLoop(std::stop_token stop) {
   constexpr auto kMinGap = std::chrono::milliseconds(200);
+  const auto probe_gap = std::chrono::nanoseconds(kProbeGap_ns);
   auto last = std::chrono::steady_clock::now();
   while (!stop.stop_requested()) {
+    bool refresh = true;
     {
-      std::unique_lock<std::mutex> l(refresh_mu_);
-      refresh_cv_.wait_for(l, stop, std::chrono::nanoseconds(options_.refresh_interval_ns),
-                           [this] { return refresh_wanted_; });
-      if (stop.stop_requested()) return;
-      // At most one refresh per kMinGap, however often it is asked for.
-      const auto next = last + kMinGap;
-      if (std::chrono::steady_clock::now() < next) {
-        refresh_cv_.wait_until(l, stop, next, [] { return false; });
-        if (stop.stop_requested()) return;
+      // Without a slot map (no node answered yet) ask again soon, not at the next
+      // interval; while a breaker is open, wake to probe its node.
+      bool have_map;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        have_map = !slots_.empty();
       }
-      refresh_wanted_ = false;
+      const bool probing = AnyOpen();
+      auto wait = std::chrono::nanoseconds(options_.refresh_interval_ns);
+      if (!have_map) wait = std::min<std::chrono::nanoseconds>(wait, std::chrono::seconds(1));
+      if (probing) wait = std::min<std::chrono::nanoseconds>(wait, probe_gap);
+      std::unique_lock<std::mutex> l(refresh_mu_);
+      const bool asked = refresh_cv_.wait_for(l, stop, wait, [this] { return refresh_wanted_; });
+      if (stop.stop_requested()) return;
+      refresh = asked || !have_map || !probing;
+      if (refresh) {
+        // At most one refresh per kMinGap, however often it is asked for.
+        const auto next = last + kMinGap;
+        if (std::chrono::steady_clock::now() < next) {
+          refresh_cv_.wait_until(l, stop, next, [] { return false; });
+          if (stop.stop_requested()) return;
+        }
+        refresh_wanted_ = false;
+      }
     }
-    RefreshOnce();
-    last = std::chrono::steady_clock::now();
+    ProbeOpenNodes();
+    if (refresh) {
+      RefreshOnce();
+      last = std::chrono::steady_clock::now();
+    }
+  }
+}
+
+void RedisCluster::ProbeOpenNodes() {
+  std::vector<std::shared_ptr<Node>> open;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const int64_t now = NowNs();
+    for (const auto& n : masters_) {
+      if (n->open(now)) open.push_back(n);
+    }
+  }
+  for (const auto& n : open) {
+    std::string error;
+    auto* ctx = static_cast<redisContext*>(OpenContext(n->host, n->port, &error));
+    if (ctx == nullptr) continue;
+    auto* r = static_cast<redisReply*>(redisCommand(ctx, "PING"));
+    const bool up = r != nullptr && r->type == REDIS_REPLY_STATUS;
+    if (r) freeReplyObject(r);
+    redisFree(ctx);
+    if (up) {
+      KVTIER_LOG(INFO) << "remote tier: node " << n->address << " answers again; circuit breaker closed";
+      n->Success();
+    }
   }
 }
 
@@ -760,21 +953,22 @@ bool RedisCluster::RefreshOnce() {
   std::vector<std::string> candidates;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const Node* n : masters_) candidates.push_back(n->address);
+    for (const auto& n : masters_) candidates.push_back(n->address);
   }
   for (const std::string& s : options_.seeds) {
     if (std::find(candidates.begin(), candidates.end(), s) == candidates.end()) candidates.push_back(s);
   }
+  std::string why;  // what the last candidate said, for the log
   for (const std::string& address : candidates) {
     std::string host;
     int port = 0;
     if (!ParseAddress(address, &host, &port)) continue;
-    redisContext* ctx = redisConnectWithTimeout(host.c_str(), port, ToTimeval(options_.connect_timeout_ns));
-    if (ctx == nullptr || ctx->err) {
-      if (ctx) redisFree(ctx);
+    std::string error;
+    auto* ctx = static_cast<redisContext*>(OpenContext(host, port, &error));
+    if (ctx == nullptr) {
+      why = address + ": " + error;
       continue;
     }
-    redisSetTimeout(ctx, ToTimeval(options_.timeout_ns));
     auto* reply = static_cast<redisReply*>(redisCommand(ctx, "CLUSTER SLOTS"));
     // slot -> address of its master
     std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::string>> ranges;
@@ -792,34 +986,70 @@ bool RedisCluster::RefreshOnce() {
              e->element[2]->element[1]->type == REDIS_REPLY_INTEGER;
         if (!ok) break;
         const long long lo = e->element[0]->integer, hi = e->element[1]->integer;
-        ok = lo >= 0 && hi >= lo && hi < kSlots;
+        const long long p = e->element[2]->element[1]->integer;
+        ok = lo >= 0 && hi >= lo && hi < kSlots && p > 0 && p <= 65535;
         if (!ok) break;
         std::string ip(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
         if (ip.empty() || ip == "?") ip = host;  // "the node you asked"
         const bool v6 = ip.find(':') != std::string::npos;
         ranges.push_back({{static_cast<uint32_t>(lo), static_cast<uint32_t>(hi)},
-                          (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(e->element[2]->element[1]->integer)});
+                          (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(p)});
       }
+      if (!ok) why = address + ": malformed CLUSTER SLOTS reply";
+    } else {
+      why = address + ": " + (reply == nullptr                      ? std::string(ctx->errstr)
+                              : reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
+                                                                 : std::string("unexpected CLUSTER SLOTS reply"));
     }
     if (reply) freeReplyObject(reply);
     redisFree(ctx);
     if (!ok || ranges.empty()) continue;
-    std::vector<Node*> slots(kSlots, nullptr);
-    std::vector<Node*> masters;
-    for (const auto& [range, addr] : ranges) {
-      Node* n = NodeAt(addr);
-      if (n == nullptr) continue;
-      if (std::find(masters.begin(), masters.end(), n) == masters.end()) masters.push_back(n);
-      for (uint32_t s = range.first; s <= range.second; ++s) slots[s] = n;
+    std::vector<std::string> addresses;
+    for (const auto& r : ranges) {
+      if (std::find(addresses.begin(), addresses.end(), r.second) == addresses.end()) addresses.push_back(r.second);
     }
+    if (addresses.size() > options_.max_nodes) {
+      counters_.maps_refused.fetch_add(1, std::memory_order_relaxed);
+      LogError("slot-map", "redis " + address + ": CLUSTER SLOTS names " + std::to_string(addresses.size()) +
+                               " masters, more than tiers.remote.max_nodes (" + std::to_string(options_.max_nodes) +
+                               "); map not used");
+      continue;
+    }
+    // Install the map; every node it does not name (a stranger met by a redirect, a
+    // master that left) is dropped, its threads stopped once they are out of the lock.
+    std::vector<std::shared_ptr<Node>> gone;
     {
       std::lock_guard<std::mutex> l(mu_);
+      if (stopping_) return false;
+      std::vector<std::shared_ptr<Node>> masters;
+      for (const std::string& a : addresses) {
+        auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n->address == a; });
+        std::string h;
+        int pt = 0;
+        ParseAddress(a, &h, &pt);
+        masters.push_back(it != nodes_.end()
+                              ? *it
+                              : std::make_shared<Node>(this, a, h, pt, options_.connections_per_node));
+      }
+      std::vector<std::shared_ptr<Node>> slots(kSlots);
+      for (const auto& [range, addr] : ranges) {
+        const size_t i = std::find(addresses.begin(), addresses.end(), addr) - addresses.begin();
+        for (uint32_t s = range.first; s <= range.second; ++s) slots[s] = masters[i];
+      }
+      for (auto& n : nodes_) {
+        if (std::find(masters.begin(), masters.end(), n) == masters.end()) gone.push_back(std::move(n));
+      }
+      nodes_ = masters;
       slots_ = std::move(slots);
       masters_ = std::move(masters);
     }
+    for (const auto& n : gone) n->RequestStop();
+    for (const auto& n : gone) n->Join();
+    counters_.nodes_dropped.fetch_add(gone.size(), std::memory_order_relaxed);
     counters_.refreshes.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
+  if (!why.empty()) LogError("slot-map", "no Redis Cluster node answered CLUSTER SLOTS (" + why + ")");
   return false;
 }
 

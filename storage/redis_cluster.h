@@ -13,20 +13,33 @@
 // `connections_per_node` for values (GET, SET), so a lookup never queues behind megabytes
 // of values. Each connection is a thread with a queue: it takes what is queued (up to
 // max_batch requests), writes them in one go and reads the replies in order — pipelining
-// per node. A batch's replies must arrive within `timeout` of it being written: a node
-// that does not answer in time fails what it was sent (kUnavailable) and its connection is
-// reopened for the next batch. hiredis makes the connection (redisConnectWithTimeout) and
-// parses replies (redisReader, with reply functions that hand a GET's value to its sink
-// straight from the reader's buffer); commands are written with writev so a SET's value
-// goes from the caller's memory to the socket without a copy.
+// per node. A request has `timeout` from the call to its reply, queueing included: one
+// still queued at its deadline fails unsent, and a node that does not answer by a
+// request's deadline fails what it was sent (kUnavailable) and its connection is reopened
+// for the next batch. hiredis makes the connection (redisConnectWithTimeout, then AUTH
+// when a password is set) and parses replies (redisReader, with reply functions that hand
+// a GET's value to its sink straight from the reader's buffer); commands are written with
+// writev so a SET's value goes from the caller's memory to the socket without a copy.
+//
+// Untrusted replies: a bulk longer than `max_value_bytes` is refused from its length line,
+// before its bytes are read (the GET is kDataLoss, the connection reopened, the rest of
+// its batch sent again), and no reply may hold more than that in the reader's buffer, so
+// a connection's memory is bounded by it. A slot map naming more than `max_nodes` masters
+// is not installed; a redirect may name at most kMaxStrangers nodes outside the slot map,
+// and every node that is not a master of a newly read map is dropped with its threads.
+// Threads: (masters + strangers) x (connections_per_node + 1), plus the refresh thread.
 //
 // Circuit breaker, per node: after `breaker_failures` consecutive failed batches (connect
 // refused or timed out, an I/O error, a missed deadline) the node is open for
 // `breaker_open`: requests for it fail at once (kUnavailable) without being queued. The
-// period doubles (up to 8x) while the node keeps failing and resets once a request
-// succeeds; after it, requests go through again (half-open). Cluster-level refusals
-// (CLUSTERDOWN, TRYAGAIN, LOADING, MASTERDOWN) fail their requests with kUnavailable
-// without counting against the node, which answered.
+// period doubles (up to 8x) while the node keeps failing; meanwhile the refresh thread
+// PINGs it every kProbeGap and closes the breaker as soon as it answers. Cluster-level
+// refusals (CLUSTERDOWN, TRYAGAIN, LOADING, MASTERDOWN) fail their requests with
+// kUnavailable without counting against the node, which answered.
+//
+// Errors are logged, not only counted: the first of each kind (Redis' own error word:
+// NOAUTH, OOM, CLUSTERDOWN, ...; or "connect", "timeout") with the server's text, then at
+// most one line per kind per minute with how many were not logged.
 //
 // Threads: Get, Set, Exists and Del may be called from any thread. `done` runs through
 // `post` (the owner's executor), one post per batch; a GET's sink runs on the connection's
@@ -63,13 +76,18 @@ struct RedisClusterOptions {
   uint32_t breaker_failures = 3;                 // consecutive failures that open a node
   int64_t breaker_open_ns = 1'000'000'000;       // first open period; Default: 1 s
   int64_t refresh_interval_ns = 10'000'000'000;  // slot map re-read; Default: 10 s
+  uint32_t max_nodes = 64;                       // masters in a slot map; Default: 64
+  uint64_t max_value_bytes = 0;                  // longest bulk reply read; 0: 64 MiB
+  std::string username;                          // AUTH user (ACL); empty: "default"
+  std::string password;                          // AUTH password; empty: no AUTH
 };
 
 struct RedisReply {
   // OK; kNotFound for a nil GET; kUnavailable when not sent (breaker open, no node for the
   // slot), not answered in time, or refused by a cluster that is down; kDataLoss for a GET
-  // of a key of another type (WRONGTYPE); kInternal for any other error reply; or what a
-  // GET's sink returned.
+  // of a key of another type (WRONGTYPE) or of a value longer than max_value_bytes;
+  // kResourceExhausted for a write refused for memory (OOM); kInternal for any other
+  // error reply; or what a GET's sink returned.
   Status status;
   int64_t integer = 0;     // EXISTS, DEL
   int64_t latency_ns = 0;  // from the call to the reply
@@ -84,6 +102,9 @@ struct RedisClusterCounters {
   std::atomic<uint64_t> redirects{0};           // MOVED and ASK replies followed
   std::atomic<uint64_t> refreshes{0};           // slot maps installed
   std::atomic<uint64_t> connects{0};            // connections opened
+  std::atomic<uint64_t> oversized{0};           // replies refused for their length
+  std::atomic<uint64_t> nodes_dropped{0};       // nodes dropped with their threads
+  std::atomic<uint64_t> maps_refused{0};        // slot maps not installed (too many masters)
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_received{0};
 };
@@ -106,6 +127,8 @@ class RedisCluster {
   };
   static constexpr int kMaxRedirects = 3;
   static constexpr uint32_t kSlots = 16384;
+  static constexpr size_t kMaxStrangers = 4;
+  static constexpr int64_t kProbeGap_ns = 250'000'000;
 
   // kInvalidArgument for a malformed seed or option. The cluster need not be reachable:
   // the first slot map is read here (bounded by connect_timeout per seed) and, failing
@@ -133,6 +156,9 @@ class RedisCluster {
   void RequestRefresh();
   const RedisClusterCounters& counters() const { return counters_; }
 
+  // Threads serving connections now (for tests and the daemon's metrics).
+  size_t connection_threads() const;
+
   // The hash slot of a key, as Redis computes it (CRC16-XMODEM of the key or of the first
   // non-empty {tag}, mod 16384).
   static uint16_t KeySlot(std::string_view key);
@@ -147,25 +173,44 @@ class RedisCluster {
   RedisCluster(const RedisClusterOptions& options, Post post);
   void Submit(Request r);
   // The node serving `slot`, or null (no map yet).
-  Node* Route(uint16_t slot) const;
-  // The node at `address`, created (with its connection threads) on first use.
-  Node* NodeAt(const std::string& address);
+  std::shared_ptr<Node> Route(uint16_t slot) const;
+  // The node at `address`, created (with its connection threads) on first use; null when
+  // stopping, or when it would be a stranger (not in the slot map) past kMaxStrangers.
+  std::shared_ptr<Node> NodeAt(const std::string& address, bool stranger);
   // A MOVED or ASK reply: the slot moves to `address` (MOVED) and the request goes there.
   void Redirect(Request r, uint16_t slot, const std::string& address, bool ask);
+  // Fails `r` with `st`, its callback posted.
+  void FailRequest(Request& r, Status st);
   // Delivers finished requests' callbacks on the owner's thread, in order.
   void Deliver(std::vector<std::function<void()>> fns);
   void RefreshLoop(std::stop_token stop);
-  // Reads CLUSTER SLOTS from the first node that answers; installs the map.
+  // Reads CLUSTER SLOTS from the first node that answers; installs the map and drops the
+  // nodes it does not name.
   bool RefreshOnce();
+  // PINGs every node whose breaker is open; one that answers is closed.
+  void ProbeOpenNodes();
+  bool AnyOpen() const;
+  // A connection to host:port, authenticated when a password is set; null with *error.
+  void* OpenContext(const std::string& host, int port, std::string* error) const;
+  // Logs an error of `kind` (the first, then at most once a minute per kind).
+  void LogError(const std::string& kind, const std::string& text);
 
   RedisClusterOptions options_;
+  uint64_t max_value_bytes_;  // options_.max_value_bytes, or its default
   Post post_;
   RedisClusterCounters counters_;
   mutable std::mutex mu_;  // nodes_, slots_, masters_
-  std::vector<std::unique_ptr<Node>> nodes_;
-  std::vector<Node*> slots_;  // slot -> master; empty until a map is read
-  std::vector<Node*> masters_;
+  std::vector<std::shared_ptr<Node>> nodes_;
+  std::vector<std::shared_ptr<Node>> slots_;  // slot -> master; empty until a map is read
+  std::vector<std::shared_ptr<Node>> masters_;
   bool stopping_ = false;  // no node is handed out any more
+  std::mutex log_mu_;
+  struct ErrorLog {
+    std::string kind;
+    int64_t last_ns = 0;
+    uint64_t unlogged = 0;
+  };
+  std::vector<ErrorLog> logged_;  // by kind; at most a few dozen kinds
   std::mutex refresh_mu_;
   std::condition_variable_any refresh_cv_;
   bool refresh_wanted_ = false;

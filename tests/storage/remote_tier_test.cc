@@ -14,11 +14,13 @@
 
 #include "protocol/base/block_key.h"
 #include "storage/redis_cluster.h"
+#include "tests/support/fake_redis_node.h"
 #include "tests/support/redis_cluster_process.h"
 
 namespace kvtier {
 namespace {
 
+using testing::FakeRedisNode;
 using testing::RedisClusterProcess;
 
 // The owner's thread of these tests: posted callbacks queue here and run in Pump().
@@ -272,6 +274,191 @@ TEST(RedisCluster, UnreachableClusterMissesAtOnce) {
   EXPECT_FALSE((*c)->Available());
   const GetCounts g = GetAll(**c, loop, 10, 10);
   EXPECT_EQ(g.failed, 10);
+}
+
+// ---- replies from nodes that cannot be trusted -------------------------------------------
+
+// A client of one fake node that says it serves every slot.
+std::unique_ptr<RedisCluster> OpenOnFake(const FakeRedisNode& node, Loop& loop, RedisClusterOptions o = {}) {
+  o.seeds = {node.address()};
+  auto c = RedisCluster::Open(o, loop.Poster());
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+RedisReply GetOne(RedisCluster& c, Loop& loop, const std::string& key) {
+  std::optional<RedisReply> rep;
+  c.Get(key, [](std::span<const uint8_t>) { return Status::Ok(); }, [&](const RedisReply& r) { rep = r; });
+  EXPECT_TRUE(loop.Pump([&] { return rep.has_value(); }));
+  return rep.value_or(RedisReply{Internal("no reply"), 0, 0});
+}
+
+TEST(RedisClusterHostile, HugeBulkIsRefusedFromItsLengthLine) {
+  std::atomic<int> gets{0};
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
+    if (a[0] == "GET" && a[1] == "huge") {
+      ++gets;
+      return "$300000000\r\n" + std::string(1 << 20, 'x');  // 300 MB announced, 1 MiB sent
+    }
+    if (a[0] == "GET" && a[1] == "error") return "-" + std::string(3 << 20, 'e');  // no end of line
+    if (a[0] == "GET") return FakeRedisNode::Bulk(std::string(1000, 'v'));
+    return "-ERR unknown\r\n";
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  RedisClusterOptions o;
+  o.max_value_bytes = 256 << 10;
+  o.timeout_ns = 20'000'000'000;  // a refusal is not a timeout
+  auto c = OpenOnFake(node, loop, o);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Available());
+  // The value is refused, as a value that does not verify is (the caller's miss and delete).
+  const RedisReply huge = GetOne(*c, loop, "huge");
+  EXPECT_EQ(huge.status.code(), StatusCode::kDataLoss) << huge.status.ToString();
+  EXPECT_EQ(c->counters().oversized.load(), 1u);
+  EXPECT_EQ(c->counters().timeouts.load(), 0u);
+  // An endless error line is refused once it is longer than any value could be.
+  EXPECT_EQ(GetOne(*c, loop, "error").status.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(c->counters().oversized.load(), 2u);
+  // The node is not blamed for it, and the next request is served on a new connection.
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(GetOne(*c, loop, "small").status.ok());
+  EXPECT_TRUE(c->Available());
+  EXPECT_EQ(gets.load(), 1);
+}
+
+TEST(RedisClusterHostile, RequestsBehindARefusedValueGoAgain) {
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
+    if (a[0] == "GET" && a[1] == "huge") return "$999999999\r\n";
+    return FakeRedisNode::Bulk("ok");
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  RedisClusterOptions o;
+  o.max_value_bytes = 4096;
+  o.connections_per_node = 1;  // one pipeline: the small gets queue behind the huge one
+  auto c = OpenOnFake(node, loop, o);
+  ASSERT_NE(c, nullptr);
+  int ok = 0, refused = 0, other = 0;
+  for (int i = 0; i < 20; ++i) {
+    c->Get(i == 3 ? "huge" : "k" + std::to_string(i), [](std::span<const uint8_t>) { return Status::Ok(); },
+           [&](const RedisReply& r) {
+             ++(r.status.ok() ? ok : r.status.code() == StatusCode::kDataLoss ? refused : other);
+           });
+  }
+  ASSERT_TRUE(loop.Pump([&] { return ok + refused + other == 20; }));
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(ok, 19);
+}
+
+TEST(RedisClusterHostile, SlotMapOfTooManyMastersIsNotUsed) {
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] != "CLUSTER") return "-ERR unknown\r\n";
+    std::string out = "*1024\r\n";
+    for (int i = 0; i < 1024; ++i) {
+      out += "*3\r\n:" + std::to_string(i * 16) + "\r\n:" + std::to_string(i * 16 + 15) + "\r\n*3\r\n" +
+             FakeRedisNode::Bulk("127.0.0.1") + ":" + std::to_string(2 + i) + "\r\n" + FakeRedisNode::Bulk("id");
+    }
+    return out;
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  auto c = OpenOnFake(node, loop);
+  ASSERT_NE(c, nullptr);
+  EXPECT_FALSE(c->Available());
+  EXPECT_GE(c->counters().maps_refused.load(), 1u);
+  EXPECT_EQ(c->connection_threads(), 0u);
+  EXPECT_EQ(GetOne(*c, loop, "k").status.code(), StatusCode::kUnavailable);
+}
+
+TEST(RedisClusterHostile, EndlessMovedKeepsNodesAndThreadsBounded) {
+  std::atomic<int> next{0};
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
+    // Each time another port (nothing listens below 1024 here).
+    return "-MOVED 0 127.0.0.1:" + std::to_string(2 + next++ % 1000) + "\r\n";
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  RedisClusterOptions o;
+  o.connect_timeout_ns = 50'000'000;
+  auto c = OpenOnFake(node, loop, o);
+  ASSERT_NE(c, nullptr);
+  const size_t per_node = o.connections_per_node + 1;
+  size_t most = 0;
+  int answered = 0;
+  for (int round = 0; round < 20; ++round) {
+    int done = 0;
+    for (int i = 0; i < 25; ++i) {
+      c->Get("k" + std::to_string(i), [](std::span<const uint8_t>) { return Status::Ok(); },
+             [&](const RedisReply& r) {
+               ++done;
+               answered += !r.status.ok();
+             });
+    }
+    ASSERT_TRUE(loop.Pump([&] {
+      most = std::max(most, c->connection_threads());
+      return done == 25;
+    }));
+  }
+  EXPECT_EQ(answered, 500) << "a request to a node that only redirects succeeded";
+  EXPECT_GE(c->counters().redirects.load(), 500u);
+  EXPECT_LE(most, (1 + RedisCluster::kMaxStrangers) * per_node);
+  // Once the map is read again the strangers are gone with their threads.
+  ASSERT_TRUE(testing::WaitUntil([&] { return c->connection_threads() == per_node; }));
+  EXPECT_GT(c->counters().nodes_dropped.load(), 0u);
+}
+
+TEST(RedisClusterHostile, FrozenNodeCostsEachRequestOneTimeout) {
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
+    return "";  // never answers
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  RedisClusterOptions o;
+  o.timeout_ns = 1'000'000'000;
+  o.breaker_failures = 100;
+  auto c = OpenOnFake(node, loop, o);
+  ASSERT_NE(c, nullptr);
+  // Lookups arriving while the first batch waits for its replies: each ends one timeout
+  // after its own call (it used to wait for the batch ahead and then a timeout of its own).
+  std::vector<RedisReply> replies;
+  for (int i = 0; i < 3; ++i) {
+    c->Exists("k" + std::to_string(i), [&](const RedisReply& r) { replies.push_back(r); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  ASSERT_TRUE(loop.Pump([&] { return replies.size() == 3; }));
+  for (const RedisReply& r : replies) {
+    EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
+    EXPECT_LT(r.latency_ns, 1'600'000'000) << "a request waited for longer than one timeout";
+  }
+}
+
+TEST(RedisClusterHostile, SlotMapIsLookedForSoonAfterAStartWithNoNode) {
+  Loop loop;
+  auto node = std::make_unique<FakeRedisNode>([](const std::vector<std::string>&) { return std::string(); });
+  ASSERT_TRUE(node->Start().ok());
+  const std::string address = node->address();
+  node.reset();  // the port is free: nobody answers at start
+  RedisClusterOptions o;
+  o.seeds = {address};
+  o.refresh_interval_ns = 3600'000'000'000;  // not the periodic refresh
+  auto c = RedisCluster::Open(o, loop.Poster());
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE((*c)->Available());
+  // The node comes up on that port.
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(RedisCluster::ParseAddress(address, &host, &port));
+  FakeRedisNode again([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(port);
+    return FakeRedisNode::Bulk("v");
+  });
+  ASSERT_TRUE(again.Start(port).ok()) << "port " << port << " was taken meanwhile";
+  EXPECT_TRUE(testing::WaitUntil([&] { return (*c)->Available(); }, std::chrono::seconds(10)));
+  EXPECT_TRUE(GetOne(**c, loop, "k").status.ok());
 }
 
 // ---- RemoteTier --------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+#include "tests/support/fake_redis_node.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+namespace kvtier::testing {
+namespace {
+
+// Parses one RESP array of bulk strings at the front of `in`; consumed bytes, 0 when
+// incomplete, -1 when it is not one.
+long ParseCommand(const std::string& in, std::vector<std::string>* args) {
+  size_t at = 0;
+  auto line = [&](long* n) -> int {
+    const size_t end = in.find("\r\n", at);
+    if (end == std::string::npos) return 0;
+    if (end == at + 1) return -1;
+    *n = std::strtol(in.c_str() + at + 1, nullptr, 10);
+    at = end + 2;
+    return 1;
+  };
+  if (in.empty()) return 0;
+  if (in[0] != '*') return -1;
+  long count = 0;
+  if (int r = line(&count); r <= 0) return r;
+  args->clear();
+  for (long i = 0; i < count; ++i) {
+    if (at >= in.size()) return 0;
+    if (in[at] != '$') return -1;
+    long len = 0;
+    if (int r = line(&len); r <= 0) return r;
+    if (in.size() < at + static_cast<size_t>(len) + 2) return 0;
+    args->push_back(in.substr(at, static_cast<size_t>(len)));
+    at += static_cast<size_t>(len) + 2;
+  }
+  return static_cast<long>(at);
+}
+
+}  // namespace
+
+FakeRedisNode::FakeRedisNode(Handler handler) : handler_(std::move(handler)) {}
+
+FakeRedisNode::~FakeRedisNode() {
+  if (thread_.joinable()) {
+    const char c = 0;
+    (void)!::write(wake_[1], &c, 1);
+    thread_.join();
+  }
+  for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::string FakeRedisNode::Bulk(const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; }
+
+std::string FakeRedisNode::SlotsForOne(int port) {
+  return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n" + Bulk("127.0.0.1") + ":" + std::to_string(port) + "\r\n" +
+         Bulk("fake");
+}
+
+Status FakeRedisNode::Start(int fixed_port) {
+  if (::pipe2(wake_, O_CLOEXEC) != 0) return Internal("pipe: " + std::string(strerror(errno)));
+  std::mt19937 rng(std::random_device{}());
+  for (int tries = 0; tries < (fixed_port ? 1 : 200); ++tries) {
+    const int port = fixed_port ? fixed_port : 20000 + static_cast<int>(rng() % 10000);
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd, 64) == 0) {
+      listen_fd_ = fd;
+      port_ = port;
+      thread_ = std::thread([this] { Run(); });
+      return Status::Ok();
+    }
+    ::close(fd);
+  }
+  return Internal("no free loopback port for a fake Redis node");
+}
+
+void FakeRedisNode::Run() {
+  struct Conn {
+    int fd;
+    std::string in;
+  };
+  std::vector<Conn> conns;
+  for (;;) {
+    std::vector<pollfd> p = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (const Conn& c : conns) p.push_back({c.fd, POLLIN, 0});
+    if (::poll(p.data(), p.size(), 1000) < 0 && errno != EINTR) break;
+    if (p[0].revents) break;
+    if (p[1].revents & POLLIN) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) conns.push_back({fd, {}});
+    }
+    for (size_t i = 2; i < p.size(); ++i) {
+      if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Conn& c = conns[i - 2];
+      char buf[65536];
+      const ssize_t n = ::read(c.fd, buf, sizeof(buf));
+      if (n <= 0) {
+        ::close(c.fd);
+        c.fd = -1;
+        continue;
+      }
+      c.in.append(buf, static_cast<size_t>(n));
+      std::vector<std::string> args;
+      for (long used; (used = ParseCommand(c.in, &args)) > 0;) {
+        c.in.erase(0, static_cast<size_t>(used));
+        ++commands_;
+        const std::string out = handler_(args);
+        // Blocking writes, bounded: a client that stops reading ends its connection.
+        size_t at = 0;
+        while (at < out.size()) {
+          pollfd w{c.fd, POLLOUT, 0};
+          if (::poll(&w, 1, 2000) <= 0) break;
+          const ssize_t k = ::send(c.fd, out.data() + at, out.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (k <= 0 && errno != EAGAIN && errno != EINTR) break;
+          if (k > 0) at += static_cast<size_t>(k);
+        }
+        if (at < out.size()) break;
+      }
+    }
+    std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });
+  }
+  for (const Conn& c : conns) ::close(c.fd);
+}
+
+}  // namespace kvtier::testing

@@ -1,0 +1,51 @@
+#pragma once
+// FakeRedisNode: a hostile or broken "Redis node" for tests of what kvtier does with
+// replies it must not trust: it listens on a loopback port below the kernel's ephemeral
+// range (bound and kept, so no other process can take it between pick and use), reads
+// RESP commands and answers each with whatever `handler` returns (raw RESP bytes). One
+// thread serves every connection with poll; every wait is bounded; the destructor closes
+// everything.
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protocol/base/status.h"
+
+namespace kvtier::testing {
+
+class FakeRedisNode {
+ public:
+  // The command's arguments (e.g. {"GET", "k"}) to the raw reply; an empty reply answers
+  // nothing (a frozen node).
+  using Handler = std::function<std::string(const std::vector<std::string>& args)>;
+  explicit FakeRedisNode(Handler handler);
+  ~FakeRedisNode();
+
+  // Listens on `port`, or on one picked in [20000, 30000) when 0; kInternal when it (or
+  // none) could be bound.
+  Status Start(int port = 0);
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // Commands answered so far.
+  uint64_t commands() const { return commands_.load(); }
+
+  // RESP helpers for handlers.
+  static std::string Bulk(const std::string& s);
+  // CLUSTER SLOTS naming one master, 127.0.0.1:port, for every slot.
+  static std::string SlotsForOne(int port);
+
+ private:
+  void Run();
+
+  Handler handler_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int wake_[2] = {-1, -1};
+  std::atomic<uint64_t> commands_{0};
+  std::thread thread_;
+};
+
+}  // namespace kvtier::testing
