@@ -14,6 +14,7 @@ if(NOT KVTIER_CLIENT_ONLY)  # the client and the Python extension need only the 
   pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
   pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
   pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)  # the remote tier's Redis Cluster client
+  pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)  # the remote tier's keyed MAC (BLAKE2b)
   pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)  # KV events; cppzmq and msgpack-cxx are headers
   find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
   find_path(MSGPACK_CXX_INCLUDE_DIR msgpack.hpp REQUIRED)

@@ -145,8 +145,10 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
   }
   const Block& b = blocks_->block(victim);
   // write_back to the remote tier: a block leaving host is put first (it stays pinned in
-  // host until the put is answered, then goes on down as below).
-  if (kind == TierKind::kHost && remote_ && !remote_->write_through() && !b.on_remote && remote_->available()) {
+  // host until the put is answered, then goes on down as below) — unless the cluster is
+  // refusing puts for memory, when it goes on down at once.
+  if (kind == TierKind::kHost && remote_ && !remote_->write_through() && !b.on_remote && remote_->available() &&
+      !remote_->backing_off()) {
     if (remote_->busy()) return Evicted::kBusy;
     remote_->StartPut(victim);
     return Evicted::kDemoting;

@@ -543,8 +543,8 @@ const std::vector<Key>& Keys() {
        KVTIER_SET((Duration("tiers.remote.connect_timeout", n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
                   remote.connect_timeout_ns)},
       {"tiers.remote.timeout", "1s",
-       "Longest wait for the replies to what was sent to a node; past it the requests are misses "
-       "and the connection is opened again.",
+       "Longest wait for a request's reply, from the call (time queued behind a slow node "
+       "included); past it the request is a miss and the connection is opened again.",
        KVTIER_SET((Duration("tiers.remote.timeout", n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
                   remote.timeout_ns)},
       {"tiers.remote.connections_per_node", "2",
@@ -558,7 +558,8 @@ const std::vector<Key>& Keys() {
        "misses at once, without being sent.",
        KVTIER_SET((Integer<uint32_t>("tiers.remote.breaker_failures", n, 1, 1000)), remote.breaker_failures)},
       {"tiers.remote.breaker_open", "1s",
-       "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing).",
+       "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing); "
+       "meanwhile the node is PINGed every 250 ms and the breaker closes when it answers.",
        KVTIER_SET((Duration("tiers.remote.breaker_open", n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
                   remote.breaker_open_ns)},
       {"tiers.remote.refresh_interval", "10s",
@@ -567,8 +568,8 @@ const std::vector<Key>& Keys() {
            (Duration("tiers.remote.refresh_interval", n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
            remote.refresh_interval_ns)},
       {"tiers.remote.key_prefix", "\"kvtier:\"",
-       "Prefix of every key kvtierd writes; the rest is the hex of tenant, model fingerprint and "
-       "block hash.",
+       "Prefix of every key kvtierd writes; the rest is 32 hex digits, a hash (keyed by the "
+       "fleet secret, when one is set) of tenant, model fingerprint and block hash.",
        [](const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(c->remote.key_prefix, Scalar("tiers.remote.key_prefix", n));
          // A hash tag ({...}) would put every key in one slot: one node holds the whole tier.
@@ -579,6 +580,24 @@ const std::vector<Key>& Keys() {
          }
          return Status::Ok();
        }},
+      {"tiers.remote.max_nodes", "64",
+       "Most masters a slot map may name (a map naming more is not used); each master costs "
+       "connections_per_node + 1 threads.",
+       KVTIER_SET((Integer<uint32_t>("tiers.remote.max_nodes", n, 1, 1024)), remote.max_nodes)},
+      {"tiers.remote.username", "\"\"",
+       "Redis ACL user kvtierd authenticates as (AUTH user password); empty: \"default\". Only "
+       "with password_file.",
+       KVTIER_SET((Scalar("tiers.remote.username", n)), remote.username)},
+      {"tiers.remote.password_file", "\"\"",
+       "File holding the Redis password (one line; readable by kvtierd only, mode 0600 or "
+       "0400); empty: no AUTH. The password never goes in this config.",
+       KVTIER_SET((Scalar("tiers.remote.password_file", n)), remote.password_file)},
+      {"tiers.remote.secret_file", "\"\"",
+       "File holding the fleet secret (at least 32 bytes, the same on every kvtierd sharing "
+       "the cluster; mode 0600 or 0400): key names and value tags are keyed by it, so nobody "
+       "without it can read a tenant from a key or make a node serve a planted or moved value. "
+       "Empty: unkeyed, with a warning at start.",
+       KVTIER_SET((Scalar("tiers.remote.secret_file", n)), remote.secret_file)},
       {"tiers.remote.max_puts_in_flight", "32",
        "Most puts at once; each pins its block's host page until the cluster answers.",
        KVTIER_SET((Integer<uint32_t>("tiers.remote.max_puts_in_flight", n, 1, 4096)), remote.max_puts_in_flight)},

@@ -56,6 +56,10 @@ struct RemoteTierConfig {
   int64_t breaker_open_ns = RedisClusterOptions{}.breaker_open_ns;
   int64_t refresh_interval_ns = RedisClusterOptions{}.refresh_interval_ns;
   std::string key_prefix = RemoteTierOptions{}.key_prefix;
+  uint32_t max_nodes = RedisClusterOptions{}.max_nodes;
+  std::string username;       // Redis ACL user
+  std::string password_file;  // the Redis password's file; empty: no AUTH
+  std::string secret_file;    // the fleet secret's file; empty: unkeyed values
   uint32_t max_puts_in_flight = 32;
   bool enabled() const { return !nodes.empty(); }
 };

@@ -1,7 +1,9 @@
 #include "daemon/config_host.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <sstream>
 
 #include "protocol/base/units.h"
+#include "storage/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -126,6 +129,41 @@ HostMemory ReadHostMemory() {
   return m;
 }
 
+Result<std::string> ReadSecretFile(const std::string& key, const std::string& path) {
+  const std::string what = "config key '" + key + "': '" + path + "'";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return InvalidArgument(what + " cannot be read: " + std::string(strerror(errno)));
+  struct stat st {};
+  std::string out;
+  Status status = Status::Ok();
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    status = InvalidArgument(what + " is not a regular file");
+  } else if (st.st_mode & 077) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    status = InvalidArgument(what + " may be read by group or others (mode " + mode +
+                             "); a secret belongs to kvtierd alone: chmod 600 it");
+  } else if (st.st_size > (1 << 20)) {
+    status = InvalidArgument(what + " is larger than 1 MiB: not a secret");
+  } else {
+    out.resize(static_cast<size_t>(st.st_size));
+    size_t at = 0;
+    while (at < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + at, out.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      at += static_cast<size_t>(n);
+    }
+    out.resize(at);
+    if (!out.empty() && out.back() == '\n') out.pop_back();
+    if (!out.empty() && out.back() == '\r') out.pop_back();
+    if (out.empty()) status = InvalidArgument(what + " is empty");
+  }
+  ::close(fd);
+  if (!status.ok()) return status;
+  return out;
+}
+
 Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::vector<std::string>* warnings) {
   if (!c.socket_group.empty()) KVTIER_RETURN_IF_ERROR(ResolveGroup(c.socket_group).status());
   {
@@ -152,6 +190,25 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
                         FormatBytes(*memory.available_bytes) +
                         " MemAvailable): the pool fills only as blocks "
                         "arrive, but other processes may have to give memory back by then");
+  }
+  // The remote tier's secrets: readable, kvtierd's alone, long enough.
+  if (c.remote.enabled()) {
+    if (!c.remote.password_file.empty()) {
+      KVTIER_RETURN_IF_ERROR(ReadSecretFile("tiers.remote.password_file", c.remote.password_file).status());
+    } else if (!c.remote.username.empty()) {
+      return InvalidArgument("config key 'tiers.remote.username': set, but tiers.remote.password_file is not");
+    }
+    if (!c.remote.secret_file.empty()) {
+      KVTIER_ASSIGN_OR_RETURN(std::string secret, ReadSecretFile("tiers.remote.secret_file", c.remote.secret_file));
+      if (Status st = RemoteCodec::Keyed(secret).status(); !st.ok()) {
+        return InvalidArgument("config key 'tiers.remote.secret_file': " + st.message());
+      }
+    } else if (warnings) {
+      warnings->push_back(
+          "tiers.remote.secret_file is not set: the remote tier's values are not authenticated and its key names "
+          "are not keyed, so anyone who can reach the Redis cluster can plant or change KV that this node serves; "
+          "set a fleet secret (docs/operations.md, Securing the remote tier)");
+    }
   }
   // NVMe files: each once, in a directory that exists.
   const auto& files = c.nvme.files;

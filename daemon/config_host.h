@@ -29,6 +29,11 @@ HostMemory ReadHostMemory();
 // kInvalidArgument naming the key for a group that does not exist.
 Result<gid_t> ResolveGroup(const std::string& name);
 
+// The contents of a file holding a secret (config key `key`), without one trailing
+// newline. kInvalidArgument naming the key when it cannot be read, is empty, or may be
+// read by group or others (a secret belongs to kvtierd alone: mode 0600 or 0400).
+Result<std::string> ReadSecretFile(const std::string& key, const std::string& path);
+
 // kInvalidArgument naming the key when:
 //  - socket.group names no group, or data_dir exists and is not a directory;
 //  - the host pool (plus a host-emulated GPU pool) is larger than the memory limit and
@@ -36,8 +41,11 @@ Result<gid_t> ResolveGroup(const std::string& name);
 //  - two tiers.nvme.files entries are the same file (by path after symlinks, or by device
 //    and inode when they exist): their slots would alias;
 //  - an NVMe file's directory does not exist (kvtierd creates files, not directories;
-//    data_dir itself is the exception: kvtierd creates it).
-// Appends to `warnings` what does not stop the start (a pool above what is available now).
+//    data_dir itself is the exception: kvtierd creates it);
+//  - tiers.remote.password_file or secret_file cannot be read as ReadSecretFile says, or
+//    the secret is shorter than RemoteCodec::kMinSecretBytes.
+// Appends to `warnings` what does not stop the start (a pool above what is available now;
+// a remote tier whose values are not authenticated).
 Status CheckConfigOnHost(const DaemonConfig& config, const HostMemory& memory, std::vector<std::string>* warnings);
 
 }  // namespace kvtier

@@ -314,6 +314,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     ro.cluster.breaker_failures = rc.breaker_failures;
     ro.cluster.breaker_open_ns = rc.breaker_open_ns;
     ro.cluster.refresh_interval_ns = rc.refresh_interval_ns;
+    ro.cluster.max_nodes = rc.max_nodes;
+    // A value is a host page's block and its header; a reply announcing more is refused.
+    ro.cluster.max_value_bytes = config.host.page_bytes + RemoteCodec::kMaxHeaderBytes;
+    ro.cluster.username = rc.username;
+    if (!rc.password_file.empty()) {
+      KVTIER_ASSIGN_OR_RETURN(ro.cluster.password, ReadSecretFile("tiers.remote.password_file", rc.password_file));
+    }
+    if (!rc.secret_file.empty()) {
+      KVTIER_ASSIGN_OR_RETURN(ro.secret, ReadSecretFile("tiers.remote.secret_file", rc.secret_file));
+    }
     ro.key_prefix = rc.key_prefix;
     // Latency of every cluster request, by operation, observed on the control thread.
     std::unordered_map<std::string, Histogram*> latency;
@@ -628,6 +638,22 @@ void Daemon::RegisterRemoteMetrics() {
                  [rt] { return rt->cluster_counters().refreshes.load(std::memory_order_relaxed); });
   m.AddCounterFn("kvtier_remote_promotions_total", "Remote blocks read and verified into host pages.", {},
                  [cache] { return cache->counters().remote_promotions; });
+  m.AddGaugeFn("kvtier_remote_authenticated",
+               "1: the remote tier's values and key names are keyed by a fleet secret (tiers.remote.secret_file); "
+               "0: anyone who can reach the cluster can plant values this node serves.",
+               {}, [rt] { return rt->keyed() ? 1.0 : 0.0; });
+  m.AddCounterFn("kvtier_remote_put_backoffs_total",
+                 "Times puts stopped for a while because the cluster refused a write for memory (OOM).", {},
+                 [rm] { return rm->put_backoffs(); });
+  m.AddCounterFn("kvtier_remote_oversized_replies_total",
+                 "Cluster replies refused for their length (longer than any block's value); each was a miss.", {},
+                 [rt] { return rt->cluster_counters().oversized.load(std::memory_order_relaxed); });
+  m.AddCounterFn("kvtier_remote_nodes_dropped_total",
+                 "Cluster nodes dropped with their connections because a new slot map did not name them.", {},
+                 [rt] { return rt->cluster_counters().nodes_dropped.load(std::memory_order_relaxed); });
+  m.AddCounterFn("kvtier_remote_slot_maps_refused_total",
+                 "Slot maps not used because they named more masters than tiers.remote.max_nodes.", {},
+                 [rt] { return rt->cluster_counters().maps_refused.load(std::memory_order_relaxed); });
   m.AddCounterFn("kvtier_remote_quota_deletes_total",
                  "Values this kvtierd deleted from the cluster because their tenant was past its remote quota.", {},
                  [rm] { return rm->quota_deletes(); });

@@ -532,9 +532,10 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
         builder_, builder_.CreateVector(nodes),
         builder_.CreateString(rm->write_through() ? "write_through" : "write_back"), rc.exists, rc.exists_found,
         rc.fetches, rc.fetch_hits, rc.fetch_bytes, rc.puts, rc.put_bytes, rc.errors, rc.checksum_failures,
-        mean(rc.exists_ns, rc.exists), mean(rc.fetch_ns, rc.fetches), mean(rc.put_ns, rc.puts), rm->puts_in_flight(),
-        static_cast<uint32_t>(rm->puts_queued()), rm->puts_skipped(),
-        cc.breaker_rejections.load(std::memory_order_relaxed), cc.timeouts.load(std::memory_order_relaxed));
+        mean(rc.exists_ns, rc.exists), mean(rc.fetch_ns, rc.fetches), mean(rc.put_ns, rc.puts + rc.puts_failed),
+        rm->puts_in_flight(), static_cast<uint32_t>(rm->puts_queued()), rm->puts_skipped(),
+        cc.breaker_rejections.load(std::memory_order_relaxed), cc.timeouts.load(std::memory_order_relaxed),
+        rc.puts_failed, rm->remote().keyed());
   }
   *body = fb::CreateStatsReply(builder_, builder_.CreateString(info_->version),
                                static_cast<double>(now - info_->started_ns) * 1e-9,

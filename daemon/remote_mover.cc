@@ -1,8 +1,21 @@
 #include "daemon/remote_mover.h"
 
+#include <limits.h>
+#include <unistd.h>
+
+#include <chrono>
+
 #include "protocol/base/logging.h"
 
 namespace kvtier {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 RemoteMover::RemoteMover(std::unique_ptr<RemoteTier> remote, const Options& options, BlockTable* blocks,
                          NamespaceTable* namespaces, CacheCounters* counters, Hooks hooks)
@@ -11,7 +24,17 @@ RemoteMover::RemoteMover(std::unique_ptr<RemoteTier> remote, const Options& opti
       blocks_(blocks),
       namespaces_(namespaces),
       counters_(counters),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)) {
+  char name[HOST_NAME_MAX + 1] = {};
+  host_ = ::gethostname(name, sizeof(name) - 1) == 0 ? name : "unknown-host";
+}
+
+std::string RemoteMover::RemoteBlockKey(NamespaceId ns, const BlockHash& hash) const {
+  const NamespaceTable::Namespace& n = namespaces_->Get(ns);
+  // '=' only appears in the names of unknown tenants (TenantResolver).
+  if (n.tenant.find('=') == std::string::npos) return namespaces_->BlockKey(ns, hash);
+  return EncodeBlockKey(EncodeNamespace(n.tenant + "@" + host_, n.fingerprint), hash);
+}
 
 RemoteMover::~RemoteMover() { remote_.reset(); }
 
@@ -35,6 +58,8 @@ void RemoteMover::QueuePut(BlockId id) {
   }
   put_queue_.emplace_back(id, blocks_->block(id).gen);
 }
+
+bool RemoteMover::backing_off() const { return backoff_ns_ != 0 && NowNs() < backoff_until_ns_; }
 
 void RemoteMover::PumpPuts() {
   while (!put_queue_.empty() && !busy() && remote_->available()) {
@@ -60,7 +85,7 @@ void RemoteMover::StartPut(BlockId id) {
   meta.parent.assign(reinterpret_cast<const char*>(b.parent.bytes().data()), b.parent.size());
   const TierPool* pool = blocks_->pool(TierKind::kHost);
   const PageId page = b.page[TierIndex(TierKind::kHost)];
-  remote_->Put(namespaces_->BlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), n.block_bytes},
+  remote_->Put(RemoteBlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), n.block_bytes},
                [this, id, gen = b.gen](Status st) { OnPut(id, gen, st); });
 }
 
@@ -86,10 +111,22 @@ void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
   KVTIER_CHECK(b.live && b.gen == gen && b.readers[TierIndex(TierKind::kHost)] > 0)
       << "remote put completion for a block that moved";
   blocks_->EndRead(id);
+  if (st.code() == StatusCode::kResourceExhausted) {
+    const int64_t now = NowNs();
+    if (now >= backoff_until_ns_) {
+      backoff_ns_ = backoff_ns_ ? std::min(backoff_ns_ * 2, kMaxBackoff_ns) : kFirstBackoff_ns;
+      backoff_until_ns_ = now + backoff_ns_;
+      ++put_backoffs_;
+      KVTIER_LOG(WARNING) << "remote tier: puts back off for " << backoff_ns_ / 1'000'000
+                          << " ms: the cluster refuses writes for memory (" << st.message() << ")";
+    }
+  } else if (st.ok()) {
+    backoff_ns_ = 0;
+  }
   if (st.ok()) {
     blocks_->SetOnRemote(id, true);
     ++counters_->remote_puts;
-    Charge(b.tenant, namespaces_->BlockKey(b.ns, b.hash), namespaces_->Get(b.ns).block_bytes);
+    Charge(b.tenant, RemoteBlockKey(b.ns, b.hash), namespaces_->Get(b.ns).block_bytes);
   } else {
     ++counters_->remote_put_failures;
     KVTIER_LOG(DEBUG) << "remote put failed: " << st.ToString();
@@ -110,7 +147,7 @@ BlockId RemoteMover::StartPromotion(NamespaceId ns, TenantId tenant, const Block
   promotions_[id] = gen;
   const NamespaceTable::Namespace& n = namespaces_->Get(ns);
   TierPool* pool = blocks_->pool(TierKind::kHost);
-  remote_->Fetch(namespaces_->BlockKey(ns, hash), n.fingerprint, static_cast<uint32_t>(n.block_bytes),
+  remote_->Fetch(RemoteBlockKey(ns, hash), n.fingerprint, static_cast<uint32_t>(n.block_bytes),
                  {pool->PageAddress(*page), pool->page_bytes()},
                  [this, id, gen](Status st, RemoteBlockMeta meta) { OnPromoted(id, gen, st, meta); });
   return id;
@@ -140,7 +177,7 @@ void RemoteMover::FindPrefix(NamespaceId ns, std::span<const BlockHash> hashes, 
   auto keys_of = [this, ns](std::span<const BlockHash> hs) {
     std::vector<std::string> keys;
     keys.reserve(hs.size());
-    for (const BlockHash& h : hs) keys.push_back(namespaces_->BlockKey(ns, h));
+    for (const BlockHash& h : hs) keys.push_back(RemoteBlockKey(ns, h));
     return keys;
   };
   auto leading = [](const std::vector<bool>& found) {

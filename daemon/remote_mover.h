@@ -11,6 +11,12 @@
 // straight into the socket, and it is neither evicted nor reused until the put is
 // answered. Sessions still read it.
 //
+// Back-off: a put the cluster refuses for memory (OOM: maxmemory with noeviction, or
+// full masters) stops puts for kFirstBackoff, doubling up to kMaxBackoff while they keep
+// being refused, so a full cluster is not sent the bytes of every block; write-throughs
+// wait in the queue meanwhile (skipped once it is full) and write-back evicts without
+// putting. Logged once per back-off run; counted in put_backoffs.
+//
 // Quotas: a tenant with a remote quota (security.tenants[].quota.remote) has what this
 // kvtierd put for it remembered, oldest first (its block keys: about 50 bytes each); past
 // the quota the oldest are deleted from the cluster. Each node keeps its own account (a
@@ -23,6 +29,10 @@
 // Lookups: how many of a chain's next blocks the cluster holds — EXISTS for the first
 // kFirstProbe, then for the rest only when all of those were there, so a chain the
 // cluster does not hold costs one small round trip.
+//
+// Keys: a block's remote key is its NVMe block key (tenant x model fingerprint x hash),
+// except that an unknown tenant ("uid=U", a uid of this host only) is "uid=U@host" there,
+// so the same uid on two hosts never shares blocks.
 //
 // Owns the RemoteTier. Owned by the control thread; not thread-safe. Completions arrive
 // through the event loop, never inside the call that started them.
@@ -55,6 +65,8 @@ class RemoteMover {
     uint32_t max_queued_puts = 65536;
   };
   static constexpr size_t kFirstProbe = 16;
+  static constexpr int64_t kFirstBackoff_ns = 1'000'000'000;
+  static constexpr int64_t kMaxBackoff_ns = 30'000'000'000;
 
   // kInvalidArgument unless the host tier is enabled. The tables and counters outlive the
   // mover.
@@ -76,7 +88,10 @@ class RemoteMover {
   void PumpPuts();
   // write-back: puts `id` now. REQUIRES: resident in host, not promoting, !on_remote.
   void StartPut(BlockId id);
-  bool busy() const { return puts_in_flight_ >= options_.max_puts_in_flight; }
+  // No put may start now: max_puts_in_flight are out, or puts are backing off.
+  bool busy() const { return puts_in_flight_ >= options_.max_puts_in_flight || backing_off(); }
+  bool backing_off() const;
+  uint64_t put_backoffs() const { return put_backoffs_; }
   uint32_t puts_in_flight() const { return puts_in_flight_; }
   size_t puts_queued() const { return put_queue_.size(); }
   uint64_t puts_skipped() const { return puts_skipped_; }
@@ -102,9 +117,12 @@ class RemoteMover {
   // A put of `key` (`bytes`) for `tenant` succeeded: counts against its quota, if any.
   void Charge(TenantId tenant, std::string key, uint64_t bytes);
   void OnPromoted(BlockId id, uint32_t gen, const Status& st, const RemoteBlockMeta& meta);
+  // The block key (ns, hash) has in the cluster.
+  std::string RemoteBlockKey(NamespaceId ns, const BlockHash& hash) const;
 
   std::unique_ptr<RemoteTier> remote_;
   Options options_;
+  std::string host_;  // this host's name, for unknown tenants' keys
   BlockTable* blocks_;
   NamespaceTable* namespaces_;
   CacheCounters* counters_;
@@ -112,6 +130,9 @@ class RemoteMover {
   uint32_t puts_in_flight_ = 0;
   uint64_t puts_skipped_ = 0;
   uint64_t quota_deletes_ = 0;
+  int64_t backoff_until_ns_ = 0;  // steady clock
+  int64_t backoff_ns_ = 0;        // the current back-off; 0: none
+  uint64_t put_backoffs_ = 0;
   struct Account {
     uint64_t bytes = 0;
     std::deque<std::pair<std::string, uint64_t>> keys;  // oldest first

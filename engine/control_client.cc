@@ -76,6 +76,8 @@ Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
       ri.puts_skipped = rs->puts_skipped();
       ri.breaker_rejections = rs->breaker_rejections();
       ri.timeouts = rs->timeouts();
+      ri.puts_failed = rs->puts_failed();
+      ri.authenticated = rs->authenticated();
       out.remote = std::move(ri);
     }
     if (s->tiers()) {

@@ -68,6 +68,8 @@ struct RemoteStatsInfo {
   double lookup_mean_s = 0, fetch_mean_s = 0, put_mean_s = 0;
   uint32_t puts_in_flight = 0, puts_queued = 0;
   uint64_t puts_skipped = 0, breaker_rejections = 0, timeouts = 0;
+  uint64_t puts_failed = 0;    // refused or not answered (puts: stored)
+  bool authenticated = false;  // values sealed with a fleet secret
 };
 
 struct SessionStatsInfo {

@@ -707,7 +707,8 @@ void* RedisCluster::OpenContext(const std::string& host, int port, std::string* 
     auto* r = static_cast<redisReply*>(
         redisCommand(ctx, "AUTH %b %b", user.data(), user.size(), options_.password.data(), options_.password.size()));
     const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
-    if (!ok) *error = r == nullptr ? std::string(ctx->errstr) : "AUTH as '" + user + "': " + std::string(r->str, r->len);
+    if (!ok)
+      *error = r == nullptr ? std::string(ctx->errstr) : "AUTH as '" + user + "': " + std::string(r->str, r->len);
     if (r) freeReplyObject(r);
     if (!ok) {
       redisFree(ctx);
@@ -997,9 +998,10 @@ bool RedisCluster::RefreshOnce() {
       }
       if (!ok) why = address + ": malformed CLUSTER SLOTS reply";
     } else {
-      why = address + ": " + (reply == nullptr                      ? std::string(ctx->errstr)
-                              : reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
-                                                                 : std::string("unexpected CLUSTER SLOTS reply"));
+      why = address + ": " +
+            (reply == nullptr                   ? std::string(ctx->errstr)
+             : reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
+                                                : std::string("unexpected CLUSTER SLOTS reply"));
     }
     if (reply) freeReplyObject(reply);
     redisFree(ctx);
@@ -1027,9 +1029,8 @@ bool RedisCluster::RefreshOnce() {
         std::string h;
         int pt = 0;
         ParseAddress(a, &h, &pt);
-        masters.push_back(it != nodes_.end()
-                              ? *it
-                              : std::make_shared<Node>(this, a, h, pt, options_.connections_per_node));
+        masters.push_back(it != nodes_.end() ? *it
+                                             : std::make_shared<Node>(this, a, h, pt, options_.connections_per_node));
       }
       std::vector<std::shared_ptr<Node>> slots(kSlots);
       for (const auto& [range, addr] : ranges) {

@@ -103,6 +103,8 @@ json RemoteJson(const RemoteStatsInfo& r) {
               {"hits", r.fetch_hits},
               {"bytes_read", r.fetch_bytes},
               {"puts", r.puts},
+              {"puts_failed", r.puts_failed},
+              {"authenticated", r.authenticated},
               {"bytes_written", r.put_bytes},
               {"errors", r.errors},
               {"checksum_failures", r.checksum_failures},
@@ -124,7 +126,8 @@ std::string RemoteNodes(const RemoteStatsInfo& r) {
 }
 
 void PrintRemote(const RemoteStatsInfo& r) {
-  std::printf("remote: redis cluster, %s, %s\n", RemoteNodes(r).c_str(), r.write_policy.c_str());
+  std::printf("remote: redis cluster, %s, %s, values %s\n", RemoteNodes(r).c_str(), r.write_policy.c_str(),
+              r.authenticated ? "sealed with the fleet secret" : "NOT authenticated (no tiers.remote.secret_file)");
   for (const auto& n : r.nodes) {
     std::printf("  node     %-21s %s, %llu failed batches\n", n.address.c_str(), n.up ? "up" : "DOWN (breaker open)",
                 static_cast<unsigned long long>(n.failures));
@@ -134,9 +137,10 @@ void PrintRemote(const RemoteStatsInfo& r) {
   std::printf("  reads    %llu, %llu hits, %s (mean %.0f us)\n", static_cast<unsigned long long>(r.fetches),
               static_cast<unsigned long long>(r.fetch_hits), kvtier::FormatBytes(r.fetch_bytes).c_str(),
               r.fetch_mean_s * 1e6);
-  std::printf("  puts     %llu, %s (mean %.0f us); %u in flight, %u queued, %llu skipped\n",
-              static_cast<unsigned long long>(r.puts), kvtier::FormatBytes(r.put_bytes).c_str(), r.put_mean_s * 1e6,
-              r.puts_in_flight, r.puts_queued, static_cast<unsigned long long>(r.puts_skipped));
+  std::printf("  puts     %llu stored, %s, %llu failed (mean %.0f us); %u in flight, %u queued, %llu skipped\n",
+              static_cast<unsigned long long>(r.puts), kvtier::FormatBytes(r.put_bytes).c_str(),
+              static_cast<unsigned long long>(r.puts_failed), r.put_mean_s * 1e6, r.puts_in_flight, r.puts_queued,
+              static_cast<unsigned long long>(r.puts_skipped));
   std::printf("  errors   %llu (%llu refused by open breakers, %llu timed-out batches); %llu checksum failures\n",
               static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.breaker_rejections),
               static_cast<unsigned long long>(r.timeouts), static_cast<unsigned long long>(r.checksum_failures));

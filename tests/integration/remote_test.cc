@@ -4,8 +4,13 @@
 // the cluster (a miss, never served), a master killed mid-replay (misses only, then hits
 // again once its replica took over), write_back, and a cluster that is not there at all.
 #include <gtest/gtest.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "engine/tools/block_pattern.h"
@@ -41,6 +46,21 @@ nlohmann::json Replay(const DaemonProcess& d, const std::string& trace, const Te
   auto j = nlohmann::json::parse(r.out, nullptr, false);
   EXPECT_FALSE(j.is_discarded()) << r.out;
   return j;
+}
+
+// The remote namespace of this test process's blocks: an unknown tenant, uid=U@host.
+std::string UnknownTenantNamespace(const ModelLayout& layout) {
+  char host[HOST_NAME_MAX + 1] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return EncodeNamespace("uid=" + std::to_string(::getuid()) + "@" + host, layout.Fingerprint());
+}
+
+// A file only its owner may read.
+std::string SecretFile(const TempDir& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir.File(name);
+  std::ofstream(path) << text << "\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
 }
 
 uint64_t Hits(const nlohmann::json& j, const char* tier) { return j["hits"][tier].get<uint64_t>(); }
@@ -127,7 +147,7 @@ TEST_F(RemoteTierTest, AValueOverwrittenInTheClusterIsAMissNeverServed) {
   ASSERT_TRUE(a.Start().ok()) << a.Log();
   ASSERT_TRUE(b.Start().ok()) << b.Log();
   const ModelLayout layout = TestLayout("remote-model");
-  const std::string ns = EncodeNamespace("uid=" + std::to_string(::getuid()), layout.Fingerprint());
+  const std::string ns = UnknownTenantNamespace(layout);
   const std::vector<std::string> plants = {"set %s " + std::string(layout.block_bytes + 80, 'z'), "del %s",
                                            "rpush %s not-a-block"};
   for (uint64_t round = 0; round < 2; ++round) {
@@ -144,7 +164,7 @@ TEST_F(RemoteTierTest, AValueOverwrittenInTheClusterIsAMissNeverServed) {
       return s.ok() && s->remote && s->remote->puts == (round + 1) * chain.size();
     }));
     // Someone plants something else under the key of the chain's fourth block.
-    const std::string key = RemoteKey("kvtier:", EncodeBlockKey(ns, chain[3]));
+    const std::string key = RemoteCodec().Key("kvtier:", EncodeBlockKey(ns, chain[3]));
     ASSERT_NE(rc.Cli(0, "-c exists " + key).find('1'), std::string::npos) << "no such key: " << key;
     auto plant = [&](std::string cmd) { rc.Cli(0, "-c " + cmd.replace(cmd.find("%s"), 2, key)); };
     if (round == 0) {
@@ -296,7 +316,7 @@ TEST_F(RemoteTierTest, ATenantsRemoteQuotaDeletesItsOldestPuts) {
   // several connections, so "oldest" is by completion).
   const std::string ns = EncodeNamespace("capped", layout.Fingerprint());
   auto exists = [&](const BlockHash& h) {
-    return rc.Cli(0, "-c exists " + RemoteKey("kvtier:", EncodeBlockKey(ns, h))).find('1') != std::string::npos;
+    return rc.Cli(0, "-c exists " + RemoteCodec().Key("kvtier:", EncodeBlockKey(ns, h))).find('1') != std::string::npos;
   };
   auto held = [&] {
     size_t n = 0;
@@ -304,6 +324,174 @@ TEST_F(RemoteTierTest, ATenantsRemoteQuotaDeletesItsOldestPuts) {
     return n;
   };
   ASSERT_TRUE(WaitUntil([&] { return held() == 10; })) << held();
+}
+
+// The cluster is shared with whoever can reach it. An ACL keeps out who has no password;
+// under a fleet secret key names say nothing of tenant or model, and a value moved from
+// one key to another or planted by someone without the secret (the cluster's admin
+// included) is a miss, counted, never served.
+TEST_F(RemoteTierTest, AnAclAndAFleetSecretKeepOthersOut) {
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0, .password = "admin-pass-7"});
+  ASSERT_TRUE(rc.Start().ok());
+  for (size_t i = 0; i < rc.size(); ++i) {
+    ASSERT_NE(rc.Cli(i, "acl setuser kvtierd on '>kvtierd-pass-3' '~kvtier:*' +@all").find("OK"), std::string::npos);
+  }
+  const std::string secret = "fleet-secret-0123456789-abcdefghijklmnop";
+  const std::string yaml = "    username: kvtierd\n    password_file: " + SecretFile(dir_, "pw", "kvtierd-pass-3") +
+                           "\n    secret_file: " + SecretFile(dir_, "secret", secret) + "\n";
+  DaemonProcess a(Node(rc, yaml)), b(Node(rc, yaml));
+  ASSERT_TRUE(a.Start().ok()) << a.Log();
+  ASSERT_TRUE(b.Start().ok()) << b.Log();
+  const ModelLayout layout = TestLayout("remote-model");
+  const auto chain = HashChain(77, 8);
+  {
+    ClientOptions o = EngineOptions(a.socket_path());
+    o.layout = layout;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(Store(**c, chain, layout.block_bytes).ok());
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(a.socket_path());
+    return s.ok() && s->remote && s->remote->puts == chain.size();
+  }));
+  // Key names: the prefix and a keyed hash, nothing of tenant or model.
+  std::string keys;
+  for (size_t i = 0; i < rc.size(); ++i) keys += rc.Cli(i, "--scan");
+  EXPECT_EQ(std::count(keys.begin(), keys.end(), '\n'), static_cast<long>(chain.size())) << keys;
+  for (const std::string& clear : {std::string("uid="), std::string("remote-model"), layout.Fingerprint()}) {
+    EXPECT_EQ(keys.find(HexEncode(clear)), std::string::npos) << clear;
+    EXPECT_EQ(keys.find(clear), std::string::npos) << clear;
+  }
+  // Without the password nobody gets in.
+  const CmdResult anon = Sh("timeout 10 redis-cli -p " + std::to_string(rc.port(0)) + " --scan 2>&1");
+  EXPECT_NE(anon.out.find("NOAUTH"), std::string::npos) << anon.out;
+  // The cluster's admin (who has no fleet secret) moves block 2's value onto block 5's key
+  // and plants a value sealed without the secret at block 6's key.
+  auto codec = RemoteCodec::Keyed(secret);
+  ASSERT_TRUE(codec.ok());
+  const std::string ns = UnknownTenantNamespace(layout);
+  auto key = [&](size_t i) { return codec->Key("kvtier:", EncodeBlockKey(ns, chain[i])); };
+  std::deque<std::function<void()>> posted;
+  RedisClusterOptions admin;
+  admin.seeds = rc.Seeds();
+  admin.password = "admin-pass-7";
+  auto cluster = RedisCluster::Open(admin, [&](std::function<void()> fn) { posted.push_back(std::move(fn)); });
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  auto run = [&](auto issue) {
+    std::optional<RedisReply> rep;
+    issue([&](const RedisReply& r) { rep = r; });
+    EXPECT_TRUE(WaitUntil([&] {
+      while (!posted.empty()) {
+        posted.front()();
+        posted.pop_front();
+      }
+      return rep.has_value();
+    }));
+    return rep.value_or(RedisReply{Internal("no reply"), 0, 0});
+  };
+  std::vector<uint8_t> moved;
+  ASSERT_TRUE(run([&](auto done) {
+                (*cluster)->Get(
+                    key(2),
+                    [&](std::span<const uint8_t> v) {
+                      moved.assign(v.begin(), v.end());
+                      return Status::Ok();
+                    },
+                    done);
+              }).status.ok());
+  ASSERT_FALSE(moved.empty());
+  std::vector<uint8_t> forged(layout.block_bytes);
+  FillBlockPattern(chain[1], forged);  // someone else's KV
+  const std::string head = RemoteCodec().EncodeHeader(
+      key(6),
+      RemoteBlockMeta{static_cast<uint32_t>(forged.size()), layout.Fingerprint(),
+                      std::string(reinterpret_cast<const char*>(chain[5].bytes().data()), chain[5].bytes().size())},
+      forged);
+  RedisCluster::Value mv, fv;
+  mv.body = moved;
+  fv.head = head;
+  fv.body = forged;
+  ASSERT_TRUE(run([&](auto done) { (*cluster)->Set(key(5), std::move(mv), done); }).status.ok());
+  ASSERT_TRUE(run([&](auto done) { (*cluster)->Set(key(6), std::move(fv), done); }).status.ok());
+  // b: every other block is served, with its own bytes; 5 and 6 are misses, counted.
+  ClientOptions o = EngineOptions(b.socket_path());
+  o.layout = layout;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  auto acq = (*c)->Acquire(chain);
+  ASSERT_TRUE(acq.ok());
+  std::vector<BlockHash> held;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const BlockResult& r = (*acq)[i];
+    if (i == 5 || i == 6) {
+      EXPECT_EQ(r.status.code(), StatusCode::kDataLoss) << i << ": a moved or planted value was served";
+      continue;
+    }
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.ToString();
+    held.push_back(chain[i]);
+    EXPECT_TRUE(CheckBlockPattern(chain[i], (*c)->PageBytes(r.tier, r.page).first(layout.block_bytes))) << i;
+  }
+  ASSERT_TRUE((*c)->Release(TierKind::kHost, {}, held).ok());
+  auto st = StatsOf(b.socket_path());
+  ASSERT_TRUE(st.ok() && st->remote);
+  EXPECT_EQ(st->remote->checksum_failures, 2u);
+  EXPECT_EQ(Metric(MetricsUrl(b), "kvtier_remote_authenticated"), 1);
+  EXPECT_EQ(a.Stop(), 0) << a.Log();
+  EXPECT_EQ(b.Stop(), 0) << b.Log();
+}
+
+// A wrong password: kvtierd serves from its own tiers and says why the cluster is not
+// used, in Redis' own words.
+TEST_F(RemoteTierTest, AWrongPasswordIsLoggedWithRedisWords) {
+  RedisClusterProcess rc({.masters = 1, .replicas_per_master = 0, .cluster = false, .password = "right"});
+  ASSERT_TRUE(rc.Start().ok());
+  DaemonProcess::Options o = Node(rc, "    password_file: " + SecretFile(dir_, "pw", "wrong") + "\n");
+  o.remote_nodes = rc.Seeds(1);
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  EXPECT_TRUE(WaitUntil([&] { return d.Log().find("WRONGPASS") != std::string::npos; })) << d.Log();
+  EXPECT_NE(d.Log().find("tiers.remote.secret_file is not set"), std::string::npos) << d.Log();
+  EXPECT_EQ(Metric(MetricsUrl(d), "kvtier_remote_authenticated"), 0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A cluster out of memory (noeviction) refuses puts: kvtierd says so in Redis' words,
+// counts them failed (not stored), and backs off instead of shipping every block's bytes.
+TEST_F(RemoteTierTest, AFullClusterIsLoggedAndPutsBackOff) {
+  RedisClusterProcess rc(
+      {.masters = 1, .replicas_per_master = 0, .maxmemory = "3mb", .maxmemory_policy = "noeviction", .cluster = false});
+  ASSERT_TRUE(rc.Start().ok());
+  DaemonProcess::Options o = Node(rc);
+  o.remote_nodes = rc.Seeds(1);
+  o.host_capacity = "8MiB";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const ModelLayout layout = TestLayout("full-model");
+  ClientOptions co = EngineOptions(d.socket_path());
+  co.layout = layout;
+  auto c = Client::Connect(co);
+  ASSERT_TRUE(c.ok());
+  size_t committed = 0;
+  for (uint64_t seq = 0; seq < 40; ++seq) {
+    const auto chain = HashChain(500 + seq, 8);
+    ASSERT_TRUE(Store(**c, chain, layout.block_bytes).ok());
+    committed += chain.size();
+  }
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("OOM command not allowed") != std::string::npos; })) << d.Log();
+  EXPECT_NE(d.Log().find("puts back off"), std::string::npos) << d.Log();
+  auto s = StatsOf(d.socket_path());
+  ASSERT_TRUE(s.ok() && s->remote);
+  EXPECT_GT(s->remote->puts_failed, 0u);
+  EXPECT_LT(s->remote->puts * layout.block_bytes, 3u << 20) << "more stored than the cluster holds";
+  // Backing off: far from every committed block was sent.
+  EXPECT_LT(s->remote->puts + s->remote->puts_failed, committed);
+  const std::string url = MetricsUrl(d);
+  EXPECT_GE(Metric(url, "kvtier_remote_put_backoffs_total"), 1);
+  EXPECT_EQ(Metric(url, "kvtier_remote_put_failures_total"), static_cast<double>(s->remote->puts_failed));
+  const CmdResult tiers = Sh(BinaryPath("kvctl") + " -s " + d.socket_path() + " tiers");
+  EXPECT_NE(tiers.out.find(std::to_string(s->remote->puts_failed) + " failed"), std::string::npos) << tiers.out;
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
 TEST_F(RemoteTierTest, AClusterThatIsNotThereCostsNothing) {

@@ -288,7 +288,8 @@ std::unique_ptr<RedisCluster> OpenOnFake(const FakeRedisNode& node, Loop& loop, 
 
 RedisReply GetOne(RedisCluster& c, Loop& loop, const std::string& key) {
   std::optional<RedisReply> rep;
-  c.Get(key, [](std::span<const uint8_t>) { return Status::Ok(); }, [&](const RedisReply& r) { rep = r; });
+  c.Get(
+      key, [](std::span<const uint8_t>) { return Status::Ok(); }, [&](const RedisReply& r) { rep = r; });
   EXPECT_TRUE(loop.Pump([&] { return rep.has_value(); }));
   return rep.value_or(RedisReply{Internal("no reply"), 0, 0});
 }
@@ -342,10 +343,11 @@ TEST(RedisClusterHostile, RequestsBehindARefusedValueGoAgain) {
   ASSERT_NE(c, nullptr);
   int ok = 0, refused = 0, other = 0;
   for (int i = 0; i < 20; ++i) {
-    c->Get(i == 3 ? "huge" : "k" + std::to_string(i), [](std::span<const uint8_t>) { return Status::Ok(); },
-           [&](const RedisReply& r) {
-             ++(r.status.ok() ? ok : r.status.code() == StatusCode::kDataLoss ? refused : other);
-           });
+    c->Get(
+        i == 3 ? "huge" : "k" + std::to_string(i), [](std::span<const uint8_t>) { return Status::Ok(); },
+        [&](const RedisReply& r) {
+          ++(r.status.ok() ? ok : r.status.code() == StatusCode::kDataLoss ? refused : other);
+        });
   }
   ASSERT_TRUE(loop.Pump([&] { return ok + refused + other == 20; }));
   EXPECT_EQ(refused, 1);
@@ -391,11 +393,12 @@ TEST(RedisClusterHostile, EndlessMovedKeepsNodesAndThreadsBounded) {
   for (int round = 0; round < 20; ++round) {
     int done = 0;
     for (int i = 0; i < 25; ++i) {
-      c->Get("k" + std::to_string(i), [](std::span<const uint8_t>) { return Status::Ok(); },
-             [&](const RedisReply& r) {
-               ++done;
-               answered += !r.status.ok();
-             });
+      c->Get(
+          "k" + std::to_string(i), [](std::span<const uint8_t>) { return Status::Ok(); },
+          [&](const RedisReply& r) {
+            ++done;
+            answered += !r.status.ok();
+          });
     }
     ASSERT_TRUE(loop.Pump([&] {
       most = std::max(most, c->connection_threads());
@@ -434,6 +437,29 @@ TEST(RedisClusterHostile, FrozenNodeCostsEachRequestOneTimeout) {
     EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
     EXPECT_LT(r.latency_ns, 1'600'000'000) << "a request waited for longer than one timeout";
   }
+}
+
+TEST(RedisClusterHostile, OpenBreakerClosesAsSoonAsTheNodeAnswers) {
+  std::atomic<bool> frozen{false};
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
+    if (frozen) return "";
+    return a[0] == "PING" ? "+PONG\r\n" : FakeRedisNode::Bulk("v");
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  RedisClusterOptions o;
+  o.timeout_ns = 200'000'000;
+  o.breaker_failures = 1;
+  o.breaker_open_ns = 600'000'000'000;  // without a probe: shut for ten minutes
+  auto c = OpenOnFake(node, loop, o);
+  ASSERT_NE(c, nullptr);
+  frozen = true;
+  EXPECT_EQ(GetOne(*c, loop, "k").status.code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(c->Available()) << "one failed batch should have opened the breaker";
+  frozen = false;
+  EXPECT_TRUE(testing::WaitUntil([&] { return c->Available(); }, std::chrono::seconds(10)));
+  EXPECT_TRUE(GetOne(*c, loop, "k").status.ok());
 }
 
 TEST(RedisClusterHostile, SlotMapIsLookedForSoonAfterAStartWithNoNode) {
@@ -529,7 +555,7 @@ TEST_F(RemoteTierTest, OverwrittenValueIsAMissCountedAndDeleted) {
   const auto data = Bytes(8192, 4);
   ASSERT_TRUE(Put(3, data).ok());
   // Someone writes other bytes of the same length under the key.
-  const std::string key = RemoteKey("kvtier:", Key(3));
+  const std::string key = RemoteCodec().Key("kvtier:", Key(3));
   std::string value = rc_->Cli(0, "-c --no-raw get " + key);
   ASSERT_FALSE(value.empty());
   rc_->Cli(0, "-c set " + key + " " + std::string(8192 + 60, 'x'));

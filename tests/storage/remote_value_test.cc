@@ -49,30 +49,46 @@ TEST(RedisCluster, OpenRefusesBadSeeds) {
   EXPECT_EQ(RedisCluster::Open(o, post).status().code(), StatusCode::kInvalidArgument);
 }
 
-class RemoteValue : public ::testing::Test {
+constexpr char kSecret[] = "0123456789abcdef0123456789abcdef-fleet-secret";
+
+// Every test runs unkeyed and keyed by a fleet secret.
+class RemoteValue : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
+    if (GetParam()) {
+      auto c = RemoteCodec::Keyed(kSecret);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      codec_ = *c;
+    }
     payload_.resize(4096);
     for (size_t i = 0; i < payload_.size(); ++i) payload_[i] = static_cast<uint8_t>(i * 31 + 7);
-    key_ = EncodeBlockKey(EncodeNamespace("tenant-a", "fp-16-bytes-long"), BlockHash(std::vector<uint8_t>(16, 3)));
+    key_ = codec_.Key("kvtier:", EncodeBlockKey(EncodeNamespace("tenant-a", "fp-16-bytes-long"),
+                                                BlockHash(std::vector<uint8_t>(16, 3))));
     meta_.length = static_cast<uint32_t>(payload_.size());
     meta_.fingerprint = "fp-16-bytes-long";
     meta_.parent = std::string(16, '\x02');
-    const std::string head = EncodeRemoteHeader(key_, meta_, payload_);
-    value_.assign(head.begin(), head.end());
-    value_.insert(value_.end(), payload_.begin(), payload_.end());
+    value_ = Seal(codec_, key_, payload_);
+  }
+  std::vector<uint8_t> Seal(const RemoteCodec& codec, const std::string& key, const std::vector<uint8_t>& payload) {
+    const std::string head = codec.EncodeHeader(key, meta_, payload);
+    std::vector<uint8_t> v(head.begin(), head.end());
+    v.insert(v.end(), payload.begin(), payload.end());
+    return v;
   }
   Result<RemoteBlockMeta> Decode(const std::vector<uint8_t>& value, std::string_view key = {},
                                  std::string_view fp = "fp-16-bytes-long", uint32_t length = 4096) {
     dst_.assign(4096, 0xee);
-    return DecodeRemoteValue(key.empty() ? key_ : key, value, fp, length, dst_);
+    return codec_.Decode(key.empty() ? key_ : key, value, fp, length, dst_);
   }
+  RemoteCodec codec_;
   std::vector<uint8_t> payload_, value_, dst_;
   std::string key_;
   RemoteBlockMeta meta_;
 };
+INSTANTIATE_TEST_SUITE_P(Codec, RemoteValue, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Keyed" : "Unkeyed"; });
 
-TEST_F(RemoteValue, RoundTripsWithItsMeta) {
+TEST_P(RemoteValue, RoundTripsWithItsMeta) {
   auto m = Decode(value_);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->length, 4096u);
@@ -81,7 +97,7 @@ TEST_F(RemoteValue, RoundTripsWithItsMeta) {
   EXPECT_EQ(dst_, payload_);
 }
 
-TEST_F(RemoteValue, EveryFlippedByteIsDataLossAndLeavesTheDestination) {
+TEST_P(RemoteValue, EveryFlippedByteIsDataLossAndLeavesTheDestination) {
   // Header and payload alike: any single changed byte never verifies.
   for (size_t i = 0; i < value_.size(); i += (i < 128 ? 1 : 97)) {
     auto bad = value_;
@@ -93,15 +109,17 @@ TEST_F(RemoteValue, EveryFlippedByteIsDataLossAndLeavesTheDestination) {
   }
 }
 
-TEST_F(RemoteValue, AnotherKeyLayoutOrLengthIsDataLoss) {
-  const std::string other =
-      EncodeBlockKey(EncodeNamespace("tenant-b", "fp-16-bytes-long"), BlockHash(std::vector<uint8_t>(16, 3)));
-  EXPECT_EQ(Decode(value_, other).status().code(), StatusCode::kDataLoss);  // another tenant's key
+TEST_P(RemoteValue, AnotherKeyLayoutOrLengthIsDataLoss) {
+  // The same value moved to another tenant's key of the same hash.
+  const std::string other = codec_.Key("kvtier:", EncodeBlockKey(EncodeNamespace("tenant-b", "fp-16-bytes-long"),
+                                                                 BlockHash(std::vector<uint8_t>(16, 3))));
+  ASSERT_NE(other, key_);
+  EXPECT_EQ(Decode(value_, other).status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(Decode(value_, {}, "fp-of-other-model").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(Decode(value_, {}, "fp-16-bytes-long", 2048).status().code(), StatusCode::kDataLoss);
 }
 
-TEST_F(RemoteValue, ShortForeignAndEmptyValuesAreDataLoss) {
+TEST_P(RemoteValue, ShortForeignAndEmptyValuesAreDataLoss) {
   for (size_t cut : {size_t{0}, size_t{3}, size_t{24}, size_t{60}, value_.size() - 1}) {
     std::vector<uint8_t> v(value_.begin(), value_.begin() + static_cast<long>(cut));
     EXPECT_EQ(Decode(v).status().code(), StatusCode::kDataLoss) << cut;
@@ -113,11 +131,49 @@ TEST_F(RemoteValue, ShortForeignAndEmptyValuesAreDataLoss) {
   EXPECT_EQ(Decode(longer).status().code(), StatusCode::kDataLoss);
 }
 
-TEST(RemoteValueKey, IsPrefixPlusHexOfTheBlockKey) {
-  EXPECT_EQ(RemoteKey("kvtier:", std::string("\x01\xab", 2)), "kvtier:01ab");
-  // Hex keys contain no '{', so Redis slots them by the whole key.
-  const std::string k = RemoteKey("kvtier:", std::string(40, '{'));
-  EXPECT_EQ(k.find('{'), std::string::npos);
+TEST_P(RemoteValue, KeyNamesHideTheTenantAndCarryNoHashTag) {
+  const std::string block_key = EncodeBlockKey(EncodeNamespace("tenant-a", "fp"), BlockHash(std::vector<uint8_t>(16)));
+  const std::string k = codec_.Key("kvtier:", block_key);
+  EXPECT_EQ(k.size(), 7u + 32u);
+  EXPECT_EQ(k.find("tenant"), std::string::npos);
+  EXPECT_EQ(k.find_first_of("{}", 7), std::string::npos);  // Redis slots it by the whole key
+  EXPECT_EQ(k, codec_.Key("kvtier:", block_key)) << "the name of a block key must not change";
+}
+
+// A peer on the cluster without the secret: whatever it writes, a keyed kvtierd never
+// serves it.
+TEST(RemoteValueKeyed, ForgeriesWithoutTheSecretNeverVerify) {
+  auto keyed = RemoteCodec::Keyed(kSecret);
+  ASSERT_TRUE(keyed.ok());
+  auto other = RemoteCodec::Keyed(std::string(kSecret) + "-other-fleet");
+  ASSERT_TRUE(other.ok());
+  const RemoteCodec unkeyed;
+  const std::string block_key = EncodeBlockKey(EncodeNamespace("t", "fp"), BlockHash(std::vector<uint8_t>(16, 9)));
+  const std::string key = keyed->Key("kvtier:", block_key);
+  EXPECT_NE(key, unkeyed.Key("kvtier:", block_key)) << "names must depend on the secret";
+  EXPECT_NE(key, other->Key("kvtier:", block_key));
+  const std::vector<uint8_t> payload(1000, 0x5a);
+  const RemoteBlockMeta meta{1000, "fp", ""};
+  auto seal = [&](const RemoteCodec& c) {
+    const std::string head = c.EncodeHeader(key, meta, payload);
+    std::vector<uint8_t> v(head.begin(), head.end());
+    v.insert(v.end(), payload.begin(), payload.end());
+    return v;
+  };
+  std::vector<uint8_t> dst(1000);
+  EXPECT_TRUE(keyed->Decode(key, seal(*keyed), "fp", 1000, dst).ok());
+  // Sealed by anyone else (no secret, another secret), or unkeyed with the keyed flag set.
+  EXPECT_EQ(keyed->Decode(key, seal(unkeyed), "fp", 1000, dst).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(keyed->Decode(key, seal(*other), "fp", 1000, dst).status().code(), StatusCode::kDataLoss);
+  auto flagged = seal(unkeyed);
+  flagged[12] |= 1;
+  EXPECT_EQ(keyed->Decode(key, flagged, "fp", 1000, dst).status().code(), StatusCode::kDataLoss);
+  // And a keyed kvtierd's values are not served by an unkeyed one.
+  EXPECT_EQ(unkeyed.Decode(key, seal(*keyed), "fp", 1000, dst).status().code(), StatusCode::kDataLoss);
+}
+
+TEST(RemoteValueKeyed, ShortSecretIsRefused) {
+  EXPECT_EQ(RemoteCodec::Keyed("short").status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

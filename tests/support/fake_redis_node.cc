@@ -61,8 +61,7 @@ FakeRedisNode::~FakeRedisNode() {
 std::string FakeRedisNode::Bulk(const std::string& s) { return "$" + std::to_string(s.size()) + "\r\n" + s + "\r\n"; }
 
 std::string FakeRedisNode::SlotsForOne(int port) {
-  return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n" + Bulk("127.0.0.1") + ":" + std::to_string(port) + "\r\n" +
-         Bulk("fake");
+  return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n" + Bulk("127.0.0.1") + ":" + std::to_string(port) + "\r\n" + Bulk("fake");
 }
 
 Status FakeRedisNode::Start(int fixed_port) {

@@ -85,13 +85,16 @@ Status RedisClusterProcess::Start() {
     // Built before fork: the child only execs (no allocation after fork).
     std::vector<std::string> args = {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1"};
     args.insert(args.end(), {"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no"});
-    args.insert(args.end(), {"--maxmemory", options_.maxmemory, "--maxmemory-policy", "allkeys-lru"});
+    args.insert(args.end(), {"--maxmemory", options_.maxmemory, "--maxmemory-policy", options_.maxmemory_policy});
     if (options_.cluster) {
       // A cache: a replica takes over however stale it is (its data only has to verify,
       // never to be complete), even on a loaded machine.
       args.insert(args.end(),
                   {"--cluster-enabled", "yes", "--cluster-config-file", dir + "/nodes.conf", "--cluster-node-timeout",
                    std::to_string(options_.node_timeout_ms), "--cluster-replica-validity-factor", "0"});
+    }
+    if (!options_.password.empty()) {
+      args.insert(args.end(), {"--requirepass", options_.password, "--masterauth", options_.password});
     }
     if (options_.unix_socket) args.insert(args.end(), {"--unixsocket", dir + "/redis.sock", "--unixsocketperm", "700"});
     std::vector<char*> argv;
@@ -130,7 +133,7 @@ Status RedisClusterProcess::Start() {
   if (!options_.cluster) return Status::Ok();
   std::string nodes;
   for (const std::string& a : Addresses()) nodes += " " + a;
-  const std::string out = Shell("/usr/bin/redis-cli --cluster create" + nodes + " --cluster-replicas " +
+  const std::string out = Shell("/usr/bin/redis-cli" + Auth() + " --cluster create" + nodes + " --cluster-replicas " +
                                 std::to_string(options_.replicas_per_master) + " --cluster-yes 2>&1");
   if (out.find("[OK] All 16384 slots covered") == std::string::npos) {
     return Internal("redis-cli --cluster create failed: " + out.substr(out.size() > 400 ? out.size() - 400 : 0));
@@ -139,6 +142,10 @@ Status RedisClusterProcess::Start() {
     if (!WaitHealthy(i)) return Internal("redis cluster node " + std::to_string(ports_[i]) + " is not ok");
   }
   return Status::Ok();
+}
+
+std::string RedisClusterProcess::Auth() const {
+  return options_.password.empty() ? "" : " --no-auth-warning -a '" + options_.password + "'";
 }
 
 std::vector<std::string> RedisClusterProcess::Addresses() const {
@@ -164,7 +171,8 @@ void RedisClusterProcess::Pause(size_t i) { ::kill(pids_[i], SIGSTOP); }
 void RedisClusterProcess::Resume(size_t i) { ::kill(pids_[i], SIGCONT); }
 
 std::string RedisClusterProcess::Cli(size_t i, const std::string& args) const {
-  return Shell("timeout 10 /usr/bin/redis-cli -p " + std::to_string(ports_[i]) + " " + args + " 2>/dev/null");
+  return Shell("timeout 10 /usr/bin/redis-cli" + Auth() + " -p " + std::to_string(ports_[i]) + " " + args +
+               " 2>/dev/null");
 }
 
 bool RedisClusterProcess::WaitHealthy(size_t i, int timeout_ms) const {

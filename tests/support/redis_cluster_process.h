@@ -19,10 +19,12 @@ class RedisClusterProcess {
     int masters = 3;
     int replicas_per_master = 1;  // 0: masters only
     std::string maxmemory = "256mb";
+    std::string maxmemory_policy = "allkeys-lru";
     int node_timeout_ms = 1000;  // cluster-node-timeout: how soon a dead master fails over
     bool cluster = true;         // false: one standalone server (masters must be 1)
     bool unix_socket = false;    // also listen on a Unix socket (unix_socket_path)
     int cpu = -1;                // pin the servers to this CPU (-1: not pinned)
+    std::string password;        // requirepass (the default user's) and masterauth; Cli uses it
   };
   explicit RedisClusterProcess(const Options& options);
   RedisClusterProcess() : RedisClusterProcess(Options{}) {}
@@ -47,7 +49,8 @@ class RedisClusterProcess {
   void Kill(size_t i);
   void Pause(size_t i);
   void Resume(size_t i);
-  // Runs redis-cli with `args` against server i; its stdout (stderr dropped).
+  // Runs redis-cli with `args` against server i, authenticated when a password is set;
+  // its stdout (stderr dropped).
   std::string Cli(size_t i, const std::string& args) const;
   // Waits until the cluster, asked at server i, is ok again (after a failover).
   bool WaitHealthy(size_t i, int timeout_ms = 60000) const;
@@ -57,6 +60,8 @@ class RedisClusterProcess {
   bool WaitReplicated(size_t i, int timeout_ms = 30000) const;
 
  private:
+  std::string Auth() const;  // redis-cli's arguments for the password, if any
+
   Options options_;
   TempDir dir_;
   std::vector<int> ports_;
