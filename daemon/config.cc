@@ -654,10 +654,17 @@ const std::vector<Key>& Keys() {
        KVTIER_SET((Integer<uint32_t>("events.buffer_events", n, 1, 1 << 26)), events.options.queue_events)},
       {"events.replay_messages", "10000", "Messages kept for the replay socket.",
        KVTIER_SET((Integer<uint32_t>("events.replay_messages", n, 0, 1 << 22)), events.options.replay_batches)},
-      {"events.send_hwm", "10000",
-       "Messages queued for each subscriber (ZMQ_SNDHWM); a subscriber that falls further "
-       "behind misses messages (the replay socket has them), it never slows the daemon.",
+      {"events.send_hwm", "1000",
+       "Messages queued for each subscriber (ZMQ_SNDHWM; 64 bytes each, payloads are shared); "
+       "a subscriber that falls further behind misses messages (the replay socket has them), "
+       "it never slows the daemon.",
        KVTIER_SET((Integer<int>("events.send_hwm", n, 1, 1 << 24)), events.options.send_hwm)},
+      {"events.max_subscribers", "64",
+       "Most connections to the PUB socket; one past it is shut down when accepted (counted "
+       "in kvtier_events_peers_refused_total).",
+       KVTIER_SET((Integer<uint32_t>("events.max_subscribers", n, 1, 65536)), events.options.max_subscribers)},
+      {"events.max_replay_peers", "8", "Most connections to the replay socket; one past it is shut down when accepted.",
+       KVTIER_SET((Integer<uint32_t>("events.max_replay_peers", n, 1, 65536)), events.options.max_replay_peers)},
   };
   return keys;
 }

@@ -345,7 +345,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     co.max_remote_puts_in_flight = rc.max_puts_in_flight;
   }
   if (config.events.enabled) {
-    KVTIER_ASSIGN_OR_RETURN(d->events_, KvEvents::Open(config.events.options));
+    KvEventsOptions eo = config.events.options;
+    eo.state_path = config.data_dir + "/events-announced.json";
+    KVTIER_ASSIGN_OR_RETURN(d->events_, KvEvents::Open(eo));
     co.events = d->events_.get();
   }
   KVTIER_ASSIGN_OR_RETURN(d->cache_,
@@ -519,6 +521,18 @@ void Daemon::RegisterMetrics() {
                    [events] { return events->counters().dropped; });
     m.AddCounterFn("kvtier_event_replays_total", "Replay requests answered on events.replay.", {},
                    [events] { return events->counters().replays; });
+    const char* peers = "Connections to the KV event sockets, by socket (publish: subscribers).";
+    m.AddGaugeFn("kvtier_events_peers", peers, {{"socket", "publish"}},
+                 [events] { return static_cast<double>(events->counters().subscribers); });
+    m.AddGaugeFn("kvtier_events_peers", peers, {{"socket", "replay"}},
+                 [events] { return static_cast<double>(events->counters().replay_peers); });
+    m.AddCounterFn("kvtier_events_peers_refused_total",
+                   "Connections to the KV event sockets shut down: events.max_subscribers or "
+                   "events.max_replay_peers were connected.",
+                   {}, [events] { return events->counters().refused; });
+    m.AddCounterFn("kvtier_events_retracted_total",
+                   "Block hashes the last run announced, removed (BlockRemoved) after this start.", {},
+                   [events] { return events->counters().retracted; });
   }
   RegisterRemoteMetrics();
   const NvmeTier* nvme = cache_->nvme();

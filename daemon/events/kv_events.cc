@@ -1,10 +1,15 @@
 #include "daemon/events/kv_events.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #define MSGPACK_NO_BOOST 1
 #include <algorithm>
@@ -133,6 +138,43 @@ std::string SeqBytes(uint64_t seq) {
   return out;
 }
 
+// Whether `fd` is a connection accepted on `endpoint` (as bound): a monitor event names
+// an fd that ZMQ may have closed (and the number reused) before the event is read.
+bool AcceptedOn(int fd, const std::string& endpoint) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
+  int listening = 0;
+  socklen_t ol = sizeof(listening);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ol) != 0 || listening) return false;
+  if (endpoint.rfind("ipc://", 0) == 0) {
+    const auto* u = reinterpret_cast<const sockaddr_un*>(&a);
+    return a.ss_family == AF_UNIX && endpoint.compare(6, std::string::npos, u->sun_path) == 0;
+  }
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return false;
+  const int port = std::atoi(endpoint.c_str() + colon + 1);
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port) == port;
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port) == port;
+  return false;
+}
+
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Starts monitoring `s` for accepted and closed connections on a new PAIR socket.
+zmq::socket_t Monitor(zmq::context_t& ctx, zmq::socket_t& s, const std::string& name) {
+  const std::string ep = "inproc://" + name;
+  if (zmq_socket_monitor(s.handle(), ep.c_str(), ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    throw zmq::error_t();
+  }
+  zmq::socket_t m(ctx, zmq::socket_type::pair);
+  m.connect(ep);
+  return m;
+}
+
 }  // namespace
 
 std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding,
@@ -173,6 +215,13 @@ struct KvEvents::Sockets {
   zmq::context_t ctx{1};
   zmq::socket_t pub{ctx, zmq::socket_type::pub};
   std::optional<zmq::socket_t> replay;
+  // PAIR sockets receiving the monitor events of pub and replay.
+  std::optional<zmq::socket_t> pub_monitor, replay_monitor;
+  uint32_t peers[2] = {0, 0};  // pub, replay
+  // The replay ring: (sequence, payload); payloads shared with what pub sent.
+  std::vector<std::pair<uint64_t, zmq::message_t>> ring;
+  size_t ring_next = 0;
+  int64_t last_refusal_log_ns = 0;
 };
 
 KvEvents::KvEvents(const KvEventsOptions& options) : options_(options), sockets_(std::make_unique<Sockets>()) {}
@@ -199,6 +248,7 @@ Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options)
     s.pub.set(zmq::sockopt::linger, 200);
     s.pub.bind(options.publish);
     e->publish_endpoint_ = s.pub.get(zmq::sockopt::last_endpoint);
+    s.pub_monitor.emplace(Monitor(s.ctx, s.pub, "kvtier-events-pub"));
   } catch (const zmq::error_t& err) {
     return InvalidArgument("events.publish '" + options.publish + "': cannot bind: " + err.what());
   }
@@ -210,10 +260,16 @@ Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options)
                     std::max<int>(options.send_hwm, static_cast<int>(options.replay_batches) + 1));
       s.replay->bind(options.replay);
       e->replay_endpoint_ = s.replay->get(zmq::sockopt::last_endpoint);
+      s.replay_monitor.emplace(Monitor(s.ctx, *s.replay, "kvtier-events-replay"));
     } catch (const zmq::error_t& err) {
       return InvalidArgument("events.replay '" + options.replay + "': cannot bind: " + err.what());
     }
   }
+  // Sequence numbers keep increasing across restarts (see the header).
+  e->first_seq_ = e->next_seq_ = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  e->LoadState();
   KvEvents* raw = e.get();
   e->thread_ = std::thread([raw] { raw->Run(); });
   KVTIER_LOG(NOTICE) << "events: publishing on " << e->publish_endpoint_
@@ -314,6 +370,11 @@ KvEvents::Counters KvEvents::counters() const {
   c.messages = messages_.load(std::memory_order_relaxed);
   c.dropped = dropped_.load(std::memory_order_relaxed);
   c.replays = replays_.load(std::memory_order_relaxed);
+  c.refused = refused_.load(std::memory_order_relaxed);
+  c.retracted = retracted_.load(std::memory_order_relaxed);
+  c.subscribers = subscribers_.load(std::memory_order_relaxed);
+  c.replay_peers = replay_peers_.load(std::memory_order_relaxed);
+  c.first_sequence = first_seq_;
   return c;
 }
 
@@ -323,33 +384,84 @@ void KvEvents::Run() {
   using Clock = std::chrono::steady_clock;
   const auto interval = std::chrono::nanoseconds(std::max<int64_t>(options_.flush_interval_ns, 1'000'000));
   auto next_flush = Clock::now() + interval;
+  const auto retract_at = Clock::now() + std::chrono::nanoseconds(kRetractDelay_ns);
+  auto next_save = Clock::now() + std::chrono::nanoseconds(kStateInterval_ns);
   for (;;) {
     bool stopping;
     {
       std::unique_lock<std::mutex> lock(mu_);
       stopping = stop_;
     }
+    // Replay requests and peers' connections are served as they come; the batches go out
+    // every interval.
+    std::vector<zmq::pollitem_t> items = {{static_cast<void*>(*sockets_->pub_monitor), 0, ZMQ_POLLIN, 0}};
     if (sockets_->replay) {
-      // Replay requests are served as they come; the batches go out every interval.
-      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_flush - Clock::now());
-      zmq::pollitem_t item{static_cast<void*>(*sockets_->replay), 0, ZMQ_POLLIN, 0};
-      try {
-        // At most 100 ms at a time, so a stop is seen promptly.
-        zmq::poll(&item, 1, std::chrono::milliseconds(stopping ? 0 : std::clamp<int64_t>(wait.count(), 0, 100)));
-      } catch (const zmq::error_t&) {
-        item.revents = 0;
-      }
-      if (item.revents & ZMQ_POLLIN) ServeReplay();
-    } else if (!stopping) {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait_until(lock, next_flush, [&] { return stop_; });
+      items.push_back({static_cast<void*>(*sockets_->replay_monitor), 0, ZMQ_POLLIN, 0});
+      items.push_back({static_cast<void*>(*sockets_->replay), 0, ZMQ_POLLIN, 0});
     }
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_flush - Clock::now());
+    try {
+      // At most 100 ms at a time, so a stop is seen promptly.
+      zmq::poll(items.data(), items.size(),
+                std::chrono::milliseconds(stopping ? 0 : std::clamp<int64_t>(wait.count(), 0, 100)));
+    } catch (const zmq::error_t&) {
+      for (auto& i : items) i.revents = 0;
+    }
+    if (items[0].revents & ZMQ_POLLIN) WatchPeers(false);
+    if (items.size() > 1 && (items[1].revents & ZMQ_POLLIN)) WatchPeers(true);
+    if (items.size() > 2 && (items[2].revents & ZMQ_POLLIN)) ServeReplay();
+    if (!earlier_.empty() && Clock::now() >= retract_at) Retract();
     if (stopping || Clock::now() >= next_flush) {
       PublishPending();
       next_flush = Clock::now() + interval;
     }
+    if (stopping || Clock::now() >= next_save) {
+      SaveState();
+      next_save = Clock::now() + std::chrono::nanoseconds(kStateInterval_ns);
+    }
     if (stopping) return;
   }
+}
+
+void KvEvents::WatchPeers(bool replay) {
+  zmq::socket_t& mon = replay ? *sockets_->replay_monitor : *sockets_->pub_monitor;
+  uint32_t& peers = sockets_->peers[replay ? 1 : 0];
+  const uint32_t max = replay ? options_.max_replay_peers : options_.max_subscribers;
+  const std::string& endpoint = replay ? replay_endpoint_ : publish_endpoint_;
+  for (int n = 0; n < 1024; ++n) {
+    zmq::message_t event, address;
+    try {
+      if (!mon.recv(event, zmq::recv_flags::dontwait)) break;
+      if (event.more()) (void)mon.recv(address, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      break;
+    }
+    if (event.size() < 6) continue;
+    uint16_t id = 0;
+    uint32_t value = 0;
+    std::memcpy(&id, event.data(), 2);
+    std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+    if (id == ZMQ_EVENT_DISCONNECTED) {
+      peers -= peers > 0 ? 1 : 0;
+    } else if (id == ZMQ_EVENT_ACCEPTED) {
+      ++peers;
+      const int fd = static_cast<int>(value);
+      if (peers > max && AcceptedOn(fd, endpoint)) {
+        // ZMQ reads the end of the stream and closes the connection itself.
+        ::shutdown(fd, SHUT_RDWR);
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        const int64_t now = SteadyNs();
+        if (now - sockets_->last_refusal_log_ns > 60'000'000'000) {
+          sockets_->last_refusal_log_ns = now;
+          KVTIER_LOG(WARNING) << "events: a connection to " << endpoint
+                              << " refused: " << (replay ? "events.max_replay_peers (" : "events.max_subscribers (")
+                              << max
+                              << ") are connected (logged once a minute; kvtier_events_peers_refused_total counts)";
+        }
+      }
+    }
+  }
+  (replay ? replay_peers_ : subscribers_).store(peers, std::memory_order_relaxed);
 }
 
 void KvEvents::PublishPending() {
@@ -368,6 +480,19 @@ void KvEvents::PublishPending() {
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (auto& [topic, dp_rank, events] : batches) {
+    AnnouncedTopic& known = announced_[{topic, dp_rank}];
+    for (const KvEvent& e : events) {
+      known.signed_hashes = e.signed_hashes;
+      auto& set = known.hashes[e.tier];
+      for (uint64_t h : e.hashes) {
+        if (e.kind == KvEvent::Kind::kStored) {
+          set.insert(h);
+        } else {
+          set.erase(h);
+        }
+      }
+      state_dirty_ = true;
+    }
     // At most batch_size hashes a message.
     for (size_t at = 0; at < events.size();) {
       size_t end = at, hashes = 0;
@@ -375,30 +500,35 @@ void KvEvents::PublishPending() {
         hashes += events[end].hashes.size();
         ++end;
       }
-      std::string payload =
-          EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at), options_.encoding, dp_rank);
-      const uint64_t seq = next_seq_++;
-      const std::string seq_bytes = SeqBytes(seq);
-      try {
-        sockets_->pub.send(zmq::buffer(topic), zmq::send_flags::sndmore);
-        sockets_->pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
-        sockets_->pub.send(zmq::buffer(payload), zmq::send_flags::none);
-      } catch (const zmq::error_t& err) {
-        KVTIER_LOG(WARNING) << "events: send failed: " << err.what();
-      }
-      messages_.fetch_add(1, std::memory_order_relaxed);
+      Publish(topic, EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at), options_.encoding,
+                                      dp_rank));
       events_.fetch_add(hashes, std::memory_order_relaxed);
-      if (options_.replay_batches > 0 && sockets_->replay) {
-        auto entry = std::make_pair(seq, std::make_pair(topic, std::move(payload)));
-        if (ring_.size() < options_.replay_batches) {
-          ring_.push_back(std::move(entry));
-        } else {
-          ring_[ring_next_] = std::move(entry);
-          ring_next_ = (ring_next_ + 1) % ring_.size();
-        }
-      }
       at = end;
     }
+  }
+}
+
+void KvEvents::Publish(const std::string& topic, const std::string& payload) {
+  const uint64_t seq = next_seq_++;
+  zmq::message_t body(payload.data(), payload.size());
+  const bool keep = options_.replay_batches > 0 && sockets_->replay;
+  zmq::message_t kept;
+  if (keep) kept.copy(body);  // shares the payload
+  try {
+    sockets_->pub.send(zmq::buffer(topic), zmq::send_flags::sndmore);
+    sockets_->pub.send(zmq::buffer(SeqBytes(seq)), zmq::send_flags::sndmore);
+    sockets_->pub.send(body, zmq::send_flags::none);
+  } catch (const zmq::error_t& err) {
+    KVTIER_LOG(WARNING) << "events: send failed: " << err.what();
+  }
+  messages_.fetch_add(1, std::memory_order_relaxed);
+  if (!keep) return;
+  auto& ring = sockets_->ring;
+  if (ring.size() < options_.replay_batches) {
+    ring.emplace_back(seq, std::move(kept));
+  } else {
+    ring[sockets_->ring_next] = {seq, std::move(kept)};
+    sockets_->ring_next = (sockets_->ring_next + 1) % ring.size();
   }
 }
 
@@ -411,7 +541,7 @@ void KvEvents::ServeReplay() {
         zmq::message_t m;
         if (!r.recv(m, zmq::recv_flags::dontwait)) break;
         const bool more = m.more();
-        parts.push_back(std::move(m));
+        if (parts.size() < 4) parts.push_back(std::move(m));  // more is never a request
         if (!more) break;
       }
     } catch (const zmq::error_t&) {
@@ -424,24 +554,137 @@ void KvEvents::ServeReplay() {
     const auto* b = static_cast<const uint8_t*>(parts[2].data());
     for (int i = 0; i < 8; ++i) start = (start << 8) | b[i];
     const std::string identity(static_cast<const char*>(parts[0].data()), parts[0].size());
-    auto send = [&](const std::string& seq, const std::string& payload) {
+    auto send = [&](const std::string& seq, zmq::message_t& payload) {
       r.send(zmq::buffer(identity), zmq::send_flags::sndmore);
       r.send(zmq::const_buffer(), zmq::send_flags::sndmore);
       r.send(zmq::buffer(seq), zmq::send_flags::sndmore);
-      r.send(zmq::buffer(payload), zmq::send_flags::none);
+      r.send(payload, zmq::send_flags::none);
     };
     try {
       // Oldest first: the ring's next slot is its oldest entry once it is full.
-      for (size_t i = 0; i < ring_.size(); ++i) {
-        const auto& [seq, kept] = ring_[(ring_next_ + i) % ring_.size()];
-        if (seq >= start) send(SeqBytes(seq), kept.second);
+      auto& ring = sockets_->ring;
+      for (size_t i = 0; i < ring.size(); ++i) {
+        auto& [seq, kept] = ring[(sockets_->ring_next + i) % ring.size()];
+        if (seq < start) continue;
+        zmq::message_t shared;
+        shared.copy(kept);
+        send(SeqBytes(seq), shared);
       }
       replays_.fetch_add(1, std::memory_order_relaxed);  // before the end mark its reader waits for
-      send(std::string(8, '\xff'), std::string());
+      zmq::message_t end;
+      send(std::string(8, '\xff'), end);
     } catch (const zmq::error_t& err) {
       KVTIER_LOG(WARNING) << "events: replay failed: " << err.what();
     }
   }
+}
+
+// ---- what was announced, across restarts ---------------------------------------------------
+
+// {"topics": [{"topic": name, "dp_rank": n or null, "signed": bool,
+//              "media": {"<tier index>": [hash, ...]}}]}
+void KvEvents::LoadState() {
+  if (options_.state_path.empty()) return;
+  std::ifstream in(options_.state_path);
+  if (!in) return;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  size_t n = 0;
+  if (j.is_object() && j.contains("topics") && j["topics"].is_array()) {
+    for (const auto& t : j["topics"]) {
+      if (!t.is_object() || !t.contains("topic") || !t["topic"].is_string() || !t.contains("media") ||
+          !t["media"].is_object()) {
+        continue;
+      }
+      std::optional<uint32_t> rank;
+      if (t.contains("dp_rank") && t["dp_rank"].is_number_unsigned()) rank = t["dp_rank"].get<uint32_t>();
+      AnnouncedTopic& a = earlier_[{t["topic"].get<std::string>(), rank}];
+      a.signed_hashes = t.value("signed", false);
+      for (const auto& [tier, hashes] : t["media"].items()) {
+        const int k = std::atoi(tier.c_str());
+        if (k < 0 || k >= static_cast<int>(kTierCount) || !hashes.is_array()) continue;
+        for (const auto& h : hashes) {
+          if (h.is_number_unsigned()) {
+            a.hashes[static_cast<TierKind>(k)].insert(h.get<uint64_t>());
+            ++n;
+          }
+        }
+      }
+    }
+  }
+  if (n == 0) {
+    earlier_.clear();
+  } else {
+    KVTIER_LOG(NOTICE) << "events: " << n << " block hashes announced by the last run are removed in "
+                       << kRetractDelay_ns / 1'000'000 << " ms";
+  }
+}
+
+void KvEvents::SaveState() {
+  if (options_.state_path.empty() || !state_dirty_) return;
+  nlohmann::json topics = nlohmann::json::array();
+  for (const auto& [key, a] : announced_) {
+    nlohmann::json media = nlohmann::json::object();
+    for (const auto& [tier, set] : a.hashes) {
+      if (!set.empty()) media[std::to_string(TierIndex(tier))] = std::vector<uint64_t>(set.begin(), set.end());
+    }
+    if (media.empty()) continue;
+    topics.push_back({{"topic", key.first},
+                      {"dp_rank", key.second ? nlohmann::json(*key.second) : nlohmann::json()},
+                      {"signed", a.signed_hashes},
+                      {"media", media}});
+  }
+  // Write and rename: a crash leaves the old file or the new one, never half of one.
+  const std::string tmp = options_.state_path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << nlohmann::json{{"topics", topics}}.dump();
+    if (!out) {
+      KVTIER_LOG(WARNING) << "events: cannot write " << tmp;
+      return;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, options_.state_path, ec);
+  if (ec) KVTIER_LOG(WARNING) << "events: cannot replace " << options_.state_path << ": " << ec.message();
+  state_dirty_ = false;
+}
+
+void KvEvents::Retract() {
+  std::vector<std::pair<std::pair<std::string, std::optional<uint32_t>>, KvEvent>> removals;
+  uint64_t n = 0;
+  for (auto& [key, a] : earlier_) {
+    const auto now = announced_.find(key);
+    for (auto& [tier, set] : a.hashes) {
+      KvEvent e;
+      e.kind = KvEvent::Kind::kRemoved;
+      e.tier = tier;
+      e.signed_hashes = a.signed_hashes;
+      for (uint64_t h : set) {
+        // Announced again by this run: still true.
+        if (now != announced_.end()) {
+          auto it = now->second.hashes.find(tier);
+          if (it != now->second.hashes.end() && it->second.count(h)) continue;
+        }
+        e.hashes.push_back(h);
+      }
+      n += e.hashes.size();
+      if (!e.hashes.empty()) removals.emplace_back(key, std::move(e));
+    }
+  }
+  earlier_.clear();
+  const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (auto& [key, e] : removals) {
+    for (size_t at = 0; at < e.hashes.size(); at += options_.batch_size) {
+      KvEvent part = e;
+      part.hashes.assign(e.hashes.begin() + static_cast<long>(at),
+                         e.hashes.begin() + static_cast<long>(std::min(e.hashes.size(), at + options_.batch_size)));
+      Publish(key.first, EncodeEventBatch(ts, std::span<const KvEvent>(&part, 1), options_.encoding, key.second));
+    }
+  }
+  retracted_.fetch_add(n, std::memory_order_relaxed);
+  events_.fetch_add(n, std::memory_order_relaxed);
+  state_dirty_ = true;  // the earlier run's file is replaced by this run's
+  KVTIER_LOG(NOTICE) << "events: removed " << n << " block hashes announced by the last run";
 }
 
 }  // namespace kvtier

@@ -43,11 +43,19 @@
 // engine that attached to it, since each of them can load them: a router then counts them
 // for every engine on the node. One sequence numbers every message on the socket, so a
 // subscriber to every topic sees consecutive numbers; one subscribed to a single topic
-// sees them increase.
+// sees them increase. Sequence numbers start at the daemon's start time in microseconds
+// since the Unix epoch, so they keep increasing across restarts: a subscriber that sees
+// a jump knows the publisher restarted (and asks the replay socket, which has the new
+// run's messages only).
 //
 // kvtierd never sends AllBlocksCleared: a router applies it to everything it knows of the
-// topic's worker, including what the engine itself published. (Blocks that survive a
-// restart on NVMe are announced again as they are spilled, not at load.)
+// topic's worker, including what the engine itself published. Instead, with a state_path,
+// the publisher thread keeps what it has announced (topic, medium, hashes; stored minus
+// removed) in that file, rewritten at most every kStateInterval; at the next start,
+// kRetractDelay after the sockets are bound (so subscribers have reconnected), it
+// publishes BlockRemoved for all of it that the new run has not announced again — the
+// host and GPU tiers did not survive the restart, and blocks on NVMe are announced again
+// when they move. A kill -9 loses at most the last kStateInterval of changes to the file.
 //
 // Threads: Stored/Removed/AddNamespace are called on the control thread and only append
 // to a batch under a mutex; the publisher thread takes the batches every flush_interval,
@@ -58,7 +66,13 @@
 // events wait for the publisher thread (more are dropped and counted); the PUB socket's
 // send high-water mark bounds what waits for each subscriber, past which ZMQ drops that
 // subscriber's messages (it can ask the replay socket for them): a subscriber that never
-// reads never slows the daemon or grows it beyond that.
+// reads never slows the daemon or grows it beyond that. Payloads are shared between the
+// subscribers' queues and the replay ring, so each queued message costs a subscriber a
+// ZMQ message descriptor (64 bytes), not its payload. Peers are capped: a connection to
+// the PUB socket past max_subscribers, or to the replay socket past max_replay_peers, is
+// shut down as soon as ZMQ reports it accepted (counted in refused). Memory per peer:
+// send_hwm x 64 bytes (PUB) or (replay_batches + 1) x 64 bytes (replay), plus ZMQ's two
+// 8 KiB batch buffers; the payloads are bounded by the ring and send_hwm messages.
 
 #include <atomic>
 #include <condition_variable>
@@ -73,6 +87,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "protocol/base/block_key.h"
@@ -101,7 +116,10 @@ struct KvEventsOptions {
   int64_t flush_interval_ns = 50'000'000;
   uint32_t queue_events = 100'000;  // most events waiting for the publisher thread
   uint32_t replay_batches = 10'000;
-  int send_hwm = 10'000;  // ZMQ_SNDHWM: messages queued per subscriber
+  int send_hwm = 1'000;           // ZMQ_SNDHWM: messages queued per subscriber
+  uint32_t max_subscribers = 64;  // connections to the PUB socket
+  uint32_t max_replay_peers = 8;  // connections to the replay socket
+  std::string state_path;         // what was announced, for the next start; empty: none
 };
 
 // One event before encoding.
@@ -130,11 +148,17 @@ std::string ExpandTopic(std::string_view pattern, std::string_view engine, std::
 class KvEvents {
  public:
   struct Counters {
-    uint64_t events = 0;    // events published
-    uint64_t messages = 0;  // messages (batches) published
-    uint64_t dropped = 0;   // events dropped because the queue was full
-    uint64_t replays = 0;   // replay requests answered
+    uint64_t events = 0;                         // events published
+    uint64_t messages = 0;                       // messages (batches) published
+    uint64_t dropped = 0;                        // events dropped because the queue was full
+    uint64_t replays = 0;                        // replay requests answered
+    uint64_t refused = 0;                        // peers shut down past max_subscribers / max_replay_peers
+    uint64_t retracted = 0;                      // hashes of an earlier run removed at start
+    uint32_t subscribers = 0, replay_peers = 0;  // connected now
+    uint64_t first_sequence = 0;                 // this run's first message's
   };
+  static constexpr int64_t kStateInterval_ns = 5'000'000'000;
+  static constexpr int64_t kRetractDelay_ns = 1'000'000'000;
 
   // Binds the sockets (an endpoint in use or malformed is an error naming the key) and
   // starts the publisher thread.
@@ -184,7 +208,15 @@ class KvEvents {
              std::optional<uint64_t> parent, std::span<const uint32_t> tokens);
   void Run();
   void PublishPending();
+  // Numbers and sends one message (and keeps it for the replay socket).
+  void Publish(const std::string& topic, const std::string& payload);
   void ServeReplay();
+  // Reads monitor events of one socket: counts its peers, shuts down those past `max`.
+  void WatchPeers(bool replay);
+  // The state file: what this run has announced; read at start into retractions.
+  void LoadState();
+  void SaveState();
+  void Retract();
 
   KvEventsOptions options_;
   std::string host_;
@@ -210,10 +242,18 @@ class KvEvents {
   std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
   uint64_t queued_ = 0;        // events pending; guarded by mu_
 
-  std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0};
-  uint64_t next_seq_ = 0;                                                       // publisher thread
-  std::vector<std::pair<uint64_t, std::pair<std::string, std::string>>> ring_;  // seq, (topic, payload)
-  size_t ring_next_ = 0;
+  std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0}, refused_{0}, retracted_{0};
+  std::atomic<uint32_t> subscribers_{0}, replay_peers_{0};
+  uint64_t first_seq_ = 0;
+  uint64_t next_seq_ = 0;  // publisher thread
+  // Publisher thread: what this run announced, and what an earlier run did (retracted
+  // kRetractDelay after the start).
+  struct AnnouncedTopic {
+    bool signed_hashes = false;
+    std::map<TierKind, std::unordered_set<uint64_t>> hashes;
+  };
+  std::map<std::pair<std::string, std::optional<uint32_t>>, AnnouncedTopic> announced_, earlier_;
+  bool state_dirty_ = false;
   std::thread thread_;
 };
 

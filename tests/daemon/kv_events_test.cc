@@ -268,6 +268,104 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
   }
 }
 
+// Sequence numbers start at the start time in microseconds, so they keep increasing
+// across restarts.
+TEST(KvEvents, SequencesStartAtTheStartTimeSoTheyIncreaseAcrossRestarts) {
+  auto now_us = [] {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
+  };
+  const uint64_t before = now_us();
+  auto s = Subscribe();
+  ASSERT_NE(s, nullptr);
+  const uint64_t first = s->events->counters().first_sequence;
+  EXPECT_GE(first, before);
+  EXPECT_LE(first, now_us());
+  s->events->AddNamespace("ns", "t", "m", 16);
+  s->events->Stored("ns", TierKind::kHost, HashChain(1, 1)[0], BlockHash());
+  auto got = Receive(s->sub, 1);
+  ASSERT_FALSE(got.empty());
+  EXPECT_GT(got[0].seq, first);  // after the probes of Join
+  s.reset();
+  auto again = KvEvents::Open(LoopbackOptions());
+  ASSERT_TRUE(again.ok());
+  EXPECT_GT((*again)->counters().first_sequence, got[0].seq);
+}
+
+// What a run announced is removed by the next one (its host tier did not survive), except
+// what the new run announced again by then.
+TEST(KvEvents, TheNextRunRemovesWhatTheLastAnnounced) {
+  testing::TempDir dir;
+  KvEventsOptions o = LoopbackOptions();
+  o.state_path = dir.File("announced.json");
+  const auto chain = HashChain(5, 4);
+  {
+    auto e = KvEvents::Open(o);
+    ASSERT_TRUE(e.ok());
+    (*e)->AddNamespace("ns", "t", "llama", 16, EventSource{"10.0.0.1:8000", 2});
+    (*e)->Stored("ns", TierKind::kHost, chain[0], BlockHash());
+    for (size_t i = 1; i < chain.size(); ++i) (*e)->Stored("ns", TierKind::kHost, chain[i], chain[i - 1]);
+    (*e)->Stored("ns", TierKind::kNvme, chain[0], BlockHash());
+    (*e)->Removed("ns", TierKind::kHost, chain[3]);
+  }  // the state is written when the publisher stops
+  ASSERT_TRUE(std::filesystem::exists(o.state_path));
+  auto e = KvEvents::Open(o);
+  ASSERT_TRUE(e.ok());
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv@10.0.0.1:8000@llama");
+  sub.connect((*e)->publish_endpoint());
+  // The new run announces chain[1] in host again before the retraction is due.
+  (*e)->AddNamespace("ns", "t", "llama", 16, EventSource{"10.0.0.1:8000", 2});
+  (*e)->Stored("ns", TierKind::kHost, chain[1], chain[0]);
+  std::map<std::pair<std::string, std::string>, std::vector<uint64_t>> seen;  // (type, medium)
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((*e)->counters().retracted == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ((*e)->counters().retracted, 3u);  // chain[0], chain[2] in host; chain[0] on NVMe
+  for (const Message& m : Receive(sub, 4, std::chrono::milliseconds(2000))) {
+    EXPECT_EQ(m.dp_rank, std::optional<uint32_t>(2));
+    for (const auto& [tag, hashes] : m.events) {
+      auto& v = seen[{tag, ""}];
+      v.insert(v.end(), hashes.begin(), hashes.end());
+    }
+  }
+  std::vector<uint64_t> removed = seen[{"BlockRemoved", ""}];
+  std::sort(removed.begin(), removed.end());
+  std::vector<uint64_t> want = {EventHash(chain[0]), EventHash(chain[0]), EventHash(chain[2])};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(removed, want);
+}
+
+// Peers past the caps are shut down; the ones within keep their stream.
+TEST(KvEvents, SubscribersPastTheCapAreShutDown) {
+  KvEventsOptions o = LoopbackOptions();
+  o.max_subscribers = 3;
+  auto e = KvEvents::Open(o);
+  ASSERT_TRUE(e.ok());
+  zmq::context_t ctx;
+  std::vector<zmq::socket_t> first;
+  for (int i = 0; i < 3; ++i) {
+    first.emplace_back(ctx, zmq::socket_type::sub);
+    first.back().set(zmq::sockopt::subscribe, "");
+    first.back().connect((*e)->publish_endpoint());
+  }
+  ASSERT_TRUE(testing::WaitUntil([&] { return (*e)->counters().subscribers == 3; }));
+  std::vector<zmq::socket_t> more;
+  for (int i = 0; i < 5; ++i) {
+    more.emplace_back(ctx, zmq::socket_type::sub);
+    more.back().set(zmq::sockopt::subscribe, "");
+    more.back().connect((*e)->publish_endpoint());
+  }
+  ASSERT_TRUE(testing::WaitUntil([&] { return (*e)->counters().refused >= 5; }));
+  for (auto& s : first) Join(**e, s);  // each of the first three still reads the stream
+  more.clear();
+  first.clear();
+  EXPECT_TRUE(testing::WaitUntil([&] { return (*e)->counters().subscribers == 0; }));
+}
+
 TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
   auto s = Subscribe();
   ASSERT_NE(s, nullptr);
@@ -378,7 +476,9 @@ TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {
   zmq::context_t ctx;
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
   dealer.connect((*events)->replay_endpoint());
-  const uint8_t start[8] = {0, 0, 0, 0, 0, 0, 0, 2};
+  const uint64_t first = (*events)->counters().first_sequence;
+  uint8_t start[8];
+  for (int i = 0; i < 8; ++i) start[i] = static_cast<uint8_t>((first + 2) >> (8 * (7 - i)));
   dealer.send(zmq::const_buffer(), zmq::send_flags::sndmore);
   dealer.send(zmq::buffer(start, 8), zmq::send_flags::none);
   std::vector<uint64_t> seqs;
@@ -401,7 +501,7 @@ TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {
     }
     seqs.push_back(seq);
   }
-  EXPECT_EQ(seqs, (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{first + 2, first + 3, first + 4}));
   EXPECT_EQ((*events)->counters().replays, 1u);
 }
 
