@@ -260,6 +260,7 @@ class CacheManager {
   TierCounts Counts(TierKind t) const;
   const CacheCounters& counters() const { return counters_; }
   double high_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].high_watermark; }
+  const KvEvents* events() const { return options_.events; }
   // Pages of pool tier `t` kept free or on their way down ahead of allocations now (0: none
   // beyond the high watermark's; see TierOptions::allocation_headroom).
   uint32_t headroom_pages(TierKind t) const;
@@ -391,6 +392,7 @@ class CacheManager {
 
   Options options_;
   const Clock* clock_ = nullptr;
+  int64_t last_unspillable_log_ns_ = -60'000'000'000;  // clock_ time of the last such line
   NamespaceTable namespaces_;
   std::unique_ptr<BlockTable> blocks_;
   // The tokens of the block Commit is making resident, for the residency listener's

@@ -159,6 +159,21 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     mover_->StartSpill(victim, /*keep_host=*/false);
     return Evicted::kDemoting;
   }
+  if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage &&
+      b.page[TierIndex(TierKind::kGpu)] == kNoPage && NvmeSpillable() && !b.on_remote) {
+    // The NVMe tier quantizes and this block may not be quantized (its tenant did not opt
+    // in, or its layout cannot be): lost, said once a minute, counted.
+    ++counters_.unspillable_drops;
+    const int64_t now = clock_->NowNanos();
+    if (now - last_unspillable_log_ns_ >= 60'000'000'000) {
+      last_unspillable_log_ns_ = now;
+      const NamespaceTable::Namespace& n = namespaces_.Get(b.ns);
+      KVTIER_LOG(WARNING) << "eviction: blocks of tenant " << n.tenant << ", model " << n.model
+                          << " leave host memory without going to NVMe: tiers.nvme.quantization is on and they may "
+                             "not be quantized (kvtier_unspillable_evictions_total counts them; logged once a "
+                             "minute)";
+    }
+  }
   // Already on NVMe (so nothing is lost), or nowhere to go: the page is free at once.
   DropCopy(victim, kind);
   return Evicted::kDropped;

@@ -73,10 +73,11 @@ enum class WritePolicy { kWriteBack, kWriteThrough };
 
 // Cumulative counters, exported as metrics. hit ratio = block_hits / lookup_blocks.
 struct CacheCounters {
-  uint64_t demotions = 0;       // host blocks moved to NVMe (host copy freed)
-  uint64_t write_throughs = 0;  // blocks copied to NVMe, host copy kept
-  uint64_t spill_failures = 0;  // demotions or write-throughs that did not make it
-  uint64_t promotions = 0;      // NVMe blocks read back into host pages
+  uint64_t demotions = 0;          // host blocks moved to NVMe (host copy freed)
+  uint64_t write_throughs = 0;     // blocks copied to NVMe, host copy kept
+  uint64_t spill_failures = 0;     // demotions or write-throughs that did not make it
+  uint64_t unspillable_drops = 0;  // host blocks evicted past an NVMe tier they may not go to
+  uint64_t promotions = 0;         // NVMe blocks read back into host pages
   uint64_t promotion_failures = 0;
   uint64_t prefetches = 0;
   uint64_t gpu_demotions = 0;   // GPU blocks copied down to host pages

@@ -510,6 +510,10 @@ void Daemon::RegisterMetrics() {
                [cache] { return static_cast<double>(cache->pending_allocates()); });
   m.AddCounterFn("kvtier_allocate_waits_total", "Allocate requests that had to wait for room.", {},
                  [cache] { return cache->counters().allocate_waits; });
+  m.AddCounterFn("kvtier_unspillable_evictions_total",
+                 "Host blocks evicted without going to NVMe because the tier quantizes and they may not be "
+                 "quantized (tenant not opted in, or a layout the kernels cannot quantize): lost.",
+                 {}, [cache] { return cache->counters().unspillable_drops; });
   if (const KvEvents* events = events_.get()) {
     m.AddCounterFn("kvtier_events_published_total",
                    "Block hashes announced on the KV event socket (BlockStored, BlockRemoved).", {},

@@ -537,13 +537,20 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
         cc.breaker_rejections.load(std::memory_order_relaxed), cc.timeouts.load(std::memory_order_relaxed),
         rc.puts_failed, rm->remote().keyed());
   }
-  *body = fb::CreateStatsReply(builder_, builder_.CreateString(info_->version),
-                               static_cast<double>(now - info_->started_ns) * 1e-9,
-                               builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec,
-                               session_count, cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions,
-                               cc.promotions, static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions,
-                               cc.refetches_after_evict, nvme ? nvme->counters().spill_bytes : 0,
-                               nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(), evictions_total, remote)
+  flatbuffers::Offset<fb::EventsStats> events;
+  if (const KvEvents* ev = cache_->events()) {
+    const KvEvents::Counters c = ev->counters();
+    events = fb::CreateEventsStats(builder_, builder_.CreateString(ev->publish_endpoint()),
+                                   builder_.CreateString(ev->replay_endpoint()), c.subscribers, c.replay_peers,
+                                   c.events, c.messages, c.dropped, c.refused, c.retracted, c.first_sequence);
+  }
+  *body = fb::CreateStatsReply(
+              builder_, builder_.CreateString(info_->version), static_cast<double>(now - info_->started_ns) * 1e-9,
+              builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec, session_count,
+              cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions, cc.promotions,
+              static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions, cc.refetches_after_evict,
+              nvme ? nvme->counters().spill_bytes : 0, nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(),
+              evictions_total, remote, events)
               .Union();
   *type = fb::Reply::StatsReply;
   return Status::Ok();

@@ -80,6 +80,11 @@ Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
       ri.authenticated = rs->authenticated();
       out.remote = std::move(ri);
     }
+    if (const fb::EventsStats* es = s->events()) {
+      out.events = DaemonStats::Events{Str(es->publish()), Str(es->replay()),   es->subscribers(), es->replay_peers(),
+                                       es->events(),       es->messages(),      es->dropped(),     es->refused(),
+                                       es->retracted(),    es->first_sequence()};
+    }
     if (s->tiers()) {
       for (const fb::TierStats* t : *s->tiers()) {
         TierStatsInfo i;

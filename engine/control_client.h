@@ -98,6 +98,12 @@ struct DaemonStats {
   uint64_t gpu_demotions = 0, refetches_after_evict = 0, spill_bytes = 0, fetch_bytes = 0, evictions = 0;
   bool draining = false;
   std::optional<RemoteStatsInfo> remote;  // with a remote tier
+  struct Events {
+    std::string publish, replay;
+    uint32_t subscribers = 0, replay_peers = 0;
+    uint64_t events = 0, messages = 0, dropped = 0, refused = 0, retracted = 0, first_sequence = 0;
+  };
+  std::optional<Events> events;  // with KV events on
 };
 
 // kvctl explain: why a block is or is not a hit.

@@ -166,6 +166,14 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
            {"tiers", json::array()}};
     for (const auto& t : s.tiers) j["tiers"].push_back(TierJson(t));
     if (s.remote) j["remote"] = RemoteJson(*s.remote);
+    if (s.events) {
+      const auto& e = *s.events;
+      j["events"] = json{{"publish", e.publish},         {"replay", e.replay},
+                         {"subscribers", e.subscribers}, {"replay_peers", e.replay_peers},
+                         {"events", e.events},           {"messages", e.messages},
+                         {"dropped", e.dropped},         {"refused", e.refused},
+                         {"retracted", e.retracted},     {"first_sequence", e.first_sequence}};
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -185,6 +193,15 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
     std::printf("%-6s %s; %llu hits, %s read, %llu errors\n", "remote", RemoteNodes(*s.remote).c_str(),
                 static_cast<unsigned long long>(s.remote->fetch_hits),
                 kvtier::FormatBytes(s.remote->fetch_bytes).c_str(), static_cast<unsigned long long>(s.remote->errors));
+  }
+  if (s.events) {
+    const auto& e = *s.events;
+    std::printf(
+        "\nevents    %s%s%s, %u subscribers%s; %llu hashes in %llu messages, %llu dropped, %llu peers refused\n",
+        e.publish.c_str(), e.replay.empty() ? "" : ", replay ", e.replay.c_str(), e.subscribers,
+        e.replay.empty() ? "" : (", " + std::to_string(e.replay_peers) + " replay peers").c_str(),
+        static_cast<unsigned long long>(e.events), static_cast<unsigned long long>(e.messages),
+        static_cast<unsigned long long>(e.dropped), static_cast<unsigned long long>(e.refused));
   }
   return 0;
 }

@@ -1,10 +1,13 @@
 #include "daemon/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <fstream>
 #include <sstream>
 
 #include "daemon/config_host.h"
+#include "tests/support/test_util.h"
 
 namespace kvtier {
 namespace {
@@ -264,6 +267,48 @@ TEST(ConfigOnHost, APoolOverTheMemoryLimitIsRefusedNamingTheLimitUnlessOvercommi
   // Unknown memory (no /proc): nothing to compare against.
   c.host.capacity_bytes = 1ull << 44;
   EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, nullptr).ok());
+}
+
+// The remote tier's secrets: files kvtierd alone may read, a secret long enough; no secret
+// is a warning naming the risk.
+TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
+  testing::TempDir dir;
+  auto file = [&](const std::string& name, const std::string& text, mode_t mode) {
+    std::ofstream(dir.File(name)) << text;
+    ::chmod(dir.File(name).c_str(), mode);
+    return dir.File(name);
+  };
+  DaemonConfig c;
+  c.remote.nodes = {"127.0.0.1:1"};
+  std::vector<std::string> warnings;
+  ASSERT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("tiers.remote.secret_file is not set"), std::string::npos) << warnings[0];
+  auto refused = [&](const std::string& key) {
+    Status st = CheckConfigOnHost(c, HostMemory{}, nullptr);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(key), std::string::npos) << st.message();
+    return st.message();
+  };
+  c.remote.secret_file = file("open", std::string(40, 's'), 0644);
+  EXPECT_NE(refused("tiers.remote.secret_file").find("chmod 600"), std::string::npos);
+  c.remote.secret_file = file("short", "0123456789", 0600);
+  EXPECT_NE(refused("tiers.remote.secret_file").find("at least 32"), std::string::npos);
+  c.remote.secret_file = dir.File("missing");
+  refused("tiers.remote.secret_file");
+  c.remote.secret_file = file("good", std::string(40, 's') + "\n", 0400);
+  warnings.clear();
+  EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+  EXPECT_TRUE(warnings.empty());
+  c.remote.username = "kvtierd";
+  refused("tiers.remote.username");
+  c.remote.password_file = file("pw", "", 0600);
+  EXPECT_NE(refused("tiers.remote.password_file").find("empty"), std::string::npos);
+  c.remote.password_file = file("pw2", "hunter2\n", 0600);
+  EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, nullptr).ok());
+  auto pw = ReadSecretFile("k", c.remote.password_file);
+  ASSERT_TRUE(pw.ok());
+  EXPECT_EQ(*pw, "hunter2");
 }
 
 TEST(ConfigOnHost, ReadsAMemoryLimitOnThisMachine) {

@@ -29,7 +29,7 @@ uint64_t EventHashOf(const BlockHash& h) {
 std::string Endpoint(const DaemonProcess& d, const std::string& which) {
   (void)WaitUntil([&] { return d.Log().find("events: publishing on") != std::string::npos; });
   const std::string log = d.Log();
-  size_t at = log.find("events: publishing on");
+  size_t at = log.rfind("events: publishing on");  // this run's
   if (at == std::string::npos || (at = log.find(which, at)) == std::string::npos) return "";
   at += which.size();
   return log.substr(at, log.find_first_of(", \n", at) - at);
@@ -50,6 +50,8 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const std::string pub = Endpoint(d, "publishing on "), rep = Endpoint(d, "replay on ");
   ASSERT_FALSE(pub.empty() || rep.empty()) << d.Log();
+  auto before = StatsOf(d.socket_path());
+  ASSERT_TRUE(before.ok() && before->events) << d.Log();
 
   // 100 blocks of one chain through a 64-page host tier: demotions to NVMe.
   constexpr size_t kBlocks = 100;
@@ -58,7 +60,8 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
   std::jthread subscriber([&] {
     result = Sh("timeout 90 /usr/bin/python3 " + std::string(KVTIER_SOURCE_DIR) +
                 "/tests/integration/kv_event_subscriber.py --endpoint " + pub + " --replay " + rep + " --expect " +
-                std::to_string(kBlocks) + " --seconds 60 --idle 1.5 --drop 3,4")
+                std::to_string(kBlocks) + " --seconds 60 --idle 1.5 --drop 3,4 --first " +
+                std::to_string(before->events->first_sequence))
                  .out;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // it connects (late joiners replay)
@@ -196,6 +199,139 @@ TEST(Events, ASubscriberThatNeverReadsLeavesTheDaemonBoundedAndServing) {
   }
   std::cout << "published " << published << " events in " << r.value("requests", 0) << " requests; RSS " << rss_before
             << " -> " << rss_after << " KiB\n";
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing
+
+namespace kvtier::testing {
+namespace {
+
+// Hundreds of subscribers and replay peers that never read, from one local user: past
+// events.max_subscribers / max_replay_peers they are shut down, and the daemon's memory
+// stays bounded while it serves.
+TEST(Events, PeersPastTheCapsAreRefusedAndTheDaemonStaysBounded) {
+  ASSERT_TRUE(HavePythonZmq());
+  DaemonProcess::Options o;
+  o.host_capacity = "16MiB";
+  o.page_bytes = "128KiB";
+  o.segment_bytes = "1MiB";
+  o.log_level = "info";
+  o.extra_yaml =
+      "events: {publish: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*', batch_size: 1, flush_interval: 1ms,\n"
+      "         max_subscribers: 16, max_replay_peers: 4}\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string pub = Endpoint(d, "publishing on "), rep = Endpoint(d, "replay on ");
+  ASSERT_FALSE(pub.empty() || rep.empty()) << d.Log();
+  auto load = [&](double seconds) {
+    CmdResult r =
+        Sh("timeout 60 " + BinaryPath("kvtier-load") + " -s " + d.socket_path() +
+           " --sessions 2 --prefixes 2000 --depth 8 --tokens-per-block 1 --json --seconds " + std::to_string(seconds));
+    return nlohmann::json::parse(r.out.substr(std::min(r.out.find('{'), r.out.size())), nullptr, false);
+  };
+  (void)load(1.0);  // the ring of replay messages fills
+  const uint64_t rss_before = RssKiB(d.pid());
+  std::jthread flood([&] {
+    Sh("timeout 30 /usr/bin/python3 -c \"import zmq,time; c=zmq.Context(); socks=[]\n"
+       "for _ in range(200):\n"
+       "  s=c.socket(zmq.SUB); s.setsockopt(zmq.RCVHWM,1); s.setsockopt(zmq.RCVBUF,4096); s.connect('" +
+       pub +
+       "'); s.setsockopt(zmq.SUBSCRIBE,b''); socks.append(s)\n"
+       "for _ in range(40):\n"
+       "  s=c.socket(zmq.DEALER); s.setsockopt(zmq.RCVHWM,1); s.setsockopt(zmq.RCVBUF,4096); s.connect('" +
+       rep +
+       "'); s.send_multipart([b'', (0).to_bytes(8,'big')]); socks.append(s)\n"
+       "time.sleep(8)\"");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  nlohmann::json r = load(4.0);
+  const uint64_t rss_after = RssKiB(d.pid());
+  auto stats = StatsOf(d.socket_path());
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  const double refused = Metric(stats->metrics_url, "kvtier_events_peers_refused_total");
+  const CmdResult status = Sh(BinaryPath("kvctl") + " -s " + d.socket_path() + " status");
+  flood.join();
+  EXPECT_EQ(r.value("errors", -1), 0) << r.dump();
+  EXPECT_GT(r.value("requests", 0), 0) << r.dump();
+  EXPECT_GE(refused, 200 - 16 + 40 - 4) << "peers past the caps were not refused";
+  ASSERT_TRUE(stats->events.has_value());
+  EXPECT_GE(stats->events->refused, 200u - 16 + 40 - 4);
+  EXPECT_NE(status.out.find("events    " + pub), std::string::npos) << status.out;
+  if (!kSanitized) {
+    EXPECT_LT(rss_after, rss_before + 48 * 1024) << "RSS grew from " << rss_before << " to " << rss_after << " KiB";
+  }
+  std::cout << "refused " << refused << " peers; RSS " << rss_before << " -> " << rss_after << " KiB\n";
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A restart: what the last run announced in host memory is gone, and routers are told.
+TEST(Events, ARestartRemovesWhatTheLastRunAnnounced) {
+  ASSERT_TRUE(HavePythonZmq());
+  DaemonProcess::Options o;
+  o.host_capacity = "4MiB";
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "1MiB";
+  o.extra_yaml = "events: {publish: 'tcp://127.0.0.1:*', replay: 'tcp://127.0.0.1:*', flush_interval: 10ms}\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto chain = HashChain(99, 10);
+  const ModelLayout layout = TestLayout("restart-model", 16);
+  {
+    ClientOptions co = EngineOptions(d.socket_path(), "engine");
+    co.layout = layout;
+    auto c = Client::Connect(co);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto pages = (*c)->Allocate(TierKind::kHost, static_cast<uint32_t>(chain.size()));
+    ASSERT_TRUE(pages.ok());
+    std::vector<CommitEntry> e;
+    for (size_t i = 0; i < chain.size(); ++i) e.push_back({(*pages)[i], chain[i], i ? chain[i - 1] : BlockHash()});
+    ASSERT_TRUE((*c)->Commit(TierKind::kHost, e).ok());
+  }
+  auto first = StatsOf(d.socket_path());
+  ASSERT_TRUE(first.ok() && first->events);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string pub = Endpoint(d, "publishing on "), rep = Endpoint(d, "replay on ");
+  // A router that reconnects at once; what it misses while it connects it asks the replay
+  // socket for, from this run's first sequence.
+  auto again = StatsOf(d.socket_path());
+  ASSERT_TRUE(again.ok() && again->events);
+  const CmdResult got =
+      Sh("timeout 20 /usr/bin/python3 -c \"import zmq,msgpack,json,time; c=zmq.Context(); s=c.socket(zmq.SUB)\n"
+         "s.connect('" +
+         pub +
+         "'); s.setsockopt(zmq.SUBSCRIBE,b''); s.setsockopt(zmq.RCVTIMEO,3000); out={}\n"
+         "def add(seq,p):\n"
+         "  out[seq]=[[e['type'],e.get('medium'),e['block_hashes'],seq] for e in msgpack.unpackb(p)[1]]\n"
+         "try:\n"
+         "  while True:\n"
+         "    t,seq,p=s.recv_multipart(); add(int.from_bytes(seq,'big'),p)\n"
+         "except zmq.Again: pass\n"
+         "r=c.socket(zmq.DEALER); r.connect('" +
+         rep + "'); r.setsockopt(zmq.RCVTIMEO,3000); r.send_multipart([b'',(" +
+         std::to_string(again->events->first_sequence) +
+         ").to_bytes(8,'big')])\n"
+         "while True:\n"
+         "  _,seq,p=r.recv_multipart()\n"
+         "  if seq==b'\\xff'*8: break\n"
+         "  add(int.from_bytes(seq,'big'),p)\n"
+         "print(json.dumps([e for k in sorted(out) for e in out[k]]))\"");
+  auto j = nlohmann::json::parse(got.out, nullptr, false);
+  ASSERT_TRUE(j.is_array()) << got.out;
+  std::set<uint64_t> removed, want;
+  for (const BlockHash& h : chain) want.insert(EventHashOf(h));
+  for (const auto& e : j) {
+    EXPECT_EQ(e[0], "BlockRemoved") << e.dump();
+    EXPECT_EQ(e[1], "CPU_TIER1") << e.dump();
+    EXPECT_GT(e[3].get<uint64_t>(), first->events->first_sequence) << "sequences must increase across restarts";
+    for (uint64_t h : e[2].get<std::vector<uint64_t>>()) removed.insert(h);
+  }
+  EXPECT_EQ(removed, want);
+  auto second = StatsOf(d.socket_path());
+  ASSERT_TRUE(second.ok() && second->events);
+  EXPECT_EQ(second->events->retracted, chain.size());
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 

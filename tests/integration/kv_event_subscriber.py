@@ -6,8 +6,9 @@ element (the older form); hashes unsigned 64-bit integers (or bytes, whose last 
 read big-endian); the medium lowercased as a device tier.
 
 It collects until --expect BlockStored hashes arrived (or --seconds pass), then until the
-socket is quiet for --idle seconds; messages whose sequence is in --drop are treated as
-lost, and every gap (from sequence 0 on) is filled from the replay socket. Prints JSON.
+socket is quiet for --idle seconds; messages whose sequence is --first plus one in --drop are treated as
+lost, and every gap (from the publisher's first sequence, --first, on) is filled from the
+replay socket. Prints JSON.
 
 Run with /usr/bin/python3 (Debian's python3-zmq and python3-msgpack).
 """
@@ -92,9 +93,10 @@ def main():
     ap.add_argument("--expect", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--idle", type=float, default=1.0)
-    ap.add_argument("--drop", default="", help="comma-separated sequences to treat as lost")
+    ap.add_argument("--first", type=int, default=0, help="the publisher's first sequence (kvctl status --json)")
+    ap.add_argument("--drop", default="", help="comma-separated sequences after --first to treat as lost")
     args = ap.parse_args()
-    drop = {int(x) for x in args.drop.split(",") if x}
+    drop = {args.first + int(x) for x in args.drop.split(",") if x}
 
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
@@ -126,7 +128,7 @@ def main():
 
     live = sorted(messages)
     top = live[-1] if live else -1
-    missing = [s for s in range(top + 1) if s not in messages]
+    missing = [s for s in range(args.first, top + 1) if s not in messages]
     replayed = 0
     if missing and args.replay:
         for seq, payload in replay(ctx, args.replay, missing[0], bad):
@@ -134,7 +136,7 @@ def main():
                 replayed += 1
                 messages[seq] = ("", decode(payload, bad))
     seqs = sorted(messages)
-    gaps = sum(1 for a, b in zip([-1] + seqs, seqs) if b != a + 1)
+    gaps = sum(1 for a, b in zip([args.first - 1] + seqs, seqs) if b != a + 1)
 
     by = {}
     for seq in seqs:

@@ -150,7 +150,11 @@ TEST(Quantization, ATenantThatDidNotOptInIsNeverQuantized) {
       EXPECT_EQ(NvmeBlocks(d), 0u);
       EXPECT_EQ(s.inexact, 0u) << "a block of a tenant that did not opt in was quantized";
       EXPECT_EQ(s.hits, 0u) << "they left host and went nowhere";
+      // ...and the operator is told: a metric and a log line.
+      EXPECT_GE(Metric(MetricsUrl(d), "kvtier_unspillable_evictions_total"), static_cast<double>(early.size()));
+      EXPECT_NE(d.Log().find("without going to NVMe"), std::string::npos) << d.Log();
     } else {
+      EXPECT_EQ(Metric(MetricsUrl(d), "kvtier_unspillable_evictions_total"), 0);
       EXPECT_GT(NvmeBlocks(d), 0u);
       EXPECT_EQ(s.hits, early.size());
       EXPECT_EQ(s.inexact, early.size()) << "read back from the int8 tier: within the bound, not exact";
