@@ -6,6 +6,7 @@ CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
 FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= frame dispatcher redis_reply events config
 
 .PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean format format-check \
         engines-env test-engines tools-env
@@ -60,8 +61,8 @@ fuzz: deps
 	@if [ ! -f $(BUILD)-fuzz/build.ninja ]; then \
 	  CC=clang CXX=clang++ cmake -S . -B $(BUILD)-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	    -DKVTIER_SANITIZE=fuzzer -DKVTIER_WITH_CUDA=off; fi
-	cmake --build $(BUILD)-fuzz -j $(JOBS) --target frame_fuzzer dispatcher_fuzzer
-	scripts/fuzz.sh $(BUILD)-fuzz/fuzz $(FUZZ_SECONDS)
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target $(patsubst %,%_fuzzer,$(FUZZ_TARGETS))
+	scripts/fuzz.sh $(BUILD)-fuzz/fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 demo: build
 	scripts/demo.sh $(BUILD)/bin

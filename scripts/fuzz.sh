@@ -8,7 +8,7 @@ dir=$1
 seconds=$2
 shift 2
 targets=("$@")
-((${#targets[@]})) || targets=(frame dispatcher)
+((${#targets[@]})) || targets=(frame dispatcher redis_reply events config)
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$dir/artifacts"
 for t in "${targets[@]}"; do

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "protocol/base/logging.h"
+#include "storage/resp_reader.h"
 
 namespace kvtier {
 namespace {
@@ -65,30 +66,6 @@ bool ClusterRefusal(std::string_view e) {
   return false;
 }
 
-// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381".
-bool ParseRedirect(std::string_view e, bool* ask, uint16_t* slot, std::string* address) {
-  std::string_view rest;
-  if (e.substr(0, 6) == "MOVED ") {
-    *ask = false;
-    rest = e.substr(6);
-  } else if (e.substr(0, 4) == "ASK ") {
-    *ask = true;
-    rest = e.substr(4);
-  } else {
-    return false;
-  }
-  const size_t sp = rest.find(' ');
-  if (sp == std::string_view::npos || sp == 0) return false;
-  uint32_t s = 0;
-  for (char c : rest.substr(0, sp)) {
-    if (c < '0' || c > '9') return false;
-    s = s * 10 + static_cast<uint32_t>(c - '0');
-    if (s >= RedisCluster::kSlots) return false;
-  }
-  *slot = static_cast<uint16_t>(s);
-  *address = std::string(rest.substr(sp + 1));
-  return !address->empty();
-}
 
 }  // namespace
 
@@ -143,22 +120,6 @@ class RedisCluster::Connection {
   }
 
  private:
-  // The reply being read, filled by the reader's object functions below (which run on
-  // this connection's thread, inside redisReaderGetReply).
-  struct ReplySlot {
-    int type = 0;
-    long long integer = 0;
-    std::string text;
-    Status sink_status;
-  };
-  static thread_local Connection* current_connection_;
-  static void* CreateString(const redisReadTask* task, char* str, size_t len);
-  static void* CreateArray(const redisReadTask* task, int elements);
-  static void* CreateInteger(const redisReadTask* task, long long value);
-  static void* CreateNil(const redisReadTask* task);
-  static void FreeObject(void*) {}
-  static redisReplyObjectFunctions functions_;
-
   void Run(std::stop_token st);
   const std::string& NodeAddress() const;
   bool Connect(std::string* error);
@@ -166,11 +127,10 @@ class RedisCluster::Connection {
   void Serve(std::vector<Request>& batch, std::vector<std::function<void()>>& out);
   // Writes requests [from, end) of the batch; false (with *error) on an I/O error.
   bool Write(std::vector<Request>& batch, size_t from, std::string* error);
-  // Reads one reply into slot_ by `deadline_ns`. *oversized: the reply is longer than
-  // max_value_bytes (it was not read; the connection must be closed).
-  bool Read(int64_t deadline_ns, std::string* error, bool* timed_out, bool* oversized);
-  // Whether the reply being read is already known to be longer than the limit.
-  bool Oversized() const;
+  // Reads one reply into slot_ (a GET's value to `sink`) by `deadline_ns`. *oversized:
+  // the reply is longer than max_value_bytes (it was not read; the connection must be
+  // closed).
+  bool Read(int64_t deadline_ns, const RespReader::Sink* sink, std::string* error, bool* timed_out, bool* oversized);
   // The outcome of request `r` from slot_ (or a redirect, which re-queues it).
   void Finish(Request& r, std::vector<std::function<void()>>& out);
   void Fail(Request& r, const Status& st, std::vector<std::function<void()>>& out);
@@ -183,53 +143,11 @@ class RedisCluster::Connection {
   bool stopped_ = false;
   // Connection thread only.
   redisContext* ctx_ = nullptr;
-  redisReader* reader_ = nullptr;
+  std::unique_ptr<RespReader> reader_;
   std::vector<char> buf_;
-  Request* current_ = nullptr;
-  ReplySlot slot_;
+  RespReader::Reply slot_;
   std::jthread thread_;  // last: started once the rest exists
 };
-
-thread_local RedisCluster::Connection* RedisCluster::Connection::current_connection_ = nullptr;
-redisReplyObjectFunctions RedisCluster::Connection::functions_ = {&Connection::CreateString, &Connection::CreateArray,
-                                                                  &Connection::CreateInteger, &Connection::CreateNil,
-                                                                  &Connection::FreeObject};
-
-// Every object is the connection's one slot; elements of arrays (never expected for the
-// commands sent on data connections) leave it alone.
-void* RedisCluster::Connection::CreateString(const redisReadTask* task, char* str, size_t len) {
-  Connection* c = current_connection_;
-  if (task->parent == nullptr) {
-    c->slot_.type = task->type;
-    if (task->type == REDIS_REPLY_STRING && c->current_ && c->current_->sink) {
-      c->slot_.sink_status = c->current_->sink({reinterpret_cast<const uint8_t*>(str), len});
-    } else {
-      c->slot_.text.assign(str, len);
-    }
-  }
-  return &c->slot_;
-}
-
-void* RedisCluster::Connection::CreateArray(const redisReadTask* task, int) {
-  Connection* c = current_connection_;
-  if (task->parent == nullptr) c->slot_.type = REDIS_REPLY_ARRAY;
-  return &c->slot_;
-}
-
-void* RedisCluster::Connection::CreateInteger(const redisReadTask* task, long long value) {
-  Connection* c = current_connection_;
-  if (task->parent == nullptr) {
-    c->slot_.type = REDIS_REPLY_INTEGER;
-    c->slot_.integer = value;
-  }
-  return &c->slot_;
-}
-
-void* RedisCluster::Connection::CreateNil(const redisReadTask* task) {
-  Connection* c = current_connection_;
-  if (task->parent == nullptr) c->slot_.type = REDIS_REPLY_NIL;
-  return &c->slot_;
-}
 
 class RedisCluster::Node {
  public:
@@ -296,7 +214,6 @@ class RedisCluster::Node {
 // ---- a connection's thread -------------------------------------------------------------
 
 void RedisCluster::Connection::Run(std::stop_token st) {
-  current_connection_ = this;
   const uint32_t max_batch = std::max<uint32_t>(1, owner_->options_.max_batch);
   while (!st.stop_requested()) {
     std::vector<Request> batch;
@@ -331,22 +248,18 @@ const std::string& RedisCluster::Connection::NodeAddress() const { return node_-
 bool RedisCluster::Connection::Connect(std::string* error) {
   ctx_ = static_cast<redisContext*>(owner_->OpenContext(node_->host, node_->port, error));
   if (ctx_ == nullptr) return false;
-  reader_ = redisReaderCreateWithFunctions(&functions_);
-  if (reader_ == nullptr) {
+  reader_ = std::make_unique<RespReader>(owner_->max_value_bytes_);
+  if (!reader_->ok()) {
     *error = "out of memory";
     Close();
     return false;
   }
-  // Keep the buffer between replies (values are large and arrive all the time): Read
-  // bounds it by max_value_bytes.
-  reader_->maxbuf = 0;
   owner_->counters_.connects.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 void RedisCluster::Connection::Close() {
-  if (reader_) redisReaderFree(reader_);
-  reader_ = nullptr;
+  reader_.reset();
   if (ctx_) redisFree(ctx_);
   ctx_ = nullptr;
 }
@@ -417,39 +330,20 @@ bool RedisCluster::Connection::Write(std::vector<Request>& batch, size_t from, s
   return true;
 }
 
-bool RedisCluster::Connection::Oversized() const {
-  const uint64_t limit = owner_->max_value_bytes_;
-  const size_t unread = reader_->len - reader_->pos;
-  // Whatever the reply, no more than a value (and its framing) is kept unread.
-  if (unread > limit + 64) return true;
-  // A bulk string at the top whose length line has arrived: the reader consumed its '$'
-  // and stopped before the line, or before the bytes it announces.
-  if (reader_->ridx != 0 || reader_->rstack[0].type != REDIS_REPLY_STRING) return false;
-  uint64_t n = 0;
-  for (size_t i = reader_->pos; i < reader_->len; ++i) {
-    const char c = reader_->buf[i];
-    if (c < '0' || c > '9') return false;  // "\r" (or a nil's "-1"): the reader decides
-    n = n * 10 + static_cast<uint64_t>(c - '0');
-    if (n > limit) return true;
-  }
-  return false;
-}
-
-bool RedisCluster::Connection::Read(int64_t deadline_ns, std::string* error, bool* timed_out, bool* oversized) {
-  slot_.type = 0;
-  slot_.text.clear();
-  slot_.sink_status = Status::Ok();
+bool RedisCluster::Connection::Read(int64_t deadline_ns, const RespReader::Sink* sink, std::string* error,
+                                    bool* timed_out, bool* oversized) {
+  slot_ = RespReader::Reply{};
   for (;;) {
-    void* obj = nullptr;
-    if (redisReaderGetReply(reader_, &obj) != REDIS_OK) {
-      *error = std::string("protocol error: ") + reader_->errstr;
-      return false;
-    }
-    if (obj != nullptr) return true;
-    if (Oversized()) {
-      *oversized = true;
-      *error = "a reply longer than " + std::to_string(owner_->max_value_bytes_) + " bytes";
-      return false;
+    switch (reader_->Read(&slot_, sink, error)) {
+      case RespReader::Next::kReply:
+        return true;
+      case RespReader::Next::kOversized:
+        *oversized = true;
+        return false;
+      case RespReader::Next::kError:
+        return false;
+      case RespReader::Next::kMore:
+        break;
     }
     const int64_t left = deadline_ns - NowNs();
     if (left <= 0) {
@@ -475,7 +369,7 @@ bool RedisCluster::Connection::Read(int64_t deadline_ns, std::string* error, boo
       return false;
     }
     owner_->counters_.bytes_received.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    if (redisReaderFeed(reader_, buf_.data(), static_cast<size_t>(n)) != REDIS_OK) {
+    if (!reader_->Feed(buf_.data(), static_cast<size_t>(n))) {
       *error = "out of memory";
       return false;
     }
@@ -572,10 +466,8 @@ void RedisCluster::Connection::Serve(std::vector<Request>& batch, std::vector<st
     const size_t written_from = from;
     for (; ok && from < batch.size(); ++from) {
       Request& r = batch[from];
-      if (r.asking && !(ok = Read(r.deadline_ns, &error, &timed_out, &oversized))) break;  // ASKING's +OK
-      current_ = &r;
-      ok = Read(r.deadline_ns, &error, &timed_out, &oversized);
-      current_ = nullptr;
+      if (r.asking && !(ok = Read(r.deadline_ns, nullptr, &error, &timed_out, &oversized))) break;  // ASKING's +OK
+      ok = Read(r.deadline_ns, r.sink ? &r.sink : nullptr, &error, &timed_out, &oversized);
       if (!ok) break;
       Finish(r, out);
     }
@@ -617,6 +509,30 @@ uint16_t RedisCluster::KeySlot(std::string_view key) {
     if (close != std::string_view::npos && close > open + 1) key = key.substr(open + 1, close - open - 1);
   }
   return Crc16(key) & (kSlots - 1);
+}
+
+bool RedisCluster::ParseRedirect(std::string_view e, bool* ask, uint16_t* slot, std::string* address) {
+  std::string_view rest;
+  if (e.substr(0, 6) == "MOVED ") {
+    *ask = false;
+    rest = e.substr(6);
+  } else if (e.substr(0, 4) == "ASK ") {
+    *ask = true;
+    rest = e.substr(4);
+  } else {
+    return false;
+  }
+  const size_t sp = rest.find(' ');
+  if (sp == std::string_view::npos || sp == 0) return false;
+  uint32_t s = 0;
+  for (char c : rest.substr(0, sp)) {
+    if (c < '0' || c > '9') return false;
+    s = s * 10 + static_cast<uint32_t>(c - '0');
+    if (s >= kSlots) return false;
+  }
+  *slot = static_cast<uint16_t>(s);
+  *address = std::string(rest.substr(sp + 1));
+  return !address->empty();
 }
 
 bool RedisCluster::ParseAddress(std::string_view address, std::string* host, int* port) {
@@ -950,6 +866,41 @@ void RedisCluster::ProbeOpenNodes() {
   }
 }
 
+Result<std::vector<RedisCluster::SlotRange>> RedisCluster::ParseSlots(const redisReply& reply,
+                                                                      const std::string& address) {
+  std::string host;
+  int port = 0;
+  if (!ParseAddress(address, &host, &port)) return InvalidArgument("'" + address + "' is not host:port");
+  std::vector<SlotRange> ranges;
+  if (reply.type == REDIS_REPLY_ERROR) {
+    const std::string_view e(reply.str, reply.len);
+    if (e.find("cluster support disabled") == std::string_view::npos) return InvalidArgument(std::string(e));
+    ranges.push_back({0, kSlots - 1, address});  // one standalone server holds everything
+    return ranges;
+  }
+  if (reply.type != REDIS_REPLY_ARRAY) return InvalidArgument("unexpected CLUSTER SLOTS reply");
+  for (size_t i = 0; i < reply.elements; ++i) {
+    const redisReply* e = reply.element[i];
+    const bool shaped = e->type == REDIS_REPLY_ARRAY && e->elements >= 3 && e->element[0]->type == REDIS_REPLY_INTEGER &&
+                        e->element[1]->type == REDIS_REPLY_INTEGER && e->element[2]->type == REDIS_REPLY_ARRAY &&
+                        e->element[2]->elements >= 2 && e->element[2]->element[0]->type == REDIS_REPLY_STRING &&
+                        e->element[2]->element[1]->type == REDIS_REPLY_INTEGER;
+    if (!shaped) return InvalidArgument("malformed CLUSTER SLOTS reply");
+    const long long lo = e->element[0]->integer, hi = e->element[1]->integer;
+    const long long p = e->element[2]->element[1]->integer;
+    if (lo < 0 || hi < lo || hi >= kSlots || p <= 0 || p > 65535) {
+      return InvalidArgument("CLUSTER SLOTS reply with a slot or port out of range");
+    }
+    std::string ip(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
+    if (ip.empty() || ip == "?") ip = host;  // "the node you asked"
+    const bool v6 = ip.find(':') != std::string::npos;
+    ranges.push_back({static_cast<uint32_t>(lo), static_cast<uint32_t>(hi),
+                      (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(p)});
+  }
+  if (ranges.empty()) return InvalidArgument("CLUSTER SLOTS names no master");
+  return ranges;
+}
+
 bool RedisCluster::RefreshOnce() {
   std::vector<std::string> candidates;
   {
@@ -971,44 +922,17 @@ bool RedisCluster::RefreshOnce() {
       continue;
     }
     auto* reply = static_cast<redisReply*>(redisCommand(ctx, "CLUSTER SLOTS"));
-    // slot -> address of its master
-    std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::string>> ranges;
-    bool ok = false;
-    if (reply && reply->type == REDIS_REPLY_ERROR && std::strstr(reply->str, "cluster support disabled")) {
-      ranges.push_back({{0, kSlots - 1}, address});  // one standalone server holds everything
-      ok = true;
-    } else if (reply && reply->type == REDIS_REPLY_ARRAY) {
-      ok = true;
-      for (size_t i = 0; i < reply->elements && ok; ++i) {
-        const redisReply* e = reply->element[i];
-        ok = e->type == REDIS_REPLY_ARRAY && e->elements >= 3 && e->element[0]->type == REDIS_REPLY_INTEGER &&
-             e->element[1]->type == REDIS_REPLY_INTEGER && e->element[2]->type == REDIS_REPLY_ARRAY &&
-             e->element[2]->elements >= 2 && e->element[2]->element[0]->type == REDIS_REPLY_STRING &&
-             e->element[2]->element[1]->type == REDIS_REPLY_INTEGER;
-        if (!ok) break;
-        const long long lo = e->element[0]->integer, hi = e->element[1]->integer;
-        const long long p = e->element[2]->element[1]->integer;
-        ok = lo >= 0 && hi >= lo && hi < kSlots && p > 0 && p <= 65535;
-        if (!ok) break;
-        std::string ip(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
-        if (ip.empty() || ip == "?") ip = host;  // "the node you asked"
-        const bool v6 = ip.find(':') != std::string::npos;
-        ranges.push_back({{static_cast<uint32_t>(lo), static_cast<uint32_t>(hi)},
-                          (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(p)});
-      }
-      if (!ok) why = address + ": malformed CLUSTER SLOTS reply";
-    } else {
-      why = address + ": " +
-            (reply == nullptr                   ? std::string(ctx->errstr)
-             : reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
-                                                : std::string("unexpected CLUSTER SLOTS reply"));
-    }
+    Result<std::vector<SlotRange>> parsed = InvalidArgument(
+        reply == nullptr ? std::string(ctx->errstr) : std::string("no reply"));
+    if (reply != nullptr) parsed = ParseSlots(*reply, address);
+    if (!parsed.ok()) why = address + ": " + parsed.status().message();
     if (reply) freeReplyObject(reply);
     redisFree(ctx);
-    if (!ok || ranges.empty()) continue;
+    if (!parsed.ok()) continue;
+    const std::vector<SlotRange>& ranges = *parsed;
     std::vector<std::string> addresses;
     for (const auto& r : ranges) {
-      if (std::find(addresses.begin(), addresses.end(), r.second) == addresses.end()) addresses.push_back(r.second);
+      if (std::find(addresses.begin(), addresses.end(), r.master) == addresses.end()) addresses.push_back(r.master);
     }
     if (addresses.size() > options_.max_nodes) {
       counters_.maps_refused.fetch_add(1, std::memory_order_relaxed);
@@ -1033,9 +957,9 @@ bool RedisCluster::RefreshOnce() {
                                              : std::make_shared<Node>(this, a, h, pt, options_.connections_per_node));
       }
       std::vector<std::shared_ptr<Node>> slots(kSlots);
-      for (const auto& [range, addr] : ranges) {
-        const size_t i = std::find(addresses.begin(), addresses.end(), addr) - addresses.begin();
-        for (uint32_t s = range.first; s <= range.second; ++s) slots[s] = masters[i];
+      for (const SlotRange& r : ranges) {
+        const size_t i = std::find(addresses.begin(), addresses.end(), r.master) - addresses.begin();
+        for (uint32_t s = r.first; s <= r.last; ++s) slots[s] = masters[i];
       }
       for (auto& n : nodes_) {
         if (std::find(masters.begin(), masters.end(), n) == masters.end()) gone.push_back(std::move(n));

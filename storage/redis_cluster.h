@@ -65,6 +65,8 @@
 
 #include "protocol/base/status.h"
 
+struct redisReply;
+
 namespace kvtier {
 
 struct RedisClusterOptions {
@@ -164,6 +166,16 @@ class RedisCluster {
   static uint16_t KeySlot(std::string_view key);
   // Splits "host:port" ("[v6]:port" too); false when it is not one.
   static bool ParseAddress(std::string_view address, std::string* host, int* port);
+  // "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381"; false for anything else.
+  static bool ParseRedirect(std::string_view error, bool* ask, uint16_t* slot, std::string* address);
+  // A CLUSTER SLOTS reply (or a standalone server's refusal of it) from the node at
+  // `address`: each slot range's master as "host:port". kInvalidArgument for a reply that
+  // is not one (the text says what is wrong), or that names no master.
+  struct SlotRange {
+    uint32_t first = 0, last = 0;
+    std::string master;
+  };
+  static Result<std::vector<SlotRange>> ParseSlots(const redisReply& reply, const std::string& address);
 
  private:
   class Node;

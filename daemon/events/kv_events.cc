@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #define MSGPACK_NO_BOOST 1
@@ -209,6 +211,63 @@ std::string ExpandTopic(std::string_view pattern, std::string_view engine, std::
     out.push_back(pattern[i++]);
   }
   return out;
+}
+
+std::optional<uint64_t> ParseReplayRequest(std::span<const std::string_view> parts) {
+  if (parts.size() != 3 || parts[2].size() != 8) return std::nullopt;
+  uint64_t start = 0;
+  for (char c : parts[2]) start = (start << 8) | static_cast<uint8_t>(c);
+  return start;
+}
+
+// {"topics": [{"topic": name, "dp_rank": n or null, "signed": bool,
+//              "media": {"<tier index>": [hash, ...]}}]}
+AnnouncedStates ParseAnnouncedState(std::string_view text, size_t* hashes) {
+  AnnouncedStates out;
+  *hashes = 0;
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("topics") || !j["topics"].is_array()) return out;
+  for (const auto& t : j["topics"]) {
+    if (!t.is_object() || !t.contains("topic") || !t["topic"].is_string() || !t.contains("media") ||
+        !t["media"].is_object()) {
+      continue;
+    }
+    std::optional<uint32_t> rank;
+    if (t.contains("dp_rank") && t["dp_rank"].is_number_unsigned() &&
+        t["dp_rank"].get<uint64_t>() <= std::numeric_limits<uint32_t>::max()) {
+      rank = t["dp_rank"].get<uint32_t>();
+    }
+    AnnouncedState& a = out[{t["topic"].get<std::string>(), rank}];
+    if (t.contains("signed") && t["signed"].is_boolean()) a.signed_hashes = t["signed"].get<bool>();
+    for (const auto& [tier, list] : t["media"].items()) {
+      const int k = std::atoi(tier.c_str());
+      if (tier.size() != 1 || k < 0 || k >= kTierCount || !list.is_array()) continue;
+      for (const auto& h : list) {
+        if (!h.is_number_unsigned()) continue;
+        a.hashes[static_cast<TierKind>(k)].insert(h.get<uint64_t>());
+        ++*hashes;
+      }
+    }
+  }
+  return out;
+}
+
+std::string EncodeAnnouncedState(const AnnouncedStates& states) {
+  nlohmann::json topics = nlohmann::json::array();
+  for (const auto& [key, a] : states) {
+    nlohmann::json media = nlohmann::json::object();
+    for (const auto& [tier, set] : a.hashes) {
+      if (!set.empty()) media[std::to_string(TierIndex(tier))] = std::vector<uint64_t>(set.begin(), set.end());
+    }
+    if (media.empty()) continue;
+    topics.push_back({{"topic", key.first},
+                      {"dp_rank", key.second ? nlohmann::json(*key.second) : nlohmann::json()},
+                      {"signed", a.signed_hashes},
+                      {"media", media}});
+  }
+  // Topic names carry what engines declared: bytes that are not UTF-8 are replaced, never
+  // a throw on the publisher thread.
+  return nlohmann::json{{"topics", topics}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 struct KvEvents::Sockets {
@@ -480,7 +539,7 @@ void KvEvents::PublishPending() {
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (auto& [topic, dp_rank, events] : batches) {
-    AnnouncedTopic& known = announced_[{topic, dp_rank}];
+    AnnouncedState& known = announced_[{topic, dp_rank}];
     for (const KvEvent& e : events) {
       known.signed_hashes = e.signed_hashes;
       auto& set = known.hashes[e.tier];
@@ -549,10 +608,11 @@ void KvEvents::ServeReplay() {
     }
     if (parts.empty()) return;
     // [identity, "", start sequence]; anything else is ignored.
-    if (parts.size() != 3 || parts[2].size() != 8) continue;
-    uint64_t start = 0;
-    const auto* b = static_cast<const uint8_t*>(parts[2].data());
-    for (int i = 0; i < 8; ++i) start = (start << 8) | b[i];
+    std::vector<std::string_view> views;
+    for (const zmq::message_t& m : parts) views.emplace_back(static_cast<const char*>(m.data()), m.size());
+    const std::optional<uint64_t> parsed = ParseReplayRequest(views);
+    if (!parsed) continue;
+    const uint64_t start = *parsed;
     const std::string identity(static_cast<const char*>(parts[0].data()), parts[0].size());
     auto send = [&](const std::string& seq, zmq::message_t& payload) {
       r.send(zmq::buffer(identity), zmq::send_flags::sndmore);
@@ -581,36 +641,14 @@ void KvEvents::ServeReplay() {
 
 // ---- what was announced, across restarts ---------------------------------------------------
 
-// {"topics": [{"topic": name, "dp_rank": n or null, "signed": bool,
-//              "media": {"<tier index>": [hash, ...]}}]}
 void KvEvents::LoadState() {
   if (options_.state_path.empty()) return;
   std::ifstream in(options_.state_path);
   if (!in) return;
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::stringstream text;
+  text << in.rdbuf();
   size_t n = 0;
-  if (j.is_object() && j.contains("topics") && j["topics"].is_array()) {
-    for (const auto& t : j["topics"]) {
-      if (!t.is_object() || !t.contains("topic") || !t["topic"].is_string() || !t.contains("media") ||
-          !t["media"].is_object()) {
-        continue;
-      }
-      std::optional<uint32_t> rank;
-      if (t.contains("dp_rank") && t["dp_rank"].is_number_unsigned()) rank = t["dp_rank"].get<uint32_t>();
-      AnnouncedTopic& a = earlier_[{t["topic"].get<std::string>(), rank}];
-      a.signed_hashes = t.value("signed", false);
-      for (const auto& [tier, hashes] : t["media"].items()) {
-        const int k = std::atoi(tier.c_str());
-        if (k < 0 || k >= static_cast<int>(kTierCount) || !hashes.is_array()) continue;
-        for (const auto& h : hashes) {
-          if (h.is_number_unsigned()) {
-            a.hashes[static_cast<TierKind>(k)].insert(h.get<uint64_t>());
-            ++n;
-          }
-        }
-      }
-    }
-  }
+  earlier_ = ParseAnnouncedState(text.str(), &n);
   if (n == 0) {
     earlier_.clear();
   } else {
@@ -621,23 +659,11 @@ void KvEvents::LoadState() {
 
 void KvEvents::SaveState() {
   if (options_.state_path.empty() || !state_dirty_) return;
-  nlohmann::json topics = nlohmann::json::array();
-  for (const auto& [key, a] : announced_) {
-    nlohmann::json media = nlohmann::json::object();
-    for (const auto& [tier, set] : a.hashes) {
-      if (!set.empty()) media[std::to_string(TierIndex(tier))] = std::vector<uint64_t>(set.begin(), set.end());
-    }
-    if (media.empty()) continue;
-    topics.push_back({{"topic", key.first},
-                      {"dp_rank", key.second ? nlohmann::json(*key.second) : nlohmann::json()},
-                      {"signed", a.signed_hashes},
-                      {"media", media}});
-  }
   // Write and rename: a crash leaves the old file or the new one, never half of one.
   const std::string tmp = options_.state_path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << nlohmann::json{{"topics", topics}}.dump();
+    out << EncodeAnnouncedState(announced_);
     if (!out) {
       KVTIER_LOG(WARNING) << "events: cannot write " << tmp;
       return;

@@ -141,6 +141,19 @@ std::string_view EventMedium(TierKind tier);
 // The msgpack payload of one message: [ts, [events...], dp_rank or nil].
 std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding,
                              std::optional<uint32_t> dp_rank = std::nullopt);
+// A replay request's start sequence: parts [identity, "", 8 bytes big-endian], as a
+// ROUTER socket receives a DEALER's [“”, sequence]; nullopt for anything else.
+std::optional<uint64_t> ParseReplayRequest(std::span<const std::string_view> parts);
+// What a run announced, as the state file holds it (KvEvents' state_path): per (topic,
+// data-parallel rank), whether hashes are signed, and the hashes per tier. Malformed
+// entries are skipped (the file is advisory); the count of hashes read in *hashes.
+struct AnnouncedState {
+  bool signed_hashes = false;
+  std::map<TierKind, std::unordered_set<uint64_t>> hashes;
+};
+using AnnouncedStates = std::map<std::pair<std::string, std::optional<uint32_t>>, AnnouncedState>;
+AnnouncedStates ParseAnnouncedState(std::string_view text, size_t* hashes);
+std::string EncodeAnnouncedState(const AnnouncedStates& states);
 // events.topic with {engine}, {host}, {model} and {tenant} replaced.
 std::string ExpandTopic(std::string_view pattern, std::string_view engine, std::string_view host,
                         std::string_view model, std::string_view tenant);
@@ -248,11 +261,7 @@ class KvEvents {
   uint64_t next_seq_ = 0;  // publisher thread
   // Publisher thread: what this run announced, and what an earlier run did (retracted
   // kRetractDelay after the start).
-  struct AnnouncedTopic {
-    bool signed_hashes = false;
-    std::map<TierKind, std::unordered_set<uint64_t>> hashes;
-  };
-  std::map<std::pair<std::string, std::optional<uint32_t>>, AnnouncedTopic> announced_, earlier_;
+  AnnouncedStates announced_, earlier_;
   bool state_dirty_ = false;
   std::thread thread_;
 };

@@ -4,7 +4,7 @@ execute_process(COMMAND ${GEN} ${OUT} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "kvtier-fuzz-corpus failed: ${rc}")
 endif()
-foreach(target frame dispatcher)
+foreach(target frame dispatcher redis_reply events config)
   file(GLOB want RELATIVE ${OUT}/${target} ${OUT}/${target}/*)
   foreach(name ${want})
     execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${OUT}/${target}/${name} ${CORPUS}/${target}/${name}
