@@ -66,7 +66,6 @@ bool ClusterRefusal(std::string_view e) {
   return false;
 }
 
-
 }  // namespace
 
 // ---- requests, nodes, connections ----------------------------------------------------
@@ -881,9 +880,10 @@ Result<std::vector<RedisCluster::SlotRange>> RedisCluster::ParseSlots(const redi
   if (reply.type != REDIS_REPLY_ARRAY) return InvalidArgument("unexpected CLUSTER SLOTS reply");
   for (size_t i = 0; i < reply.elements; ++i) {
     const redisReply* e = reply.element[i];
-    const bool shaped = e->type == REDIS_REPLY_ARRAY && e->elements >= 3 && e->element[0]->type == REDIS_REPLY_INTEGER &&
-                        e->element[1]->type == REDIS_REPLY_INTEGER && e->element[2]->type == REDIS_REPLY_ARRAY &&
-                        e->element[2]->elements >= 2 && e->element[2]->element[0]->type == REDIS_REPLY_STRING &&
+    const bool shaped = e->type == REDIS_REPLY_ARRAY && e->elements >= 3 &&
+                        e->element[0]->type == REDIS_REPLY_INTEGER && e->element[1]->type == REDIS_REPLY_INTEGER &&
+                        e->element[2]->type == REDIS_REPLY_ARRAY && e->element[2]->elements >= 2 &&
+                        e->element[2]->element[0]->type == REDIS_REPLY_STRING &&
                         e->element[2]->element[1]->type == REDIS_REPLY_INTEGER;
     if (!shaped) return InvalidArgument("malformed CLUSTER SLOTS reply");
     const long long lo = e->element[0]->integer, hi = e->element[1]->integer;
@@ -894,8 +894,8 @@ Result<std::vector<RedisCluster::SlotRange>> RedisCluster::ParseSlots(const redi
     std::string ip(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
     if (ip.empty() || ip == "?") ip = host;  // "the node you asked"
     const bool v6 = ip.find(':') != std::string::npos;
-    ranges.push_back({static_cast<uint32_t>(lo), static_cast<uint32_t>(hi),
-                      (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(p)});
+    ranges.push_back(
+        {static_cast<uint32_t>(lo), static_cast<uint32_t>(hi), (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(p)});
   }
   if (ranges.empty()) return InvalidArgument("CLUSTER SLOTS names no master");
   return ranges;
@@ -922,8 +922,8 @@ bool RedisCluster::RefreshOnce() {
       continue;
     }
     auto* reply = static_cast<redisReply*>(redisCommand(ctx, "CLUSTER SLOTS"));
-    Result<std::vector<SlotRange>> parsed = InvalidArgument(
-        reply == nullptr ? std::string(ctx->errstr) : std::string("no reply"));
+    Result<std::vector<SlotRange>> parsed =
+        InvalidArgument(reply == nullptr ? std::string(ctx->errstr) : std::string("no reply"));
     if (reply != nullptr) parsed = ParseSlots(*reply, address);
     if (!parsed.ok()) why = address + ": " + parsed.status().message();
     if (reply) freeReplyObject(reply);

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #define MSGPACK_NO_BOOST 1
 #include <algorithm>
