@@ -893,9 +893,20 @@ Result<std::vector<RedisCluster::SlotRange>> RedisCluster::ParseSlots(const redi
     }
     std::string ip(e->element[2]->element[0]->str, e->element[2]->element[0]->len);
     if (ip.empty() || ip == "?") ip = host;  // "the node you asked"
+    // A name or an address: letters, digits, '.', '-', '_', and the ':' of IPv6 (with the
+    // '%' of a zone); anything else (brackets, spaces, control bytes) names no node.
+    const bool plain = std::all_of(ip.begin(), ip.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+             c == '_' || c == ':' || c == '%';
+    });
     const bool v6 = ip.find(':') != std::string::npos;
-    ranges.push_back(
-        {static_cast<uint32_t>(lo), static_cast<uint32_t>(hi), (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(p)});
+    std::string master = (v6 ? "[" + ip + "]" : ip) + ":" + std::to_string(p);
+    std::string h;
+    int pt = 0;
+    if (!plain || ip.size() > 255 || !ParseAddress(master, &h, &pt)) {
+      return InvalidArgument("CLUSTER SLOTS names a node that is not host:port");
+    }
+    ranges.push_back({static_cast<uint32_t>(lo), static_cast<uint32_t>(hi), std::move(master)});
   }
   if (ranges.empty()) return InvalidArgument("CLUSTER SLOTS names no master");
   return ranges;

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include <hiredis/hiredis.h>
+
 #include "protocol/base/block_key.h"
 #include "storage/redis_cluster.h"
 #include "storage/remote_tier.h"
@@ -38,6 +40,60 @@ TEST(RedisCluster, ParsesAddresses) {
   EXPECT_EQ(host, "redis-0.cache");
   for (const char* bad : {"", "127.0.0.1", ":7000", "host:", "host:0", "host:65536", "host:70x", "[::1]6379"}) {
     EXPECT_FALSE(RedisCluster::ParseAddress(bad, &host, &port)) << bad;
+  }
+}
+
+// CLUSTER SLOTS as a node could send it: parsed with hiredis' reader, as RefreshOnce does.
+Result<std::vector<RedisCluster::SlotRange>> Slots(const std::string& wire) {
+  redisReader* r = redisReaderCreate();
+  void* obj = nullptr;
+  EXPECT_EQ(redisReaderFeed(r, wire.data(), wire.size()), REDIS_OK);
+  EXPECT_EQ(redisReaderGetReply(r, &obj), REDIS_OK);
+  EXPECT_NE(obj, nullptr);
+  auto out = obj ? RedisCluster::ParseSlots(*static_cast<redisReply*>(obj), "10.0.0.9:7000")
+                 : Result<std::vector<RedisCluster::SlotRange>>(Internal("no reply"));
+  if (obj) freeReplyObject(obj);
+  redisReaderFree(r);
+  return out;
+}
+
+std::string Entry(int lo, int hi, const std::string& ip, int port) {
+  return "*3\r\n:" + std::to_string(lo) + "\r\n:" + std::to_string(hi) + "\r\n*2\r\n$" + std::to_string(ip.size()) +
+         "\r\n" + ip + "\r\n:" + std::to_string(port) + "\r\n";
+}
+
+TEST(RedisCluster, ParsesSlotMapsAndRefusesWhatNamesNoNode) {
+  auto ok = Slots("*3\r\n" + Entry(0, 100, "10.0.0.5", 7000) + Entry(101, 200, "", 7001) + Entry(201, 16383, "::1", 7002));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_EQ(ok->size(), 3u);
+  EXPECT_EQ((*ok)[0].master, "10.0.0.5:7000");
+  EXPECT_EQ((*ok)[1].master, "10.0.0.9:7001");  // "": the node asked
+  EXPECT_EQ((*ok)[2].master, "[::1]:7002");
+  EXPECT_EQ((*ok)[2].last, 16383u);
+  // Found by the fuzzer: a host with a bracket and a carriage return was taken as a node.
+  for (const std::string& bad : {Entry(0, 10, "[27.1\r.0.0", 700), Entry(0, 10, "a b", 7000), Entry(0, 16384, "h", 1),
+                                 Entry(5, 4, "h", 1), Entry(0, 1, "h", 0), Entry(0, 1, "h", 65536)}) {
+    EXPECT_EQ(Slots("*1\r\n" + bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(Slots("*0\r\n").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Slots(":1\r\n").status().code(), StatusCode::kInvalidArgument);
+  auto standalone = Slots("-ERR This instance has cluster support disabled\r\n");
+  ASSERT_TRUE(standalone.ok());
+  EXPECT_EQ((*standalone)[0].master, "10.0.0.9:7000");
+}
+
+TEST(RedisCluster, ParsesRedirects) {
+  bool ask = true;
+  uint16_t slot = 0;
+  std::string address;
+  ASSERT_TRUE(RedisCluster::ParseRedirect("MOVED 3999 127.0.0.1:6381", &ask, &slot, &address));
+  EXPECT_FALSE(ask);
+  EXPECT_EQ(slot, 3999);
+  EXPECT_EQ(address, "127.0.0.1:6381");
+  ASSERT_TRUE(RedisCluster::ParseRedirect("ASK 1 h:1", &ask, &slot, &address));
+  EXPECT_TRUE(ask);
+  for (const char* bad : {"MOVED", "MOVED 16384 h:1", "MOVED x h:1", "MOVED 1 ", "ERR x", "ASK  h:1"}) {
+    EXPECT_FALSE(RedisCluster::ParseRedirect(bad, &ask, &slot, &address)) << bad;
   }
 }
 
