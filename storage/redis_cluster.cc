@@ -84,6 +84,9 @@ struct RedisCluster::Request {
   int redirects = 0;
   bool asking = false;  // send ASKING first (an ASK redirect)
   bool small() const { return kind == Kind::kExists || kind == Kind::kDel; }
+  const char* command() const {
+    return kind == Kind::kGet ? "GET" : kind == Kind::kSet ? "SET" : kind == Kind::kExists ? "EXISTS" : "DEL";
+  }
 };
 
 // One connection to one node: a thread that writes what is queued and reads the replies.
@@ -422,8 +425,21 @@ void RedisCluster::Connection::Finish(Request& r, std::vector<std::function<void
       break;
     case REDIS_REPLY_STATUS:
       break;
-    default:
-      rep.status = Internal("redis " + node_->address + ": unexpected reply type " + std::to_string(slot_.type));
+  }
+  // Only the reply each command has is taken as its answer: a GET answered with anything
+  // but a bulk or nil (a status, an integer, an array) is no value — a miss, as a value
+  // that does not verify is, never a hit with nothing checked.
+  const bool expected =
+      slot_.type == REDIS_REPLY_ERROR ||
+      (r.kind == Request::Kind::kGet   ? slot_.type == REDIS_REPLY_STRING || slot_.type == REDIS_REPLY_NIL
+       : r.kind == Request::Kind::kSet ? slot_.type == REDIS_REPLY_STATUS
+                                       : slot_.type == REDIS_REPLY_INTEGER);
+  if (!expected) {
+    const std::string text =
+        "redis " + node_->address + ": reply of type " + std::to_string(slot_.type) + " to " + r.command();
+    owner_->LogError("unexpected-reply", text);
+    rep.status = r.kind == Request::Kind::kGet ? DataLoss(text) : Internal(text);
+    rep.integer = 0;
   }
   rep.latency_ns = NowNs() - r.start_ns;
   owner_->counters_.requests.fetch_add(1, std::memory_order_relaxed);

@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
         args.block_bytes = *b;
       },
       "Block (value) size, e.g. 2MiB");
+  remote->add_flag("--unkeyed", args.remote_unkeyed,
+                   "Run the nodes without a fleet secret (values tagged by XXH3, not BLAKE2b)");
   remote->add_flag("--json", args.json, "Print one JSON object");
   auto* quant = app.add_subcommand(
       "quant",

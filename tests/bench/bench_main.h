@@ -20,6 +20,7 @@ struct BenchArgs {
   uint64_t block_bytes = 2ull << 20;                              // remote: value size
   int concurrency = 16;                                           // remote: sessions, redis-benchmark -c
   int remote_blocks = 96;                                         // remote: distinct blocks cycled through
+  bool remote_unkeyed = false;                                    // remote: no fleet secret
   std::vector<std::string> ops;                                   // rpc: only these operations (all when empty)
 };
 

@@ -13,10 +13,15 @@
 // -t get` (after one SET pass), its requests per second times the value size. Both
 // amortize their start over the round, so a round must be long: --iterations (default
 // 4096) fetches. Rounds interleave the two; fetch_ratio is the median of per-round ratios.
+// The nodes share a fleet secret (values tagged with keyed BLAKE2b, as production runs
+// them) unless --unkeyed (XXH3-128 tags).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -75,6 +80,13 @@ int RunRemoteBench(const BenchArgs& args) {
   oa.segment_bytes = FormatBytes(block_bytes * 16);
   oa.host_capacity = FormatBytes(block_bytes * 16 * ((n_blocks + 31) / 16));
   oa.remote_nodes = rc.Seeds();
+  testing::TempDir secret_dir;
+  if (!args.remote_unkeyed) {
+    const std::string path = secret_dir.File("secret");
+    std::ofstream(path) << "kvtier-bench-fleet-secret-0123456789abcdef\n";
+    ::chmod(path.c_str(), 0600);
+    oa.remote_yaml = "    secret_file: " + path + "\n";
+  }
   testing::DaemonProcess::Options ob = oa;
   ob.host_capacity = FormatBytes(block_bytes * 2 * c);
   ob.segment_bytes = FormatBytes(block_bytes * 2);
@@ -183,12 +195,14 @@ int RunRemoteBench(const BenchArgs& args) {
                {"fetch_ratio", Median(ratios)},
                {"fetch_ratios", ratios},
                {"failed_acquires", errors},
+               {"values", args.remote_unkeyed ? "unkeyed (XXH3-128)" : "keyed (BLAKE2b)"},
                {"baseline", "redis-benchmark --cluster -c C -n FETCHES -d BYTES -t get (rps x BYTES)"}};
   if (args.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("remote fetch of %s blocks, %d sessions, %d rounds of %d fetches\n", FormatBytes(block_bytes).c_str(),
-                c, args.rounds, per_session * c);
+    std::printf("remote fetch of %s blocks, %d sessions, %d rounds of %d fetches, values %s\n",
+                FormatBytes(block_bytes).c_str(), c, args.rounds, per_session * c,
+                args.remote_unkeyed ? "unkeyed (XXH3-128)" : "keyed (BLAKE2b)");
     std::printf("  kvtierd from the cluster  %.2f GB/s (median)\n", Median(kv_gbs));
     std::printf("  redis-benchmark GET       %.2f GB/s (median)\n", Median(redis_gbs));
     std::printf("  fetch_ratio               %.2f (median of per-round ratios)\n", Median(ratios));

@@ -309,6 +309,10 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
   auto pw = ReadSecretFile("k", c.remote.password_file);
   ASSERT_TRUE(pw.ok());
   EXPECT_EQ(*pw, "hunter2");
+  // A remote section with no nodes is validated too.
+  c.remote.nodes.clear();
+  c.remote.secret_file = dir.File("missing");
+  refused("tiers.remote.secret_file");
 }
 
 TEST(ConfigOnHost, ReadsAMemoryLimitOnThisMachine) {

@@ -296,11 +296,14 @@ RedisReply GetOne(RedisCluster& c, Loop& loop, const std::string& key) {
 
 TEST(RedisClusterHostile, HugeBulkIsRefusedFromItsLengthLine) {
   std::atomic<int> gets{0};
+  // 300 MB announced and the first 64 MiB of it sent: a reader that took it in would wait
+  // for the rest until the timeout, not refuse it at once.
+  const std::string huge_reply = "$300000000\r\n" + std::string(64 << 20, 'x');
   FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
     if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
     if (a[0] == "GET" && a[1] == "huge") {
       ++gets;
-      return "$300000000\r\n" + std::string(1 << 20, 'x');  // 300 MB announced, 1 MiB sent
+      return huge_reply;
     }
     if (a[0] == "GET" && a[1] == "error") return "-" + std::string(3 << 20, 'e');  // no end of line
     if (a[0] == "GET") return FakeRedisNode::Bulk(std::string(1000, 'v'));
@@ -314,7 +317,8 @@ TEST(RedisClusterHostile, HugeBulkIsRefusedFromItsLengthLine) {
   auto c = OpenOnFake(node, loop, o);
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->Available());
-  // The value is refused, as a value that does not verify is (the caller's miss and delete).
+  // The value is refused, as a value that does not verify is (the caller's miss and delete),
+  // from its length line.
   const RedisReply huge = GetOne(*c, loop, "huge");
   EXPECT_EQ(huge.status.code(), StatusCode::kDataLoss) << huge.status.ToString();
   EXPECT_EQ(c->counters().oversized.load(), 1u);
@@ -326,6 +330,43 @@ TEST(RedisClusterHostile, HugeBulkIsRefusedFromItsLengthLine) {
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(GetOne(*c, loop, "small").status.ok());
   EXPECT_TRUE(c->Available());
   EXPECT_EQ(gets.load(), 1);
+}
+
+// Every command takes only its own kind of reply: a GET answered with a status, an
+// integer or an array is a miss to delete (never a hit with nothing checked), an EXISTS
+// answered with a bulk is a failure (never "found").
+TEST(RedisClusterHostile, RepliesOfTheWrongKindAreNeverAnswers) {
+  std::atomic<int> n{0};
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
+    const char* wrong[] = {"+OK\r\n", ":1\r\n", "*1\r\n:1\r\n"};
+    if (a[0] == "GET") return wrong[n++ % 3];
+    if (a[0] == "EXISTS") return FakeRedisNode::Bulk("1");
+    return "-ERR unknown\r\n";
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  auto c = OpenOnFake(node, loop);
+  ASSERT_NE(c, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    bool sunk = false;
+    std::optional<RedisReply> rep;
+    c->Get(
+        "k",
+        [&](std::span<const uint8_t>) {
+          sunk = true;
+          return Status::Ok();
+        },
+        [&](const RedisReply& r) { rep = r; });
+    ASSERT_TRUE(loop.Pump([&] { return rep.has_value(); }));
+    EXPECT_EQ(rep->status.code(), StatusCode::kDataLoss) << i << ": " << rep->status.ToString();
+    EXPECT_FALSE(sunk);
+  }
+  std::optional<RedisReply> ex;
+  c->Exists("k", [&](const RedisReply& r) { ex = r; });
+  ASSERT_TRUE(loop.Pump([&] { return ex.has_value(); }));
+  EXPECT_FALSE(ex->status.ok());
+  EXPECT_EQ(ex->integer, 0);
 }
 
 TEST(RedisClusterHostile, RequestsBehindARefusedValueGoAgain) {

@@ -1,11 +1,10 @@
 // The remote tier's pure parts: key slots as Redis computes them, addresses, the value
 // format and its verification. The cluster itself is tested in remote_tier_test.cc.
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 
 #include <cstring>
 #include <vector>
-
-#include <hiredis/hiredis.h>
 
 #include "protocol/base/block_key.h"
 #include "storage/redis_cluster.h"
@@ -63,7 +62,8 @@ std::string Entry(int lo, int hi, const std::string& ip, int port) {
 }
 
 TEST(RedisCluster, ParsesSlotMapsAndRefusesWhatNamesNoNode) {
-  auto ok = Slots("*3\r\n" + Entry(0, 100, "10.0.0.5", 7000) + Entry(101, 200, "", 7001) + Entry(201, 16383, "::1", 7002));
+  auto ok =
+      Slots("*3\r\n" + Entry(0, 100, "10.0.0.5", 7000) + Entry(101, 200, "", 7001) + Entry(201, 16383, "::1", 7002));
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   ASSERT_EQ(ok->size(), 3u);
   EXPECT_EQ((*ok)[0].master, "10.0.0.5:7000");
