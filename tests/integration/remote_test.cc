@@ -8,8 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <deque>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -377,20 +379,27 @@ TEST_F(RemoteTierTest, AnAclAndAFleetSecretKeepOthersOut) {
   ASSERT_TRUE(codec.ok());
   const std::string ns = UnknownTenantNamespace(layout);
   auto key = [&](size_t i) { return codec->Key("kvtier:", EncodeBlockKey(ns, chain[i])); };
+  // Callbacks are posted from the client's connection threads; this thread runs them.
+  std::mutex mu;
   std::deque<std::function<void()>> posted;
   RedisClusterOptions admin;
   admin.seeds = rc.Seeds();
   admin.password = "admin-pass-7";
-  auto cluster = RedisCluster::Open(admin, [&](std::function<void()> fn) { posted.push_back(std::move(fn)); });
+  auto cluster = RedisCluster::Open(admin, [&](std::function<void()> fn) {
+    std::lock_guard<std::mutex> l(mu);
+    posted.push_back(std::move(fn));
+  });
   ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
   auto run = [&](auto issue) {
     std::optional<RedisReply> rep;
     issue([&](const RedisReply& r) { rep = r; });
     EXPECT_TRUE(WaitUntil([&] {
-      while (!posted.empty()) {
-        posted.front()();
-        posted.pop_front();
+      std::deque<std::function<void()>> ready;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        ready.swap(posted);
       }
+      for (auto& fn : ready) fn();
       return rep.has_value();
     }));
     return rep.value_or(RedisReply{Internal("no reply"), 0, 0});
