@@ -818,41 +818,45 @@ void RedisCluster::RequestRefresh() {
 }
 
 void RedisCluster::RefreshLoop(std::stop_token stop) {
+  using Clock = std::chrono::steady_clock;
   constexpr auto kMinGap = std::chrono::milliseconds(200);
+  // While a breaker is open (a node died: its replica may be taking over) or no node has
+  // answered yet, the map is read every second, not every refresh_interval.
+  constexpr auto kUrgentGap = std::chrono::seconds(1);
+  const auto interval = std::chrono::nanoseconds(options_.refresh_interval_ns);
   const auto probe_gap = std::chrono::nanoseconds(kProbeGap_ns);
-  auto last = std::chrono::steady_clock::now();
+  auto last = Clock::now();
   while (!stop.stop_requested()) {
-    bool refresh = true;
+    bool have_map;
     {
-      // Without a slot map (no node answered yet) ask again soon, not at the next
-      // interval; while a breaker is open, wake to probe its node.
-      bool have_map;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        have_map = !slots_.empty();
-      }
-      const bool probing = AnyOpen();
-      auto wait = std::chrono::nanoseconds(options_.refresh_interval_ns);
-      if (!have_map) wait = std::min<std::chrono::nanoseconds>(wait, std::chrono::seconds(1));
-      if (probing) wait = std::min<std::chrono::nanoseconds>(wait, probe_gap);
+      std::lock_guard<std::mutex> l(mu_);
+      have_map = !slots_.empty();
+    }
+    const bool probing = AnyOpen();
+    const auto gap = have_map && !probing ? interval : std::min<Clock::duration>(interval, kUrgentGap);
+    bool refresh;
+    {
       std::unique_lock<std::mutex> l(refresh_mu_);
-      const bool asked = refresh_cv_.wait_for(l, stop, wait, [this] { return refresh_wanted_; });
+      // Wake for the next refresh, or sooner to probe open breakers.
+      auto wake = last + gap;
+      if (probing) wake = std::min(wake, Clock::now() + probe_gap);
+      const bool asked = refresh_cv_.wait_until(l, stop, wake, [this] { return refresh_wanted_; });
       if (stop.stop_requested()) return;
-      refresh = asked || !have_map || !probing;
+      refresh = asked || Clock::now() >= last + gap;
       if (refresh) {
         // At most one refresh per kMinGap, however often it is asked for.
         const auto next = last + kMinGap;
-        if (std::chrono::steady_clock::now() < next) {
+        if (Clock::now() < next) {
           refresh_cv_.wait_until(l, stop, next, [] { return false; });
           if (stop.stop_requested()) return;
         }
         refresh_wanted_ = false;
       }
     }
-    ProbeOpenNodes();
+    if (probing) ProbeOpenNodes();
     if (refresh) {
       RefreshOnce();
-      last = std::chrono::steady_clock::now();
+      last = Clock::now();
     }
   }
 }
