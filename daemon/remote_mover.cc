@@ -52,7 +52,7 @@ Result<std::unique_ptr<RemoteMover>> RemoteMover::Open(std::unique_ptr<RemoteTie
 // ---- puts --------------------------------------------------------------------------------
 
 void RemoteMover::QueuePut(BlockId id) {
-  if (put_queue_.size() >= options_.max_queued_puts) {
+  if (put_queue_.size() >= options_.max_queued_puts || backing_off()) {
     ++puts_skipped_;
     return;
   }
@@ -117,6 +117,9 @@ void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
       backoff_ns_ = backoff_ns_ ? std::min(backoff_ns_ * 2, kMaxBackoff_ns) : kFirstBackoff_ns;
       backoff_until_ns_ = now + backoff_ns_;
       ++put_backoffs_;
+      // What waits would be refused too: skipped, not sent after the pause.
+      puts_skipped_ += put_queue_.size();
+      put_queue_.clear();
       KVTIER_LOG(WARNING) << "remote tier: puts back off for " << backoff_ns_ / 1'000'000
                           << " ms: the cluster refuses writes for memory (" << st.message() << ")";
     }

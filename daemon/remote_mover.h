@@ -13,9 +13,9 @@
 //
 // Back-off: a put the cluster refuses for memory (OOM: maxmemory with noeviction, or
 // full masters) stops puts for kFirstBackoff, doubling up to kMaxBackoff while they keep
-// being refused, so a full cluster is not sent the bytes of every block; write-throughs
-// wait in the queue meanwhile (skipped once it is full) and write-back evicts without
-// putting. Logged once per back-off run; counted in put_backoffs.
+// being refused, so a full cluster is not sent the bytes of every block: write-throughs
+// queued or committed meanwhile are skipped (counted in puts_skipped), and write-back
+// evicts without putting. Logged once per back-off; counted in put_backoffs.
 //
 // Quotas: a tenant with a remote quota (security.tenants[].quota.remote) has what this
 // kvtierd put for it remembered, oldest first (its block keys: about 50 bytes each); past

@@ -33,7 +33,10 @@
 // refused or timed out, an I/O error, a missed deadline) the node is open for
 // `breaker_open`: requests for it fail at once (kUnavailable) without being queued. The
 // period doubles (up to 8x) while the node keeps failing; meanwhile the refresh thread
-// PINGs it every kProbeGap and closes the breaker as soon as it answers. Cluster-level
+// PINGs it every kProbeGap and closes the breaker as soon as it answers, and reads the
+// slot map every second (a replica may be taking over), as it does until a first map is
+// read; otherwise every refresh_interval, and at once (at most every 200 ms) after a
+// failure or a MOVED. Cluster-level
 // refusals (CLUSTERDOWN, TRYAGAIN, LOADING, MASTERDOWN) fail their requests with
 // kUnavailable without counting against the node, which answered.
 //
