@@ -3,19 +3,10 @@
 #include <limits.h>
 #include <unistd.h>
 
-#include <chrono>
-
+#include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 
 namespace kvtier {
-namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 RemoteMover::RemoteMover(std::unique_ptr<RemoteTier> remote, const Options& options, BlockTable* blocks,
                          NamespaceTable* namespaces, CacheCounters* counters, Hooks hooks)
@@ -59,7 +50,9 @@ void RemoteMover::QueuePut(BlockId id) {
   put_queue_.emplace_back(id, blocks_->block(id).gen);
 }
 
-bool RemoteMover::backing_off() const { return backoff_ns_ != 0 && NowNs() < backoff_until_ns_; }
+bool RemoteMover::backing_off() const {
+  return backoff_ns_ != 0 && SystemClock::Default()->NowNanos() < backoff_until_ns_;
+}
 
 void RemoteMover::PumpPuts() {
   while (!put_queue_.empty() && !busy() && remote_->available()) {
@@ -112,7 +105,7 @@ void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
       << "remote put completion for a block that moved";
   blocks_->EndRead(id);
   if (st.code() == StatusCode::kResourceExhausted) {
-    const int64_t now = NowNs();
+    const int64_t now = SystemClock::Default()->NowNanos();
     if (now >= backoff_until_ns_) {
       backoff_ns_ = backoff_ns_ ? std::min(backoff_ns_ * 2, kMaxBackoff_ns) : kFirstBackoff_ns;
       backoff_until_ns_ = now + backoff_ns_;

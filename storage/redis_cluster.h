@@ -156,7 +156,7 @@ class RedisCluster {
   // The masters of the current slot map.
   std::vector<NodeState> Masters() const;
   // Whether a request could be sent now: a slot map is known and some master is not open.
-  bool Available() const;
+  bool Available() const { return AnyMaster(/*open=*/false); }
   // Asks the refresh thread to read the slot map again soon.
   void RequestRefresh();
   const RedisClusterCounters& counters() const { return counters_; }
@@ -204,7 +204,8 @@ class RedisCluster {
   bool RefreshOnce();
   // PINGs every node whose breaker is open; one that answers is closed.
   void ProbeOpenNodes();
-  bool AnyOpen() const;
+  // Whether some master of the slot map has its breaker open (open) / closed (!open).
+  bool AnyMaster(bool open) const;
   // A connection to host:port, authenticated when a password is set; null with *error.
   void* OpenContext(const std::string& host, int port, std::string* error) const;
   // Logs an error of `kind` (the first, then at most once a minute per kind).

@@ -19,6 +19,7 @@
 #include <msgpack.hpp>
 #include <zmq.hpp>
 
+#include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 
 namespace kvtier {
@@ -159,11 +160,6 @@ bool AcceptedOn(int fd, const std::string& endpoint) {
   if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port) == port;
   if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port) == port;
   return false;
-}
-
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // Starts monitoring `s` for accepted and closed connections on a new PAIR socket.
@@ -509,7 +505,7 @@ void KvEvents::WatchPeers(bool replay) {
         // ZMQ reads the end of the stream and closes the connection itself.
         ::shutdown(fd, SHUT_RDWR);
         refused_.fetch_add(1, std::memory_order_relaxed);
-        const int64_t now = SteadyNs();
+        const int64_t now = SystemClock::Default()->NowNanos();
         if (now - sockets_->last_refusal_log_ns > 60'000'000'000) {
           sockets_->last_refusal_log_ns = now;
           KVTIER_LOG(WARNING) << "events: a connection to " << endpoint

@@ -81,6 +81,23 @@ Status Store(Client& c, const std::vector<BlockHash>& chain, size_t bytes) {
   return Status::Ok();
 }
 
+// An engine of `layout` on node `d` stores `chain`; then the node has put `puts` blocks
+// into the cluster in all (write-through drains in the background).
+::testing::AssertionResult StoreThrough(const DaemonProcess& d, const ModelLayout& layout,
+                                        const std::vector<BlockHash>& chain, uint64_t puts) {
+  ClientOptions o = EngineOptions(d.socket_path());
+  o.layout = layout;
+  auto c = Client::Connect(o);
+  if (!c.ok()) return ::testing::AssertionFailure() << c.status().ToString();
+  if (Status st = Store(**c, chain, layout.block_bytes); !st.ok())
+    return ::testing::AssertionFailure() << st.ToString();
+  const bool drained = WaitUntil([&] {
+    auto s = StatsOf(d.socket_path());
+    return s.ok() && s->remote && s->remote->puts == puts;
+  });
+  return drained ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << "puts never reached " << puts;
+}
+
 class RemoteTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -154,17 +171,7 @@ TEST_F(RemoteTierTest, AValueOverwrittenInTheClusterIsAMissNeverServed) {
                                            "rpush %s not-a-block"};
   for (uint64_t round = 0; round < 2; ++round) {
     const auto chain = HashChain(31 + round, 6);
-    {
-      ClientOptions o = EngineOptions(a.socket_path());
-      o.layout = layout;
-      auto c = Client::Connect(o);
-      ASSERT_TRUE(c.ok());
-      ASSERT_TRUE(Store(**c, chain, layout.block_bytes).ok());
-    }
-    ASSERT_TRUE(WaitUntil([&] {
-      auto s = StatsOf(a.socket_path());
-      return s.ok() && s->remote && s->remote->puts == (round + 1) * chain.size();
-    }));
+    ASSERT_TRUE(StoreThrough(a, layout, chain, (round + 1) * chain.size()));
     // Someone plants something else under the key of the chain's fourth block.
     const std::string key = RemoteCodec().Key("kvtier:", EncodeBlockKey(ns, chain[3]));
     ASSERT_NE(rc.Cli(0, "-c exists " + key).find('1'), std::string::npos) << "no such key: " << key;
@@ -351,17 +358,7 @@ TEST_F(RemoteTierTest, AnAclAndAFleetSecretKeepOthersOut) {
   ASSERT_TRUE(b.Start().ok()) << b.Log();
   const ModelLayout layout = TestLayout("remote-model");
   const auto chain = HashChain(77, 8);
-  {
-    ClientOptions o = EngineOptions(a.socket_path());
-    o.layout = layout;
-    auto c = Client::Connect(o);
-    ASSERT_TRUE(c.ok());
-    ASSERT_TRUE(Store(**c, chain, layout.block_bytes).ok());
-  }
-  ASSERT_TRUE(WaitUntil([&] {
-    auto s = StatsOf(a.socket_path());
-    return s.ok() && s->remote && s->remote->puts == chain.size();
-  }));
+  ASSERT_TRUE(StoreThrough(a, layout, chain, chain.size()));
   // Key names: the prefix and a keyed hash, nothing of tenant or model.
   std::string keys;
   for (size_t i = 0; i < rc.size(); ++i) keys += rc.Cli(i, "--scan");
