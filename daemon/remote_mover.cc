@@ -51,7 +51,7 @@ void RemoteMover::QueuePut(BlockId id) {
 }
 
 bool RemoteMover::backing_off() const {
-  return backoff_ns_ != 0 && SystemClock::Default()->NowNanos() < backoff_until_ns_;
+  return SystemClock::Default()->NowNanos() < backoff_until_ns_;
 }
 
 void RemoteMover::PumpPuts() {
@@ -116,7 +116,9 @@ void RemoteMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
       KVTIER_LOG(WARNING) << "remote tier: puts back off for " << backoff_ns_ / 1'000'000
                           << " ms: the cluster refuses writes for memory (" << st.message() << ")";
     }
-  } else if (st.ok()) {
+  } else if (st.ok() && SystemClock::Default()->NowNanos() >= backoff_until_ns_) {
+    // A put answered after the pause ended: the cluster takes writes again. One sent before
+    // the pause and stored (memory hovers at the limit) neither ends the pause nor resets it.
     backoff_ns_ = 0;
   }
   if (st.ok()) {

@@ -131,7 +131,7 @@ class RemoteMover {
   uint64_t puts_skipped_ = 0;
   uint64_t quota_deletes_ = 0;
   int64_t backoff_until_ns_ = 0;  // steady clock
-  int64_t backoff_ns_ = 0;        // the current back-off; 0: none
+  int64_t backoff_ns_ = 0;        // the last pause; doubles per refusal, 0 once a put is stored after it
   uint64_t put_backoffs_ = 0;
   struct Account {
     uint64_t bytes = 0;
