@@ -11,6 +11,7 @@ if(NOT KVTIER_CLIENT_ONLY)  # the client and the Python extension need only the 
   find_package(nlohmann_json CONFIG REQUIRED)
   find_package(GTest CONFIG REQUIRED)
   find_package(RocksDB CONFIG REQUIRED)
+  find_package(prometheus-cpp CONFIG REQUIRED)    # the metric catalogue (core only)
   pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
   pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
   pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)  # the remote tier's Redis Cluster client

@@ -11,15 +11,15 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/cache_types.h"
+#include "daemon/cache/cache_types.h"
 #include "daemon/events/kv_events.h"
 #include "protocol/base/defaults.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
-#include "storage/nvme_tier.h"
-#include "storage/remote_tier.h"
-#include "storage/segment_memory.h"
+#include "storage/nvme/nvme_tier.h"
+#include "storage/remote/remote_tier.h"
+#include "storage/pool/segment_memory.h"
 
 namespace kvtier {
 

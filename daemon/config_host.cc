@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "protocol/base/units.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {

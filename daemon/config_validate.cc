@@ -9,7 +9,7 @@
 
 #include "daemon/config.h"
 #include "protocol/base/units.h"
-#include "storage/eviction_policy.h"
+#include "storage/policy/eviction_policy.h"
 
 namespace kvtier {
 

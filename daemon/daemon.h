@@ -13,7 +13,7 @@
 #include <functional>
 #include <memory>
 
-#include "daemon/cache_manager.h"
+#include "daemon/cache/cache_manager.h"
 #include "daemon/config.h"
 #include "daemon/dispatcher.h"
 #include "daemon/health.h"

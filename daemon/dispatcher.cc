@@ -45,17 +45,17 @@ int64_t Dispatcher::Observe(int op, int64_t start_ns, const Status& st) {
   const int64_t now = clock_->NowNanos();
   if (op <= 0 || op > static_cast<int>(fb::Op::MAX)) return now;
   op_metrics_[op].latency->Observe(static_cast<double>(now - start_ns) * 1e-9);
-  if (!st.ok()) op_metrics_[op].errors->Inc();
+  if (!st.ok()) op_metrics_[op].errors->Increment();
   return now;
 }
 
 void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::string_view reason, ReplySink& sink) {
   if (reason == "oversized")
-    rejected_oversized_->Inc();
+    rejected_oversized_->Increment();
   else if (reason == "truncated")
-    rejected_truncated_->Inc();
+    rejected_truncated_->Increment();
   else
-    rejected_malformed_->Inc();
+    rejected_malformed_->Increment();
   KVTIER_LOG(NOTICE) << "session " << ctx.id << " (pid " << ctx.pid << "): " << reason << " frame: " << status.message()
                      << "; closing";
   builder_.Clear();

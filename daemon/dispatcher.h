@@ -23,7 +23,7 @@
 #include <span>
 #include <string>
 
-#include "daemon/cache_manager.h"
+#include "daemon/cache/cache_manager.h"
 #include "daemon/metrics.h"
 #include "daemon/tenants.h"
 #include "protocol/base/clock.h"

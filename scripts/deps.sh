@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 curl file
   liburing-dev libboost-dev flatbuffers-compiler libflatbuffers-dev
   librocksdb-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
-  libsystemd-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libsystemd-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format
   prometheus fio tmux systemd python3-yaml python3-venv
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libopenblas0-pthread

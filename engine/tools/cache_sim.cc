@@ -5,7 +5,7 @@
 #include <queue>
 #include <vector>
 
-#include "storage/eviction_policy.h"
+#include "storage/policy/eviction_policy.h"
 
 namespace kvtier {
 namespace {

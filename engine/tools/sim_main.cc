@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "engine/tools/cache_sim.h"
-#include "storage/eviction_policy.h"
+#include "storage/policy/eviction_policy.h"
 
 int main(int argc, char** argv) {
   using namespace kvtier;

@@ -1,6 +1,6 @@
 // AllocationHeadroom: the pages a tier keeps ahead of allocations, from the allocation
 // rate and the demotions' round trip.
-#include "daemon/allocation_headroom.h"
+#include "daemon/cache/allocation_headroom.h"
 
 #include <gtest/gtest.h>
 

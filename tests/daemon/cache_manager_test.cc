@@ -1,4 +1,4 @@
-#include "daemon/cache_manager.h"
+#include "daemon/cache/cache_manager.h"
 
 #include <gtest/gtest.h>
 

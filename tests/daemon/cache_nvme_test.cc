@@ -9,7 +9,7 @@
 #include <deque>
 #include <mutex>
 
-#include "daemon/cache_manager.h"
+#include "daemon/cache/cache_manager.h"
 #include "engine/tools/block_pattern.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/test_util.h"

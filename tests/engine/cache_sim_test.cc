@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "storage/eviction_policy.h"
+#include "storage/policy/eviction_policy.h"
 
 namespace kvtier {
 namespace {

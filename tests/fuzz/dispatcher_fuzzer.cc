@@ -15,7 +15,7 @@
 #include <cstring>
 #include <memory>
 
-#include "daemon/cache_manager.h"
+#include "daemon/cache/cache_manager.h"
 #include "daemon/dispatcher.h"
 #include "daemon/metrics.h"
 #include "daemon/tenants.h"

@@ -15,9 +15,9 @@
 #include <cstring>
 #include <string>
 
-#include "storage/redis_cluster.h"
-#include "storage/remote_tier.h"
-#include "storage/resp_reader.h"
+#include "storage/remote/redis_cluster.h"
+#include "storage/remote/remote_tier.h"
+#include "storage/remote/resp_reader.h"
 
 using namespace kvtier;
 

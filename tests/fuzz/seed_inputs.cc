@@ -4,7 +4,7 @@
 
 #include "daemon/config.h"
 #include "daemon/events/kv_events.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 
 namespace kvtier::fuzz {
 namespace {

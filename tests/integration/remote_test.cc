@@ -17,7 +17,7 @@
 
 #include "engine/tools/block_pattern.h"
 #include "engine/tools/trace.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 #include "tests/integration/engine_process.h"
 #include "tests/support/redis_cluster_process.h"
 

@@ -1,5 +1,5 @@
 // One conformance suite for every BlockIndexStore.
-#include "storage/block_index_store.h"
+#include "storage/nvme/block_index_store.h"
 
 #include <gtest/gtest.h>
 #include <xxhash.h>

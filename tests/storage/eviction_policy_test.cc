@@ -1,7 +1,7 @@
 // The EvictionPolicy conformance suite: every policy MakeEvictionPolicy knows passes the
-// same contract (storage/eviction_policy.h), with and without prefix parents, against a
+// same contract (storage/policy/eviction_policy.h), with and without prefix parents, against a
 // model of which blocks are present and evictable.
-#include "storage/eviction_policy.h"
+#include "storage/policy/eviction_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "storage/adaptive_policy.h"
+#include "storage/policy/adaptive_policy.h"
 
 namespace kvtier {
 namespace {

@@ -1,6 +1,6 @@
 // FlatIdIndex against std::unordered_map under random inserts and erases, with hashes
 // crowded into few homes so runs wrap around the array and erases shift entries back.
-#include "storage/flat_id_index.h"
+#include "storage/policy/flat_id_index.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // One conformance suite, run against every IoEngine (as liburing's tests, the io_uring run
 // skips where a ring cannot be set up; the threads fallback runs the same suite).
-#include "storage/io_engine.h"
+#include "storage/io/io_engine.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

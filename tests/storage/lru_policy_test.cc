@@ -1,8 +1,8 @@
-#include "storage/lru_policy.h"
+#include "storage/policy/lru_policy.h"
 
 #include <gtest/gtest.h>
 
-#include "storage/arc_policy.h"
+#include "storage/policy/arc_policy.h"
 
 namespace kvtier {
 namespace {

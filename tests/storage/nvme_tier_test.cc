@@ -1,4 +1,4 @@
-#include "storage/nvme_tier.h"
+#include "storage/nvme/nvme_tier.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "storage/page_allocator.h"
+#include "storage/pool/page_allocator.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // loopback ports the test picks): routing across masters, MOVED after a reshard, a
 // master killed (fail fast, then its replica takes over), a stalled master (timeouts, the
 // circuit breaker), a standalone server, and values that do not verify.
-#include "storage/remote_tier.h"
+#include "storage/remote/remote_tier.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "protocol/base/block_key.h"
-#include "storage/redis_cluster.h"
+#include "storage/remote/redis_cluster.h"
 #include "tests/support/fake_redis_node.h"
 #include "tests/support/redis_cluster_process.h"
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "protocol/base/block_key.h"
-#include "storage/redis_cluster.h"
-#include "storage/remote_tier.h"
+#include "storage/remote/redis_cluster.h"
+#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {

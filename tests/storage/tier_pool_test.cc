@@ -1,4 +1,4 @@
-#include "storage/tier_pool.h"
+#include "storage/pool/tier_pool.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "storage/io_engine.h"
+#include "storage/io/io_engine.h"
 
 namespace kvtier {
 

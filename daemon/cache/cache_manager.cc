@@ -1,0 +1,831 @@
+// CacheManager: sessions, their requests, and the requests that wait (Allocates for room,
+// Acquires for NVMe reads). Eviction is in cache_pressure.cc, kvctl's operations in
+// cache_manager_admin.cc.
+#include "daemon/cache/cache_manager.h"
+
+#include <algorithm>
+
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+
+size_t SessionCache::leased_pages() const {
+  size_t n = 0;
+  for (const auto& l : leased_) n += l.size();
+  return n;
+}
+
+CacheManager::CacheManager(const Options& options)
+    : options_(options), namespaces_(options.tenant_limits, options.unknown_limits) {}
+
+Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options, std::unique_ptr<NvmeTier> nvme,
+                                                         const Clock* clock, std::unique_ptr<RemoteTier> remote) {
+  std::unique_ptr<CacheManager> cm(new CacheManager(options));
+  cm->clock_ = clock ? clock : SystemClock::Default();
+  for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
+    cm->headroom_[TierIndex(t)] = AllocationHeadroom(options.tiers[TierIndex(t)].allocation_headroom);
+  }
+  KVTIER_ASSIGN_OR_RETURN(
+      cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
+  if (options.gpu_copy && options.post && cm->blocks_->enabled(TierKind::kGpu)) {
+    KVTIER_ASSIGN_OR_RETURN(cm->gpu_copier_, BlockWorkers::Open(1, options.post));
+  }
+  if (nvme && options.nvme_quantization) {
+    if (!options.post) return InvalidArgument("a quantized NVMe tier needs an event loop to post to");
+    KVTIER_ASSIGN_OR_RETURN(cm->workers_, BlockWorkers::Open(options.block_workers, options.post));
+  }
+  if (nvme) {
+    CacheManager* raw = cm.get();
+    NvmeMover::Hooks hooks;
+    hooks.after_spill = [raw] {
+      raw->ServePendingAllocates();
+      raw->EnforceWatermark(TierKind::kHost);
+    };
+    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
+    hooks.last_copy_dropped = [raw](const std::string& key) { raw->RememberEviction(key, TierKind::kNvme); };
+    hooks.demoted = [raw](double seconds) { raw->headroom_[TierIndex(TierKind::kHost)].NoteRoundTrip(seconds); };
+    NvmeMover::Options mo;
+    mo.clock = cm->clock_;
+    mo.write_policy = options.write_policy;
+    // Spills in flight are bounded by the watermark's band, not by the device's queue (the
+    // NVMe tier queues I/O past its depth): a spill's round trip is an I/O, an index write
+    // and turns of the event loop, so under load only a deep pipeline frees host pages as
+    // fast as engines allocate them (docs/architecture.md, "Allocate without waiting").
+    const TierOptions& host = options.tiers[TierIndex(TierKind::kHost)];
+    const uint64_t host_pages = host.page_bytes ? host.capacity_bytes / host.page_bytes : 0;
+    const auto band = static_cast<uint32_t>(static_cast<double>(host_pages) * (1.0 - host.low_watermark));
+    mo.max_spills_in_flight = std::max(options.max_spills_in_flight, band);
+    mo.quantization = options.nvme_quantization;
+    mo.workers = cm->workers_.get();
+    KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme), mo, cm->blocks_.get(), &cm->namespaces_,
+                                                        &cm->counters_, std::move(hooks)));
+  }
+  if (remote) {
+    CacheManager* raw = cm.get();
+    RemoteMover::Hooks hooks;
+    hooks.after_put = [raw] {
+      raw->ServePendingAllocates();
+      raw->EnforceWatermark(TierKind::kHost);
+    };
+    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
+    RemoteMover::Options ro;
+    ro.write_policy = options.remote_write_policy;
+    ro.max_puts_in_flight = options.max_remote_puts_in_flight;
+    KVTIER_ASSIGN_OR_RETURN(cm->remote_, RemoteMover::Open(std::move(remote), ro, cm->blocks_.get(), &cm->namespaces_,
+                                                           &cm->counters_, std::move(hooks)));
+  }
+  if (KvEvents* events = options.events) {
+    CacheManager* raw = cm.get();
+    cm->blocks_->SetResidencyListener([events, raw](const BlockTable::Block& b, TierKind tier, bool resident) {
+      const std::string& ns = raw->namespaces_.Get(b.ns).encoded;
+      if (resident) {
+        events->Stored(ns, tier, b.hash, b.parent, raw->committing_tokens_);
+      } else {
+        events->Removed(ns, tier, b.hash);
+      }
+    });
+    if (cm->mover_) {
+      cm->mover_->nvme().SetIndexListener([events](const std::string& key, const BlockRecord* stored) {
+        std::string ns;
+        BlockHash hash;
+        if (!DecodeBlockKey(key, nullptr, nullptr, &ns, &hash)) return;
+        if (stored == nullptr) {
+          events->Removed(ns, TierKind::kNvme, hash);
+          return;
+        }
+        BlockHash parent;
+        if (BlockHash::ValidSize(stored->parent.size())) {
+          parent = BlockHash(
+              std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(stored->parent.data()), stored->parent.size()));
+        }
+        events->Stored(ns, TierKind::kNvme, hash, parent);
+      });
+    }
+  }
+  return cm;
+}
+
+// The movers' threads must stop before the state their callbacks touch (and the pages
+// they read) goes.
+CacheManager::~CacheManager() {
+  workers_.reset();  // their jobs read pages and the movers' buffers
+  gpu_copier_.reset();
+  remote_.reset();
+  mover_.reset();
+}
+
+// ---- sessions ------------------------------------------------------------------------
+
+Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout,
+                            const EventSource& source) {
+  if (s.attached_) return FailedPrecondition("session already attached");
+  KVTIER_RETURN_IF_ERROR(layout.Validate());
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
+    const TierPool* pool = blocks_->pool(kind);
+    if (pool && layout.block_bytes > pool->page_bytes()) {
+      return InvalidArgument("layout.block_bytes " + std::to_string(layout.block_bytes) + " exceeds the " +
+                             std::string(TierKindName(kind)) + " tier's page of " + std::to_string(pool->page_bytes()) +
+                             " bytes");
+    }
+  }
+  const std::string fingerprint = layout.Fingerprint();
+  s.tenant_ = namespaces_.InternTenant(tenant);
+  // Blocks the kernels can quantize: the canonical page ([layer][k,v][token][head][dim]) of
+  // 2-byte floats, rows a multiple of 4 bytes of codes.
+  std::optional<KvGeometry> kv;
+  const bool floats = layout.dtype == DType::kBFloat16 || layout.dtype == DType::kFloat16;
+  if (floats && layout.block_bytes == layout.NaturalBlockBytes() && layout.head_dim % 4 == 0) {
+    KvGeometry g;
+    g.num_layers = layout.num_layers;
+    g.num_blocks = 1;
+    g.block_tokens = layout.tokens_per_block;
+    g.kv_heads = layout.kv_heads;
+    g.head_dim = layout.head_dim;
+    g.elem_bytes = 2;
+    if (g.Validate().ok()) kv = g;
+  }
+  s.ns_ =
+      namespaces_.Acquire(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes, tenant,
+                          layout.model_id, kv, layout.dtype == DType::kFloat16 ? FloatKind::kFp16 : FloatKind::kBf16,
+                          namespaces_.limits(s.tenant_).kv_quantization);
+  if (options_.events) {
+    options_.events->AddNamespace(namespaces_.Get(s.ns_).encoded, tenant, layout.model_id, layout.tokens_per_block,
+                                  source);
+  }
+  s.attached_ = true;
+  sessions_[s.id_] = &s;
+  return Status::Ok();
+}
+
+uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
+  if (!s.attached_) return 0;
+  uint64_t quarantine = 0;
+  sessions_.erase(s.id_);
+  // Its deferred requests are answered to nobody.
+  for (auto it = pending_acquires_.begin(); it != pending_acquires_.end();) {
+    it = it->second.session == s.id_ ? pending_acquires_.erase(it) : std::next(it);
+  }
+  std::erase_if(pending_lookups_, [&](const auto& p) { return p.second.session == s.id_; });
+  for (auto& q : pending_allocates_) std::erase_if(q, [&](const PendingAllocate& p) { return p.session == s.id_; });
+  for (TierKind kind : kAllTiers) {
+    for (PageId p : s.leased_[TierIndex(kind)]) {
+      if (quarantine_leases) {
+        if (quarantine == 0) quarantine = next_quarantine_++;
+        blocks_->Quarantine(kind, p);
+        quarantines_[quarantine].emplace_back(kind, p);
+      } else {
+        blocks_->Free(kind, p);
+      }
+    }
+    s.leased_[TierIndex(kind)].clear();
+  }
+  // Drop every reference; copy first since Unref edits the map.
+  std::vector<std::pair<BlockId, uint32_t>> refs(s.refs_.begin(), s.refs_.end());
+  for (auto [id, n] : refs) {
+    for (uint32_t i = 0; i < n; ++i) Unref(s, id);
+  }
+  namespaces_.Release(s.ns_);
+  s.attached_ = false;
+  ServePendingAllocates();
+  return quarantine;
+}
+
+void CacheManager::ReleaseQuarantine(uint64_t id) {
+  auto it = quarantines_.find(id);
+  if (it == quarantines_.end()) return;
+  for (auto [kind, p] : it->second) blocks_->EndQuarantine(kind, p);
+  quarantines_.erase(it);
+  ServePendingAllocates();
+}
+
+void CacheManager::Ref(SessionCache& s, BlockId id) {
+  blocks_->Ref(id);
+  ++s.refs_[id];
+}
+
+bool CacheManager::Unref(SessionCache& s, BlockId id) {
+  auto it = s.refs_.find(id);
+  if (it == s.refs_.end()) return false;
+  if (--it->second == 0) s.refs_.erase(it);
+  blocks_->Unref(id);
+  return true;
+}
+
+// ---- requests ------------------------------------------------------------------------
+
+std::optional<std::vector<PageId>> CacheManager::TakePages(SessionCache& s, TierKind kind, uint32_t count, Room* room) {
+  std::vector<PageId> pages;
+  pages.reserve(count);
+  *room = Room::kNow;
+  auto& leased = s.leased_[TierIndex(kind)];
+  for (uint32_t i = 0; i < count; ++i) {
+    *room = MakeRoom(kind, s.tenant_);
+    std::optional<PageId> page;
+    if (*room == Room::kNow) page = blocks_->Lease(kind, s.tenant_);
+    if (!page) {
+      for (PageId p : pages) {
+        leased.erase(p);
+        blocks_->Free(kind, p);
+      }
+      if (*room == Room::kNow) *room = Room::kNone;
+      return std::nullopt;
+    }
+    leased.insert(*page);
+    pages.push_back(*page);
+  }
+  return pages;
+}
+
+Status CacheManager::CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_t count) const {
+  if (options_.max_leased_share >= 1.0 || QuotaPages(kind, s.tenant_) > 0) return Status::Ok();
+  const uint32_t capacity = blocks_->pool(kind)->capacity();
+  const auto cap = std::max<uint64_t>(1, static_cast<uint64_t>(capacity * options_.max_leased_share));
+  const size_t held = s.leased_[TierIndex(kind)].size();
+  if (held + count <= cap) return Status::Ok();
+  return ResourceExhausted("this session holds " + std::to_string(held) + " leased " + std::string(TierKindName(kind)) +
+                           " pages and asks for " + std::to_string(count) +
+                           " more; security.max_leased_share lets one "
+                           "session hold " +
+                           std::to_string(cap) + " of " + std::to_string(capacity) + ": commit or release some first");
+}
+
+std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& s, TierKind kind, uint32_t count,
+                                                                  AllocateDone done) {
+  using R = Result<std::vector<PageId>>;
+  if (!s.attached_) return R(FailedPrecondition("session has no namespace"));
+  if (!IsPoolTier(kind)) return R(InvalidArgument(std::string(TierKindName(kind)) + " pages cannot be leased"));
+  if (!tier_enabled(kind)) return R(InvalidArgument(std::string(TierKindName(kind)) + " tier is not enabled"));
+  if (kind == TierKind::kGpu && draining_) {
+    return R(Unavailable("kvtierd is draining for maintenance (kvctl drain): no new GPU leases"));
+  }
+  const TierPool& pool = *blocks_->pool(kind);
+  if (count == 0) return R(std::vector<PageId>());
+  if (count > options_.max_entries_per_request || count > pool.capacity()) {
+    return R(InvalidArgument("cannot allocate " + std::to_string(count) + " pages at once"));
+  }
+  KVTIER_RETURN_IF_ERROR(CheckLeaseCap(s, kind, count));
+  Room room;
+  // Waiting requests of the tier go first: no overtaking them.
+  auto& waiting = pending_allocates_[TierIndex(kind)];
+  if (waiting.empty()) {
+    if (auto pages = TakePages(s, kind, count, &room)) {
+      EnforceWatermark(kind);
+      return R(std::move(*pages));
+    }
+  } else {
+    room = Room::kLater;
+  }
+  if ((room == Room::kLater || (room == Room::kNone && OthersWillRelease(s, kind))) && done) {
+    waiting.push_back(PendingAllocate{s.id_, count, clock_->NowNanos() + options_.allocate_wait_ns, std::move(done)});
+    ++s.pending_;
+    ++counters_.allocate_waits;
+    return std::nullopt;
+  }
+  ++counters_.allocate_failures;
+  if (room == Room::kOverQuota) {
+    ++counters_.quota_refusals;
+    return R(ResourceExhausted("tenant '" + namespaces_.tenant_name(s.tenant_) + "' is at its " +
+                               std::string(TierKindName(kind)) + " quota of " +
+                               std::to_string(QuotaPages(kind, s.tenant_)) +
+                               " pages (the rest of its pages are leased or referenced)"));
+  }
+  return R(ResourceExhausted(std::string(TierKindName(kind)) + " tier has no free page for " + std::to_string(count) +
+                             " (" + std::to_string(pool.free_count()) +
+                             " free, the rest leased, referenced or in flight)"));
+}
+
+std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, std::span<const PageId> pages,
+                                              std::span<const BlockHash> hashes, std::span<const BlockHash> parents,
+                                              bool retain, std::span<const uint32_t> tokens) {
+  std::vector<CacheResult> out(pages.size());
+  const size_t tokens_per_page = pages.empty() ? 0 : tokens.size() / pages.size();
+  auto& leased = s.leased_[TierIndex(kind)];
+  for (size_t i = 0; i < pages.size(); ++i) {
+    CacheResult& r = out[i];
+    const PageId page = pages[i];
+    r.tier = kind;
+    if (!s.attached_ || !IsPoolTier(kind) || !tier_enabled(kind) || leased.count(page) == 0) {
+      r.status = StatusCode::kFailedPrecondition;
+      continue;
+    }
+    const BlockHash& hash = hashes[i];
+    BlockHash parent;
+    if (!parents.empty() && !parents[i].IsZero()) parent = parents[i];
+    const BlockId existing = blocks_->Find(s.ns_, hash);
+    if (existing != kNoBlock && blocks_->block(existing).promoting) {
+      r.status = StatusCode::kUnavailable;  // being read from NVMe right now; retry
+      continue;
+    }
+    leased.erase(page);
+    if (existing != kNoBlock && blocks_->block(existing).page[TierIndex(kind)] != kNoPage) {
+      // Already stored here: keep the old copy, free this page.
+      blocks_->Free(kind, page);
+      r.duplicate = true;
+      r.page = blocks_->block(existing).page[TierIndex(kind)];
+      if (retain) Ref(s, existing);
+      blocks_->Policy(kind, s.tenant_).Touch(existing);
+      ++counters_.commits_duplicate;
+      continue;
+    }
+    std::optional<BlockRecord> on_nvme;
+    if (existing == kNoBlock && mover_) {
+      auto rec = mover_->Find(s.ns_, hash);
+      if (rec.ok()) on_nvme = *rec;
+    }
+    const BlockId id = existing != kNoBlock ? existing : blocks_->Create(s.ns_, s.tenant_, hash, parent);
+    // Known in another tier already: this page becomes its copy here.
+    r.duplicate = existing != kNoBlock || on_nvme.has_value();
+    if (on_nvme) blocks_->SetNvmeSlot(id, on_nvme->slot);
+    if (retain) Ref(s, id);
+    committing_tokens_ = tokens.subspan(i * tokens_per_page, tokens_per_page);
+    blocks_->Reside(id, kind, page);
+    committing_tokens_ = {};
+    r.page = page;
+    ++(r.duplicate ? counters_.commits_duplicate : counters_.commits_stored);
+    blocks_->NoteUse(id, clock_->NowNanos(), /*hit=*/false);
+    if (!r.duplicate && !history_.empty() && history_.Forget(KeyOf(blocks_->block(id)))) {
+      ++counters_.refetches_after_evict;
+    }
+    if (mover_ && mover_->write_through() && kind == TierKind::kHost &&
+        blocks_->block(id).page[TierIndex(TierKind::kNvme)] == kNoPage) {
+      mover_->QueueWriteThrough(id);
+    }
+    if (remote_ && remote_->write_through() && kind == TierKind::kHost && !blocks_->block(id).on_remote) {
+      remote_->QueuePut(id);
+    }
+  }
+  if (mover_) mover_->PumpWriteThrough();
+  if (remote_) remote_->PumpPuts();
+  // New cached blocks may be what the watermark needed to act on.
+  if (IsPoolTier(kind) && tier_enabled(kind)) EnforceWatermark(kind);
+  return out;
+}
+
+std::vector<StatusCode> CacheManager::Release(SessionCache& s, TierKind kind, std::span<const PageId> pages,
+                                              std::span<const BlockHash> hashes) {
+  std::vector<StatusCode> out;
+  out.reserve(pages.size() + hashes.size());
+  const bool usable = s.attached_ && IsPoolTier(kind) && tier_enabled(kind);
+  for (PageId page : pages) {
+    if (!usable || page >= blocks_->pool(kind)->capacity()) {
+      out.push_back(StatusCode::kFailedPrecondition);
+      continue;
+    }
+    auto& leased = s.leased_[TierIndex(kind)];
+    if (leased.erase(page) > 0) {
+      blocks_->Free(kind, page);
+      out.push_back(StatusCode::kOk);
+      continue;
+    }
+    const BlockId id =
+        blocks_->state(kind, page) != BlockTable::PageState::kFree ? blocks_->block_on(kind, page) : kNoBlock;
+    out.push_back(id != kNoBlock && Unref(s, id) ? StatusCode::kOk : StatusCode::kFailedPrecondition);
+  }
+  std::vector<BlockId>& ids = scratch_ids_;
+  ids.assign(hashes.size(), kNoBlock);
+  if (s.attached_) blocks_->FindMany(s.ns_, hashes, ids.data());  // Unref erases no block
+  // Deepest first for prefix-ordered policies, as Lookup and Acquire touch: a block whose
+  // last reference goes re-enters its lists as the most recent, so the chain's head must
+  // come last to end up more recent than its extensions (and the chain stays one run).
+  const size_t first = out.size();
+  out.resize(first + ids.size(), StatusCode::kFailedPrecondition);
+  const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);
+  for (size_t n = 0; n < ids.size(); ++n) {
+    const size_t i = reverse ? ids.size() - 1 - n : n;
+    if (ids[i] != kNoBlock && Unref(s, ids[i])) out[first + i] = StatusCode::kOk;
+  }
+  ServePendingAllocates();
+  if (usable) EnforceWatermark(kind);
+  return out;
+}
+
+std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const BlockHash> hashes, LookupDone done) {
+  CacheLookup r;
+  ++counters_.lookups;
+  counters_.lookup_blocks += hashes.size();
+  if (s.attached_) {
+    size_t i = 0;
+    std::vector<BlockTable::Use>& touched = scratch_uses_;
+    touched.clear();
+    r.tiers.reserve(hashes.size());
+    // In-memory blocks first; the rest of the chain from the NVMe index in one batch.
+    std::vector<BlockId>& ids = scratch_ids_;
+    ids.resize(hashes.size());
+    const size_t found = blocks_->FindPrefix(s.ns_, hashes, ids.data());
+    const int64_t now = clock_->NowNanos();
+    for (; i < found; ++i) {
+      const BlockId id = ids[i];
+      const Block& b = blocks_->block(id);
+      auto tier = blocks_->ReadableTier(b);
+      if (!tier) {
+        if (!b.promoting) break;
+        tier = PromotingFrom(b);  // on its way up
+      } else {
+        touched.push_back({id, *tier});           // an engine wants it: it is in use
+        blocks_->NoteUse(id, now, /*hit=*/true);  // while its record is at hand
+      }
+      r.tiers.push_back(*tier);
+    }
+    // Prefix-ordered policies see the deepest block first, so the chain's head ends up the
+    // most recent.
+    if (blocks_->PrefixOrdered(s.tenant_)) std::reverse(touched.begin(), touched.end());
+    blocks_->Touch(touched);
+    if (i < hashes.size() && mover_) {
+      NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
+      auto recs = mover_->FindMany(s.ns_, hashes.subspan(i));
+      for (size_t j = i; recs.ok() && j < hashes.size(); ++j) {
+        const BlockId id = blocks_->Find(s.ns_, hashes[j]);
+        if (id != kNoBlock) {
+          const Block& b = blocks_->block(id);
+          auto tier = blocks_->ReadableTier(b);
+          if (!tier && !b.promoting) break;
+          r.tiers.push_back(tier ? *tier : PromotingFrom(b));
+          continue;
+        }
+        const auto& rec = (*recs)[j - i];
+        if (!rec) break;
+        r.tiers.push_back(TierKind::kNvme);
+        mover_->nvme().Touch(rec->slot);
+        if (options_.prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false).id != kNoBlock) {
+          ++counters_.prefetches;
+        }
+      }
+    }
+    // What the local tiers do not hold, the cluster may: asked without waiting here.
+    const size_t local = r.tiers.size();
+    if (local < hashes.size() && remote_ && done && remote_->available()) {
+      const uint64_t id = next_pending_++;
+      pending_lookups_[id] = PendingLookup{s.id_, std::move(r), hashes.size(), std::move(done)};
+      remote_->FindPrefix(s.ns_, hashes.subspan(local), [this, id](size_t found) { FinishLookup(id, found); });
+      return std::nullopt;
+    }
+    for (TierKind t : r.tiers) ++counters_.block_hits[TierIndex(t)];
+  }
+  r.matched = r.tiers.size();
+  counters_.block_misses += hashes.size() - r.matched;
+  return r;
+}
+
+void CacheManager::FinishLookup(uint64_t lookup, size_t remote_blocks) {
+  auto it = pending_lookups_.find(lookup);
+  if (it == pending_lookups_.end()) return;  // its session went away
+  PendingLookup p = std::move(it->second);
+  pending_lookups_.erase(it);
+  p.result.tiers.insert(p.result.tiers.end(), remote_blocks, TierKind::kRemote);
+  for (TierKind t : p.result.tiers) ++counters_.block_hits[TierIndex(t)];
+  p.result.matched = p.result.tiers.size();
+  counters_.block_misses += p.asked - p.result.matched;
+  p.done(std::move(p.result));
+}
+
+std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, std::span<const BlockHash> hashes,
+                                                              AcquireDone done) {
+  std::vector<CacheResult> out(hashes.size());
+  std::vector<std::pair<size_t, BlockId>> waits;  // entry, promoting block
+  std::vector<size_t> lower;                      // entries to look for on NVMe, then in the remote tier
+  std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;      // entries waiting for a host page
+  const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
+  std::vector<BlockId>& ids = scratch_ids_;
+  ids.assign(hashes.size(), kNoBlock);
+  std::vector<BlockTable::Use>& touched = scratch_uses_;  // readable now: referenced below
+  touched.clear();
+  if (s.attached_) blocks_->FindMany(s.ns_, hashes, ids.data());
+  for (size_t n = 0; n < hashes.size(); ++n) {
+    const size_t i = reverse ? hashes.size() - 1 - n : n;
+    ++counters_.acquires;
+    const BlockId id = ids[i];
+    if (id != kNoBlock && blocks_->block(id).promoting) {
+      waits.emplace_back(i, id);
+      continue;
+    }
+    std::optional<TierKind> tier;
+    if (id != kNoBlock) tier = blocks_->ReadableTier(blocks_->block(id));
+    if (!tier) {
+      if (s.attached_ && (mover_ || remote_)) {
+        lower.push_back(i);
+      } else {
+        out[i].status = StatusCode::kNotFound;
+        ++counters_.acquire_misses;
+      }
+      continue;
+    }
+    touched.push_back({id, *tier});
+    out[i].tier = *tier;
+    out[i].page = blocks_->block(id).page[TierIndex(*tier)];
+  }
+  // Touched before referenced: a pinned block ignores Touch.
+  blocks_->Touch(touched);
+  for (const BlockTable::Use& u : touched) Ref(s, u.id);
+  if (!lower.empty()) {
+    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(lower.size()));
+    std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission
+    if (mover_) {
+      reads_together.emplace(&mover_->nvme());
+      std::vector<BlockHash> wanted;
+      wanted.reserve(lower.size());
+      for (size_t i : lower) wanted.push_back(hashes[i]);
+      recs = mover_->FindMany(s.ns_, wanted);
+    }
+    const bool ask_remote = remote_ && remote_->available();
+    for (size_t k = 0; k < lower.size(); ++k) {
+      const size_t i = lower[k];
+      const BlockId again = blocks_->Find(s.ns_, hashes[i]);  // an earlier entry may have started it
+      if (again != kNoBlock && blocks_->block(again).promoting) {
+        waits.emplace_back(i, again);
+        continue;
+      }
+      std::optional<BlockRecord> rec;
+      if (recs.ok()) rec = std::move((*recs)[k]);
+      if (!rec && !ask_remote) {
+        out[i].status = StatusCode::kNotFound;
+        ++counters_.acquire_misses;
+        continue;
+      }
+      if (!done) {
+        // The caller cannot wait for a read: an NVMe block is there but not now; a remote
+        // one may not be there at all.
+        out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
+        continue;
+      }
+      Promoted p;
+      if (queued_promotions_.empty()) {
+        p = Promote(s.ns_, s.tenant_, hashes[i], rec, true);
+      } else {
+        p.room = Room::kLater;  // behind the queued ones
+      }
+      if (p.id == kNoBlock && p.room != Room::kLater) {
+        // Every host page is leased or referenced and nothing in flight frees one: a miss
+        // now, rather than a wait that holds this Acquire's other blocks meanwhile.
+        out[i].status = StatusCode::kResourceExhausted;
+        continue;
+      }
+      if (p.id == kNoBlock) {
+        // No host page yet (spills are freeing some): read it when one frees up.
+        queued.emplace_back(i, std::move(rec));
+        continue;
+      }
+      waits.emplace_back(i, p.id);
+    }
+  }
+  if (waits.empty() && queued.empty()) return out;
+  const uint64_t acq = next_pending_++;
+  for (auto [i, id] : waits) AddWaiter(id, {acq, i});
+  for (auto& [i, rec] : queued) {
+    const BlockHash& hash = hashes[i];
+    auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(),
+                             [&](const QueuedPromotion& q) { return q.ns == s.ns_ && q.hash == hash; });
+    if (same != queued_promotions_.end()) {
+      same->waiters.emplace_back(acq, i);
+    } else {
+      queued_promotions_.push_back(QueuedPromotion{
+          s.ns_, s.tenant_, hashes[i], std::move(rec), clock_->NowNanos() + options_.allocate_wait_ns, {{acq, i}}});
+    }
+  }
+  pending_acquires_[acq] = PendingAcquire{s.id_, std::move(out), waits.size() + queued.size(), std::move(done)};
+  ++s.pending_;
+  return std::nullopt;
+}
+
+// ---- waiting requests ----------------------------------------------------------------
+
+CacheManager::Promoted CacheManager::Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash,
+                                             const std::optional<BlockRecord>& rec, bool may_evict) {
+  Promoted p;
+  if (may_evict) {
+    p.room = MakeRoom(TierKind::kHost, tenant);
+  } else {
+    const bool free = blocks_->pool(TierKind::kHost)->AvailableTo(tenant) > 0 && !AtQuota(TierKind::kHost, tenant);
+    p.room = free ? Room::kNow : Room::kNone;
+  }
+  if (p.room != Room::kNow) return p;
+  p.id = rec ? mover_->StartPromotion(ns, tenant, hash, *rec) : remote_->StartPromotion(ns, tenant, hash);
+  if (p.id == kNoBlock) p.room = Room::kNone;
+  return p;
+}
+
+CacheResult CacheManager::ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier) {
+  CacheResult r;
+  auto p = pending_acquires_.find(w.first);
+  auto s = p == pending_acquires_.end() ? sessions_.end() : sessions_.find(p->second.session);
+  if (tier && s != sessions_.end()) {
+    Ref(*s->second, id);
+    r.tier = *tier;
+    r.page = blocks_->block(id).page[TierIndex(*tier)];
+  } else {
+    r.status = StatusCode::kUnavailable;
+  }
+  return r;
+}
+
+void CacheManager::OnPromoted(BlockId id, const Status& st) {
+  std::vector<Waiter> waiters;
+  if (auto node = promotion_waiters_.extract(id)) waiters = std::move(node.mapped());
+  if (st.ok()) {
+    for (const auto& w : waiters) {
+      if (!pending_acquires_.count(w.first)) continue;  // its session went away
+      FinishAcquireEntry(w.first, w.second, ResultForWaiter(w, id, TierKind::kHost));
+    }
+    return;
+  }
+  for (const auto& w : waiters) {
+    CacheResult r;
+    // A block that failed its checksum or left the tier since it was looked up is a miss.
+    r.status =
+        st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ? st.code() : StatusCode::kUnavailable;
+    FinishAcquireEntry(w.first, w.second, r);
+  }
+  ServePendingAllocates();
+}
+
+void CacheManager::FinishAcquireEntry(uint64_t acq, size_t index, CacheResult r) {
+  auto it = pending_acquires_.find(acq);
+  if (it == pending_acquires_.end()) return;
+  PendingAcquire& p = it->second;
+  p.results[index] = r;
+  if (--p.outstanding > 0) return;
+  auto done = std::move(p.done);
+  auto results = std::move(p.results);
+  auto s = sessions_.find(p.session);
+  if (s != sessions_.end()) --s->second->pending_;
+  pending_acquires_.erase(it);
+  if (done) done(std::move(results));
+}
+
+void CacheManager::ServeQueuedPromotions() {
+  std::optional<NvmeTier::Batch> reads_together;
+  if (mover_ && !queued_promotions_.empty()) reads_together.emplace(&mover_->nvme());
+  while (!queued_promotions_.empty()) {
+    QueuedPromotion& q = queued_promotions_.front();
+    // Drop waiters whose sessions left; with none left there is nothing to read for.
+    std::erase_if(q.waiters, [this](const auto& w) { return !pending_acquires_.count(w.first); });
+    if (q.waiters.empty()) {
+      queued_promotions_.pop_front();
+      continue;
+    }
+    // While it waited, another session may have committed the block or started reading it.
+    if (const BlockId existing = blocks_->Find(q.ns, q.hash); existing != kNoBlock) {
+      const auto waiters = std::move(q.waiters);
+      queued_promotions_.pop_front();
+      if (blocks_->block(existing).promoting) {
+        for (const auto& w : waiters) AddWaiter(existing, w);
+      } else {
+        const auto tier = blocks_->ReadableTier(blocks_->block(existing));
+        for (const auto& w : waiters) FinishAcquireEntry(w.first, w.second, ResultForWaiter(w, existing, tier));
+      }
+      continue;
+    }
+    const Promoted p = Promote(q.ns, q.tenant, q.hash, q.record, true);
+    const BlockId id = p.id;
+    if (id == kNoBlock) {
+      // Still no page: keep waiting while spills in flight will free one, else a miss.
+      if (p.room == Room::kLater && clock_->NowNanos() < q.deadline_ns) return;
+      for (const auto& w : q.waiters) {
+        CacheResult r;
+        r.status = StatusCode::kResourceExhausted;
+        FinishAcquireEntry(w.first, w.second, r);
+      }
+      queued_promotions_.pop_front();
+      continue;
+    }
+    for (const auto& w : q.waiters) AddWaiter(id, w);
+    queued_promotions_.pop_front();
+  }
+}
+
+void CacheManager::ServePendingAllocates() {
+  ServeQueuedPromotions();
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) ServePendingAllocates(kind);
+}
+
+void CacheManager::ServePendingAllocates(TierKind kind) {
+  auto& waiting = pending_allocates_[TierIndex(kind)];
+  while (!waiting.empty()) {
+    PendingAllocate& p = waiting.front();
+    auto s = sessions_.find(p.session);
+    if (s == sessions_.end()) {
+      waiting.pop_front();
+      continue;
+    }
+    if (Status cap = CheckLeaseCap(*s->second, kind, p.count); !cap.ok()) {
+      // Over the cap since it queued (it leased more meanwhile): refused, not waited for.
+      PendingAllocate done = std::move(p);
+      waiting.pop_front();
+      --s->second->pending_;
+      ++counters_.allocate_failures;
+      done.done(cap);
+      continue;
+    }
+    Room room;
+    auto pages = TakePages(*s->second, kind, p.count, &room);
+    if (!pages && (room == Room::kLater || (room == Room::kNone && OthersWillRelease(*s->second, kind))) &&
+        clock_->NowNanos() < p.deadline_ns) {
+      return;
+    }
+    PendingAllocate done = std::move(p);
+    waiting.pop_front();
+    --s->second->pending_;
+    if (pages) {
+      EnforceWatermark(kind);
+      done.done(std::move(*pages));
+    } else if (room == Room::kOverQuota) {
+      ++counters_.allocate_failures;
+      ++counters_.quota_refusals;
+      done.done(ResourceExhausted("tenant '" + namespaces_.tenant_name(s->second->tenant_) + "' is at its " +
+                                  std::string(TierKindName(kind)) + " quota"));
+    } else {
+      ++counters_.allocate_failures;
+      done.done(ResourceExhausted(std::string(TierKindName(kind)) + " tier could not free " +
+                                  std::to_string(done.count) + " pages in time"));
+    }
+  }
+}
+
+void CacheManager::Tick() {
+  if (draining_) DrainStep();
+  if (mover_) {
+    mover_->nvme().Maintain();
+    mover_->PumpWriteThrough();
+  }
+  if (remote_) remote_->PumpPuts();  // the cluster may be back
+  ServePendingAllocates();
+  EnforceWatermark(TierKind::kHost);
+}
+
+void CacheManager::VerifyNvme(std::function<void(VerifyReport)> done) {
+  if (!mover_) {
+    VerifyReport r;
+    r.status = FailedPrecondition("no NVMe tier is configured");
+    done(r);
+    return;
+  }
+  mover_->nvme().Verify(std::move(done));
+}
+
+// ---- segments ------------------------------------------------------------------------
+
+std::vector<SegmentGrant> CacheManager::TakeSegmentGrants(SessionCache& s, TierKind kind,
+                                                          std::span<const PageId> pages) {
+  std::vector<SegmentGrant> out;
+  if (!IsPoolTier(kind) || !tier_enabled(kind)) return out;
+  const TierPool& pool = *blocks_->pool(kind);
+  auto& sent = s.sent_gen_[TierIndex(kind)];
+  if (sent.size() < pool.segment_count()) sent.resize(pool.segment_count(), 0);
+  uint32_t last = UINT32_MAX;  // a chain's pages run in few segments: each checked once a run
+  for (PageId p : pages) {
+    if (p == kNoPage) continue;
+    const uint32_t seg = pool.SegmentOf(p);
+    if (seg == last) continue;
+    last = seg;
+    if (sent[seg] == pool.Generation(seg)) continue;
+    sent[seg] = pool.Generation(seg);
+    auto handle = pool.memory().IpcHandle(seg);
+    out.push_back(SegmentGrant{kind, seg, seg * pool.pages_per_segment(), pool.pages_per_segment(),
+                               pool.memory().segment_bytes(), pool.memory().ShareFd(seg),
+                               std::vector<uint8_t>(handle.begin(), handle.end())});
+  }
+  return out;
+}
+
+std::vector<SegmentGrant> CacheManager::TakeAllSegmentGrants(SessionCache& s) {
+  std::vector<SegmentGrant> out;
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
+    if (!tier_enabled(kind)) continue;
+    const TierPool& pool = *blocks_->pool(kind);
+    std::vector<PageId> firsts;
+    for (uint32_t seg : pool.SegmentsOf(s.tenant_)) firsts.push_back(seg * pool.pages_per_segment());
+    auto g = TakeSegmentGrants(s, kind, firsts);
+    out.insert(out.end(), g.begin(), g.end());
+  }
+  return out;
+}
+
+// ---- accounting ----------------------------------------------------------------------
+
+TierCounts CacheManager::Counts(TierKind kind) const {
+  if (IsPoolTier(kind)) return blocks_->Counts(kind);
+  TierCounts c;
+  if (!mover_) return c;
+  const NvmeCounts n = mover_->nvme().Counts();
+  c.capacity = n.capacity;
+  c.free = n.free;
+  c.inflight = n.inflight;
+  c.cached = n.cached;
+  c.quarantined = n.lost;
+  c.blocks = n.cached;
+  c.page_bytes = mover_->nvme().slot_bytes();
+  return c;
+}
+
+Status CacheManager::CheckInvariants() const {
+  if (mover_) {
+    const TierCounts c = Counts(TierKind::kNvme);
+    if (uint64_t{c.free} + c.inflight + c.cached + c.quarantined != c.capacity) {
+      return Internal("nvme: free " + std::to_string(c.free) + " + inflight " + std::to_string(c.inflight) +
+                      " + cached " + std::to_string(c.cached) + " + lost " + std::to_string(c.quarantined) +
+                      " != capacity " + std::to_string(c.capacity));
+    }
+  }
+  return blocks_->CheckInvariants();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,434 @@
+#pragma once
+// CacheManager: the daemon's cache, composed of parts that each own one kind of state —
+//   NamespaceTable   tenants and namespaces
+//   BlockTable       pages of the GPU and host tiers, the blocks on them, references and
+//                    the per-tenant eviction policies
+//   NvmeMover        spills, write-throughs and promotions between host and NVMe
+//   EvictionHistory  the blocks whose last copy left (explain, thrash)
+// — and owning what is left: the sessions and what each holds, the requests that wait
+// (Allocates for room, Acquires for NVMe reads), the counters and the maintenance drain.
+// Its files: cache_manager.cc (sessions and requests), cache_pressure.cc (eviction and
+// watermarks), cache_manager_admin.cc (kvctl's operations).
+//
+// Page states per tier: free -> leased (writable by one session) -> block (cached when
+// no session references it, referenced otherwise) -> evicted (free again). A host page is
+// in flight while the NVMe tier reads it (a spill) or fills it (a promotion). Invariant at
+// all times, checked by CheckInvariants():
+//   free + leased + inflight + cached + referenced + quarantined == capacity.
+// Quarantined pages were leased by a session that ended (or expired) while its process
+// still lives: the process may still write through its mapping, which cannot be revoked,
+// so the pages are reused only once the process is gone (ReleaseQuarantine).
+//
+// With a remote tier (a Redis Cluster shared by a fleet; RemoteMover): Lookup goes on
+// past the local tiers into the cluster — it is then answered later, through `done` —
+// Acquire reads blocks found only there into host pages, and committed blocks are put
+// there in the background (write_through) or when evicted (write_back).
+//
+// With an NVMe tier: above the host high watermark cached blocks are demoted (spilled,
+// then their host page freed) down to the low watermark; write_through spills every
+// committed block in the background and keeps the host copy. A block only on NVMe lives
+// in the NVMe index, not here: Lookup finds it there, Acquire promotes it into a host page
+// and answers when the bytes are in and verified. Allocate of a full tier waits for
+// spills in flight to make room instead of dropping blocks.
+//
+// Blocks are keyed by (namespace, hash). The namespace (tenant x model fingerprint) is set
+// when a session attaches; sessions only ever see blocks of their own namespace. A
+// block's pages in the GPU and host tiers are pinned while any session references it.
+//
+// Owned by the control thread; not thread-safe. No method waits for NVMe data I/O or a
+// copy, with two exceptions written as what they are: Lookup, Acquire, Commit and Explain
+// read the NVMe index on the control thread (RocksDB Get/MultiGet: memtable and block
+// cache when hot, the index's files when cold), and without Options::gpu_copy a GPU->host
+// demotion copies the page on the control thread (the daemon always sets it).
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "daemon/cache/allocation_headroom.h"
+#include "daemon/cache/block_table.h"
+#include "daemon/cache/cache_types.h"
+#include "daemon/events/kv_events.h"
+#include "daemon/cache/eviction_history.h"
+#include "daemon/cache/namespace_table.h"
+#include "daemon/cache/nvme_mover.h"
+#include "daemon/cache/remote_mover.h"
+#include "kernels/device_backend.h"
+#include "protocol/base/clock.h"
+#include "protocol/base/layout.h"
+#include "protocol/base/status.h"
+#include "protocol/framing.h"
+#include "storage/nvme/nvme_tier.h"
+#include "storage/remote/remote_tier.h"
+
+namespace kvtier {
+
+// What one session holds. Owned by the session; changed only through CacheManager.
+class SessionCache {
+ public:
+  explicit SessionCache(SessionId id) : id_(id) {}
+  SessionCache(const SessionCache&) = delete;
+  SessionCache& operator=(const SessionCache&) = delete;
+
+  SessionId id() const { return id_; }
+  bool attached() const { return attached_; }
+  TenantId tenant() const { return tenant_; }
+  NamespaceId ns() const { return ns_; }
+  size_t leased_pages() const;
+  size_t referenced_blocks() const { return refs_.size(); }
+
+ private:
+  friend class CacheManager;
+  SessionId id_;
+  bool attached_ = false;
+  TenantId tenant_ = kNoOwner;
+  NamespaceId ns_ = 0;
+  std::array<std::unordered_set<PageId>, kTierCount> leased_;
+  std::unordered_map<BlockId, uint32_t> refs_;              // block -> references held
+  uint64_t pending_ = 0;                                    // deferred requests
+  std::array<std::vector<uint32_t>, kTierCount> sent_gen_;  // segment -> generation sent
+};
+
+class CacheManager {
+ public:
+  struct Options {
+    std::array<TierOptions, kTierCount> tiers;  // indexed by TierIndex (host, GPU)
+    uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
+    WritePolicy write_policy = WritePolicy::kWriteBack;  // NVMe
+    WritePolicy remote_write_policy = WritePolicy::kWriteThrough;
+    uint32_t max_remote_puts_in_flight = 32;
+    // The form blocks of tenants that opted in take on NVMe (the NVMe tier's slots are then
+    // sized for it); nullopt: full width.
+    std::optional<QuantKind> nvme_quantization;
+    // Threads that quantize, dequantize and copy blocks off the control thread, and how
+    // their completions reach it (the daemon's event loop). Used by the quantized tiers.
+    int block_workers = 2;
+    std::function<void(std::function<void()>)> post;
+    // Copies a GPU page down into a host page (device -> host), run on a copy thread of its
+    // own; with `post`, GPU->host demotions leave the control thread: the GPU page stays
+    // readable (and pinned) until the host copy is complete. Null: the control thread
+    // copies (synchronously). What it uses (a DeviceBackend of its own) outlives the manager.
+    std::function<Status(void* dst, const uint8_t* device_src, uint64_t bytes)> gpu_copy;
+    uint32_t max_gpu_demotions_in_flight = 16;
+    bool prefetch = false;  // Lookup starts promoting NVMe hits
+    // At least this many spills in flight; more where the host tier's watermark band
+    // (capacity above the low watermark) is larger.
+    uint32_t max_spills_in_flight = 32;
+    int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
+    // The most of a tier's pages one session may hold leased (not yet committed) at once,
+    // as a fraction; a tenant with a quota on the tier is bounded by that instead. 1: no
+    // cap (kvtierd's default is security.max_leased_share, 0.5).
+    double max_leased_share = 1.0;
+    // Where BlockStored / BlockRemoved events go (events: in the config); null: none.
+    // Outlives the manager.
+    KvEvents* events = nullptr;
+    // The GPU tier's memory (required when tiers[kGpu].enabled); outlives the manager.
+    DeviceBackend* device_backend = nullptr;
+    int gpu_device = 0;
+    // Limits of configured tenants by name; every other tenant gets `unknown_limits`.
+    std::unordered_map<std::string, TenantLimits> tenant_limits;
+    TenantLimits unknown_limits;
+  };
+
+  // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's;
+  // `remote` (may be null) the remote tier.
+  static Result<std::unique_ptr<CacheManager>> Open(const Options& options, std::unique_ptr<NvmeTier> nvme = nullptr,
+                                                    const Clock* clock = nullptr,
+                                                    std::unique_ptr<RemoteTier> remote = nullptr);
+  ~CacheManager();
+
+  // Tenants' limits from a reloaded config (NamespaceTable::SetLimits): host, GPU and
+  // remote quotas and reserves apply to the next allocation; the NVMe tier's were fixed
+  // at start.
+  void SetTenantLimits(std::unordered_map<std::string, TenantLimits> tenant_limits, TenantLimits unknown_limits) {
+    namespaces_.SetLimits(std::move(tenant_limits), unknown_limits);
+  }
+
+  // Binds a session to tenant x layout. kInvalidArgument for a bad layout or a block that
+  // does not fit a page; kFailedPrecondition if already attached.
+  // `source` names the engine in KV events (KvEvents).
+  Status Attach(SessionCache& s, std::string_view tenant, const ModelLayout& layout, const EventSource& source = {});
+  // Drops everything the session holds: references go, leased pages return to free — or,
+  // with `quarantine_leases`, into quarantine until ReleaseQuarantine(returned id); 0 when
+  // nothing was quarantined.
+  uint64_t Detach(SessionCache& s, bool quarantine_leases = false);
+  // The process behind a quarantine exited: its pages are free again.
+  void ReleaseQuarantine(uint64_t id);
+
+  using AllocateDone = std::function<void(Result<std::vector<PageId>>)>;
+  using AcquireDone = std::function<void(std::vector<CacheResult>)>;
+  using LookupDone = std::function<void(CacheLookup)>;
+
+  // Leases `count` free pages (all or nothing), evicting (or demoting) cached blocks of the
+  // session's tenant if needed. Returns the result now, or nullopt when the request waits
+  // for spills in flight to make room; `done` then runs later with the result (not at
+  // all if the session detaches first). With a null `done` it never waits.
+  // kResourceExhausted when the tier cannot supply them.
+  std::optional<Result<std::vector<PageId>>> Allocate(SessionCache& s, TierKind tier, uint32_t count,
+                                                      AllocateDone done);
+  Result<std::vector<PageId>> Allocate(SessionCache& s, TierKind tier, uint32_t count) {
+    return *Allocate(s, tier, count, nullptr);
+  }
+  // pages[i] becomes block hashes[i] (parent parents[i], or none if parents is empty or
+  // the parent hash is all zero). Per entry: kFailedPrecondition if the page is not
+  // leased by this session; duplicate=true when the key existed (the page is freed, or
+  // with `retain` the existing block is referenced instead). `tokens`: empty, or the
+  // same number of tokens for each page, announced with each block's BlockStored event.
+  std::vector<CacheResult> Commit(SessionCache& s, TierKind tier, std::span<const PageId> pages,
+                                  std::span<const BlockHash> hashes, std::span<const BlockHash> parents, bool retain,
+                                  std::span<const uint32_t> tokens = {});
+  // Per page then per hash: kOk, or kFailedPrecondition when the session holds nothing
+  // there.
+  std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
+                                  std::span<const BlockHash> hashes);
+  // Longest present prefix of the chain in the session's namespace, on any tier. When
+  // the local tiers end the prefix early and the remote tier can be asked, the answer
+  // comes later through `done` (nullopt now; not at all if the session detaches first);
+  // with a null `done`, or no remote tier, it is the local answer, now.
+  std::optional<CacheLookup> Lookup(SessionCache& s, std::span<const BlockHash> hashes, LookupDone done);
+  CacheLookup Lookup(SessionCache& s, std::span<const BlockHash> hashes) { return *Lookup(s, hashes, nullptr); }
+  // References each present block (kNotFound per missing entry). Blocks only on NVMe or
+  // in the remote tier are promoted into host pages first: then the results come later
+  // through `done` (nullopt now), once every entry is settled; an entry whose bytes fail
+  // verification is kDataLoss. With a null `done`, such blocks are kUnavailable (remote
+  // ones kNotFound).
+  std::optional<std::vector<CacheResult>> Acquire(SessionCache& s, std::span<const BlockHash> hashes, AcquireDone done);
+  std::vector<CacheResult> Acquire(SessionCache& s, std::span<const BlockHash> hashes) {
+    return *Acquire(s, hashes, nullptr);
+  }
+
+  // Periodic housekeeping (the daemon calls it every 100 ms): resumes spilling after an
+  // NVMe back-off, times out waiting Allocates, enforces watermarks.
+  void Tick();
+  // Scrubs the NVMe tier (kvctl verify).
+  void VerifyNvme(std::function<void(VerifyReport)> done);
+
+  // ---- operator operations (kvctl; cache_manager_admin.cc) ----
+  // `tenant`: only that tenant's namespaces are visible; null: every namespace (admins).
+  // `ns_hex`: one namespace (NamespaceHex), or empty for every visible one.
+  std::vector<BlockExplanation> Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
+                                        const std::string* tenant);
+  enum class BlockOrder { kHits, kRecent };
+  using BlocksDone = std::function<void(std::vector<BlockInfo>)>;
+  // The top `limit` blocks of a tier (nullopt: the GPU and host tiers) by hits or recency.
+  // For the NVMe tier the index is scanned on its scan thread and `done` runs later;
+  // otherwise it runs before this returns.
+  void TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant, BlockOrder order,
+                 size_t limit, BlocksDone done);
+  // Evicts cached blocks of `tier` (largest tenants first, reserves kept) until `bytes`
+  // have gone or started going: GPU blocks move to host, host blocks to NVMe when they
+  // have no copy there, the rest are dropped.
+  EvictReport Evict(TierKind tier, uint64_t bytes);
+  // Starts (or stops) a maintenance drain (kvctl drain): while it runs, new GPU leases are
+  // refused, GPU blocks are demoted to host, and every host block is written to NVMe so a
+  // restart keeps it.
+  void SetDrain(bool on);
+  DrainStatus Drain() const;
+  bool draining() const { return draining_; }
+  NvmeTier* nvme() { return mover_ ? &mover_->nvme() : nullptr; }
+  const NvmeTier* nvme() const { return mover_ ? &mover_->nvme() : nullptr; }
+  RemoteMover* remote() { return remote_.get(); }
+  const RemoteMover* remote() const { return remote_.get(); }
+  size_t pending_promotions() const {
+    return (mover_ ? mover_->promotions_in_flight() : 0) + (remote_ ? remote_->promotions_in_flight() : 0) +
+           queued_promotions_.size();
+  }
+  size_t pending_allocates() const {
+    size_t n = 0;
+    for (const auto& q : pending_allocates_) n += q.size();
+    return n;
+  }
+
+  // Segments the session has not been sent (in their current generation) among those
+  // holding `pages`; marks them sent.
+  std::vector<SegmentGrant> TakeSegmentGrants(SessionCache& s, TierKind tier, std::span<const PageId> pages);
+  // Every segment of every tier its tenant owns now; marks them sent.
+  std::vector<SegmentGrant> TakeAllSegmentGrants(SessionCache& s);
+
+  bool tier_enabled(TierKind t) const {
+    return t == TierKind::kNvme ? mover_ != nullptr : t == TierKind::kRemote ? remote_ != nullptr : blocks_->enabled(t);
+  }
+  const TierPool* pool(TierKind t) const { return blocks_->pool(t); }
+  TierCounts Counts(TierKind t) const;
+  const CacheCounters& counters() const { return counters_; }
+  double high_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].high_watermark; }
+  const KvEvents* events() const { return options_.events; }
+  // Pages of pool tier `t` kept free or on their way down ahead of allocations now (0: none
+  // beyond the high watermark's; see TierOptions::allocation_headroom).
+  uint32_t headroom_pages(TierKind t) const;
+  double low_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].low_watermark; }
+  // Hex id of a namespace, for display (of an encoded namespace: NamespaceTable::HexOf).
+  std::string NamespaceHex(NamespaceId ns) const { return namespaces_.Hex(ns); }
+  size_t namespace_count() const { return namespaces_.size(); }
+
+  // kInternal describing the first broken accounting identity, if any.
+  Status CheckInvariants() const;
+
+ private:
+  struct PendingAcquire {
+    SessionId session;
+    std::vector<CacheResult> results;
+    size_t outstanding = 0;
+    AcquireDone done;
+  };
+  struct PendingAllocate {  // its tier: the queue it waits in
+    SessionId session;
+    uint32_t count;
+    int64_t deadline_ns;
+    AllocateDone done;
+  };
+  // Who waits for a promotion: (a pending Acquire's id, its entry index).
+  using Waiter = std::pair<uint64_t, size_t>;
+  // A block to promote once the host tier has a page for it: from NVMe (its index
+  // record), or from the remote tier (no record).
+  struct QueuedPromotion {
+    NamespaceId ns;
+    TenantId tenant;
+    BlockHash hash;
+    std::optional<BlockRecord> record;
+    int64_t deadline_ns;
+    std::vector<Waiter> waiters;
+  };
+  struct PendingLookup {
+    SessionId session;
+    CacheLookup result;  // the local part
+    size_t asked = 0;    // hashes in the request
+    LookupDone done;
+  };
+  enum class Room { kNow, kLater, kNone, kOverQuota };
+  using Block = BlockTable::Block;
+
+  explicit CacheManager(const Options& options);
+  std::string KeyOf(const Block& b) const { return namespaces_.BlockKey(b.ns, b.hash); }
+  bool NvmeSpillable() const { return mover_ && mover_->spillable(); }
+
+  // ---- sessions' references (cache_manager.cc) ----
+  void Ref(SessionCache& s, BlockId id);
+  bool Unref(SessionCache& s, BlockId id);  // false if the session held no reference
+  std::optional<std::vector<PageId>> TakePages(SessionCache& s, TierKind kind, uint32_t count, Room* room);
+  // kResourceExhausted when `count` more leased pages would take the session over
+  // max_leased_share of the tier.
+  Status CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_t count) const;
+
+  // ---- waiting requests (cache_manager.cc) ----
+  // Reads a block into a host page — from NVMe (`rec`) or from the remote tier (no rec).
+  // `id` is kNoBlock when no page can be had now (`may_evict` false: only a page free
+  // without evicting anything); `room` then says whether one will free up (kLater).
+  struct Promoted {
+    BlockId id = kNoBlock;
+    Room room = Room::kNone;
+  };
+  Promoted Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const std::optional<BlockRecord>& rec,
+                   bool may_evict);
+  // Host pages will be released soon by someone other than `s`: Acquires wait for reads,
+  // reads are in flight, or other sessions reference host blocks (engines release what they
+  // acquired once they have copied it). An Allocate of host pages that finds none to free
+  // then waits for them (up to allocate_wait) rather than failing; a GPU Allocate does not
+  // (managed-pool engines hold GPU blocks for as long as they run on them).
+  bool OthersWillRelease(const SessionCache& s, TierKind tier) const {
+    return tier == TierKind::kHost && (!pending_acquires_.empty() || pending_promotions() > 0 ||
+                                       blocks_->Counts(tier).referenced > s.refs_.size());
+  }
+  // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
+  void AddWaiter(BlockId id, Waiter w) { promotion_waiters_[id].push_back(w); }
+  void OnPromoted(BlockId id, const Status& st);
+  // The remote tier's answer to a Lookup that went past the local tiers.
+  void FinishLookup(uint64_t lookup, size_t remote_blocks);
+  // The tier a promoting block is on its way up from.
+  TierKind PromotingFrom(const Block& b) const {
+    return b.on_remote && b.page[TierIndex(TierKind::kNvme)] == kNoPage ? TierKind::kRemote : TierKind::kNvme;
+  }
+  void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
+  // Starts queued promotions and serves waiting Allocates (in that order) as pages free up.
+  void ServePendingAllocates();
+  void ServePendingAllocates(TierKind kind);
+  void ServeQueuedPromotions();
+  // A result for a waiter of block `id` (readable in `tier`), referencing it for the
+  // waiter's session; kUnavailable when the session went or the block is not readable.
+  CacheResult ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier);
+
+  // ---- pressure (cache_pressure.cc) ----
+  // Frees (or starts freeing) the page of the tenant's coldest cached block: a block with
+  // an NVMe copy, or with no NVMe tier to go to, is dropped at once (kDropped); one that
+  // can be spilled is demoted (kDemoting: the page frees later), unless too many spills are
+  // in flight (kBusy). kNone when nothing is evictable.
+  enum class Evicted { kNone, kDropped, kDemoting, kBusy };
+  Evicted EvictOne(TierKind tier, TenantId tenant);
+  // Copies GPU block `id` into a host page it gets now, if the host tier has room (on the
+  // control thread: without a GPU copy thread).
+  void DemoteToHost(BlockId id);
+  // Starts copying GPU block `id` into a host page on the GPU copy thread; false when the
+  // host tier has no page for it now.
+  bool StartGpuDemotion(BlockId id);
+  void OnGpuDemoted(BlockId id, const Status& st);
+  // Drops block `id`'s copy in `tier`, remembering the eviction when it was the last.
+  void DropCopy(BlockId id, TierKind tier);
+  void EnforceWatermark(TierKind tier);
+  // Ensures the tenant can get one page: evicts its own cached blocks, then other
+  // tenants'. kLater when only spills in flight will free one.
+  Room MakeRoom(TierKind tier, TenantId tenant);
+  uint32_t QuotaPages(TierKind tier, TenantId t) const;
+  uint32_t ReservePages(TierKind tier, TenantId t) const;
+  bool AtQuota(TierKind tier, TenantId t) const;
+  // Whether eviction on behalf of someone else (or of the watermark) may take from `t`.
+  bool AboveReserve(TierKind tier, TenantId t) const;
+  // The tenant with the most cached pages that is above its reserve (who gives first
+  // under pressure), or kNoOwner.
+  TenantId LargestCachedTenant(TierKind tier) const;
+  void RememberEviction(const std::string& key, TierKind tier) { history_.Remember(key, tier, clock_->NowNanos()); }
+
+  // ---- operator operations (cache_manager_admin.cc) ----
+  void DrainStep();
+  BlockInfo InfoOf(BlockId id) const;
+  bool Visible(NamespaceId ns, std::string_view ns_hex, const std::string* tenant) const;
+
+  Options options_;
+  const Clock* clock_ = nullptr;
+  int64_t last_unspillable_log_ns_ = -60'000'000'000;  // clock_ time of the last such line
+  NamespaceTable namespaces_;
+  std::unique_ptr<BlockTable> blocks_;
+  // The tokens of the block Commit is making resident, for the residency listener's
+  // BlockStored; empty at every other time.
+  std::span<const uint32_t> committing_tokens_;
+  std::unique_ptr<BlockWorkers> workers_;     // null unless a tier needs them
+  std::unique_ptr<BlockWorkers> gpu_copier_;  // one thread; null without options_.gpu_copy
+  struct GpuDemotion {
+    uint32_t gen;
+    PageId host_page;
+    int64_t started_ns;
+  };
+  std::unordered_map<BlockId, GpuDemotion> gpu_demotions_;  // in flight
+  std::unique_ptr<NvmeMover> mover_;                        // null without an NVMe tier
+  std::unique_ptr<RemoteMover> remote_;                     // null without a remote tier
+  EvictionHistory history_;
+  // Per pool tier: between crossing the high watermark and reaching the low one.
+  std::array<bool, kTierCount> evicting_{};
+  // By pool tier (TierIndex: GPU, host); fed by EnforceWatermark and the demotions' round
+  // trips (host: NVMe spills; GPU: copies down to host).
+  std::array<AllocationHeadroom, 2> headroom_;
+  std::unordered_map<SessionId, SessionCache*> sessions_;
+  std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
+  // Per tier: an Allocate waits behind earlier ones of its own tier only (a GPU Allocate
+  // waiting for GPU demotions never holds up host Allocates).
+  std::array<std::deque<PendingAllocate>, kTierCount> pending_allocates_;
+  std::deque<QueuedPromotion> queued_promotions_;
+  std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
+  std::unordered_map<uint64_t, PendingLookup> pending_lookups_;
+  std::vector<BlockId> scratch_ids_;           // the block ids of a Lookup or Acquire, kept to spare an allocation
+  std::vector<BlockTable::Use> scratch_uses_;  // the blocks a Lookup or Acquire touches, likewise
+  uint64_t next_pending_ = 1;
+  std::unordered_map<uint64_t, std::vector<std::pair<TierKind, PageId>>> quarantines_;
+  uint64_t next_quarantine_ = 1;
+  CacheCounters counters_;
+  bool draining_ = false;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,269 @@
+// CacheManager's operator operations (kvctl explain, blocks, evict, drain). Same class as
+// cache_manager.cc, same rules: control thread only.
+
+#include <algorithm>
+#include <cstdio>
+
+#include "daemon/cache/cache_manager.h"
+
+namespace kvtier {
+namespace {
+
+std::string Ago(double s) {
+  char buf[64];
+  if (s < 120)
+    std::snprintf(buf, sizeof(buf), "%.1f s ago", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof(buf), "%.0f min ago", s / 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f h ago", s / 3600);
+  return buf;
+}
+
+}  // namespace
+
+bool CacheManager::Visible(NamespaceId ns, std::string_view ns_hex, const std::string* tenant) const {
+  if (!namespaces_.live(ns)) return false;
+  const NamespaceTable::Namespace& n = namespaces_.Get(ns);
+  if (tenant && n.tenant != *tenant) return false;
+  return ns_hex.empty() || NamespaceHex(ns) == ns_hex;
+}
+
+std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
+                                                    const std::string* tenant) {
+  std::vector<BlockExplanation> out;
+  const int64_t now = clock_->NowNanos();
+  for (const BlockHash& h : hashes) {
+    BlockExplanation e;
+    auto found_in = [&](NamespaceId ns) {
+      e.namespace_hex = NamespaceHex(ns);
+      e.tenant = namespaces_.Get(ns).tenant;
+      e.model = namespaces_.Get(ns).model;
+    };
+    // 1. Cached (or on its way up) in an asked namespace.
+    for (NamespaceId ns = 0; ns < namespaces_.id_limit() && e.state == BlockExplanation::State::kNeverStored; ++ns) {
+      if (!Visible(ns, ns_hex, tenant)) continue;
+      const BlockId id = blocks_->Find(ns, h);
+      std::optional<BlockRecord> rec;
+      if (id == kNoBlock && mover_) {
+        auto r = mover_->Find(ns, h);
+        if (r.ok() && r->has_value()) rec = **r;
+      }
+      if (id == kNoBlock && !rec) continue;
+      found_in(ns);
+      if (id != kNoBlock && blocks_->block(id).promoting) {
+        e.state = BlockExplanation::State::kInFlight;
+        e.tier = TierKind::kHost;
+        e.on_nvme = true;
+        e.detail = "in flight: being read from NVMe into a host page; an Acquire now waits for it";
+        continue;
+      }
+      e.state = BlockExplanation::State::kCached;
+      if (id != kNoBlock) {
+        const Block& b = blocks_->block(id);
+        e.tier = *blocks_->ReadableTier(b);
+        e.on_nvme = b.page[TierIndex(TierKind::kNvme)] != kNoPage;
+        e.writing = b.spilling;
+      } else {
+        e.tier = TierKind::kNvme;
+        e.on_nvme = true;
+      }
+      e.detail = "a hit: cached in the " + std::string(TierKindName(e.tier)) + " tier" +
+                 (e.tier != TierKind::kNvme && e.on_nvme ? " (and on NVMe)" : "") +
+                 (e.writing ? "; its NVMe copy is being written" : "");
+    }
+    if (e.state != BlockExplanation::State::kNeverStored) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    // 2. Evicted from an asked namespace, while the history remembers it.
+    for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
+      if (!Visible(ns, ns_hex, tenant)) continue;
+      const EvictionHistory::Record* rec = history_.Find(namespaces_.BlockKey(ns, h));
+      if (rec == nullptr) continue;
+      found_in(ns);
+      e.state = BlockExplanation::State::kEvicted;
+      e.tier = rec->tier;
+      e.seconds_ago = static_cast<double>(now - rec->at_ns) * 1e-9;
+      e.detail = "evicted: its last copy left the " + std::string(TierKindName(e.tier)) + " tier " +
+                 Ago(e.seconds_ago) +
+                 (e.tier == TierKind::kNvme ? " (the NVMe tier was full)"
+                  : mover_                  ? " (not demoted: the NVMe tier was backing off or busy)"
+                                            : " (no NVMe tier to demote it to)");
+      break;
+    }
+    if (e.state != BlockExplanation::State::kNeverStored) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    // 3. Stored under another namespace the caller may see: another model or layout (its
+    // fingerprint differs), or another tenant (admins only see those).
+    for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
+      if (!namespaces_.live(ns) || (tenant && namespaces_.Get(ns).tenant != *tenant)) continue;
+      if (Visible(ns, ns_hex, tenant)) continue;  // asked already
+      bool there = blocks_->Find(ns, h) != kNoBlock;
+      if (!there && mover_) {
+        auto r = mover_->Find(ns, h);
+        there = r.ok() && r->has_value();
+      }
+      if (!there) continue;
+      found_in(ns);
+      e.state = BlockExplanation::State::kOtherNamespace;
+      e.detail = "not in the namespace asked about, but stored under tenant '" + e.tenant + "' model '" + e.model +
+                 "' (namespace " + e.namespace_hex +
+                 "): engines see only blocks of their own tenant and exact layout (model, heads, dtype, "
+                 "tokens per block, block bytes)";
+      break;
+    }
+    if (e.state == BlockExplanation::State::kNeverStored) {
+      e.detail = "never stored (or evicted more than " + std::to_string(EvictionHistory::kCapacity) +
+                 " evictions ago): no engine committed it, or it went before the history remembers";
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+BlockInfo CacheManager::InfoOf(BlockId id) const {
+  const Block& b = blocks_->block(id);
+  const NamespaceTable::Namespace& n = namespaces_.Get(b.ns);
+  BlockInfo i;
+  i.hash = b.hash;
+  i.namespace_hex = NamespaceHex(b.ns);
+  i.tenant = n.tenant;
+  i.model = n.model;
+  i.tier = blocks_->ReadableTier(b).value_or(TierKind::kNvme);
+  i.on_nvme = b.page[TierIndex(TierKind::kNvme)] != kNoPage;
+  i.bytes = n.block_bytes;
+  i.hits = b.hits;
+  i.refs = b.refs;
+  i.idle_s = static_cast<double>(clock_->NowNanos() - b.last_use_ns) * 1e-9;
+  return i;
+}
+
+void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant,
+                             BlockOrder order, size_t limit, BlocksDone done) {
+  auto better = [order](const BlockInfo& a, const BlockInfo& b) {
+    if (order == BlockOrder::kHits && a.hits != b.hits) return a.hits > b.hits;
+    return a.idle_s < b.idle_s;
+  };
+  if (tier == TierKind::kNvme) {
+    if (!mover_) return done({});
+    // Only what the index knows: hit counts recorded when blocks were served from NVMe.
+    const std::string want_ns(ns_hex);
+    const std::optional<std::string> want_tenant = tenant ? std::optional<std::string>(*tenant) : std::nullopt;
+    const double now_s = clock_->WallSeconds();
+    // Ask for more than `limit`: filtering by namespace happens after the scan.
+    const size_t scan_limit = want_ns.empty() && !want_tenant ? limit : std::max<size_t>(limit * 64, 4096);
+    mover_->nvme().ScanTop(scan_limit, order == BlockOrder::kRecent,
+                           [this, want_ns, want_tenant, limit, now_s,
+                            done = std::move(done)](std::vector<std::pair<std::string, BlockRecord>> entries) {
+                             std::vector<BlockInfo> out;
+                             for (const auto& [key, rec] : entries) {
+                               BlockInfo i;
+                               std::string encoded;
+                               if (!DecodeBlockKey(key, &i.tenant, nullptr, &encoded, &i.hash)) continue;
+                               if (want_tenant && i.tenant != *want_tenant) continue;
+                               i.namespace_hex = NamespaceTable::HexOf(encoded);
+                               if (!want_ns.empty() && i.namespace_hex != want_ns) continue;
+                               if (auto ns = namespaces_.Find(encoded)) i.model = namespaces_.Get(*ns).model;
+                               i.tier = TierKind::kNvme;
+                               i.on_nvme = true;
+                               i.bytes = rec.length;
+                               i.hits = rec.hit_count;
+                               i.idle_s = std::max(0.0, now_s - rec.last_access);
+                               out.push_back(std::move(i));
+                               if (out.size() == limit) break;
+                             }
+                             done(std::move(out));
+                           });
+    return;
+  }
+  std::vector<BlockInfo> all;
+  for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
+    const Block& b = blocks_->block(id);
+    if (!b.live || b.promoting || !Visible(b.ns, ns_hex, tenant)) continue;
+    if (tier && b.page[TierIndex(*tier)] == kNoPage) continue;
+    all.push_back(InfoOf(id));
+    if (tier) all.back().tier = *tier;
+  }
+  const size_t n = std::min(limit, all.size());
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), all.end(), better);
+  all.resize(n);
+  done(std::move(all));
+}
+
+EvictReport CacheManager::Evict(TierKind kind, uint64_t bytes) {
+  EvictReport r;
+  if (kind == TierKind::kNvme) {
+    if (!mover_) return r;
+    const uint64_t slot = mover_->nvme().slot_bytes();
+    r.blocks =
+        mover_->nvme().EvictColdest(static_cast<uint32_t>(std::min<uint64_t>((bytes + slot - 1) / slot, UINT32_MAX)));
+    r.bytes = r.blocks * slot;
+    return r;
+  }
+  if (!tier_enabled(kind)) return r;
+  const uint64_t page = blocks_->pool(kind)->page_bytes();
+  while (r.bytes < bytes) {
+    const TenantId worst = LargestCachedTenant(kind);
+    if (worst == kNoOwner) break;
+    const Evicted e = EvictOne(kind, worst);
+    if (e == Evicted::kNone || e == Evicted::kBusy) break;
+    ++r.blocks;
+    r.bytes += page;
+    if (e == Evicted::kDemoting) ++r.demoting;
+  }
+  ServePendingAllocates();
+  return r;
+}
+
+void CacheManager::SetDrain(bool on) {
+  if (draining_ == on) return;
+  draining_ = on;
+  if (on) DrainStep();
+}
+
+void CacheManager::DrainStep() {
+  // GPU blocks down to host (EvictOne copies each into a host page), only while the host
+  // tier has a page at hand: without one EvictOne would drop the block. When it has none,
+  // host blocks are demoted to make room and the next tick goes on.
+  if (tier_enabled(TierKind::kGpu) && tier_enabled(TierKind::kHost)) {
+    for (TenantId t = 0; t < blocks_->tenant_limit(TierKind::kGpu); ++t) {
+      while (blocks_->cached_of(TierKind::kGpu, t) > 0) {
+        if (blocks_->pool(TierKind::kHost)->AvailableTo(t) == 0 && MakeRoom(TierKind::kHost, t) != Room::kNow) break;
+        if (EvictOne(TierKind::kGpu, t) != Evicted::kDropped) break;
+      }
+    }
+  }
+  // Every host block without an NVMe copy gets one (kept in host: it is still served);
+  // once the queue is through, blocks that arrived since (from the GPU, new commits).
+  if (mover_ && mover_->write_through_idle()) {
+    for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
+      const Block& b = blocks_->block(id);
+      if (b.live && !b.spilling && !b.promoting && b.page[TierIndex(TierKind::kHost)] != kNoPage &&
+          b.page[TierIndex(TierKind::kNvme)] == kNoPage && mover_->Spillable(b)) {
+        mover_->QueueWriteThrough(id);
+      }
+    }
+  }
+  if (mover_) mover_->PumpWriteThrough();
+}
+
+DrainStatus CacheManager::Drain() const {
+  DrainStatus d;
+  d.draining = draining_;
+  d.spills_in_flight = mover_ ? mover_->spills_in_flight() : 0;
+  for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
+    const Block& b = blocks_->block(id);
+    if (!b.live) continue;
+    if (b.page[TierIndex(TierKind::kGpu)] != kNoPage) ++(b.refs > 0 ? d.gpu_blocks_pinned : d.gpu_blocks_left);
+    if (mover_ && b.page[TierIndex(TierKind::kHost)] != kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage &&
+        mover_->Spillable(b)) {
+      ++d.host_blocks_unspilled;
+    }
+  }
+  return d;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,259 @@
+// CacheManager under pressure: which cached block gives way (EvictOne), the watermarks,
+// making room for an allocation, and tenants' quotas and reserves. Same class as
+// cache_manager.cc, same rules: control thread only.
+#include <algorithm>
+
+#include "daemon/cache/cache_manager.h"
+#include "protocol/base/logging.h"
+
+namespace kvtier {
+namespace {
+
+// Whole pages; a nonzero limit is at least one page.
+uint32_t LimitPages(uint64_t bytes, uint64_t page_bytes) {
+  return bytes ? static_cast<uint32_t>(std::max<uint64_t>(1, bytes / page_bytes)) : 0u;
+}
+
+}  // namespace
+
+uint32_t CacheManager::QuotaPages(TierKind tier, TenantId t) const {
+  if (t >= namespaces_.tenant_count() || !blocks_->enabled(tier)) return 0;
+  return LimitPages(namespaces_.limits(t).quota_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
+}
+
+uint32_t CacheManager::ReservePages(TierKind tier, TenantId t) const {
+  if (t >= namespaces_.tenant_count() || !blocks_->enabled(tier)) return 0;
+  return LimitPages(namespaces_.limits(t).reserve_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
+}
+
+bool CacheManager::AtQuota(TierKind tier, TenantId t) const {
+  const uint32_t quota = QuotaPages(tier, t);
+  return quota > 0 && blocks_->pool(tier)->UsedBy(t) >= quota;
+}
+
+bool CacheManager::AboveReserve(TierKind tier, TenantId t) const {
+  return blocks_->pool(tier)->UsedBy(t) > ReservePages(tier, t);
+}
+
+TenantId CacheManager::LargestCachedTenant(TierKind tier) const {
+  TenantId worst = kNoOwner;
+  uint32_t most = 0;
+  for (TenantId t = 0; t < blocks_->tenant_limit(tier); ++t) {
+    const uint32_t cached = blocks_->cached_of(tier, t);
+    if (cached > most && AboveReserve(tier, t)) {
+      most = cached;
+      worst = t;
+    }
+  }
+  return worst;
+}
+
+void CacheManager::DemoteToHost(BlockId id) {
+  const Block& b = blocks_->block(id);
+  if (b.page[TierIndex(TierKind::kHost)] != kNoPage || MakeRoom(TierKind::kHost, b.tenant) != Room::kNow) return;
+  const std::optional<PageId> hp = blocks_->Take(TierKind::kHost, b.tenant);
+  if (!hp) return;
+  TierPool* gpu = blocks_->pool(TierKind::kGpu);
+  TierPool* host = blocks_->pool(TierKind::kHost);
+  const PageId gp = b.page[TierIndex(TierKind::kGpu)];
+  Status st = gpu->memory().CopyToHost(gpu->SegmentOf(gp), gpu->OffsetInSegment(gp), host->PageAddress(*hp),
+                                       host->page_bytes());
+  if (st.ok()) {
+    blocks_->Reside(id, TierKind::kHost, *hp);
+    ++counters_.gpu_demotions;
+    if (remote_ && remote_->write_through() && !b.on_remote) {
+      remote_->QueuePut(id);
+      remote_->PumpPuts();
+    }
+  } else {
+    KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
+    blocks_->Free(TierKind::kHost, *hp);
+  }
+}
+
+bool CacheManager::StartGpuDemotion(BlockId id) {
+  const Block& b = blocks_->block(id);
+  if (MakeRoom(TierKind::kHost, b.tenant) != Room::kNow) return false;
+  const std::optional<PageId> hp = blocks_->Take(TierKind::kHost, b.tenant);
+  if (!hp) return false;
+  // The GPU page stays readable, pinned, until its host copy is complete.
+  blocks_->BeginRead(id, TierKind::kGpu);
+  gpu_demotions_[id] = GpuDemotion{b.gen, *hp, clock_->NowNanos()};
+  TierPool* gpu = blocks_->pool(TierKind::kGpu);
+  const PageId gp = b.page[TierIndex(TierKind::kGpu)];
+  const uint8_t* src = gpu->memory().DeviceAddress(gpu->SegmentOf(gp)) + gpu->OffsetInSegment(gp);
+  uint8_t* dst = blocks_->pool(TierKind::kHost)->PageAddress(*hp);
+  const uint64_t bytes = namespaces_.Get(b.ns).block_bytes;
+  gpu_copier_->Run([copy = options_.gpu_copy, dst, src, bytes] { return copy(dst, src, bytes); },
+                   [this, id](Status st) { OnGpuDemoted(id, st); });
+  return true;
+}
+
+void CacheManager::OnGpuDemoted(BlockId id, const Status& st) {
+  auto node = gpu_demotions_.extract(id);
+  KVTIER_CHECK(!node.empty()) << "a GPU demotion ended that did not begin";
+  const Block& b = blocks_->block(id);
+  KVTIER_CHECK(b.live && b.gen == node.mapped().gen) << "GPU demotion completion for a block that moved";
+  blocks_->EndRead(id, TierKind::kGpu);
+  const PageId hp = node.mapped().host_page;
+  if (st.ok()) {
+    headroom_[TierIndex(TierKind::kGpu)].NoteRoundTrip(
+        static_cast<double>(clock_->NowNanos() - node.mapped().started_ns) * 1e-9);
+  }
+  if (st.ok() && b.page[TierIndex(TierKind::kHost)] == kNoPage) {
+    blocks_->Reside(id, TierKind::kHost, hp);
+    ++counters_.gpu_demotions;
+    if (remote_ && remote_->write_through() && !b.on_remote) {
+      remote_->QueuePut(id);
+      remote_->PumpPuts();
+    }
+  } else {
+    // Failed, or the block got a host copy meanwhile (a commit of the same key).
+    if (!st.ok()) KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
+    blocks_->Free(TierKind::kHost, hp);
+  }
+  // The GPU copy goes, as the eviction meant, unless a session took a reference meanwhile.
+  if (b.refs == 0) DropCopy(id, TierKind::kGpu);
+  ServePendingAllocates();
+  EnforceWatermark(TierKind::kGpu);
+}
+
+void CacheManager::DropCopy(BlockId id, TierKind kind) {
+  const Block& b = blocks_->block(id);
+  const TierKind other = kind == TierKind::kHost ? TierKind::kGpu : TierKind::kHost;
+  if (b.page[TierIndex(other)] == kNoPage && b.page[TierIndex(TierKind::kNvme)] == kNoPage) {
+    RememberEviction(KeyOf(b), kind);
+  }
+  blocks_->RemoveResidency(id, kind);  // the other copies, if any, live on
+  ++counters_.evictions[TierIndex(kind)];
+}
+
+CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
+  const BlockId victim = blocks_->Victim(kind, tenant);
+  if (victim == kNoBlock) return Evicted::kNone;
+  if (kind == TierKind::kGpu && tier_enabled(TierKind::kHost)) {
+    // GPU -> host: the block keeps living one tier down. With the copy thread the GPU page
+    // is freed once its copy is in host; without it, the copy is made here.
+    if (gpu_copier_ && blocks_->block(victim).page[TierIndex(TierKind::kHost)] == kNoPage) {
+      if (gpu_demotions_.size() >= options_.max_gpu_demotions_in_flight) return Evicted::kBusy;
+      if (StartGpuDemotion(victim)) return Evicted::kDemoting;
+    } else if (!gpu_copier_) {
+      DemoteToHost(victim);
+    }
+    DropCopy(victim, kind);
+    return Evicted::kDropped;
+  }
+  const Block& b = blocks_->block(victim);
+  // write_back to the remote tier: a block leaving host is put first (it stays pinned in
+  // host until the put is answered, then goes on down as below) — unless the cluster is
+  // refusing puts for memory, when it goes on down at once.
+  if (kind == TierKind::kHost && remote_ && !remote_->write_through() && !b.on_remote && remote_->available() &&
+      !remote_->backing_off()) {
+    if (remote_->busy()) return Evicted::kBusy;
+    remote_->StartPut(victim);
+    return Evicted::kDemoting;
+  }
+  if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable() &&
+      mover_->Spillable(b)) {
+    if (mover_->busy()) return Evicted::kBusy;
+    mover_->StartSpill(victim, /*keep_host=*/false);
+    return Evicted::kDemoting;
+  }
+  if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage &&
+      b.page[TierIndex(TierKind::kGpu)] == kNoPage && NvmeSpillable() && !b.on_remote) {
+    // The NVMe tier quantizes and this block may not be quantized (its tenant did not opt
+    // in, or its layout cannot be): lost, said once a minute, counted.
+    ++counters_.unspillable_drops;
+    const int64_t now = clock_->NowNanos();
+    if (now - last_unspillable_log_ns_ >= 60'000'000'000) {
+      last_unspillable_log_ns_ = now;
+      const NamespaceTable::Namespace& n = namespaces_.Get(b.ns);
+      KVTIER_LOG(WARNING) << "eviction: blocks of tenant " << n.tenant << ", model " << n.model
+                          << " leave host memory without going to NVMe: tiers.nvme.quantization is on and they may "
+                             "not be quantized (kvtier_unspillable_evictions_total counts them; logged once a "
+                             "minute)";
+    }
+  }
+  // Already on NVMe (so nothing is lost), or nowhere to go: the page is free at once.
+  DropCopy(victim, kind);
+  return Evicted::kDropped;
+}
+
+void CacheManager::EnforceWatermark(TierKind kind) {
+  if (!blocks_->enabled(kind)) return;
+  const TierPool& pool = *blocks_->pool(kind);
+  const double cap = pool.capacity();
+  const TierOptions& o = options_.tiers[TierIndex(kind)];
+  // Pages being demoted are as good as free for this purpose.
+  auto projected = [&] {
+    const double used = pool.capacity() - pool.free_count();
+    if (kind == TierKind::kGpu) return used - static_cast<double>(gpu_demotions_.size());
+    return used - (mover_ ? mover_->demotions_in_flight() : 0);
+  };
+  // Eviction starts at the high watermark, or earlier when the recent allocation rate
+  // needs more pages free than that leaves (the band below it moves down with it).
+  double start = o.high_watermark * cap, stop = o.low_watermark * cap;
+  // Only where demotions run in the background and are timed: host over NVMe, GPU over
+  // host with the copy thread.
+  if (kind == TierKind::kHost ? mover_ != nullptr : gpu_copier_ != nullptr && tier_enabled(TierKind::kHost)) {
+    headroom_[TierIndex(kind)].NoteTaken(clock_->NowNanos(), blocks_->pages_taken(kind));
+    const double shift = static_cast<double>(headroom_pages(kind)) - (cap - start);
+    if (shift > 0) {
+      start -= shift;
+      stop = std::max(0.0, stop - shift);
+    }
+  }
+  bool& evicting = evicting_[TierIndex(kind)];
+  if (!evicting) {
+    if (projected() <= start) return;
+    evicting = true;
+  }
+  while (projected() > stop) {
+    const TenantId worst = LargestCachedTenant(kind);
+    if (worst == kNoOwner) break;
+    const Evicted e = EvictOne(kind, worst);
+    if (e == Evicted::kBusy) return;  // resumes as spills complete
+    if (e == Evicted::kNone) break;
+  }
+  evicting = false;
+}
+
+uint32_t CacheManager::headroom_pages(TierKind t) const {
+  if (!IsPoolTier(t) || !tier_enabled(t)) return 0;
+  // At most half the tier: a burst never empties the cache.
+  return std::min(headroom_[TierIndex(t)].Pages(clock_->NowNanos()), blocks_->pool(t)->capacity() / 2);
+}
+
+CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
+  const TierPool& pool = *blocks_->pool(kind);
+  // Moves in flight will make room: a demotion frees its page (to NVMe; GPU to host), a
+  // write-through (to NVMe or the remote tier) makes its block droppable again.
+  auto spills_will_help = [&] {
+    if (kind == TierKind::kGpu) return !gpu_demotions_.empty();
+    return (mover_ && mover_->spills_in_flight() > 0) || (remote_ && remote_->puts_in_flight() > 0);
+  };
+  // A tenant at its quota makes room among its own blocks, or gets none.
+  while (AtQuota(kind, tenant)) {
+    const Evicted e = EvictOne(kind, tenant);
+    if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+    if (e == Evicted::kNone) return spills_will_help() ? Room::kLater : Room::kOverQuota;
+  }
+  while (pool.AvailableTo(tenant) == 0) {
+    Evicted e = EvictOne(kind, tenant);
+    if (e == Evicted::kDropped) continue;
+    if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+    // Nothing of ours left to evict: free other tenants' cached blocks until a segment
+    // empties and can change hands.
+    bool progressed = false;
+    for (TenantId t = 0; t < blocks_->tenant_limit(kind) && !progressed; ++t) {
+      if (t == tenant || blocks_->cached_of(kind, t) == 0 || !AboveReserve(kind, t)) continue;
+      e = EvictOne(kind, t);
+      if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
+      progressed = e == Evicted::kDropped;
+    }
+    if (!progressed) return spills_will_help() ? Room::kLater : Room::kNone;
+  }
+  return Room::kNow;
+}
+
+}  // namespace kvtier

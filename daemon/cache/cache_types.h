@@ -1,0 +1,156 @@
+#pragma once
+// Value types shared by the cache manager's parts and its callers (dispatcher, daemon,
+// metrics): identifiers, tier options, per-entry results, counters and the reports of the
+// operator operations. No behaviour; thread-compatible.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "protocol/base/block_key.h"
+#include "protocol/base/block_state.h"
+#include "protocol/base/tier.h"
+#include "storage/pool/segment_memory.h"
+#include "storage/pool/tier_pool.h"
+
+namespace kvtier {
+
+using SessionId = uint64_t;
+using TenantId = OwnerId;
+using NamespaceId = uint32_t;
+
+// One pool tier (host RAM or GPU). The defaults are the daemon's (config.h uses this
+// struct for tiers.host and tiers.gpu), except `enabled`: a tier is off unless asked for.
+struct TierOptions {
+  bool enabled = false;
+  uint64_t capacity_bytes = 1ull << 30;
+  uint64_t page_bytes = 2ull << 20;  // GPU pages have the host tier's size
+  uint64_t segment_bytes = 256ull << 20;
+  HugePages huge_pages = HugePages::kAuto;  // host only
+  double high_watermark = 0.85;
+  double low_watermark = 0.75;
+  std::string policy = "adaptive";
+  // Keep free (or on their way down) the pages engines take in this many demotion round
+  // trips at the recent allocation rate, evicting before the high watermark when that is
+  // more (AllocationHeadroom). Applies where demotions run in the background: host over
+  // NVMe, GPU over host with the copy thread. 0: the watermarks alone.
+  double allocation_headroom = 0;
+};
+
+// The outcome for one entry of a vector request.
+struct CacheResult {
+  StatusCode status = StatusCode::kOk;
+  bool duplicate = false;           // Commit: the key existed; the page was not used
+  TierKind tier = TierKind::kHost;  // where the block is readable
+  PageId page = kNoPage;
+};
+
+struct CacheLookup {
+  size_t matched = 0;           // blocks 0..matched-1 are present
+  std::vector<TierKind> tiers;  // tier of each matched block
+};
+
+// A segment a session must map before touching pages in it.
+struct SegmentGrant {
+  TierKind tier;
+  uint32_t index;
+  uint32_t first_page;
+  uint32_t num_pages;
+  uint64_t bytes;
+  int fd;                           // owned by the pool; valid until the segment is renewed; -1: see ipc_handle
+  std::vector<uint8_t> ipc_handle;  // a legacy CUDA IPC handle, for fd == -1
+};
+
+struct TierCounts {
+  uint32_t capacity = 0, free = 0, leased = 0, inflight = 0, cached = 0, referenced = 0;
+  uint32_t quarantined = 0;  // leased by a session that went away while its process lives
+  uint64_t blocks = 0;
+  uint64_t page_bytes = 0;
+};
+
+enum class WritePolicy { kWriteBack, kWriteThrough };
+
+// Cumulative counters, exported as metrics. hit ratio = block_hits / lookup_blocks.
+struct CacheCounters {
+  uint64_t demotions = 0;          // host blocks moved to NVMe (host copy freed)
+  uint64_t write_throughs = 0;     // blocks copied to NVMe, host copy kept
+  uint64_t spill_failures = 0;     // demotions or write-throughs that did not make it
+  uint64_t unspillable_drops = 0;  // host blocks evicted past an NVMe tier they may not go to
+  uint64_t promotions = 0;         // NVMe blocks read back into host pages
+  uint64_t promotion_failures = 0;
+  uint64_t prefetches = 0;
+  uint64_t gpu_demotions = 0;   // GPU blocks copied down to host pages
+  uint64_t allocate_waits = 0;  // Allocate requests that waited for demotions
+  uint64_t lookups = 0;
+  uint64_t lookup_blocks = 0;                     // hashes asked about
+  std::array<uint64_t, kTierCount> block_hits{};  // matched, by tier
+  uint64_t block_misses = 0;                      // lookup_blocks - hits
+  std::array<uint64_t, kTierCount> evictions{};   // blocks evicted, by tier
+  uint64_t commits_stored = 0;
+  uint64_t commits_duplicate = 0;
+  uint64_t acquires = 0;
+  uint64_t acquire_misses = 0;
+  uint64_t allocate_failures = 0;
+  uint64_t quota_refusals = 0;         // allocations refused by a tenant's quota
+  uint64_t refetches_after_evict = 0;  // blocks committed again that the cache had evicted
+  uint64_t remote_puts = 0;            // blocks stored in the remote tier
+  uint64_t remote_put_failures = 0;
+  uint64_t remote_promotions = 0;          // remote blocks read into host pages
+  uint64_t remote_promotion_failures = 0;  // reads that failed or did not verify (absent keys not counted)
+};
+
+// Why a block is or is not a hit (kvctl explain).
+struct BlockExplanation {
+  using State = BlockState;
+  // kCached: readable in `tier`; kInFlight: being read into `tier` (host); kEvicted: its
+  // last copy left `tier` seconds_ago.
+  State state = State::kNeverStored;
+  TierKind tier = TierKind::kHost;
+  bool on_nvme = false;                      // kCached: an NVMe copy exists too
+  bool writing = false;                      // kCached: its NVMe copy is being written
+  std::string namespace_hex, tenant, model;  // where it was found
+  double seconds_ago = 0;                    // kEvicted
+  std::string detail;                        // one sentence for people
+};
+
+// One block, for kvctl blocks.
+struct BlockInfo {
+  BlockHash hash;
+  std::string namespace_hex, tenant, model;
+  TierKind tier = TierKind::kHost;  // the fastest tier holding it
+  bool on_nvme = false;
+  uint64_t bytes = 0;
+  uint32_t hits = 0;
+  uint32_t refs = 0;
+  double idle_s = 0;  // since its last hit (or store)
+};
+
+// The state of a maintenance drain (kvctl drain).
+struct DrainStatus {
+  bool draining = false;
+  uint64_t gpu_blocks_left = 0;        // cached GPU blocks not yet demoted to host
+  uint64_t gpu_blocks_pinned = 0;      // GPU blocks referenced by sessions: they stay
+  uint64_t host_blocks_unspilled = 0;  // host blocks with no NVMe copy yet
+  uint32_t spills_in_flight = 0;
+};
+
+// What an operator's evict did.
+struct EvictReport {
+  uint64_t blocks = 0;  // dropped or demoted
+  uint64_t bytes = 0;
+  uint64_t demoting = 0;  // of which still being written to NVMe (pages free after)
+};
+
+// A tenant's share of each tier, in bytes (indexed by TierIndex); 0 = no quota / no
+// reserve. quota: the most it may hold — past it, its own coldest blocks make room, and
+// when it has none an Allocate fails; reserve: what other tenants' pressure (their
+// allocations, the watermark) never pushes it below.
+struct TenantLimits {
+  std::array<uint64_t, kTierCount> quota_bytes{};
+  std::array<uint64_t, kTierCount> reserve_bytes{};
+  // Whether its blocks may be stored quantized in the cold tiers that quantize (lossy).
+  bool kv_quantization = false;
+};
+
+}  // namespace kvtier

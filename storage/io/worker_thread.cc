@@ -1,0 +1,65 @@
+#include "storage/io/worker_thread.h"
+
+namespace kvtier {
+
+WorkerThread::WorkerThread() : thread_([this](std::stop_token t) { Run(std::move(t)); }) {}
+
+WorkerThread::~WorkerThread() { Stop(); }
+
+void WorkerThread::Submit(Job job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    jobs_.push_back(std::move(job));
+    pending_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  cv_.notify_one();
+}
+
+void WorkerThread::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_stop_.request_stop();
+  job_stop_ = std::stop_source();
+  pending_.fetch_sub(jobs_.size(), std::memory_order_acq_rel);
+  jobs_.clear();
+}
+
+void WorkerThread::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    job_stop_.request_stop();
+    pending_.fetch_sub(jobs_.size(), std::memory_order_acq_rel);
+    jobs_.clear();
+  }
+  thread_.request_stop();
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void WorkerThread::Run(std::stop_token token) {
+  for (;;) {
+    Job job;
+    std::stop_token job_token;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait(lock, token, [this] { return !jobs_.empty(); })) return;  // stopped
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      job_token = job_stop_.get_token();
+    }
+    job(job_token);
+    job = nullptr;  // what it captured goes before pending() says it is done
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+bool WorkerThread::Sleep(std::stop_token token, std::chrono::nanoseconds d) {
+  std::mutex mu;
+  std::condition_variable_any cv;
+  std::unique_lock<std::mutex> lock(mu);
+  return !cv.wait_for(lock, token, d, [] { return false; }) && !token.stop_requested();
+}
+
+}  // namespace kvtier

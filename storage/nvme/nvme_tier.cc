@@ -1,0 +1,870 @@
+#include "storage/nvme/nvme_tier.h"
+
+#include <fcntl.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "protocol/base/logging.h"
+#include "protocol/base/units.h"
+
+namespace kvtier {
+namespace {
+constexpr int64_t kBackoffBaseNs = 100'000'000;    // 100 ms
+constexpr int64_t kBackoffMaxNs = 10'000'000'000;  // 10 s
+constexpr int64_t kIndexRetryNs = 5'000'000'000;   // a failed index is tried again every 5 s
+constexpr int64_t kFileCheckNs = 1'000'000'000;    // slot files are checked every second
+}  // namespace
+
+// Applies index batches on its own thread, grouping whatever is queued into one write
+// (one WAL sync covers many blocks), and posts each batch's callback back. After a batch
+// fails, later ones fail with its status without reaching the store (RocksDB must not be
+// written after a failed WAL write) until a Resume succeeds.
+class NvmeTier::IndexWriter {
+ public:
+  explicit IndexWriter(BlockIndexStore* store) : store_(store), thread_([this] { Run(); }) {}
+  ~IndexWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // `done` runs on this thread; it must only post.
+  void Submit(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done) {
+    Enqueue(Job{std::move(batch), sync, false, std::move(done)});
+  }
+  // Clears a failure (store Resume); done(OK) once writes go to the store again.
+  void Resume(std::function<void(Status)> done) { Enqueue(Job{{}, false, true, std::move(done)}); }
+
+ private:
+  struct Job {
+    std::vector<IndexMutation> batch;
+    bool sync;
+    bool resume;
+    std::function<void(Status)> done;
+  };
+  void Enqueue(Job job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+  void Run() {
+    for (;;) {
+      std::deque<Job> jobs;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stop, with everything applied
+        jobs.swap(jobs_);
+      }
+      std::vector<Job*> group;
+      auto apply_group = [&] {
+        if (group.empty()) return;
+        Status st = failed_;
+        if (st.ok()) {
+          std::vector<IndexMutation> all;
+          bool sync = false;
+          for (Job* j : group) {
+            sync |= j->sync;
+            for (IndexMutation& m : j->batch) all.push_back(std::move(m));
+          }
+          st = store_->Apply(all, sync);
+          if (!st.ok()) failed_ = st;
+        }
+        for (Job* j : group) {
+          if (j->done) j->done(st);
+        }
+        group.clear();
+      };
+      for (Job& j : jobs) {
+        if (!j.resume) {
+          group.push_back(&j);
+          continue;
+        }
+        apply_group();
+        Status st = failed_.ok() ? Status::Ok() : store_->Resume();
+        if (st.ok()) failed_ = Status::Ok();
+        if (j.done) j.done(st);
+      }
+      apply_group();
+    }
+  }
+
+  BlockIndexStore* store_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  Status failed_;  // writer thread only
+  std::thread thread_;
+};
+
+NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io, std::unique_ptr<BlockIndexStore> store,
+                   Post post, const Clock* clock)
+    : options_(options),
+      io_(std::move(io)),
+      store_(std::move(store)),
+      post_(std::move(post)),
+      clock_(clock),
+      self_(std::make_shared<NvmeTier*>(this)),
+      scans_(std::make_unique<WorkerThread>()) {}
+
+NvmeTier::~NvmeTier() {
+  scans_->Stop();                  // the scans read store_ and files_: they end first
+  writer_.reset();                 // applies what is queued
+  self_.reset();                   // callbacks still queued on the control thread become no-ops
+  if (store_ && !index_failed_) {  // a failed store is not written to, even to flush it
+    Status st = store_->Flush();
+    if (!st.ok()) KVTIER_LOG(WARNING) << "nvme index flush at shutdown: " << st.ToString();
+  }
+}
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
+                                                 std::unique_ptr<BlockIndexStore> store, Post post,
+                                                 const Clock* clock) {
+  if (!(options.low_watermark < options.high_watermark)) {
+    return InvalidArgument("nvme low_watermark must be below high_watermark");
+  }
+  std::unique_ptr<NvmeTier> t(new NvmeTier(options, std::move(io), std::move(store), std::move(post), clock));
+  KVTIER_ASSIGN_OR_RETURN(t->files_, SlotFiles::Open(options.files, options.slot_bytes));
+  const size_t owners = options.owner_of ? std::max<size_t>(1, options.quota_slots.size()) : 1;
+  if (options.quota_slots.size() > 65535 || options.reserve_slots.size() > owners) {
+    return InvalidArgument("nvme owner limits out of range");
+  }
+  // The policies are built once the index has loaded (OnLoaded); a bad name fails here.
+  KVTIER_RETURN_IF_ERROR(MakeEvictionPolicy(options.policy, 0).status());
+  t->held_.assign(owners, 0);
+  if (options.owner_of) t->owner_.assign(t->files_->slot_count(), 0);
+  KVTIER_RETURN_IF_ERROR(t->Start());
+  return t;
+}
+
+void NvmeTier::PostSafe(std::function<void()> fn) {
+  std::weak_ptr<NvmeTier*> weak = self_;
+  post_([weak, fn = std::move(fn)] {
+    if (weak.lock()) fn();
+  });
+}
+
+Status NvmeTier::Start() {
+  // An index written for other files or another slot size describes nothing here.
+  const std::string geometry = files_->GeometryKey();
+  KVTIER_ASSIGN_OR_RETURN(auto old, store_->GetMeta(kNvmeGeometryMeta));
+  if (!old || *old != geometry) {
+    if (old) {
+      KVTIER_LOG(WARNING) << "nvme: the index does not describe these slot files (a file was recreated, truncated, "
+                             "resized or replaced, or the slot size changed); discarding it";
+    }
+    KVTIER_RETURN_IF_ERROR(store_->Clear());
+    KVTIER_RETURN_IF_ERROR(store_->PutMeta(kNvmeGeometryMeta, geometry));
+  }
+  state_ = ZeroedArray<SlotState>(files_->slot_count());  // kUnknown
+  file_lost_.assign(files_->file_count(), false);
+  owner_tag_ = ZeroedArray<uint64_t>(files_->slot_count());
+  write_gen_ = std::make_shared<ZeroedArray<std::atomic<uint32_t>>>(files_->slot_count());
+  writer_ = std::make_unique<IndexWriter>(store_.get());
+
+  StartLoad();
+  return Status::Ok();
+}
+
+// ---- index ----
+
+Result<std::optional<BlockRecord>> NvmeTier::Find(const std::string& key) { return store_->Get(key); }
+
+Result<std::vector<std::optional<BlockRecord>>> NvmeTier::FindMany(std::span<const std::string> keys) {
+  return store_->MultiGet(keys);
+}
+
+void NvmeTier::Apply(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done) {
+  ++writes_outstanding_;
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  writer_->Submit(std::move(batch), sync, [weak, post, done = std::move(done)](Status st) {
+    post([weak, st, done] {
+      auto self = weak.lock();
+      if (!self) return;
+      --(*self)->writes_outstanding_;
+      if (!st.ok()) (*self)->NoteIndexError(st);
+      if (done) done(st);
+    });
+  });
+}
+
+// ---- I/O plumbing ----
+
+uint32_t NvmeTier::IoLength(uint32_t length) const {
+  const uint32_t b = files_->logical_block_bytes();
+  return (length + b - 1) / b * b;
+}
+
+uint64_t NvmeTier::NewOp(Op op) {
+  const uint64_t id = next_op_++;
+  ops_.emplace(id, std::move(op));
+  return id;
+}
+
+void NvmeTier::Issue(const IoRequest& r) {
+  if (backlog_.empty() && io_->Enqueue(r).ok()) return;
+  backlog_.push_back(r);
+}
+
+void NvmeTier::Submit() {
+  if (batch_depth_ > 0) return;  // the last Batch submits
+  while (!backlog_.empty() && io_->Enqueue(backlog_.front()).ok()) backlog_.pop_front();
+  Status st = io_->Submit();
+  if (!st.ok()) KVTIER_LOG(ERROR) << "nvme submit: " << st.ToString();
+}
+
+void NvmeTier::IssueSyncs() {
+  for (auto& [fd, waiting] : sync_waiting_) {
+    if (waiting.empty() || sync_in_flight_[fd]) continue;
+    Op sync{Op::Kind::kSync};
+    sync.fd = fd;
+    sync.batch = std::move(waiting);
+    waiting.clear();
+    const uint64_t sid = NewOp(std::move(sync));
+    sync_in_flight_[fd] = true;
+    Issue(IoRequest{IoOp::kFdatasync, fd, 0, nullptr, 0, -1, sid});
+  }
+}
+
+void NvmeTier::OnIoReady() {
+  const std::vector<IoCompletion> done = io_->Reap();
+  // The reaped I/Os' places on the device go to queued ones before anything else: the
+  // device reads on while the completions are verified and answered.
+  Submit();
+  for (const IoCompletion& c : done) {
+    auto it = ops_.find(c.tag);
+    if (it == ops_.end()) continue;
+    switch (it->second.kind) {
+      case Op::Kind::kSpillWrite:
+        OnSpillWritten(c.tag, c.result);
+        break;
+      case Op::Kind::kSync:
+        OnSynced(c.tag, c.result);
+        break;
+      case Op::Kind::kFetch:
+        OnFetched(c.tag, c.result);
+        break;
+    }
+  }
+  IssueSyncs();
+  Submit();
+}
+
+void NvmeTier::RegisterBuffer(uint32_t index, uint8_t* addr, size_t len) {
+  Status st = io_->RegisterBuffer(index, addr, len);
+  if (!st.ok()) KVTIER_LOG(WARNING) << "nvme: register buffer " << index << ": " << st.ToString();
+}
+
+void NvmeTier::NoteIndexError(const Status& st) {
+  ++counters_.index_errors;
+  if (index_failed_) return;  // one line per failure, not one per batch
+  index_failed_ = true;
+  next_index_retry_ns_ = clock_->NowNanos() + kIndexRetryNs;
+  KVTIER_LOG(ERROR) << "nvme: index write failed: " << st.ToString()
+                    << "; spilling to NVMe is stopped (blocks already indexed are still served) and the index is "
+                       "tried again every "
+                    << kIndexRetryNs / 1'000'000'000 << " s";
+}
+
+void NvmeTier::Maintain() {
+  const int64_t now = clock_->NowNanos();
+  if (index_failed_ && !index_retrying_ && now >= next_index_retry_ns_) {
+    index_retrying_ = true;
+    ++writes_outstanding_;
+    std::weak_ptr<NvmeTier*> weak = self_;
+    Post post = post_;
+    writer_->Resume([weak, post](Status st) {
+      post([weak, st] {
+        auto self = weak.lock();
+        if (!self) return;
+        NvmeTier& t = **self;
+        --t.writes_outstanding_;
+        t.index_retrying_ = false;
+        if (!st.ok()) {
+          t.next_index_retry_ns_ = t.clock_->NowNanos() + kIndexRetryNs;
+          return;
+        }
+        t.index_failed_ = false;
+        KVTIER_LOG(NOTICE) << "nvme: index writes work again; spilling resumes";
+        std::vector<std::pair<std::string, uint32_t>> again;
+        again.swap(t.undeleted_);
+        for (auto& [key, slot] : again) t.DeleteEntry(key, slot);
+      });
+    });
+  }
+  if (now >= next_file_check_ns_) {
+    next_file_check_ns_ = now + kFileCheckNs;
+    CheckFiles();
+  }
+}
+
+void NvmeTier::CheckFiles() {
+  for (const SlotFiles::FileHealth& h : files_->Check()) {
+    if (file_lost_[h.file]) continue;
+    file_lost_[h.file] = true;
+    any_file_lost_ = true;
+    ++counters_.files_lost;
+    ++counters_.io_errors;
+    const auto [first, count] = files_->SlotRange(h.file);
+    KVTIER_LOG(ERROR) << "nvme: slot file " << files_->path(h.file) << " was " << h.problem
+                      << " while in use; dropping the blocks it held, its " << count
+                      << " slots stay out of use until kvtierd restarts (which stamps the file anew)";
+    LoseSlots(first, count);
+  }
+}
+
+void NvmeTier::LoseSlots(uint32_t first, uint32_t count) {
+  // Free and not-yet-loaded slots leave use now; indexed ones when their entries are
+  // dropped (FreeSlot keeps a lost slot out of the free list); slots being written fail
+  // their spill when the write completes.
+  bool rebuild = false;
+  for (uint32_t s = first; s < first + count; ++s) {
+    if (state_[s] == SlotState::kFree || state_[s] == SlotState::kUnknown) {
+      rebuild |= state_[s] == SlotState::kFree;
+      state_[s] = SlotState::kLost;
+      ++lost_;
+    }
+  }
+  if (rebuild && free_) {
+    std::vector<bool> used(state_.size());
+    for (size_t s = 0; s < state_.size(); ++s) used[s] = state_[s] != SlotState::kFree;
+    free_ = std::make_unique<PageAllocator>(static_cast<uint32_t>(state_.size()), used);
+  }
+  // The entries naming these slots, read on the scan thread and dropped here.
+  BlockIndexStore* store = store_.get();
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  scans_->Submit([store, first, count, weak, post](std::stop_token stop) {
+    std::vector<std::pair<std::string, uint32_t>> entries;
+    (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
+      if (r.slot >= first && r.slot - first < count) entries.emplace_back(std::string(key), r.slot);
+      return !stop.stop_requested();
+    });
+    post([weak, entries = std::move(entries)] {
+      auto self = weak.lock();
+      if (!self) return;
+      for (const auto& [key, slot] : entries) (*self)->Drop(key, slot);
+    });
+  });
+}
+
+bool NvmeTier::SlotLost(uint32_t slot) const { return any_file_lost_ && file_lost_[files_->FileOf(slot)]; }
+
+void NvmeTier::NoteIoError() {
+  ++counters_.io_errors;
+  ++consecutive_errors_;
+  const int64_t backoff = std::min<int64_t>(kBackoffMaxNs, kBackoffBaseNs << std::min(consecutive_errors_ - 1, 7));
+  backoff_until_ns_ = clock_->NowNanos() + backoff;
+}
+
+bool NvmeTier::spill_available() const {
+  if (!ready_ || index_failed_ || clock_->NowNanos() < backoff_until_ns_) return false;
+  if (free_->free_count() > 0) return true;
+  for (const auto& p : policies_) {
+    if (p->evictable() > 0) return true;
+  }
+  return false;
+}
+
+// ---- spill ----
+
+void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t> data, int buf_index, SpillDone done) {
+  auto fail = [this, &done](Status st) { PostSafe([done = std::move(done), st] { done(st, 0); }); };
+  if (!ready_) return fail(Unavailable("nvme tier still loading its index"));
+  if (clock_->NowNanos() < backoff_until_ns_) return fail(Unavailable("nvme tier backing off after an I/O error"));
+  if (index_failed_) return fail(Unavailable("nvme index writes are failing: spilling is stopped"));
+  if (meta.length == 0 || meta.length > files_->slot_bytes() || IoLength(meta.length) > data.size()) {
+    return fail(InvalidArgument("block does not fit an NVMe slot"));
+  }
+  // An owner at its quota makes room among its own blocks first.
+  const uint16_t owner = OwnerOfKey(key);
+  const uint32_t quota = owner < options_.quota_slots.size() ? options_.quota_slots[owner] : 0;
+  while (quota > 0 && held_[owner] >= quota) {
+    if (EvictVictim(owner) == Victim::kNone) {
+      ++counters_.quota_refusals;
+      return fail(ResourceExhausted("the tenant's NVMe quota of " + std::to_string(quota) +
+                                    " slots is full of blocks being read or written"));
+    }
+  }
+  std::optional<PageId> slot = free_->Allocate();
+  if (!slot) {
+    EnforceWatermark();
+    // Full with nothing above the high watermark to drop (it may be 1.0): make room for the
+    // next spill by dropping one block now, as the watermark would (its slot frees once
+    // the delete is applied).
+    if (deleting_ + retired_ == 0) {
+      if (const std::optional<uint16_t> o = WatermarkOwner()) EvictVictim(*o);
+    }
+    return fail(Unavailable("nvme tier has no free slot yet"));
+  }
+  if (!owner_.empty()) owner_[*slot] = owner;
+  ++held_[owner];
+  state_[*slot] = SlotState::kWriting;
+  (*write_gen_)[*slot].fetch_add(1, std::memory_order_release);
+  ++writing_;
+  meta.slot = *slot;
+  meta.checksum = BlockChecksum(key, data.first(meta.length));
+  meta.last_access = static_cast<uint32_t>(clock_->WallSeconds());
+  meta.hit_count = 0;
+  const SlotFiles::Location loc = files_->Locate(*slot);
+  Op op{Op::Kind::kSpillWrite};
+  op.slot = *slot;
+  op.key = std::move(key);
+  op.record = std::move(meta);
+  op.spill_done = std::move(done);
+  op.fd = loc.fd;
+  const uint32_t len = IoLength(op.record.length);
+  const uint64_t id = NewOp(std::move(op));
+  Issue(IoRequest{IoOp::kWrite, loc.fd, loc.offset, const_cast<uint8_t*>(data.data()), len, buf_index, id});
+  Submit();
+  EnforceWatermark();
+}
+
+void NvmeTier::FailSpill(uint64_t id, Status status) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;
+  Op op = std::move(it->second);
+  ops_.erase(it);
+  --writing_;
+  Unhold(op.slot);
+  ReleaseSlot(op.slot);
+  ++counters_.spill_failures;
+  if (op.spill_done) op.spill_done(std::move(status), op.slot);
+}
+
+void NvmeTier::OnSpillWritten(uint64_t id, int32_t result) {
+  Op& op = ops_.at(id);
+  if (result >= 0 && static_cast<uint32_t>(result) != IoLength(op.record.length)) result = -EIO;  // short
+  if (result < 0) {
+    KVTIER_LOG(WARNING) << "nvme: spill write to slot " << op.slot << " failed: " << std::strerror(-result);
+    NoteIoError();
+    return FailSpill(id, ErrnoStatus(-result, "nvme spill write"));
+  }
+  if (SlotLost(op.slot)) return FailSpill(id, DataLoss("the slot file was lost during the spill"));
+  if (options_.durability == Durability::kRelaxed) return IndexSpills({id});
+  // Strict: the data must be on stable storage before its entry exists. One fdatasync per
+  // file covers every write completed before it was issued (IssueSyncs).
+  sync_waiting_[op.fd].push_back(id);
+}
+
+void NvmeTier::OnSynced(uint64_t id, int32_t result) {
+  Op op = std::move(ops_.at(id));
+  ops_.erase(id);
+  sync_in_flight_[op.fd] = false;
+  ++counters_.syncs;
+  if (result < 0) {
+    // A failed fdatasync leaves the file's state unknown: the writes it covered are not
+    // durable and are not indexed. The sync is not retried for them.
+    KVTIER_LOG(WARNING) << "nvme: fdatasync failed: " << std::strerror(-result) << "; " << op.batch.size()
+                        << " spills dropped";
+    NoteIoError();
+    for (uint64_t sid : op.batch) FailSpill(sid, ErrnoStatus(-result, "nvme fdatasync"));
+    return;
+  }
+  IndexSpills(std::move(op.batch));
+}
+
+void NvmeTier::IndexSpills(std::vector<uint64_t> ids) {
+  std::vector<IndexMutation> batch;
+  for (uint64_t id : ids) {
+    const Op& op = ops_.at(id);
+    batch.push_back(IndexMutation{IndexMutation::Kind::kPut, op.key, op.record});
+  }
+  Apply(std::move(batch), options_.durability == Durability::kStrict, [this, ids](Status st) {
+    for (uint64_t id : ids) {
+      auto it = ops_.find(id);
+      if (it == ops_.end()) continue;
+      Op& op = it->second;
+      if (!st.ok()) {
+        FailSpill(id, st);
+        continue;
+      }
+      consecutive_errors_ = 0;
+      state_[op.slot] = SlotState::kIndexed;
+      owner_tag_[op.slot] = KeyTag(op.key);
+      --writing_;
+      ++indexed_;
+      PolicyOf(op.slot).Insert(op.slot, kNoBlock, XXH3_64bits(op.key.data(), op.key.size()));
+      ++counters_.spills;
+      counters_.spill_bytes += op.record.length;
+      SpillDone done = std::move(op.spill_done);
+      const uint32_t slot = op.slot;
+      const std::string key = std::move(op.key);
+      const BlockRecord record = std::move(op.record);
+      ops_.erase(it);
+      if (SlotLost(slot)) {
+        // The file went while the entry was being written: the entry goes again.
+        Drop(key, slot);
+        if (done) done(DataLoss("the slot file was lost during the spill"), slot);
+        continue;
+      }
+      if (index_listener_) index_listener_(key, &record);
+      if (done) done(Status::Ok(), slot);
+    }
+  });
+}
+
+// ---- fetch ----
+
+void NvmeTier::Fetch(std::string key, const BlockRecord& record, std::span<uint8_t> dst, int buf_index, Done done) {
+  const uint32_t slot = record.slot;
+  auto fail = [this, &done](Status st) { PostSafe([done = std::move(done), st] { done(st); }); };
+  if (slot >= files_->slot_count() || record.length == 0 || record.length > files_->slot_bytes()) {
+    Drop(key, slot);
+    return fail(DataLoss("index entry names no valid slot"));
+  }
+  if (IoLength(record.length) > dst.size()) return fail(InvalidArgument("fetch buffer too small"));
+  if (SlotLost(slot)) {
+    Drop(key, slot);
+    return fail(NotFound("the slot file holding the block was lost"));
+  }
+  // A record read a while ago (a queued promotion) may name a slot evicted or reused since.
+  if (!Owns(slot, key)) return fail(NotFound("block left the NVMe tier"));
+  if (readers_[slot]++ == 0 && ready_ && state_[slot] == SlotState::kIndexed) PolicyOf(slot).SetEvictable(slot, false);
+  const SlotFiles::Location loc = files_->Locate(slot);
+  Op op{Op::Kind::kFetch};
+  op.slot = slot;
+  op.key = std::move(key);
+  op.record = record;
+  op.done = std::move(done);
+  op.dst = dst;
+  const uint64_t id = NewOp(std::move(op));
+  Issue(IoRequest{IoOp::kRead, loc.fd, loc.offset, dst.data(), IoLength(record.length), buf_index, id});
+  Submit();
+}
+
+void NvmeTier::OnFetched(uint64_t id, int32_t result) {
+  Op op = std::move(ops_.at(id));
+  ops_.erase(id);
+  auto r = readers_.find(op.slot);
+  if (r != readers_.end() && --r->second == 0) {
+    readers_.erase(r);
+    if (ready_ && state_[op.slot] == SlotState::kIndexed) PolicyOf(op.slot).SetEvictable(op.slot, true);
+    if (state_[op.slot] == SlotState::kRetired) {
+      --retired_;
+      ReleaseSlot(op.slot);
+    }
+  }
+  if (result >= 0 && static_cast<uint32_t>(result) != IoLength(op.record.length)) result = -ENODATA;  // short
+  if (result < 0) {
+    ++counters_.fetch_failures;
+    ++counters_.io_errors;
+    KVTIER_LOG(WARNING) << "nvme: read of slot " << op.slot << " failed: " << std::strerror(-result)
+                        << "; dropping the entry";
+    Drop(op.key, op.slot);
+    return op.done(ErrnoStatus(-result, "nvme read"));
+  }
+  const auto data = std::span<const uint8_t>(op.dst.data(), op.record.length);
+  if (BlockChecksum(op.key, data) != op.record.checksum) {
+    ++counters_.checksum_failures;
+    ++counters_.fetch_failures;
+    KVTIER_LOG(WARNING) << "nvme: block in slot " << op.slot << " failed its checksum; dropped";
+    Drop(op.key, op.slot);
+    return op.done(DataLoss("block failed its checksum"));
+  }
+  ++counters_.fetches;
+  counters_.fetch_bytes += op.record.length;
+  op.done(Status::Ok());
+}
+
+// ---- recency, drops, eviction ----
+
+void NvmeTier::Touch(uint32_t slot) {
+  if (ready_ && slot < state_.size() && state_[slot] == SlotState::kIndexed) PolicyOf(slot).Touch(slot);
+}
+
+void NvmeTier::RecordHit(const std::string& key, const BlockRecord& record) {
+  if (record.slot >= state_.size() || state_[record.slot] != SlotState::kIndexed || !Owns(record.slot, key)) return;
+  Touch(record.slot);
+  BlockRecord r = record;
+  r.last_access = static_cast<uint32_t>(clock_->WallSeconds());
+  ++r.hit_count;
+  Apply({IndexMutation{IndexMutation::Kind::kPutRecord, key, r}}, false, nullptr);
+}
+
+bool NvmeTier::Owns(uint32_t slot, const std::string& key) const {
+  if (slot >= state_.size()) return false;
+  if (state_[slot] == SlotState::kIndexed) return owner_tag_[slot] == KeyTag(key);
+  return state_[slot] == SlotState::kUnknown;  // still loading: no slot has been reused
+}
+
+uint64_t NvmeTier::KeyTag(std::string_view key) { return XXH3_64bits(key.data(), key.size()) | 1; }
+
+void NvmeTier::FreeSlot(uint32_t slot) {
+  owner_tag_[slot] = 0;
+  if (readers_.count(slot)) {
+    state_[slot] = SlotState::kRetired;
+    ++retired_;
+    return;
+  }
+  ReleaseSlot(slot);
+}
+
+void NvmeTier::ReleaseSlot(uint32_t slot) {
+  if (SlotLost(slot)) {
+    state_[slot] = SlotState::kLost;
+    ++lost_;
+    return;
+  }
+  state_[slot] = SlotState::kFree;
+  if (ready_) (void)free_->Free(slot);
+}
+
+void NvmeTier::Drop(const std::string& key, uint32_t slot) {
+  // While the index loads, which key a slot holds is known only to the index itself.
+  const bool mine = slot < state_.size() &&
+                    (state_[slot] == SlotState::kUnknown ? [&] {
+                      auto owner = store_->KeyOfSlot(slot);
+                      return owner.ok() && *owner && **owner == key;
+                    }()
+                                                         : Owns(slot, key));
+  if (!mine) {
+    // The slot is someone else's (or nobody's): only an entry of `key` naming it goes.
+    IndexMutation m{IndexMutation::Kind::kDeleteRecord, key, {}};
+    m.record.slot = slot;
+    Apply({std::move(m)}, false, [this, key, slot](Status) {
+      if (drop_listener_) drop_listener_(key, slot);
+    });
+    return;
+  }
+  if (state_[slot] == SlotState::kIndexed) {
+    if (ready_) PolicyOf(slot).Erase(slot);
+    --indexed_;
+    Unhold(slot);
+  }
+  state_[slot] = SlotState::kDeleting;
+  ++deleting_;
+  DeleteEntry(key, slot);
+}
+
+void NvmeTier::DeleteEntry(const std::string& key, uint32_t slot) {
+  IndexMutation m{IndexMutation::Kind::kDelete, key, {}};
+  m.record.slot = slot;
+  // The slot is free for reuse only once the entry naming it is gone.
+  Apply({std::move(m)}, false, [this, key, slot](Status st) {
+    if (!st.ok()) {
+      // The entry may still exist: the slot stays out of use (deleting) rather than risk
+      // two entries on one slot, and the delete is tried again when the index recovers.
+      undeleted_.emplace_back(key, slot);
+      return;
+    }
+    --deleting_;
+    FreeSlot(slot);
+    if (index_listener_) index_listener_(key, nullptr);
+    if (drop_listener_) drop_listener_(key, slot);
+  });
+}
+
+void NvmeTier::EnforceWatermark() {
+  if (!ready_) return;
+  const double cap = files_->slot_count();
+  auto used = [&] { return static_cast<double>(files_->slot_count() - free_->free_count() - deleting_ - retired_); };
+  if (used() <= options_.high_watermark * cap) return;
+  while (used() > options_.low_watermark * cap) {
+    const std::optional<uint16_t> owner = WatermarkOwner();
+    if (!owner || EvictVictim(*owner) == Victim::kNone) break;
+  }
+}
+
+std::optional<uint16_t> NvmeTier::WatermarkOwner() const {
+  std::optional<uint16_t> best;
+  uint32_t most = 0;
+  for (uint16_t o = 0; o < held_.size(); ++o) {
+    const uint32_t reserve = o < options_.reserve_slots.size() ? options_.reserve_slots[o] : 0;
+    if (held_[o] > reserve && held_[o] > most && policies_[o]->evictable() > 0) {
+      most = held_[o];
+      best = o;
+    }
+  }
+  return best;
+}
+
+uint16_t NvmeTier::OwnerOfKey(std::string_view key) const {
+  if (!options_.owner_of) return 0;
+  const uint16_t o = options_.owner_of(key);
+  return o < held_.size() ? o : 0;
+}
+
+NvmeTier::Victim NvmeTier::EvictVictim(uint16_t owner) {
+  const BlockId victim = policies_[owner]->Victim();
+  if (victim == kNoBlock) return Victim::kNone;
+  auto key = store_->KeyOfSlot(victim);
+  if (!key.ok() || !*key || !Owns(victim, **key)) {
+    // No entry names this slot any more: it is simply free.
+    PolicyOf(victim).Erase(victim);
+    --indexed_;
+    Unhold(victim);
+    FreeSlot(victim);
+    return Victim::kFreed;
+  }
+  ++counters_.evictions;
+  Drop(**key, victim);  // takes it out of the policy
+  return Victim::kDropped;
+}
+
+// ---- scrub ----
+
+void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
+  // The scrub reads on the scan thread with blocking I/O into its own buffer, so the
+  // control thread never waits; bad entries are dropped through the control thread.
+  const int64_t start = clock_->NowNanos();
+  BlockIndexStore* store = store_.get();
+  const SlotFiles* files = files_.get();
+  const uint64_t rate = options_.verify_bytes_per_s;
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  const Clock* clock = clock_;
+  std::shared_ptr<ZeroedArray<std::atomic<uint32_t>>> gens = write_gen_;
+  scans_->Submit([=, done = std::move(done)](std::stop_token stop) mutable {
+    VerifyReport report;
+    struct Bad {
+      std::string key;
+      uint32_t slot;
+      uint32_t gen;  // writes into the slot before it was read
+    };
+    std::vector<Bad> bad;
+    const uint32_t block = files->logical_block_bytes();
+    const uint64_t slot_bytes = files->slot_bytes();
+    uint64_t bytes_read = 0;
+    void* raw = nullptr;
+    if (::posix_memalign(&raw, 4096, slot_bytes) != 0) {
+      report.status = ResourceExhausted("no memory for the scrub buffer");
+    } else {
+      report.status = store->Scan([&](std::string_view key, const BlockRecord& r) {
+        if (rate > 0) {
+          // Paced: the next read waits until the bytes so far fit the rate.
+          const int64_t due = start + static_cast<int64_t>(static_cast<double>(bytes_read) * 1e9 / rate);
+          const int64_t now = clock->NowNanos();
+          if (due > now && !WorkerThread::Sleep(stop, std::chrono::nanoseconds(due - now))) return false;
+        }
+        if (stop.stop_requested()) return false;
+        ++report.checked;
+        const bool in_range = r.slot < files->slot_count();
+        const uint32_t gen = in_range ? (*gens)[r.slot].load(std::memory_order_acquire) : 0;
+        bool good = in_range && r.length > 0 && r.length <= slot_bytes;
+        if (good) {
+          const uint32_t len = (r.length + block - 1) / block * block;
+          const SlotFiles::Location loc = files->Locate(r.slot);
+          ssize_t n = ::pread(loc.fd, raw, len, static_cast<off_t>(loc.offset));
+          bytes_read += len;
+          good = n == static_cast<ssize_t>(len) &&
+                 BlockChecksum(key, std::span<const uint8_t>(static_cast<uint8_t*>(raw), r.length)) == r.checksum;
+        }
+        if (!good) bad.push_back(Bad{std::string(key), r.slot, gen});
+        return true;
+      });
+      ::free(raw);
+      if (report.status.ok() && stop.stop_requested()) {
+        report.status =
+            Aborted("scrub stopped after " + std::to_string(report.checked) + " blocks: kvtierd is shutting down");
+      }
+    }
+    report.seconds = static_cast<double>(clock->NowNanos() - start) * 1e-9;
+    post([weak, report, bad = std::move(bad), done = std::move(done)]() mutable {
+      auto self = weak.lock();
+      if (!self) return;
+      NvmeTier& t = **self;
+      for (const Bad& b : bad) {
+        // The scan reads a snapshot while spills go on: a block evicted, or its slot
+        // rewritten, since the snapshot was taken is not a bad block.
+        const bool moved = b.slot < t.state_.size() &&
+                           (!t.Owns(b.slot, b.key) || (*t.write_gen_)[b.slot].load(std::memory_order_relaxed) != b.gen);
+        if (moved) continue;
+        ++report.dropped;
+        ++t.counters_.checksum_failures;
+        t.Drop(b.key, b.slot);
+      }
+      done(report);
+    });
+  });
+}
+
+void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
+  BlockIndexStore* store = store_.get();
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  scans_->Submit([=, done = std::move(done)](std::stop_token stop) mutable {
+    using Entry = std::pair<std::string, BlockRecord>;
+    auto rank = [by_recent](const Entry& e) {
+      return by_recent ? uint64_t{e.second.last_access} : (uint64_t{e.second.hit_count} << 32) | e.second.last_access;
+    };
+    auto better = [&](const Entry& a, const Entry& b) { return rank(a) > rank(b); };
+    std::vector<Entry> top;  // a min-heap on rank of the best `limit` so far
+    (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
+      Entry e{std::string(key), r};
+      if (top.size() < limit) {
+        top.push_back(std::move(e));
+        std::push_heap(top.begin(), top.end(), better);
+      } else if (limit > 0 && rank(e) > rank(top.front())) {
+        std::pop_heap(top.begin(), top.end(), better);
+        top.back() = std::move(e);
+        std::push_heap(top.begin(), top.end(), better);
+      }
+      return !stop.stop_requested();
+    });
+    if (stop.stop_requested()) return;
+    std::sort(top.begin(), top.end(), better);
+    post([weak, top = std::move(top), done = std::move(done)]() mutable {
+      if (weak.lock()) done(std::move(top));
+    });
+  });
+}
+
+uint32_t NvmeTier::EvictColdest(uint32_t n) {
+  if (!ready_) return 0;
+  uint32_t dropped = 0;
+  // As the watermark does: from whoever holds the most above its reserve.
+  while (dropped < n) {
+    const std::optional<uint16_t> owner = WatermarkOwner();
+    const Victim v = owner ? EvictVictim(*owner) : Victim::kNone;
+    if (v == Victim::kNone) break;
+    dropped += v == Victim::kDropped;
+  }
+  return dropped;
+}
+
+// ---- accounting ----
+
+NvmeCounts NvmeTier::Counts() const {
+  NvmeCounts c;
+  c.capacity = files_->slot_count();
+  if (!ready_) {
+    c.inflight = c.capacity;  // not known yet: being loaded
+    return c;
+  }
+  c.free = free_->free_count();
+  c.inflight = writing_ + deleting_ + retired_;
+  c.cached = indexed_;
+  c.lost = lost_;
+  return c;
+}
+
+uint64_t NvmeTier::MemoryUsage() const {
+  const uint64_t slots = files_->slot_count();
+  // state byte + owner tag + write generation + free list entry + free bit + LRU node (two
+  // links) + LRU flag bits; with owners, a 2-byte owner and each further owner's policy.
+  const uint64_t owners = slots * (owner_.empty() ? 0 : 2 + 8 * (policies_.size() - 1));
+  return slots * (1 + 8 + 4 + 4 + 8) + slots * 3 / 8 + owners + store_->MemoryUsage();
+}
+
+std::string NvmeTier::Describe() const {
+  return files_->Describe() + ", io " + std::string(io_->name()) + ", index " + std::string(store_->name());
+}
+
+}  // namespace kvtier
