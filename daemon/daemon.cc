@@ -23,6 +23,7 @@
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
+#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -302,7 +303,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     }
     KVTIER_ASSIGN_OR_RETURN(nvme, std::move(opened));
   }
-  std::unique_ptr<RemoteTier> remote;
+  std::vector<CacheManager::LowerTierSpec> lower;  // the chain below NVMe
   if (config.remote.enabled()) {
     const RemoteTierConfig& rc = config.remote;
     RemoteTierOptions ro;
@@ -338,11 +339,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
       if (it != latency.end()) it->second->Observe(seconds);
     };
     boost::asio::io_context* io_ctx = &d->io_;
+    CacheManager::LowerTierSpec spec;
     KVTIER_ASSIGN_OR_RETURN(
-        remote, RemoteTier::Open(
-                    ro, [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, observe));
-    co.remote_write_policy = rc.write_policy == "write_back" ? WritePolicy::kWriteBack : WritePolicy::kWriteThrough;
-    co.max_remote_puts_in_flight = rc.max_puts_in_flight;
+        spec.tier, RemoteTier::Open(
+                       ro, [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, observe));
+    spec.options.write_policy = rc.write_policy == "write_back" ? WritePolicy::kWriteBack : WritePolicy::kWriteThrough;
+    spec.options.max_puts_in_flight = rc.max_puts_in_flight;
+    lower.push_back(std::move(spec));
   }
   if (config.events.enabled) {
     KvEventsOptions eo = config.events.options;
@@ -351,7 +354,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     co.events = d->events_.get();
   }
   KVTIER_ASSIGN_OR_RETURN(d->cache_,
-                          CacheManager::Open(co, std::move(nvme), SystemClock::Default(), std::move(remote)));
+                          CacheManager::Open(co, std::move(nvme), SystemClock::Default(), std::move(lower)));
 
   Server::Options so;
   so.socket_path = config.socket_path;
@@ -597,11 +600,10 @@ void Daemon::RegisterMetrics() {
 }
 
 void Daemon::RegisterRemoteMetrics() {
-  const RemoteMover* rm = cache_->remote();
-  if (rm == nullptr) return;
+  const LowerTierMover* rm = cache_->lower_tier(TierKind::kRemote);
+  const auto* rt = rm ? dynamic_cast<const RemoteTier*>(&rm->tier()) : nullptr;
+  if (rt == nullptr) return;
   MetricsRegistry& m = metrics_;
-  const CacheManager* cache = cache_.get();
-  const RemoteTier* rt = &rm->remote();
   auto nodes = [rt](bool up) {
     double n = 0;
     for (const auto& node : rt->Masters()) n += node.breaker_open != up ? 1 : 0;
@@ -627,9 +629,9 @@ void Daemon::RegisterRemoteMetrics() {
   m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "host_to_remote"}},
                  [rt] { return rt->counters().put_bytes; });
   m.AddCounterFn("kvtier_remote_puts_total", "Blocks stored in the remote tier.", {},
-                 [cache] { return cache->counters().remote_puts; });
+                 [rm] { return rm->counters().puts; });
   m.AddCounterFn("kvtier_remote_put_failures_total", "Puts into the remote tier that failed.", {},
-                 [cache] { return cache->counters().remote_put_failures; });
+                 [rm] { return rm->counters().put_failures; });
   m.AddCounterFn("kvtier_remote_puts_skipped_total",
                  "Write-throughs to the remote tier not made: the queue was full, or the block left host first.", {},
                  [rm] { return rm->puts_skipped(); });
@@ -655,7 +657,7 @@ void Daemon::RegisterRemoteMetrics() {
   m.AddCounterFn("kvtier_remote_slot_map_refreshes_total", "Cluster slot maps read (CLUSTER SLOTS).", {},
                  [rt] { return rt->cluster_counters().refreshes.load(std::memory_order_relaxed); });
   m.AddCounterFn("kvtier_remote_promotions_total", "Remote blocks read and verified into host pages.", {},
-                 [cache] { return cache->counters().remote_promotions; });
+                 [rm] { return rm->counters().promotions; });
   m.AddGaugeFn("kvtier_remote_authenticated",
                "1: the remote tier's values and key names are keyed by a fleet secret (tiers.remote.secret_file); "
                "0: anyone who can reach the cluster can plant values this node serves.",

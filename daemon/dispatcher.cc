@@ -4,6 +4,7 @@
 
 #include "protocol/base/logging.h"
 #include "protocol/base/tier.h"
+#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 
@@ -512,17 +513,20 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
   const CacheCounters& cc = cache_->counters();
   uint64_t hits = 0;
   for (uint64_t h : cc.block_hits) hits += h;
-  const uint64_t checksum = (nvme ? nvme->counters().checksum_failures : 0) +
-                            (cache_->remote() ? cache_->remote()->remote().counters().checksum_failures : 0);
+  // The remote tier's own figures (its cluster, its codec) come from its RemoteTier.
+  const LowerTierMover* rm = cache_->lower_tier(TierKind::kRemote);
+  const auto* rt = rm ? dynamic_cast<const RemoteTier*>(&rm->tier()) : nullptr;
+  const uint64_t checksum =
+      (nvme ? nvme->counters().checksum_failures : 0) + (rt ? rt->counters().checksum_failures : 0);
   uint64_t evictions_total = nvme ? nvme->counters().evictions : 0;
   for (uint64_t e : cc.evictions) evictions_total += e;
   const uint64_t io_errors = nvme ? nvme->counters().io_errors : 0;
   flatbuffers::Offset<fb::RemoteTierStats> remote;
-  if (const RemoteMover* rm = cache_->remote()) {
-    const RemoteCounters& rc = rm->remote().counters();
-    const RedisClusterCounters& cc = rm->remote().cluster_counters();
+  if (rt) {
+    const RemoteCounters& rc = rt->counters();
+    const RedisClusterCounters& cc = rt->cluster_counters();
     std::vector<flatbuffers::Offset<fb::RemoteNode>> nodes;
-    for (const auto& n : rm->remote().Masters()) {
+    for (const auto& n : rt->Masters()) {
       nodes.push_back(fb::CreateRemoteNode(builder_, builder_.CreateString(n.address), !n.breaker_open, n.failures));
     }
     auto mean = [](uint64_t ns, uint64_t n) {
@@ -535,7 +539,7 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
         mean(rc.exists_ns, rc.exists), mean(rc.fetch_ns, rc.fetches), mean(rc.put_ns, rc.puts + rc.puts_failed),
         rm->puts_in_flight(), static_cast<uint32_t>(rm->puts_queued()), rm->puts_skipped(),
         cc.breaker_rejections.load(std::memory_order_relaxed), cc.timeouts.load(std::memory_order_relaxed),
-        rc.puts_failed, rm->remote().keyed());
+        rc.puts_failed, rt->keyed());
   }
   flatbuffers::Offset<fb::EventsStats> events;
   if (const KvEvents* ev = cache_->events()) {

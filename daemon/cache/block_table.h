@@ -53,11 +53,11 @@ class BlockTable {
     uint32_t gen = 0;  // bumped on reuse of the id; async completions check it
     bool live = false;
     bool spilling = false;   // host page being written to NVMe
-    bool promoting = false;  // host page being filled (from NVMe or the remote tier)
+    bool promoting = false;  // host page being filled (from NVMe or a lower tier)
     // Moves reading the block's page, by pool tier (TierIndex: GPU, host): an NVMe spill or
-    // a remote put of the host page, a demotion copying the GPU page down.
+    // a lower-tier put of the host page, a demotion copying the GPU page down.
     std::array<uint8_t, 2> readers{};
-    bool on_remote = false;  // the remote tier holds it (put by us, or read from it)
+    uint8_t below = 0;       // bit k: lower tier k holds it (put by us, or read from it)
     uint32_t hits = 0;       // lookups and acquires that found it
     int64_t last_use_ns = 0;
   };
@@ -112,7 +112,7 @@ class BlockTable {
   void BeginFill(BlockId id, PageId p);
   // The fill ended: the block is readable in host, or (failed) it goes with its page.
   void EndFill(BlockId id, bool ok);
-  // A read of the block's page in pool tier `t` by a move (host: an NVMe spill, a remote
+  // A read of the block's page in pool tier `t` by a move (host: an NVMe spill, a lower-tier
   // put; GPU: a demotion's copy): the page is in flight and the block no victim there until
   // the last such read ends; sessions still read it. REQUIRES: resident in `t` (in state
   // block, or already being read).
@@ -125,8 +125,12 @@ class BlockTable {
   void Ref(BlockId id);
   void Unref(BlockId id);  // REQUIRES: refs > 0
   void SetNvmeSlot(BlockId id, PageId slot) { blocks_[id].page[TierIndex(TierKind::kNvme)] = slot; }
-  void SetOnRemote(BlockId id, bool on) { blocks_[id].on_remote = on; }
-  // The parent learnt once a block's bytes arrived (a remote promotion). REQUIRES: not
+  // Whether lower tier `index` (LowerTierMover) holds the block.
+  void SetBelow(BlockId id, size_t index, bool on) {
+    uint8_t& below = blocks_[id].below;
+    below = on ? below | (1u << index) : below & ~(1u << index);
+  }
+  // The parent learnt once a block's bytes arrived (a lower-tier promotion). REQUIRES: not
   // resident yet (the eviction policies learn parents when a block enters a tier).
   void SetParent(BlockId id, const BlockHash& parent) { blocks_[id].parent = parent; }
   // A hit (lookup or acquire) or a store at `now_ns`.

@@ -19,7 +19,7 @@ CacheManager::CacheManager(const Options& options)
     : options_(options), namespaces_(options.tenant_limits, options.unknown_limits) {}
 
 Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options, std::unique_ptr<NvmeTier> nvme,
-                                                         const Clock* clock, std::unique_ptr<RemoteTier> remote) {
+                                                         const Clock* clock, std::vector<LowerTierSpec> lower) {
   std::unique_ptr<CacheManager> cm(new CacheManager(options));
   cm->clock_ = clock ? clock : SystemClock::Default();
   for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
@@ -60,19 +60,17 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme), mo, cm->blocks_.get(), &cm->namespaces_,
                                                         &cm->counters_, std::move(hooks)));
   }
-  if (remote) {
+  for (LowerTierSpec& spec : lower) {
     CacheManager* raw = cm.get();
-    RemoteMover::Hooks hooks;
+    LowerTierMover::Hooks hooks;
     hooks.after_put = [raw] {
       raw->ServePendingAllocates();
       raw->EnforceWatermark(TierKind::kHost);
     };
     hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
-    RemoteMover::Options ro;
-    ro.write_policy = options.remote_write_policy;
-    ro.max_puts_in_flight = options.max_remote_puts_in_flight;
-    KVTIER_ASSIGN_OR_RETURN(cm->remote_, RemoteMover::Open(std::move(remote), ro, cm->blocks_.get(), &cm->namespaces_,
-                                                           &cm->counters_, std::move(hooks)));
+    KVTIER_ASSIGN_OR_RETURN(auto mover, LowerTierMover::Open(std::move(spec.tier), cm->lower_.size(), spec.options,
+                                                             cm->blocks_.get(), &cm->namespaces_, std::move(hooks)));
+    cm->lower_.push_back(std::move(mover));
   }
   if (KvEvents* events = options.events) {
     CacheManager* raw = cm.get();
@@ -110,7 +108,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
 CacheManager::~CacheManager() {
   workers_.reset();  // their jobs read pages and the movers' buffers
   gpu_copier_.reset();
-  remote_.reset();
+  lower_.clear();
   mover_.reset();
 }
 
@@ -350,12 +348,10 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
         blocks_->block(id).page[TierIndex(TierKind::kNvme)] == kNoPage) {
       mover_->QueueWriteThrough(id);
     }
-    if (remote_ && remote_->write_through() && kind == TierKind::kHost && !blocks_->block(id).on_remote) {
-      remote_->QueuePut(id);
-    }
+    if (kind == TierKind::kHost) QueueLowerPuts(id);
   }
   if (mover_) mover_->PumpWriteThrough();
-  if (remote_) remote_->PumpPuts();
+  PumpLowerPuts();
   // New cached blocks may be what the watermark needed to act on.
   if (IsPoolTier(kind) && tier_enabled(kind)) EnforceWatermark(kind);
   return out;
@@ -419,7 +415,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
       auto tier = blocks_->ReadableTier(b);
       if (!tier) {
         if (!b.promoting) break;
-        tier = PromotingFrom(b);  // on its way up
+        tier = PromotingFrom(id);  // on its way up
       } else {
         touched.push_back({id, *tier});           // an engine wants it: it is in use
         blocks_->NoteUse(id, now, /*hit=*/true);  // while its record is at hand
@@ -439,7 +435,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
           const Block& b = blocks_->block(id);
           auto tier = blocks_->ReadableTier(b);
           if (!tier && !b.promoting) break;
-          r.tiers.push_back(tier ? *tier : PromotingFrom(b));
+          r.tiers.push_back(tier ? *tier : PromotingFrom(id));
           continue;
         }
         const auto& rec = (*recs)[j - i];
@@ -451,12 +447,13 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
         }
       }
     }
-    // What the local tiers do not hold, the cluster may: asked without waiting here.
+    // What the local tiers do not hold, the lower tiers may: asked without waiting here.
     const size_t local = r.tiers.size();
-    if (local < hashes.size() && remote_ && done && remote_->available()) {
+    if (local < hashes.size() && done && AvailableLower(0) < lower_.size()) {
       const uint64_t id = next_pending_++;
-      pending_lookups_[id] = PendingLookup{s.id_, std::move(r), hashes.size(), std::move(done)};
-      remote_->FindPrefix(s.ns_, hashes.subspan(local), [this, id](size_t found) { FinishLookup(id, found); });
+      std::vector<BlockHash> rest(hashes.begin() + static_cast<ptrdiff_t>(local), hashes.end());
+      pending_lookups_[id] = PendingLookup{s.id_, s.ns_, std::move(r), hashes.size(), std::move(rest), 0, std::move(done)};
+      ContinueLookup(id);
       return std::nullopt;
     }
     for (TierKind t : r.tiers) ++counters_.block_hits[TierIndex(t)];
@@ -466,23 +463,38 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
   return r;
 }
 
-void CacheManager::FinishLookup(uint64_t lookup, size_t remote_blocks) {
+void CacheManager::ContinueLookup(uint64_t lookup) {
   auto it = pending_lookups_.find(lookup);
   if (it == pending_lookups_.end()) return;  // its session went away
-  PendingLookup p = std::move(it->second);
+  PendingLookup& p = it->second;
+  const size_t tier = AvailableLower(p.next);
+  if (!p.rest.empty() && tier < lower_.size()) {
+    p.next = tier + 1;
+    lower_[tier]->FindPrefix(p.ns, p.rest, [this, lookup, tier](size_t found) { FinishLookup(lookup, tier, found); });
+    return;
+  }
+  PendingLookup done = std::move(p);
   pending_lookups_.erase(it);
-  p.result.tiers.insert(p.result.tiers.end(), remote_blocks, TierKind::kRemote);
-  for (TierKind t : p.result.tiers) ++counters_.block_hits[TierIndex(t)];
-  p.result.matched = p.result.tiers.size();
-  counters_.block_misses += p.asked - p.result.matched;
-  p.done(std::move(p.result));
+  for (TierKind t : done.result.tiers) ++counters_.block_hits[TierIndex(t)];
+  done.result.matched = done.result.tiers.size();
+  counters_.block_misses += done.asked - done.result.matched;
+  done.done(std::move(done.result));
+}
+
+void CacheManager::FinishLookup(uint64_t lookup, size_t tier, size_t found) {
+  auto it = pending_lookups_.find(lookup);
+  if (it == pending_lookups_.end()) return;  // its session went away
+  PendingLookup& p = it->second;
+  p.result.tiers.insert(p.result.tiers.end(), found, lower_[tier]->kind());
+  p.rest.erase(p.rest.begin(), p.rest.begin() + static_cast<ptrdiff_t>(found));
+  ContinueLookup(lookup);
 }
 
 std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, std::span<const BlockHash> hashes,
                                                               AcquireDone done) {
   std::vector<CacheResult> out(hashes.size());
   std::vector<std::pair<size_t, BlockId>> waits;  // entry, promoting block
-  std::vector<size_t> lower;                      // entries to look for on NVMe, then in the remote tier
+  std::vector<size_t> lower;                      // entries to look for on NVMe, then in the lower tiers
   std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;      // entries waiting for a host page
   const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
   std::vector<BlockId>& ids = scratch_ids_;
@@ -501,7 +513,7 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
     std::optional<TierKind> tier;
     if (id != kNoBlock) tier = blocks_->ReadableTier(blocks_->block(id));
     if (!tier) {
-      if (s.attached_ && (mover_ || remote_)) {
+      if (s.attached_ && (mover_ || !lower_.empty())) {
         lower.push_back(i);
       } else {
         out[i].status = StatusCode::kNotFound;
@@ -526,7 +538,7 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
       for (size_t i : lower) wanted.push_back(hashes[i]);
       recs = mover_->FindMany(s.ns_, wanted);
     }
-    const bool ask_remote = remote_ && remote_->available();
+    const bool ask_lower = AvailableLower(0) < lower_.size();
     for (size_t k = 0; k < lower.size(); ++k) {
       const size_t i = lower[k];
       const BlockId again = blocks_->Find(s.ns_, hashes[i]);  // an earlier entry may have started it
@@ -536,13 +548,13 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
       }
       std::optional<BlockRecord> rec;
       if (recs.ok()) rec = std::move((*recs)[k]);
-      if (!rec && !ask_remote) {
+      if (!rec && !ask_lower) {
         out[i].status = StatusCode::kNotFound;
         ++counters_.acquire_misses;
         continue;
       }
       if (!done) {
-        // The caller cannot wait for a read: an NVMe block is there but not now; a remote
+        // The caller cannot wait for a read: an NVMe block is there but not now; a lower-tier
         // one may not be there at all.
         out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
         continue;
@@ -589,7 +601,13 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
 // ---- waiting requests ----------------------------------------------------------------
 
 CacheManager::Promoted CacheManager::Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash,
-                                             const std::optional<BlockRecord>& rec, bool may_evict) {
+                                             const std::optional<BlockRecord>& rec, bool may_evict,
+                                             size_t first_lower) {
+  // From the first lower tier that can be asked; with none, the first (it answers
+  // kUnavailable).
+  size_t lower = rec ? lower_.size() : AvailableLower(first_lower);
+  if (!rec && lower == lower_.size()) lower = first_lower;
+  if (!rec && lower >= lower_.size()) return Promoted{kNoBlock, Room::kNone};  // nowhere to read it from
   Promoted p;
   if (may_evict) {
     p.room = MakeRoom(TierKind::kHost, tenant);
@@ -598,9 +616,48 @@ CacheManager::Promoted CacheManager::Promote(NamespaceId ns, TenantId tenant, co
     p.room = free ? Room::kNow : Room::kNone;
   }
   if (p.room != Room::kNow) return p;
-  p.id = rec ? mover_->StartPromotion(ns, tenant, hash, *rec) : remote_->StartPromotion(ns, tenant, hash);
-  if (p.id == kNoBlock) p.room = Room::kNone;
+  p.id = rec ? mover_->StartPromotion(ns, tenant, hash, *rec) : lower_[lower]->StartPromotion(ns, tenant, hash);
+  if (p.id == kNoBlock) {
+    p.room = Room::kNone;
+  } else if (!rec) {
+    lower_promotions_[p.id] = LowerPromotion{ns, tenant, hash, lower};
+  }
   return p;
+}
+
+size_t CacheManager::AvailableLower(size_t from) const {
+  while (from < lower_.size() && !lower_[from]->available()) ++from;
+  return from;
+}
+
+const LowerTierMover* CacheManager::lower_tier(TierKind kind) const {
+  for (const auto& l : lower_) {
+    if (l->kind() == kind) return l.get();
+  }
+  return nullptr;
+}
+
+size_t CacheManager::pending_promotions() const {
+  size_t n = (mover_ ? mover_->promotions_in_flight() : 0) + queued_promotions_.size();
+  for (const auto& l : lower_) n += l->promotions_in_flight();
+  return n;
+}
+
+void CacheManager::QueueLowerPuts(BlockId id) {
+  for (const auto& l : lower_) {
+    if (l->write_through() && !l->Holds(blocks_->block(id))) l->QueuePut(id);
+  }
+}
+
+void CacheManager::PumpLowerPuts() {
+  for (const auto& l : lower_) l->PumpPuts();
+}
+
+bool CacheManager::LowerPutsInFlight() const {
+  for (const auto& l : lower_) {
+    if (l->puts_in_flight() > 0) return true;
+  }
+  return false;
 }
 
 CacheResult CacheManager::ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier) {
@@ -620,6 +677,19 @@ CacheResult CacheManager::ResultForWaiter(const Waiter& w, BlockId id, std::opti
 void CacheManager::OnPromoted(BlockId id, const Status& st) {
   std::vector<Waiter> waiters;
   if (auto node = promotion_waiters_.extract(id)) waiters = std::move(node.mapped());
+  std::optional<LowerPromotion> from;
+  if (auto node = lower_promotions_.extract(id)) from = node.mapped();
+  if (st.code() == StatusCode::kNotFound && from) {
+    // Not in that lower tier after all: the next one may hold it.
+    std::erase_if(waiters, [this](const Waiter& w) { return !pending_acquires_.count(w.first); });
+    if (!waiters.empty()) {
+      const Promoted next = Promote(from->ns, from->tenant, from->hash, std::nullopt, true, from->tier + 1);
+      if (next.id != kNoBlock) {
+        for (const Waiter& w : waiters) AddWaiter(next.id, w);
+        return;
+      }
+    }
+  }
   if (st.ok()) {
     for (const auto& w : waiters) {
       if (!pending_acquires_.count(w.first)) continue;  // its session went away
@@ -746,7 +816,7 @@ void CacheManager::Tick() {
     mover_->nvme().Maintain();
     mover_->PumpWriteThrough();
   }
-  if (remote_) remote_->PumpPuts();  // the cluster may be back
+  PumpLowerPuts();  // a lower tier may be back
   ServePendingAllocates();
   EnforceWatermark(TierKind::kHost);
 }

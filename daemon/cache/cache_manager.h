@@ -4,6 +4,9 @@
 //   BlockTable       pages of the GPU and host tiers, the blocks on them, references and
 //                    the per-tenant eviction policies
 //   NvmeMover        spills, write-throughs and promotions between host and NVMe
+//   LowerTierMover   puts, promotions and lookups of one lower tier (a LowerTier below
+//                    NVMe: the remote tier, or another block store), one per tier of the
+//                    chain below NVMe, in order
 //   EvictionHistory  the blocks whose last copy left (explain, thrash)
 // — and owning what is left: the sessions and what each holds, the requests that wait
 // (Allocates for room, Acquires for NVMe reads), the counters and the maintenance drain.
@@ -19,10 +22,12 @@
 // still lives: the process may still write through its mapping, which cannot be revoked,
 // so the pages are reused only once the process is gone (ReleaseQuarantine).
 //
-// With a remote tier (a Redis Cluster shared by a fleet; RemoteMover): Lookup goes on
-// past the local tiers into the cluster — it is then answered later, through `done` —
-// Acquire reads blocks found only there into host pages, and committed blocks are put
-// there in the background (write_through) or when evicted (write_back).
+// With lower tiers (the chain below NVMe: the remote tier, a Redis Cluster shared by a
+// fleet, or any LowerTier): Lookup goes on past the local tiers into each in turn — it is
+// then answered later, through `done` — Acquire reads blocks found only there into host
+// pages (from the first that can be asked; a block it does not hold is looked for in the
+// next), and committed blocks are put into each in the background (write_through) or when
+// evicted (write_back: into the first that takes puts now).
 //
 // With an NVMe tier: above the host high watermark cached blocks are demoted (spilled,
 // then their host page freed) down to the low watermark; write_through spills every
@@ -58,16 +63,16 @@
 #include "daemon/cache/cache_types.h"
 #include "daemon/events/kv_events.h"
 #include "daemon/cache/eviction_history.h"
+#include "daemon/cache/lower_tier_mover.h"
 #include "daemon/cache/namespace_table.h"
 #include "daemon/cache/nvme_mover.h"
-#include "daemon/cache/remote_mover.h"
 #include "kernels/device_backend.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/layout.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 #include "storage/nvme/nvme_tier.h"
-#include "storage/remote/remote_tier.h"
+#include "storage/lower_tier.h"
 
 namespace kvtier {
 
@@ -103,8 +108,6 @@ class CacheManager {
     std::array<TierOptions, kTierCount> tiers;  // indexed by TierIndex (host, GPU)
     uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
     WritePolicy write_policy = WritePolicy::kWriteBack;  // NVMe
-    WritePolicy remote_write_policy = WritePolicy::kWriteThrough;
-    uint32_t max_remote_puts_in_flight = 32;
     // The form blocks of tenants that opted in take on NVMe (the NVMe tier's slots are then
     // sized for it); nullopt: full width.
     std::optional<QuantKind> nvme_quantization;
@@ -138,11 +141,17 @@ class CacheManager {
     TenantLimits unknown_limits;
   };
 
+  // A tier of the chain below NVMe and how blocks move to it.
+  struct LowerTierSpec {
+    std::unique_ptr<LowerTier> tier;
+    LowerTierMover::Options options;
+  };
+
   // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's;
-  // `remote` (may be null) the remote tier.
+  // `lower` the tiers below it, in chain order (at most LowerTierMover::kMaxLowerTiers).
   static Result<std::unique_ptr<CacheManager>> Open(const Options& options, std::unique_ptr<NvmeTier> nvme = nullptr,
                                                     const Clock* clock = nullptr,
-                                                    std::unique_ptr<RemoteTier> remote = nullptr);
+                                                    std::vector<LowerTierSpec> lower = {});
   ~CacheManager();
 
   // Tenants' limits from a reloaded config (NamespaceTable::SetLimits): host, GPU and
@@ -190,15 +199,15 @@ class CacheManager {
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
                                   std::span<const BlockHash> hashes);
   // Longest present prefix of the chain in the session's namespace, on any tier. When
-  // the local tiers end the prefix early and the remote tier can be asked, the answer
+  // the local tiers end the prefix early and a lower tier can be asked, the answer
   // comes later through `done` (nullopt now; not at all if the session detaches first);
-  // with a null `done`, or no remote tier, it is the local answer, now.
+  // with a null `done`, or no lower tier, it is the local answer, now.
   std::optional<CacheLookup> Lookup(SessionCache& s, std::span<const BlockHash> hashes, LookupDone done);
   CacheLookup Lookup(SessionCache& s, std::span<const BlockHash> hashes) { return *Lookup(s, hashes, nullptr); }
   // References each present block (kNotFound per missing entry). Blocks only on NVMe or
-  // in the remote tier are promoted into host pages first: then the results come later
+  // in a lower tier are promoted into host pages first: then the results come later
   // through `done` (nullopt now), once every entry is settled; an entry whose bytes fail
-  // verification is kDataLoss. With a null `done`, such blocks are kUnavailable (remote
+  // verification is kDataLoss. With a null `done`, such blocks are kUnavailable (lower-tier
   // ones kNotFound).
   std::optional<std::vector<CacheResult>> Acquire(SessionCache& s, std::span<const BlockHash> hashes, AcquireDone done);
   std::vector<CacheResult> Acquire(SessionCache& s, std::span<const BlockHash> hashes) {
@@ -235,12 +244,11 @@ class CacheManager {
   bool draining() const { return draining_; }
   NvmeTier* nvme() { return mover_ ? &mover_->nvme() : nullptr; }
   const NvmeTier* nvme() const { return mover_ ? &mover_->nvme() : nullptr; }
-  RemoteMover* remote() { return remote_.get(); }
-  const RemoteMover* remote() const { return remote_.get(); }
-  size_t pending_promotions() const {
-    return (mover_ ? mover_->promotions_in_flight() : 0) + (remote_ ? remote_->promotions_in_flight() : 0) +
-           queued_promotions_.size();
-  }
+  // The chain below NVMe, in order.
+  const std::vector<std::unique_ptr<LowerTierMover>>& lower_tiers() const { return lower_; }
+  // The first lower tier of `kind`, or null.
+  const LowerTierMover* lower_tier(TierKind kind) const;
+  size_t pending_promotions() const;
   size_t pending_allocates() const {
     size_t n = 0;
     for (const auto& q : pending_allocates_) n += q.size();
@@ -254,7 +262,7 @@ class CacheManager {
   std::vector<SegmentGrant> TakeAllSegmentGrants(SessionCache& s);
 
   bool tier_enabled(TierKind t) const {
-    return t == TierKind::kNvme ? mover_ != nullptr : t == TierKind::kRemote ? remote_ != nullptr : blocks_->enabled(t);
+    return t == TierKind::kNvme ? mover_ != nullptr : IsPoolTier(t) ? blocks_->enabled(t) : lower_tier(t) != nullptr;
   }
   const TierPool* pool(TierKind t) const { return blocks_->pool(t); }
   TierCounts Counts(TierKind t) const;
@@ -288,7 +296,7 @@ class CacheManager {
   // Who waits for a promotion: (a pending Acquire's id, its entry index).
   using Waiter = std::pair<uint64_t, size_t>;
   // A block to promote once the host tier has a page for it: from NVMe (its index
-  // record), or from the remote tier (no record).
+  // record), or from a lower tier (no record).
   struct QueuedPromotion {
     NamespaceId ns;
     TenantId tenant;
@@ -299,9 +307,20 @@ class CacheManager {
   };
   struct PendingLookup {
     SessionId session;
-    CacheLookup result;  // the local part
-    size_t asked = 0;    // hashes in the request
+    NamespaceId ns;
+    CacheLookup result;           // what the tiers above answered
+    size_t asked = 0;             // hashes in the request
+    std::vector<BlockHash> rest;  // what they did not hold, for the next lower tier
+    size_t next = 0;              // the lower tier to ask next
     LookupDone done;
+  };
+  // A promotion from a lower tier in flight: what to look for in the next one if the
+  // tier does not hold the block after all.
+  struct LowerPromotion {
+    NamespaceId ns;
+    TenantId tenant;
+    BlockHash hash;
+    size_t tier;  // index in lower_
   };
   enum class Room { kNow, kLater, kNone, kOverQuota };
   using Block = BlockTable::Block;
@@ -319,7 +338,8 @@ class CacheManager {
   Status CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_t count) const;
 
   // ---- waiting requests (cache_manager.cc) ----
-  // Reads a block into a host page — from NVMe (`rec`) or from the remote tier (no rec).
+  // Reads a block into a host page — from NVMe (`rec`), or (no rec) from the first lower
+  // tier from `first_lower` on that can be asked.
   // `id` is kNoBlock when no page can be had now (`may_evict` false: only a page free
   // without evicting anything); `room` then says whether one will free up (kLater).
   struct Promoted {
@@ -327,7 +347,9 @@ class CacheManager {
     Room room = Room::kNone;
   };
   Promoted Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const std::optional<BlockRecord>& rec,
-                   bool may_evict);
+                   bool may_evict, size_t first_lower = 0);
+  // The first lower tier from `from` on that can be asked now, or lower_.size().
+  size_t AvailableLower(size_t from) const;
   // Host pages will be released soon by someone other than `s`: Acquires wait for reads,
   // reads are in flight, or other sessions reference host blocks (engines release what they
   // acquired once they have copied it). An Allocate of host pages that finds none to free
@@ -340,12 +362,20 @@ class CacheManager {
   // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
   void AddWaiter(BlockId id, Waiter w) { promotion_waiters_[id].push_back(w); }
   void OnPromoted(BlockId id, const Status& st);
-  // The remote tier's answer to a Lookup that went past the local tiers.
-  void FinishLookup(uint64_t lookup, size_t remote_blocks);
+  // Asks the next lower tier that can be asked about the rest of a Lookup; answers it
+  // when none is left.
+  void ContinueLookup(uint64_t lookup);
+  // Lower tier `tier`'s answer to a Lookup: it holds the next `found` blocks.
+  void FinishLookup(uint64_t lookup, size_t tier, size_t found);
   // The tier a promoting block is on its way up from.
-  TierKind PromotingFrom(const Block& b) const {
-    return b.on_remote && b.page[TierIndex(TierKind::kNvme)] == kNoPage ? TierKind::kRemote : TierKind::kNvme;
+  TierKind PromotingFrom(BlockId id) const {
+    auto it = lower_promotions_.find(id);
+    return it == lower_promotions_.end() ? TierKind::kNvme : lower_[it->second.tier]->kind();
   }
+  // Puts `id` (just resident in host) into every write-through lower tier not holding it.
+  void QueueLowerPuts(BlockId id);
+  void PumpLowerPuts();
+  bool LowerPutsInFlight() const;
   void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
   // Starts queued promotions and serves waiting Allocates (in that order) as pages free up.
   void ServePendingAllocates();
@@ -407,7 +437,8 @@ class CacheManager {
   };
   std::unordered_map<BlockId, GpuDemotion> gpu_demotions_;  // in flight
   std::unique_ptr<NvmeMover> mover_;                        // null without an NVMe tier
-  std::unique_ptr<RemoteMover> remote_;                     // null without a remote tier
+  std::vector<std::unique_ptr<LowerTierMover>> lower_;      // the chain below NVMe
+  std::unordered_map<BlockId, LowerPromotion> lower_promotions_;
   EvictionHistory history_;
   // Per pool tier: between crossing the high watermark and reaching the low one.
   std::array<bool, kTierCount> evicting_{};

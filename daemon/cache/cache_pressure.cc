@@ -61,10 +61,8 @@ void CacheManager::DemoteToHost(BlockId id) {
   if (st.ok()) {
     blocks_->Reside(id, TierKind::kHost, *hp);
     ++counters_.gpu_demotions;
-    if (remote_ && remote_->write_through() && !b.on_remote) {
-      remote_->QueuePut(id);
-      remote_->PumpPuts();
-    }
+    QueueLowerPuts(id);
+    PumpLowerPuts();
   } else {
     KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
     blocks_->Free(TierKind::kHost, *hp);
@@ -103,10 +101,8 @@ void CacheManager::OnGpuDemoted(BlockId id, const Status& st) {
   if (st.ok() && b.page[TierIndex(TierKind::kHost)] == kNoPage) {
     blocks_->Reside(id, TierKind::kHost, hp);
     ++counters_.gpu_demotions;
-    if (remote_ && remote_->write_through() && !b.on_remote) {
-      remote_->QueuePut(id);
-      remote_->PumpPuts();
-    }
+    QueueLowerPuts(id);
+    PumpLowerPuts();
   } else {
     // Failed, or the block got a host copy meanwhile (a commit of the same key).
     if (!st.ok()) KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
@@ -144,13 +140,14 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     return Evicted::kDropped;
   }
   const Block& b = blocks_->block(victim);
-  // write_back to the remote tier: a block leaving host is put first (it stays pinned in
-  // host until the put is answered, then goes on down as below) — unless the cluster is
-  // refusing puts for memory, when it goes on down at once.
-  if (kind == TierKind::kHost && remote_ && !remote_->write_through() && !b.on_remote && remote_->available() &&
-      !remote_->backing_off()) {
-    if (remote_->busy()) return Evicted::kBusy;
-    remote_->StartPut(victim);
+  // write_back to a lower tier: a block leaving host is put first into each write-back
+  // lower tier not holding it (it stays pinned in host until the put is answered, then
+  // goes on down as below) — skipping a tier that cannot be asked or refuses puts for
+  // space, past which it goes on down at once.
+  for (const auto& l : lower_) {
+    if (kind != TierKind::kHost || l->write_through() || l->Holds(b) || !l->available() || l->backing_off()) continue;
+    if (l->busy()) return Evicted::kBusy;
+    l->StartPut(victim);
     return Evicted::kDemoting;
   }
   if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage && NvmeSpillable() &&
@@ -160,7 +157,7 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     return Evicted::kDemoting;
   }
   if (kind == TierKind::kHost && b.page[TierIndex(TierKind::kNvme)] == kNoPage &&
-      b.page[TierIndex(TierKind::kGpu)] == kNoPage && NvmeSpillable() && !b.on_remote) {
+      b.page[TierIndex(TierKind::kGpu)] == kNoPage && NvmeSpillable() && b.below == 0) {
     // The NVMe tier quantizes and this block may not be quantized (its tenant did not opt
     // in, or its layout cannot be): lost, said once a minute, counted.
     ++counters_.unspillable_drops;
@@ -227,10 +224,10 @@ uint32_t CacheManager::headroom_pages(TierKind t) const {
 CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
   const TierPool& pool = *blocks_->pool(kind);
   // Moves in flight will make room: a demotion frees its page (to NVMe; GPU to host), a
-  // write-through (to NVMe or the remote tier) makes its block droppable again.
+  // write-through (to NVMe or a lower tier) makes its block droppable again.
   auto spills_will_help = [&] {
     if (kind == TierKind::kGpu) return !gpu_demotions_.empty();
-    return (mover_ && mover_->spills_in_flight() > 0) || (remote_ && remote_->puts_in_flight() > 0);
+    return (mover_ && mover_->spills_in_flight() > 0) || LowerPutsInFlight();
   };
   // A tenant at its quota makes room among its own blocks, or gets none.
   while (AtQuota(kind, tenant)) {

@@ -94,10 +94,6 @@ struct CacheCounters {
   uint64_t allocate_failures = 0;
   uint64_t quota_refusals = 0;         // allocations refused by a tenant's quota
   uint64_t refetches_after_evict = 0;  // blocks committed again that the cache had evicted
-  uint64_t remote_puts = 0;            // blocks stored in the remote tier
-  uint64_t remote_put_failures = 0;
-  uint64_t remote_promotions = 0;          // remote blocks read into host pages
-  uint64_t remote_promotion_failures = 0;  // reads that failed or did not verify (absent keys not counted)
 };
 
 // Why a block is or is not a hit (kvctl explain).

@@ -147,7 +147,7 @@ void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, int64_t star
   if (st.ok()) {
     blocks_->SetNvmeSlot(id, slot);
     ++(keep_host ? counters_->write_throughs : counters_->demotions);
-    // Demoted: the host copy goes unless someone took a reference meanwhile, or a remote
+    // Demoted: the host copy goes unless someone took a reference meanwhile, or a lower-tier
     // put still reads it (the copy then stays, droppable now that NVMe has it).
     if (!keep_host && b.refs == 0 && b.readers[TierIndex(TierKind::kHost)] == 0)
       blocks_->RemoveResidency(id, TierKind::kHost);

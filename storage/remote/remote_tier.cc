@@ -100,7 +100,7 @@ void RemoteCodec::Tag(std::string_view remote_key, std::span<const uint8_t> head
   }
 }
 
-std::string RemoteCodec::EncodeHeader(std::string_view remote_key, const RemoteBlockMeta& meta,
+std::string RemoteCodec::EncodeHeader(std::string_view remote_key, const LowerBlockMeta& meta,
                                       std::span<const uint8_t> payload) const {
   std::string h(kMagic, sizeof(kMagic));
   PutU16(h, kFormatVersion);
@@ -120,7 +120,7 @@ std::string RemoteCodec::EncodeHeader(std::string_view remote_key, const RemoteB
   return h;
 }
 
-Result<RemoteBlockMeta> RemoteCodec::Decode(std::string_view remote_key, std::span<const uint8_t> value,
+Result<LowerBlockMeta> RemoteCodec::Decode(std::string_view remote_key, std::span<const uint8_t> value,
                                             std::string_view fingerprint, uint32_t length,
                                             std::span<uint8_t> dst) const {
   if (value.size() < kFixedHeader + 2 || std::memcmp(value.data(), kMagic, sizeof(kMagic)) != 0) {
@@ -145,7 +145,7 @@ Result<RemoteBlockMeta> RemoteCodec::Decode(std::string_view remote_key, std::sp
   if (payload != length) {
     return DataLoss("value holds " + std::to_string(payload) + " bytes, the block has " + std::to_string(length));
   }
-  RemoteBlockMeta meta;
+  LowerBlockMeta meta;
   meta.length = static_cast<uint32_t>(payload);
   size_t at = kFixedHeader;
   const size_t fp = p[at++];
@@ -250,7 +250,7 @@ void RemoteTier::Exists(std::vector<std::string> block_keys, std::function<void(
   }
 }
 
-void RemoteTier::Put(const std::string& block_key, RemoteBlockMeta meta, std::span<const uint8_t> data,
+void RemoteTier::Put(const std::string& block_key, LowerBlockMeta meta, std::span<const uint8_t> data,
                      std::function<void(Status)> done) {
   RedisCluster::Value v;
   v.body = data;
@@ -280,12 +280,12 @@ void RemoteTier::Delete(const std::string& block_key) {
 }
 
 void RemoteTier::Fetch(const std::string& block_key, const std::string& fingerprint, uint32_t length,
-                       std::span<uint8_t> dst, std::function<void(Status, RemoteBlockMeta)> done) {
+                       std::span<uint8_t> dst, std::function<void(Status, LowerBlockMeta)> done) {
   if (dst.size() < length) {
     PostSafe([done = std::move(done)] { done(InvalidArgument("fetch buffer smaller than the block"), {}); });
     return;
   }
-  auto meta = std::make_shared<RemoteBlockMeta>();
+  auto meta = std::make_shared<LowerBlockMeta>();
   const std::string remote_key = codec_.Key(options_.key_prefix, block_key);
   // On the connection thread: verify and copy straight from the reader's buffer.
   auto sink = [this, remote_key, fingerprint, length, dst, meta](std::span<const uint8_t> value) -> Status {
@@ -312,7 +312,7 @@ void RemoteTier::Fetch(const std::string& block_key, const std::string& fingerpr
                   } else {
                     ++counters_.errors;
                   }
-                  done(r.status, r.status.ok() ? std::move(*meta) : RemoteBlockMeta{});
+                  done(r.status, r.status.ok() ? std::move(*meta) : LowerBlockMeta{});
                 });
 }
 

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "protocol/base/status.h"
+#include "storage/lower_tier.h"
 #include "storage/remote/redis_cluster.h"
 
 namespace kvtier {
@@ -45,12 +46,6 @@ struct RemoteTierOptions {
   std::string secret;                  // the fleet secret (>= 32 bytes), or empty: unkeyed
 };
 
-// What a value says about its block besides the bytes.
-struct RemoteBlockMeta {
-  uint32_t length = 0;      // payload bytes (the namespace's block_bytes)
-  std::string fingerprint;  // layout fingerprint of the namespace
-  std::string parent;       // parent hash bytes; empty for a chain's first block
-};
 
 // Cumulative, updated on the owner's thread. Latencies are sums for means: the daemon's
 // histograms have the distribution.
@@ -81,13 +76,13 @@ class RemoteCodec {
   // The remote key of a block key.
   std::string Key(std::string_view prefix, std::string_view block_key) const;
   // The header of the value of `payload` stored under `remote_key`.
-  std::string EncodeHeader(std::string_view remote_key, const RemoteBlockMeta& meta,
+  std::string EncodeHeader(std::string_view remote_key, const LowerBlockMeta& meta,
                            std::span<const uint8_t> payload) const;
   // Checks a whole value (header ‖ payload) read under `remote_key`: the format, the
   // expected layout `fingerprint` and `length`, the tag. On success copies the payload
   // into dst (REQUIRES: dst.size() >= length) and returns the value's meta; kDataLoss
   // (saying what is wrong) otherwise, with dst untouched.
-  Result<RemoteBlockMeta> Decode(std::string_view remote_key, std::span<const uint8_t> value,
+  Result<LowerBlockMeta> Decode(std::string_view remote_key, std::span<const uint8_t> value,
                                  std::string_view fingerprint, uint32_t length, std::span<uint8_t> dst) const;
 
  private:
@@ -99,7 +94,7 @@ class RemoteCodec {
   std::array<uint8_t, 32> name_key_{};  // derived from the secret, for key names
 };
 
-class RemoteTier {
+class RemoteTier final : public LowerTier {
  public:
   using Post = RedisCluster::Post;
   using Observer = std::function<void(std::string_view op, double seconds, bool ok)>;
@@ -110,25 +105,27 @@ class RemoteTier {
   static Result<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options, Post post,
                                                   Observer observe = nullptr);
   // Stops the cluster client; callbacks not yet delivered are dropped.
-  ~RemoteTier();
+  ~RemoteTier() override;
+
+  TierKind kind() const override { return TierKind::kRemote; }
 
   // Whether the cluster holds each key (block keys). Unreachable or failing: false (a miss).
-  void Exists(std::vector<std::string> block_keys, std::function<void(std::vector<bool>)> done);
+  void Exists(std::vector<std::string> block_keys, std::function<void(std::vector<bool>)> done) override;
   // Stores `data` under `block_key`; `data` must stay unchanged until `done`.
-  void Put(const std::string& block_key, RemoteBlockMeta meta, std::span<const uint8_t> data,
-           std::function<void(Status)> done);
+  void Put(const std::string& block_key, LowerBlockMeta meta, std::span<const uint8_t> data,
+           std::function<void(Status)> done) override;
   // Reads the block of `block_key` into dst[0, length), verified (see RemoteCodec::Decode);
   // `dst` must stay valid until `done`. kNotFound: not in the cluster; kDataLoss: did not
   // verify (counted, deleted); kUnavailable: the cluster could not answer.
   void Fetch(const std::string& block_key, const std::string& fingerprint, uint32_t length, std::span<uint8_t> dst,
-             std::function<void(Status, RemoteBlockMeta)> done);
+             std::function<void(Status, LowerBlockMeta)> done) override;
 
   // Deletes the value of `block_key` (fire and forget: a failure leaves it to the
   // cluster's own eviction).
-  void Delete(const std::string& block_key);
+  void Delete(const std::string& block_key) override;
 
   // Whether any master can be asked now (a slot map is known, not every breaker is open).
-  bool available() const { return cluster_->Available(); }
+  bool available() const override { return cluster_->Available(); }
   std::vector<RedisCluster::NodeState> Masters() const { return cluster_->Masters(); }
   // Whether values are sealed under a fleet secret.
   bool keyed() const { return codec_.keyed(); }
@@ -137,7 +134,7 @@ class RemoteTier {
   const RemoteCounters& counters() const { return counters_; }
   const RedisClusterCounters& cluster_counters() const { return cluster_->counters(); }
   // "redis cluster: 3 masters (2 reachable), seeds 127.0.0.1:7000, ..."
-  std::string Describe() const;
+  std::string Describe() const override;
 
  private:
   RemoteTier(const RemoteTierOptions& options, Observer observe);

@@ -416,7 +416,7 @@ TEST_F(RemoteTierTest, AnAclAndAFleetSecretKeepOthersOut) {
   FillBlockPattern(chain[1], forged);  // someone else's KV
   const std::string head = RemoteCodec().EncodeHeader(
       key(6),
-      RemoteBlockMeta{static_cast<uint32_t>(forged.size()), layout.Fingerprint(),
+      LowerBlockMeta{static_cast<uint32_t>(forged.size()), layout.Fingerprint(),
                       std::string(reinterpret_cast<const char*>(chain[5].bytes().data()), chain[5].bytes().size())},
       forged);
   RedisCluster::Value mv, fv;

@@ -548,15 +548,15 @@ class RemoteTierTest : public ::testing::Test {
   }
   Status Put(int i, const std::vector<uint8_t>& data) {
     std::optional<Status> st;
-    RemoteBlockMeta m{static_cast<uint32_t>(data.size()), "fingerprint-0001", std::string(16, 'p')};
+    LowerBlockMeta m{static_cast<uint32_t>(data.size()), "fingerprint-0001", std::string(16, 'p')};
     tier_->Put(Key(i), m, data, [&](Status s) { st = s; });
     EXPECT_TRUE(loop_.Pump([&] { return st.has_value(); }));
     return st.value_or(Internal("no answer"));
   }
-  Status Fetch(int i, std::vector<uint8_t>* out, uint32_t length, RemoteBlockMeta* meta = nullptr) {
+  Status Fetch(int i, std::vector<uint8_t>* out, uint32_t length, LowerBlockMeta* meta = nullptr) {
     out->assign(length, 0);
     std::optional<Status> st;
-    tier_->Fetch(Key(i), "fingerprint-0001", length, *out, [&](Status s, RemoteBlockMeta m) {
+    tier_->Fetch(Key(i), "fingerprint-0001", length, *out, [&](Status s, LowerBlockMeta m) {
       st = s;
       if (meta) *meta = m;
     });
@@ -581,7 +581,7 @@ TEST_F(RemoteTierTest, PutFetchAndExists) {
   const auto data = Bytes(65536, 9);
   ASSERT_TRUE(Put(1, data).ok());
   std::vector<uint8_t> got;
-  RemoteBlockMeta meta;
+  LowerBlockMeta meta;
   ASSERT_TRUE(Fetch(1, &got, 65536, &meta).ok());
   EXPECT_EQ(got, data);
   EXPECT_EQ(meta.parent, std::string(16, 'p'));

@@ -131,7 +131,7 @@ class RemoteValue : public ::testing::TestWithParam<bool> {
     v.insert(v.end(), payload.begin(), payload.end());
     return v;
   }
-  Result<RemoteBlockMeta> Decode(const std::vector<uint8_t>& value, std::string_view key = {},
+  Result<LowerBlockMeta> Decode(const std::vector<uint8_t>& value, std::string_view key = {},
                                  std::string_view fp = "fp-16-bytes-long", uint32_t length = 4096) {
     dst_.assign(4096, 0xee);
     return codec_.Decode(key.empty() ? key_ : key, value, fp, length, dst_);
@@ -139,7 +139,7 @@ class RemoteValue : public ::testing::TestWithParam<bool> {
   RemoteCodec codec_;
   std::vector<uint8_t> payload_, value_, dst_;
   std::string key_;
-  RemoteBlockMeta meta_;
+  LowerBlockMeta meta_;
 };
 INSTANTIATE_TEST_SUITE_P(Codec, RemoteValue, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Keyed" : "Unkeyed"; });
@@ -209,7 +209,7 @@ TEST(RemoteValueKeyed, ForgeriesWithoutTheSecretNeverVerify) {
   EXPECT_NE(key, unkeyed.Key("kvtier:", block_key)) << "names must depend on the secret";
   EXPECT_NE(key, other->Key("kvtier:", block_key));
   const std::vector<uint8_t> payload(1000, 0x5a);
-  const RemoteBlockMeta meta{1000, "fp", ""};
+  const LowerBlockMeta meta{1000, "fp", ""};
   auto seal = [&](const RemoteCodec& c) {
     const std::string head = c.EncodeHeader(key, meta, payload);
     std::vector<uint8_t> v(head.begin(), head.end());
