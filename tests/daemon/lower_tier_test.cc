@@ -1,0 +1,321 @@
+// A tier added below NVMe through the lower-tier seam alone: MemoryTier, an in-memory
+// LowerTier defined here, is given to CacheManager::Open after a real NvmeTier, and
+// Lookup, Acquire, eviction (write-back), write-through and a restart reach it the way
+// they reach the remote tier. Nothing in the daemon knows it exists.
+#include <poll.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "daemon/cache/cache_manager.h"
+#include "engine/tools/block_pattern.h"
+#include "protocol/base/block_key.h"
+#include "storage/lower_tier.h"
+#include "tests/support/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using testing::HashChain;
+
+constexpr uint64_t kPage = 64 * 1024;
+constexpr uint32_t kBlock = 32 * 1024;
+
+using Post = std::function<void(std::function<void()>)>;
+
+// Blocks kept in a map that outlives the tier (a "restart" opens a new tier over it);
+// every answer is posted, never delivered inside the call.
+class MemoryTier final : public LowerTier {
+ public:
+  struct Value {
+    LowerBlockMeta meta;
+    std::vector<uint8_t> bytes;
+  };
+  using Store = std::map<std::string, Value>;
+
+  MemoryTier(std::shared_ptr<Store> store, Post post) : store_(std::move(store)), post_(std::move(post)) {}
+
+  TierKind kind() const override { return TierKind::kRemote; }
+  std::string Describe() const override { return "memory: " + std::to_string(store_->size()) + " blocks"; }
+  bool available() const override { return available_; }
+
+  void Exists(std::vector<std::string> keys, std::function<void(std::vector<bool>)> done) override {
+    ++exists_calls;
+    std::vector<bool> found;
+    for (const auto& k : keys) found.push_back(store_->count(k) > 0);
+    post_([done = std::move(done), found = std::move(found)] { done(found); });
+  }
+  void Put(const std::string& key, LowerBlockMeta meta, std::span<const uint8_t> data,
+           std::function<void(Status)> done) override {
+    if (store_->size() >= capacity) {
+      post_([done = std::move(done)] { done(ResourceExhausted("memory tier full")); });
+      return;
+    }
+    (*store_)[key] = Value{std::move(meta), {data.begin(), data.end()}};
+    post_([done = std::move(done)] { done(Status::Ok()); });
+  }
+  void Fetch(const std::string& key, const std::string& fingerprint, uint32_t length, std::span<uint8_t> dst,
+             std::function<void(Status, LowerBlockMeta)> done) override {
+    ++fetches;
+    auto it = store_->find(key);
+    Status st;
+    LowerBlockMeta meta;
+    if (it == store_->end()) {
+      st = NotFound("not in the memory tier");
+    } else if (it->second.meta.fingerprint != fingerprint || it->second.meta.length != length ||
+               it->second.bytes.size() != length || length > dst.size()) {
+      st = DataLoss("stored for another layout");  // never served
+    } else {
+      std::copy(it->second.bytes.begin(), it->second.bytes.end(), dst.begin());
+      meta = it->second.meta;
+    }
+    post_([done = std::move(done), st, meta = std::move(meta)] { done(st, meta); });
+  }
+  void Delete(const std::string& key) override { store_->erase(key); }
+
+  bool available_ = true;
+  size_t capacity = SIZE_MAX;
+  int exists_calls = 0, fetches = 0;
+
+ private:
+  std::shared_ptr<Store> store_;
+  Post post_;
+};
+
+class LowerTierTest : public ::testing::Test {
+ protected:
+  struct Below {
+    std::shared_ptr<MemoryTier::Store> store = std::make_shared<MemoryTier::Store>();
+    WritePolicy policy = WritePolicy::kWriteThrough;
+    MemoryTier* tier = nullptr;  // owned by the manager
+  };
+
+  // host_pages of host over `nvme_slots` of NVMe (write-back), over `below` in order.
+  void Open(uint32_t host_pages, uint32_t nvme_slots, std::vector<Below*> below) {
+    cm_.reset();
+    NvmeTierOptions no;
+    no.files = {SlotFileSpec{dir_.File("slots" + std::to_string(opened_++)), nvme_slots * kPage}};
+    no.slot_bytes = kPage;
+    no.durability = Durability::kRelaxed;
+    IoEngineOptions io;
+    io.backend = "threads";
+    auto engine = OpenIoEngine(io);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto nvme = NvmeTier::Open(no, std::move(engine).value(), NewMemBlockIndexStore(), Poster(), SystemClock::Default());
+    ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
+    CacheManager::Options o;
+    TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];
+    h.enabled = true;
+    h.page_bytes = kPage;
+    h.segment_bytes = 4 * kPage;
+    h.capacity_bytes = host_pages * kPage;
+    h.huge_pages = HugePages::kOff;
+    h.high_watermark = 0.75;
+    h.low_watermark = 0.5;
+    std::vector<CacheManager::LowerTierSpec> lower;
+    for (Below* b : below) {
+      auto tier = std::make_unique<MemoryTier>(b->store, Poster());
+      b->tier = tier.get();
+      CacheManager::LowerTierSpec spec;
+      spec.tier = std::move(tier);
+      spec.options.write_policy = b->policy;
+      lower.push_back(std::move(spec));
+    }
+    auto cm = CacheManager::Open(o, std::move(nvme).value(), SystemClock::Default(), std::move(lower));
+    ASSERT_TRUE(cm.ok()) << cm.status().ToString();
+    cm_ = std::move(cm).value();
+    ASSERT_TRUE(Pump([&] { return cm_->nvme()->ready(); }));
+    session_ = std::make_unique<SessionCache>(next_id_++);
+    ASSERT_TRUE(cm_->Attach(*session_, "t", testing::TestLayout("m", 32)).ok());  // 32 KiB blocks
+  }
+
+  Post Poster() {
+    return [this](std::function<void()> fn) {
+      std::lock_guard<std::mutex> lock(mu_);
+      posted_.push_back(std::move(fn));
+    };
+  }
+  template <class Pred>
+  bool Pump(Pred done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (;;) {
+        std::function<void()> fn;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (posted_.empty()) break;
+          fn = std::move(posted_.front());
+          posted_.pop_front();
+        }
+        fn();
+      }
+      if (done()) return true;
+      pollfd p{cm_->nvme()->notify_fd(), POLLIN, 0};
+      if (::poll(&p, 1, 2) > 0) cm_->nvme()->OnIoReady();
+      cm_->Tick();
+    }
+    return done();
+  }
+  void Settle() {
+    ASSERT_TRUE(Pump([&] {
+      size_t puts = 0;
+      for (const auto& l : cm_->lower_tiers()) puts += l->puts_in_flight() + l->puts_queued();
+      return cm_->nvme()->pending_operations() == 0 && cm_->pending_promotions() == 0 && puts == 0;
+    }));
+  }
+
+  void Store(const std::vector<BlockHash>& chain) {
+    // Waits while evictions in flight (puts below, spills) make room.
+    std::optional<Result<std::vector<PageId>>> got;
+    auto now = cm_->Allocate(*session_, TierKind::kHost, static_cast<uint32_t>(chain.size()),
+                             [&](Result<std::vector<PageId>> r) { got = std::move(r); });
+    if (now) got = std::move(now);
+    ASSERT_TRUE(Pump([&] { return got.has_value(); }));
+    Result<std::vector<PageId>>& pages = *got;
+    ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+    for (size_t i = 0; i < chain.size(); ++i) {
+      FillBlockPattern(chain[i], {cm_->pool(TierKind::kHost)->PageAddress((*pages)[i]), kBlock});
+    }
+    for (const auto& r : cm_->Commit(*session_, TierKind::kHost, *pages, chain, {}, false)) {
+      ASSERT_EQ(r.status, StatusCode::kOk);
+    }
+  }
+  CacheLookup LookupAndWait(const std::vector<BlockHash>& chain) {
+    std::optional<CacheLookup> got;
+    auto now = cm_->Lookup(*session_, chain, [&](CacheLookup l) { got = std::move(l); });
+    if (now) return *now;
+    EXPECT_TRUE(Pump([&] { return got.has_value(); }));
+    return got.value_or(CacheLookup{});
+  }
+  std::vector<CacheResult> AcquireAndWait(const std::vector<BlockHash>& chain) {
+    std::optional<std::vector<CacheResult>> got;
+    auto now = cm_->Acquire(*session_, chain, [&](std::vector<CacheResult> r) { got = std::move(r); });
+    if (now) return *now;
+    EXPECT_TRUE(Pump([&] { return got.has_value(); }));
+    return got.value_or(std::vector<CacheResult>{});
+  }
+  // Every entry served from host with the bytes stored for its hash.
+  void ExpectServed(const std::vector<BlockHash>& chain, const std::vector<CacheResult>& r) {
+    ASSERT_EQ(r.size(), chain.size());
+    for (size_t i = 0; i < chain.size(); ++i) {
+      ASSERT_EQ(r[i].status, StatusCode::kOk) << i;
+      EXPECT_EQ(r[i].tier, TierKind::kHost) << i;
+      EXPECT_TRUE(CheckBlockPattern(chain[i], {cm_->pool(TierKind::kHost)->PageAddress(r[i].page), kBlock}))
+          << "block " << i << " came back with other bytes";
+    }
+    EXPECT_TRUE(cm_->CheckInvariants().ok()) << cm_->CheckInvariants().ToString();
+  }
+
+  testing::TempDir dir_;
+  int opened_ = 0;
+  std::mutex mu_;
+  std::deque<std::function<void()>> posted_;
+  std::unique_ptr<CacheManager> cm_;
+  std::unique_ptr<SessionCache> session_;
+  SessionId next_id_ = 1;
+};
+
+// Write-through puts every committed block below NVMe; after a restart with empty host and
+// NVMe tiers the chain is found there and served with its bytes.
+TEST_F(LowerTierTest, WriteThroughThenARestartServesTheChainFromTheTierBelowNvme) {
+  Below below;
+  Open(16, 16, {&below});
+  const auto chain = HashChain(1, 6);
+  Store(chain);
+  Settle();
+  EXPECT_EQ(below.store->size(), 6u);
+  EXPECT_EQ(cm_->lower_tiers()[0]->counters().puts, 6u);
+  // Local tiers hold it: the tier below is not asked.
+  const int asked = below.tier->exists_calls;
+  EXPECT_EQ(LookupAndWait(chain).matched, 6u);
+  EXPECT_EQ(below.tier->exists_calls, asked);
+
+  Open(16, 16, {&below});  // a restart: host and NVMe empty, the tier below kept
+  const CacheLookup l = LookupAndWait(chain);
+  ASSERT_EQ(l.matched, 6u);
+  for (TierKind t : l.tiers) EXPECT_EQ(t, TierKind::kRemote);
+  ExpectServed(chain, AcquireAndWait(chain));
+  EXPECT_EQ(cm_->lower_tiers()[0]->counters().promotions, 6u);
+  // Read from below: held there, so never put back.
+  Settle();
+  EXPECT_EQ(cm_->lower_tiers()[0]->counters().puts, 0u);
+}
+
+// Eviction with a write-back tier below NVMe: a host block leaving is put there first, and
+// a block gone from host and NVMe is still a hit, from below.
+TEST_F(LowerTierTest, WriteBackEvictionPutsBlocksBelowNvmeBeforeTheyLeave) {
+  Below below;
+  below.policy = WritePolicy::kWriteBack;
+  Open(8, 4, {&below});
+  std::vector<std::vector<BlockHash>> chains;
+  for (uint64_t seed = 10; seed < 16; ++seed) {
+    chains.push_back(HashChain(seed, 4));
+    Store(chains.back());
+    Settle();
+  }
+  EXPECT_GT(below.store->size(), 0u) << "nothing evicted was put below";
+  EXPECT_GT(cm_->counters().demotions, 0u);
+  // The first chain left host and the 4-slot NVMe tier long ago; what was put below serves.
+  const CacheLookup l = LookupAndWait(chains[0]);
+  ASSERT_EQ(l.matched, 4u);
+  EXPECT_EQ(std::count(l.tiers.begin(), l.tiers.end(), TierKind::kRemote), 4);
+  ExpectServed(chains[0], AcquireAndWait(chains[0]));
+}
+
+// Two tiers below NVMe: Lookup asks the second for what the first lacks, and Acquire
+// looks for a block in the second when the first does not hold it.
+TEST_F(LowerTierTest, AChainOfTwoLowerTiersIsWalkedInOrder) {
+  Below first, second;
+  first.policy = WritePolicy::kWriteBack;  // holds nothing unless eviction puts it there
+  Open(16, 16, {&first, &second});
+  const auto chain = HashChain(20, 5);
+  Store(chain);
+  Settle();
+  EXPECT_EQ(first.store->size(), 0u);
+  EXPECT_EQ(second.store->size(), 5u);
+  // The chain's first two blocks in the first tier only (as a write-back leaves them).
+  const std::string ns = EncodeNamespace("t", second.store->begin()->second.meta.fingerprint);
+  for (size_t i = 0; i < 2; ++i) {
+    auto node = second.store->extract(EncodeBlockKey(ns, chain[i]));
+    ASSERT_FALSE(node.empty()) << "the block key below is not the block key";
+    first.store->insert(std::move(node));
+  }
+
+  Open(16, 16, {&first, &second});
+  const CacheLookup l = LookupAndWait(chain);
+  ASSERT_EQ(l.matched, 5u) << "the second tier was not asked for what the first lacked";
+  EXPECT_EQ(first.tier->exists_calls, 1);
+  EXPECT_EQ(second.tier->exists_calls, 1);
+  ExpectServed(chain, AcquireAndWait(chain));
+  EXPECT_EQ(first.tier->fetches, 5) << "every block is looked for in the first tier first";
+  EXPECT_EQ(second.tier->fetches, 3) << "and in the second only when the first lacks it";
+}
+
+// A value that does not verify below is a miss, never served; one the tier cannot be
+// asked about is not waited for.
+TEST_F(LowerTierTest, AValueThatDoesNotVerifyIsAMissAndAnUnavailableTierIsSkipped) {
+  Below below;
+  Open(16, 16, {&below});
+  const auto chain = HashChain(30, 3);
+  Store(chain);
+  Settle();
+  Open(16, 16, {&below});
+  below.store->begin()->second.meta.fingerprint = "another layout";
+  auto r = AcquireAndWait(chain);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(std::count_if(r.begin(), r.end(), [](const CacheResult& c) { return c.status == StatusCode::kDataLoss; }),
+            1);
+  EXPECT_EQ(cm_->lower_tiers()[0]->counters().promotion_failures, 1u);
+
+  Open(16, 16, {&below});
+  below.tier->available_ = false;
+  const CacheLookup l = LookupAndWait(chain);  // answered now: nothing below can be asked
+  EXPECT_EQ(l.matched, 0u);
+  EXPECT_EQ(below.tier->exists_calls, 0);
+}
+
+}  // namespace
+}  // namespace kvtier
