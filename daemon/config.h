@@ -28,6 +28,7 @@ struct NvmeTierConfig {
     std::string path;
     uint64_t capacity_bytes = 0;
     bool preallocate = true;
+    bool operator==(const File&) const = default;
   };
   std::vector<File> files;  // none: no NVMe tier
   std::string io_backend = IoEngineOptions{}.backend;
@@ -42,6 +43,7 @@ struct NvmeTierConfig {
   uint64_t verify_bytes_per_s = NvmeTierOptions{}.verify_bytes_per_s;
   std::string quantization = "none";  // none | int8 | fp8: the form of opted-in tenants' blocks
   bool enabled() const { return !files.empty(); }
+  bool operator==(const NvmeTierConfig&) const = default;
 };
 
 // The remote tier: a Redis Cluster (or one Redis) shared by the kvtierd nodes of a fleet.
@@ -62,6 +64,7 @@ struct RemoteTierConfig {
   std::string secret_file;    // the fleet secret's file; empty: unkeyed values
   uint32_t max_puts_in_flight = 32;
   bool enabled() const { return !nodes.empty(); }
+  bool operator==(const RemoteTierConfig&) const = default;
 };
 
 // Bytes per tier; 0 means no limit (quota) or nothing reserved (reserve).
@@ -70,6 +73,7 @@ struct TierBytes {
   uint64_t gpu = 0;
   uint64_t nvme = 0;
   uint64_t remote = 0;  // quota only: what this kvtierd keeps in the cluster for the tenant
+  bool operator==(const TierBytes&) const = default;
 };
 
 // One configured tenant: the peers it covers (by uid, or by any of their groups) and its
@@ -82,6 +86,7 @@ struct TenantConfig {
   TierBytes quota;
   TierBytes reserve;
   bool kv_quantization = false;  // its blocks may be stored quantized in the tiers that quantize
+  bool operator==(const TenantConfig&) const = default;
 };
 
 struct SecurityConfig {
@@ -94,12 +99,15 @@ struct SecurityConfig {
   // The most of a tier's pages one session may hold leased at once (1: no cap).
   double max_leased_share = 0.5;
   bool unknown_kv_quantization = false;  // kv_quantization for unknown tenants
+  bool operator==(const SecurityConfig&) const = default;
 };
 
 struct EventsConfig {
   bool enabled = false;
   bool enabled_given = false;  // events.enabled was in the config
   KvEventsOptions options;
+  // Equal configs whether or not events.enabled was written out.
+  bool operator==(const EventsConfig& o) const { return enabled == o.enabled && options == o.options; }
 };
 
 struct DaemonConfig {
@@ -147,6 +155,7 @@ struct DaemonConfig {
   RemoteTierConfig remote;
   SecurityConfig security;
   EventsConfig events;
+  bool operator==(const DaemonConfig&) const = default;
 };
 
 // Parses YAML text. Unknown keys, wrong types and out-of-range values are

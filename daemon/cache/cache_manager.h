@@ -10,7 +10,8 @@
 //   EvictionHistory  the blocks whose last copy left (explain, thrash)
 // — and owning what is left: the sessions and what each holds, the requests that wait
 // (Allocates for room, Acquires for NVMe reads), the counters and the maintenance drain.
-// Its files: cache_manager.cc (sessions and requests), cache_pressure.cc (eviction and
+// Its files: cache_manager.cc (sessions and requests), cache_waiting.cc (requests that
+// wait: promotions, lower-tier lookups, Allocates), cache_pressure.cc (eviction and
 // watermarks), cache_manager_admin.cc (kvctl's operations).
 //
 // Page states per tier: free -> leased (writable by one session) -> block (cached when

@@ -36,6 +36,7 @@ struct TierOptions {
   // more (AllocationHeadroom). Applies where demotions run in the background: host over
   // NVMe, GPU over host with the copy thread. 0: the watermarks alone.
   double allocation_headroom = 0;
+  bool operator==(const TierOptions&) const = default;
 };
 
 // The outcome for one entry of a vector request.

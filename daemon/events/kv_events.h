@@ -120,6 +120,7 @@ struct KvEventsOptions {
   uint32_t max_subscribers = 64;  // connections to the PUB socket
   uint32_t max_replay_peers = 8;  // connections to the replay socket
   std::string state_path;         // what was announced, for the next start; empty: none
+  bool operator==(const KvEventsOptions&) const = default;
 };
 
 // One event before encoding.

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "daemon/config_host.h"
+#include "daemon/config_keys.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -15,16 +16,32 @@ namespace {
 TEST(Config, DefaultYamlParsesToTheDefaults) {
   auto c = ParseConfig(DefaultConfigYaml());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  DaemonConfig d;
-  EXPECT_EQ(c->socket_path, d.socket_path);
-  EXPECT_EQ(c->data_dir, d.data_dir);
+  EXPECT_TRUE(*c == DaemonConfig{}) << "the printed defaults are not the config's defaults";
   EXPECT_EQ(c->host.capacity_bytes, 1ull << 30);
-  EXPECT_EQ(c->host.page_bytes, d.host.page_bytes);
-  EXPECT_DOUBLE_EQ(c->host.high_watermark, 0.85);
-  EXPECT_DOUBLE_EQ(c->host.low_watermark, 0.75);
-  EXPECT_DOUBLE_EQ(c->host.allocation_headroom, 2);
-  EXPECT_EQ(c->metrics_port, d.metrics_port);
-  EXPECT_EQ(c->max_frame_bytes, d.max_frame_bytes);
+}
+
+// Each key alone, set to the default the table prints for it, leaves the config at its
+// defaults: no key's written default differs from its field's.
+TEST(Config, EveryKeysPrintedDefaultIsItsFieldsDefault) {
+  size_t checked = 0;
+  for (const ConfigKey& k : ConfigKeys()) {
+    std::string yaml, indent;
+    std::string_view p = k.path;
+    for (size_t dot; (dot = p.find('.')) != std::string_view::npos; p.remove_prefix(dot + 1)) {
+      yaml += indent + std::string(p.substr(0, dot)) + ":\n";
+      indent += "  ";
+    }
+    yaml += indent + std::string(p) + ": " + std::string(k.fallback) + "\n";
+    auto c = ParseConfig(yaml);
+    ASSERT_TRUE(c.ok()) << k.path << ": " << c.status().ToString();
+    DaemonConfig expected;
+    // An events section means events, unless it says otherwise (docs/operations.md).
+    if (k.path.starts_with("events.") && k.path != "events.enabled") expected.events.enabled = true;
+    EXPECT_TRUE(*c == expected) << k.path << ": " << k.fallback << " is not its field's default";
+    ++checked;
+  }
+  EXPECT_EQ(checked, ConfigKeys().size());
+  EXPECT_GE(checked, 72u);
 }
 
 TEST(Config, DefaultYamlHasACommentForEveryKey) {
