@@ -18,8 +18,8 @@
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 #include "storage/nvme/nvme_tier.h"
-#include "storage/remote/remote_tier.h"
 #include "storage/pool/segment_memory.h"
+#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 

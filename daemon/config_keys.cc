@@ -11,7 +11,6 @@
 namespace kvtier {
 namespace {
 
-
 Result<std::string> Scalar(std::string_view path, const YAML::Node& n) {
   if (!n.IsScalar()) return ConfigKeyError(path, "expected a scalar value");
   return n.Scalar();

@@ -306,8 +306,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     KVTIER_ASSIGN_OR_RETURN(d->events_, KvEvents::Open(eo));
     co.events = d->events_.get();
   }
-  KVTIER_ASSIGN_OR_RETURN(d->cache_,
-                          CacheManager::Open(co, std::move(nvme), SystemClock::Default(), std::move(lower)));
+  KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default(), std::move(lower)));
 
   Server::Options so;
   so.socket_path = config.socket_path;

@@ -532,14 +532,14 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
     auto mean = [](uint64_t ns, uint64_t n) {
       return n ? static_cast<double>(ns) * 1e-9 / static_cast<double>(n) : 0.0;
     };
-    remote = fb::CreateRemoteTierStats(
-        builder_, builder_.CreateVector(nodes),
-        builder_.CreateString(rm->write_through() ? "write_through" : "write_back"), rc.exists, rc.exists_found,
-        rc.fetches, rc.fetch_hits, rc.fetch_bytes, rc.puts, rc.put_bytes, rc.errors, rc.checksum_failures,
-        mean(rc.exists_ns, rc.exists), mean(rc.fetch_ns, rc.fetches), mean(rc.put_ns, rc.puts + rc.puts_failed),
-        rm->puts_in_flight(), static_cast<uint32_t>(rm->puts_queued()), rm->puts_skipped(),
-        cc.breaker_rejections.load(std::memory_order_relaxed), cc.timeouts.load(std::memory_order_relaxed),
-        rc.puts_failed, rt->keyed());
+    remote = fb::CreateRemoteTierStats(builder_, builder_.CreateVector(nodes),
+                                       builder_.CreateString(rm->write_through() ? "write_through" : "write_back"),
+                                       rc.exists, rc.exists_found, rc.fetches, rc.fetch_hits, rc.fetch_bytes, rc.puts,
+                                       rc.put_bytes, rc.errors, rc.checksum_failures, mean(rc.exists_ns, rc.exists),
+                                       mean(rc.fetch_ns, rc.fetches), mean(rc.put_ns, rc.puts + rc.puts_failed),
+                                       rm->puts_in_flight(), static_cast<uint32_t>(rm->puts_queued()),
+                                       rm->puts_skipped(), cc.breaker_rejections.load(std::memory_order_relaxed),
+                                       cc.timeouts.load(std::memory_order_relaxed), rc.puts_failed, rt->keyed());
   }
   flatbuffers::Offset<fb::EventsStats> events;
   if (const KvEvents* ev = cache_->events()) {

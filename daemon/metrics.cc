@@ -92,8 +92,11 @@ Gauge* MetricsRegistry::AddGauge(const std::string& name, const std::string& hel
 Histogram* MetricsRegistry::AddHistogram(const std::string& name, const std::string& help, std::vector<double> bounds,
                                          Labels labels) {
   Claim(name, Type::kHistogram);
-  return &prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_).Add(LabelMap(labels),
-                                                                                      std::move(bounds));
+  return &prometheus::BuildHistogram()
+              .Name(name)
+              .Help(help)
+              .Register(*registry_)
+              .Add(LabelMap(labels), std::move(bounds));
 }
 
 void MetricsRegistry::AddCounterFn(const std::string& name, const std::string& help, Labels labels,

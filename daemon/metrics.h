@@ -15,16 +15,16 @@
 // one help text. Add* and Render() run on the daemon's control thread (the functions
 // read its state); prometheus-cpp's series may be updated from any thread.
 
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <prometheus/counter.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
 
 namespace prometheus {
 class Registry;

@@ -57,8 +57,8 @@ class BlockTable {
     // Moves reading the block's page, by pool tier (TierIndex: GPU, host): an NVMe spill or
     // a lower-tier put of the host page, a demotion copying the GPU page down.
     std::array<uint8_t, 2> readers{};
-    uint8_t below = 0;       // bit k: lower tier k holds it (put by us, or read from it)
-    uint32_t hits = 0;       // lookups and acquires that found it
+    uint8_t below = 0;  // bit k: lower tier k holds it (put by us, or read from it)
+    uint32_t hits = 0;  // lookups and acquires that found it
     int64_t last_use_ns = 0;
   };
 

@@ -452,7 +452,8 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
     if (local < hashes.size() && done && AvailableLower(0) < lower_.size()) {
       const uint64_t id = next_pending_++;
       std::vector<BlockHash> rest(hashes.begin() + static_cast<ptrdiff_t>(local), hashes.end());
-      pending_lookups_[id] = PendingLookup{s.id_, s.ns_, std::move(r), hashes.size(), std::move(rest), 0, std::move(done)};
+      pending_lookups_[id] =
+          PendingLookup{s.id_, s.ns_, std::move(r), hashes.size(), std::move(rest), 0, std::move(done)};
       ContinueLookup(id);
       return std::nullopt;
     }

@@ -62,18 +62,18 @@
 #include "daemon/cache/allocation_headroom.h"
 #include "daemon/cache/block_table.h"
 #include "daemon/cache/cache_types.h"
-#include "daemon/events/kv_events.h"
 #include "daemon/cache/eviction_history.h"
 #include "daemon/cache/lower_tier_mover.h"
 #include "daemon/cache/namespace_table.h"
 #include "daemon/cache/nvme_mover.h"
+#include "daemon/events/kv_events.h"
 #include "kernels/device_backend.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/layout.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
-#include "storage/nvme/nvme_tier.h"
 #include "storage/lower_tier.h"
+#include "storage/nvme/nvme_tier.h"
 
 namespace kvtier {
 

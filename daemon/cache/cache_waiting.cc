@@ -1,10 +1,9 @@
 // CacheManager: the requests that wait — promotions from NVMe and from the chain of lower
 // tiers (and the Acquires waiting for them), Lookups answered by the lower tiers, Allocates
 // waiting for room. Sessions and their immediate requests are in cache_manager.cc.
-#include "daemon/cache/cache_manager.h"
-
 #include <algorithm>
 
+#include "daemon/cache/cache_manager.h"
 #include "protocol/base/logging.h"
 
 namespace kvtier {

@@ -52,9 +52,7 @@ void LowerTierMover::QueuePut(BlockId id) {
   put_queue_.emplace_back(id, blocks_->block(id).gen);
 }
 
-bool LowerTierMover::backing_off() const {
-  return SystemClock::Default()->NowNanos() < backoff_until_ns_;
-}
+bool LowerTierMover::backing_off() const { return SystemClock::Default()->NowNanos() < backoff_until_ns_; }
 
 void LowerTierMover::PumpPuts() {
   while (!put_queue_.empty() && !busy() && tier_->available()) {
@@ -81,7 +79,7 @@ void LowerTierMover::StartPut(BlockId id) {
   const TierPool* pool = blocks_->pool(TierKind::kHost);
   const PageId page = b.page[TierIndex(TierKind::kHost)];
   tier_->Put(LowerBlockKey(b.ns, b.hash), std::move(meta), {pool->PageAddress(page), n.block_bytes},
-               [this, id, gen = b.gen](Status st) { OnPut(id, gen, st); });
+             [this, id, gen = b.gen](Status st) { OnPut(id, gen, st); });
 }
 
 void LowerTierMover::Charge(TenantId tenant, std::string key, uint64_t bytes) {
@@ -148,8 +146,8 @@ BlockId LowerTierMover::StartPromotion(NamespaceId ns, TenantId tenant, const Bl
   const NamespaceTable::Namespace& n = namespaces_->Get(ns);
   TierPool* pool = blocks_->pool(TierKind::kHost);
   tier_->Fetch(LowerBlockKey(ns, hash), n.fingerprint, static_cast<uint32_t>(n.block_bytes),
-                 {pool->PageAddress(*page), pool->page_bytes()},
-                 [this, id, gen](Status st, LowerBlockMeta meta) { OnPromoted(id, gen, st, meta); });
+               {pool->PageAddress(*page), pool->page_bytes()},
+               [this, id, gen](Status st, LowerBlockMeta meta) { OnPromoted(id, gen, st, meta); });
   return id;
 }
 
@@ -188,12 +186,12 @@ void LowerTierMover::FindPrefix(NamespaceId ns, std::span<const BlockHash> hashe
   const size_t first = std::min(hashes.size(), kFirstProbe);
   std::vector<std::string> rest = keys_of(hashes.subspan(first));
   tier_->Exists(keys_of(hashes.first(first)), [this, first, leading, rest = std::move(rest),
-                                                 done = std::move(done)](std::vector<bool> found) mutable {
+                                               done = std::move(done)](std::vector<bool> found) mutable {
     const size_t n = leading(found);
     if (n < first || rest.empty()) return done(n);
     // All of the first ones are there: the rest of the chain is worth asking about.
     tier_->Exists(std::move(rest),
-                    [first, leading, done = std::move(done)](std::vector<bool> more) { done(first + leading(more)); });
+                  [first, leading, done = std::move(done)](std::vector<bool> more) { done(first + leading(more)); });
   });
 }
 

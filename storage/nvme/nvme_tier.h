@@ -37,13 +37,13 @@
 
 #include "protocol/base/clock.h"
 #include "protocol/base/status.h"
-#include "storage/nvme/block_index_store.h"
-#include "storage/policy/eviction_policy.h"
 #include "storage/io/io_engine.h"
-#include "storage/pool/page_allocator.h"
 #include "storage/io/slot_files.h"
 #include "storage/io/worker_thread.h"
+#include "storage/nvme/block_index_store.h"
 #include "storage/nvme/zeroed_array.h"
+#include "storage/policy/eviction_policy.h"
+#include "storage/pool/page_allocator.h"
 
 namespace kvtier {
 

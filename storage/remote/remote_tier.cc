@@ -121,8 +121,8 @@ std::string RemoteCodec::EncodeHeader(std::string_view remote_key, const LowerBl
 }
 
 Result<LowerBlockMeta> RemoteCodec::Decode(std::string_view remote_key, std::span<const uint8_t> value,
-                                            std::string_view fingerprint, uint32_t length,
-                                            std::span<uint8_t> dst) const {
+                                           std::string_view fingerprint, uint32_t length,
+                                           std::span<uint8_t> dst) const {
   if (value.size() < kFixedHeader + 2 || std::memcmp(value.data(), kMagic, sizeof(kMagic)) != 0) {
     return DataLoss("not a kvtier block value");
   }

@@ -46,7 +46,6 @@ struct RemoteTierOptions {
   std::string secret;                  // the fleet secret (>= 32 bytes), or empty: unkeyed
 };
 
-
 // Cumulative, updated on the owner's thread. Latencies are sums for means: the daemon's
 // histograms have the distribution.
 struct RemoteCounters {
@@ -83,7 +82,7 @@ class RemoteCodec {
   // into dst (REQUIRES: dst.size() >= length) and returns the value's meta; kDataLoss
   // (saying what is wrong) otherwise, with dst untouched.
   Result<LowerBlockMeta> Decode(std::string_view remote_key, std::span<const uint8_t> value,
-                                 std::string_view fingerprint, uint32_t length, std::span<uint8_t> dst) const;
+                                std::string_view fingerprint, uint32_t length, std::span<uint8_t> dst) const;
 
  private:
   void Tag(std::string_view remote_key, std::span<const uint8_t> header, std::span<const uint8_t> payload,

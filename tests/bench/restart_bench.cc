@@ -22,9 +22,9 @@
 
 #include "daemon/dispatcher.h"
 #include "engine/tools/block_pattern.h"
+#include "storage/io/slot_files.h"
 #include "storage/nvme/block_index_store.h"
 #include "storage/nvme/nvme_tier.h"
-#include "storage/io/slot_files.h"
 #include "tests/bench/bench_main.h"
 #include "tests/bench/bench_util.h"
 

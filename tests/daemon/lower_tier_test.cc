@@ -2,8 +2,10 @@
 // LowerTier defined here, is given to CacheManager::Open after a real NvmeTier, and
 // Lookup, Acquire, eviction (write-back), write-through and a restart reach it the way
 // they reach the remote tier. Nothing in the daemon knows it exists.
-#include <poll.h>
+#include "storage/lower_tier.h"
+
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <chrono>
 #include <deque>
@@ -13,7 +15,6 @@
 #include "daemon/cache/cache_manager.h"
 #include "engine/tools/block_pattern.h"
 #include "protocol/base/block_key.h"
-#include "storage/lower_tier.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -104,7 +105,8 @@ class LowerTierTest : public ::testing::Test {
     io.backend = "threads";
     auto engine = OpenIoEngine(io);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    auto nvme = NvmeTier::Open(no, std::move(engine).value(), NewMemBlockIndexStore(), Poster(), SystemClock::Default());
+    auto nvme =
+        NvmeTier::Open(no, std::move(engine).value(), NewMemBlockIndexStore(), Poster(), SystemClock::Default());
     ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
     CacheManager::Options o;
     TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];

@@ -19,7 +19,8 @@ TEST(Metrics, RendersTheTextExpositionFormat) {
   h->Observe(0.005);
   h->Observe(5);
   const std::string text = r.Render();
-  EXPECT_NE(text.find("# HELP kvtier_test_total A test counter.\n# TYPE kvtier_test_total counter\n"), std::string::npos)
+  EXPECT_NE(text.find("# HELP kvtier_test_total A test counter.\n# TYPE kvtier_test_total counter\n"),
+            std::string::npos)
       << text;
   EXPECT_NE(text.find("kvtier_test_total{tier=\"host\"} 3\n"), std::string::npos) << text;
   EXPECT_NE(text.find("kvtier_test_total{tier=\"gpu\"} 1\n"), std::string::npos) << text;

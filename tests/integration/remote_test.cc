@@ -417,7 +417,7 @@ TEST_F(RemoteTierTest, AnAclAndAFleetSecretKeepOthersOut) {
   const std::string head = RemoteCodec().EncodeHeader(
       key(6),
       LowerBlockMeta{static_cast<uint32_t>(forged.size()), layout.Fingerprint(),
-                      std::string(reinterpret_cast<const char*>(chain[5].bytes().data()), chain[5].bytes().size())},
+                     std::string(reinterpret_cast<const char*>(chain[5].bytes().data()), chain[5].bytes().size())},
       forged);
   RedisCluster::Value mv, fv;
   mv.body = moved;
@@ -511,8 +511,9 @@ TEST_F(RemoteTierTest, AFullClusterIsLoggedAndPutsBackOff) {
     } else {
       // The pause ended before the chain was committed: its puts went out and were refused.
       ASSERT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_remote_put_backoffs_total") > backoffs; }))
-          << "puts " << before->remote->puts << "->" << after->remote->puts << ", failed " << before->remote->puts_failed
-          << "->" << after->remote->puts_failed << ": sent in a pause, or refused without a new one\n"
+          << "puts " << before->remote->puts << "->" << after->remote->puts << ", failed "
+          << before->remote->puts_failed << "->" << after->remote->puts_failed
+          << ": sent in a pause, or refused without a new one\n"
           << d.Log();
     }
   }

@@ -132,7 +132,7 @@ class RemoteValue : public ::testing::TestWithParam<bool> {
     return v;
   }
   Result<LowerBlockMeta> Decode(const std::vector<uint8_t>& value, std::string_view key = {},
-                                 std::string_view fp = "fp-16-bytes-long", uint32_t length = 4096) {
+                                std::string_view fp = "fp-16-bytes-long", uint32_t length = 4096) {
     dst_.assign(4096, 0xee);
     return codec_.Decode(key.empty() ? key_ : key, value, fp, length, dst_);
   }
