@@ -8,7 +8,7 @@ CTEST_ARGS ?=
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?= frame dispatcher redis_reply events config
 
-.PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean format format-check \
+.PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean format format-check check-thread-safety \
         engines-env test-engines tools-env
 
 all: build
@@ -55,6 +55,14 @@ sanitized:
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
 	  ctest --test-dir $(SAN_BUILD) --output-on-failure -j $(JOBS) --timeout 900 $(CTEST_ARGS)
+
+# Every target built with clang: -Wthread-safety proves the locking contracts annotated with
+# protocol/base/mutex.h, and -Werror makes any warning fail the build.
+check-thread-safety: deps
+	@if [ ! -f $(BUILD)-clang/build.ninja ]; then \
+	  CC=clang CXX=clang++ cmake -S . -B $(BUILD)-clang -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+	    -DKVTIER_WITH_CUDA=off -DKVTIER_WERROR=ON; fi
+	cmake --build $(BUILD)-clang -j $(JOBS)
 
 # libFuzzer targets (clang), FUZZ_SECONDS each (default 600; CI runs a short pass).
 fuzz: deps

@@ -3,6 +3,21 @@
 add_library(kvtier_build_flags INTERFACE)
 target_compile_options(kvtier_build_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>)
+# Warnings are errors in the project's own code (targets linking kvtier_build_flags), except
+# in the Python package's build, which meets compilers the project never saw.
+if(KVTIER_CLIENT_ONLY)
+  option(KVTIER_WERROR "Treat warnings in kvtier's own code as errors" OFF)
+else()
+  option(KVTIER_WERROR "Treat warnings in kvtier's own code as errors" ON)
+endif()
+if(KVTIER_WERROR)
+  target_compile_options(kvtier_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+endif()
+# clang checks the locking contracts written with protocol/base/mutex.h's annotations
+# (`make check-thread-safety` builds everything with clang for that).
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  target_compile_options(kvtier_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety>)
+endif()
 if(KVTIER_SANITIZE STREQUAL "address")
   target_compile_options(kvtier_build_flags INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)

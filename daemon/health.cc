@@ -4,7 +4,7 @@ namespace kvtier {
 
 void Health::Beat(std::string not_ready) {
   const int64_t now = clock_->NowNanos();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_beat_ns_ = now;
   not_ready_ = std::move(not_ready);
 }
@@ -20,12 +20,12 @@ Health::Answer Health::LiveLocked() const {
 }
 
 Health::Answer Health::Live() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return LiveLocked();
 }
 
 Health::Answer Health::Ready() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Answer live = LiveLocked();
   if (!live.ok) return live;
   if (last_beat_ns_ < 0) return {false, "starting"};

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "protocol/base/clock.h"
+#include "protocol/base/mutex.h"
 
 namespace kvtier {
 
@@ -35,13 +36,13 @@ class Health {
   Answer Ready() const;
 
  private:
-  Answer LiveLocked() const;
+  Answer LiveLocked() const KVTIER_REQUIRES(mu_);
 
   const Clock* clock_;
   const int64_t stall_timeout_ns_;
-  mutable std::mutex mu_;
-  int64_t last_beat_ns_ = -1;           // guarded by mu_; -1: no beat yet
-  std::string not_ready_ = "starting";  // guarded by mu_
+  mutable Mutex mu_;
+  int64_t last_beat_ns_ KVTIER_GUARDED_BY(mu_) = -1;  // -1: no beat yet
+  std::string not_ready_ KVTIER_GUARDED_BY(mu_) = "starting";
 };
 
 }  // namespace kvtier

@@ -26,7 +26,7 @@ BlockWorkers::~BlockWorkers() {
 void BlockWorkers::Run(std::function<Status()> work, std::function<void(Status)> done) {
   ++pending_;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     queue_.push_back(Job{std::move(work), std::move(done)});
   }
   cv_.notify_one();
@@ -39,8 +39,12 @@ void BlockWorkers::Loop(std::stop_token stop) {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      if (!cv_.wait(l, stop, [this] { return !queue_.empty(); })) return;
+      MutexLock l(&mu_);
+      if (!cv_.wait(l.native(), stop, [this] {
+            mu_.AssertHeld();
+            return !queue_.empty();
+          }))
+        return;
       job = std::move(queue_.front());
       queue_.pop_front();
     }

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "protocol/base/mutex.h"
 #include "protocol/base/status.h"
 
 namespace kvtier {
@@ -56,9 +57,9 @@ class BlockWorkers {
 
   Post post_;
   std::shared_ptr<BlockWorkers*> self_;  // expires with this object: late completions are dropped
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable_any cv_;
-  std::deque<Job> queue_;
+  std::deque<Job> queue_ KVTIER_GUARDED_BY(mu_);
   size_t pending_ = 0;  // owner's thread only
   std::vector<std::jthread> threads_;
 };

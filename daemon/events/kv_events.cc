@@ -334,7 +334,7 @@ Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options)
 
 KvEvents::~KvEvents() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   wake_.notify_all();
@@ -349,7 +349,7 @@ void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant
       options_.topic, source.routable_id.empty() ? std::string_view(host_) : source.routable_id, host_, served, tenant);
   const std::optional<uint32_t> rank =
       source.dp_rank >= 0 ? std::optional(static_cast<uint32_t>(source.dp_rank)) : std::nullopt;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Topic*& t = by_name_[{name, rank}];
   if (t == nullptr) {
     topics_.push_back(std::make_unique<Topic>());
@@ -378,7 +378,7 @@ KvEvent* KvEvents::Append(Topic& t, KvEvent::Kind kind, TierKind tier) {
 
 void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
                    const BlockHash* parent, std::span<const uint32_t> tokens) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) return;
   const EventHashForm form = it->second.hashes;
@@ -444,7 +444,7 @@ void KvEvents::Run() {
   for (;;) {
     bool stopping;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stopping = stop_;
     }
     // Replay requests and peers' connections are served as they come; the batches go out
@@ -527,7 +527,7 @@ void KvEvents::PublishPending() {
   };
   std::vector<Batch> batches;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (Topic* t : order_) batches.push_back(Batch{t->name, t->dp_rank, std::move(t->pending)});
     for (Topic* t : order_) t->pending.clear();
     order_.clear();

@@ -91,6 +91,7 @@
 #include <vector>
 
 #include "protocol/base/block_key.h"
+#include "protocol/base/mutex.h"
 #include "protocol/base/status.h"
 #include "protocol/base/tier.h"
 
@@ -214,12 +215,12 @@ class KvEvents {
   };
   explicit KvEvents(const KvEventsOptions& options);
   // REQUIRES: mu_ held. The topic's batch to append to, or nullptr when full.
-  KvEvent* Append(Topic& t, KvEvent::Kind kind, TierKind tier);
+  KvEvent* Append(Topic& t, KvEvent::Kind kind, TierKind tier) KVTIER_REQUIRES(mu_);
   void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
            const BlockHash* parent, std::span<const uint32_t> tokens);
   // REQUIRES: mu_ held.
   void AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, bool signed_hashes, uint64_t hash,
-             std::optional<uint64_t> parent, std::span<const uint32_t> tokens);
+             std::optional<uint64_t> parent, std::span<const uint32_t> tokens) KVTIER_REQUIRES(mu_);
   void Run();
   void PublishPending();
   // Numbers and sends one message (and keeps it for the replay socket).
@@ -237,10 +238,10 @@ class KvEvents {
   std::string publish_endpoint_, replay_endpoint_;
   std::unique_ptr<Sockets> sockets_;  // used by the publisher thread only (after Open)
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable wake_;
-  bool stop_ = false;
-  std::vector<std::unique_ptr<Topic>> topics_;  // guarded by mu_
+  bool stop_ KVTIER_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Topic>> topics_ KVTIER_GUARDED_BY(mu_);
   // Looked up by string_view on every event: no string built per event.
   struct NameHash {
     using is_transparent = void;
@@ -251,10 +252,11 @@ class KvEvents {
     EventHashForm hashes = EventHashForm::kVllm;
     std::vector<Topic*> topics;
   };
-  std::unordered_map<std::string, Announced, NameHash, std::equal_to<>> by_namespace_;  // guarded by mu_
-  std::map<std::pair<std::string, std::optional<uint32_t>>, Topic*> by_name_;           // name, dp rank; guarded by mu_
-  std::vector<Topic*> order_;  // topics with pending events, first-come; guarded by mu_
-  uint64_t queued_ = 0;        // events pending; guarded by mu_
+  std::unordered_map<std::string, Announced, NameHash, std::equal_to<>> by_namespace_ KVTIER_GUARDED_BY(mu_);
+  // Name, dp rank.
+  std::map<std::pair<std::string, std::optional<uint32_t>>, Topic*> by_name_ KVTIER_GUARDED_BY(mu_);
+  std::vector<Topic*> order_ KVTIER_GUARDED_BY(mu_);  // topics with pending events, first-come
+  uint64_t queued_ KVTIER_GUARDED_BY(mu_) = 0;        // events pending
 
   std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0}, refused_{0}, retracted_{0};
   std::atomic<uint32_t> subscribers_{0}, replay_peers_{0};

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "protocol/base/mutex.h"
 #include "storage/io/io_engine.h"
 
 namespace kvtier {
@@ -42,7 +43,7 @@ class ThreadIoEngine final : public IoEngine {
 
   ~ThreadIoEngine() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -70,7 +71,7 @@ class ThreadIoEngine final : public IoEngine {
   Status Submit() override {
     if (staged_.empty()) return Status::Ok();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (const IoRequest& r : staged_) queue_.push_back(r);
     }
     staged_.clear();
@@ -83,7 +84,7 @@ class ThreadIoEngine final : public IoEngine {
     (void)!::read(event_fd_, &ignored, sizeof(ignored));
     std::vector<IoCompletion> out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       out.swap(done_);
     }
     in_flight_ -= out.size();
@@ -99,15 +100,18 @@ class ThreadIoEngine final : public IoEngine {
     for (;;) {
       IoRequest r;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        MutexLock lock(&mu_);
+        cv_.wait(lock.native(), [this] {
+          mu_.AssertHeld();
+          return stop_ || !queue_.empty();
+        });
         if (stop_) return;
         r = queue_.front();
         queue_.pop_front();
       }
       const int32_t res = RunOne(r);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         done_.push_back(IoCompletion{r.tag, res});
       }
       const uint64_t one = 1;
@@ -120,11 +124,11 @@ class ThreadIoEngine final : public IoEngine {
   std::vector<std::thread> workers_;
   std::vector<IoRequest> staged_;  // owner thread only
   size_t in_flight_ = 0;           // owner thread only
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<IoRequest> queue_;
-  std::vector<IoCompletion> done_;
-  bool stop_ = false;
+  std::deque<IoRequest> queue_ KVTIER_GUARDED_BY(mu_);
+  std::vector<IoCompletion> done_ KVTIER_GUARDED_BY(mu_);
+  bool stop_ KVTIER_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

@@ -8,7 +8,7 @@ WorkerThread::~WorkerThread() { Stop(); }
 
 void WorkerThread::Submit(Job job) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return;
     jobs_.push_back(std::move(job));
     pending_.fetch_add(1, std::memory_order_acq_rel);
@@ -17,7 +17,7 @@ void WorkerThread::Submit(Job job) {
 }
 
 void WorkerThread::Cancel() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   job_stop_.request_stop();
   job_stop_ = std::stop_source();
   pending_.fetch_sub(jobs_.size(), std::memory_order_acq_rel);
@@ -26,7 +26,7 @@ void WorkerThread::Cancel() {
 
 void WorkerThread::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
     job_stop_.request_stop();
@@ -43,8 +43,12 @@ void WorkerThread::Run(std::stop_token token) {
     Job job;
     std::stop_token job_token;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait(lock, token, [this] { return !jobs_.empty(); })) return;  // stopped
+      MutexLock lock(&mu_);
+      if (!cv_.wait(lock.native(), token, [this] {
+            mu_.AssertHeld();
+            return !jobs_.empty();
+          }))
+        return;  // stopped
       job = std::move(jobs_.front());
       jobs_.pop_front();
       job_token = job_stop_.get_token();
@@ -56,10 +60,10 @@ void WorkerThread::Run(std::stop_token token) {
 }
 
 bool WorkerThread::Sleep(std::stop_token token, std::chrono::nanoseconds d) {
-  std::mutex mu;
+  Mutex mu;
   std::condition_variable_any cv;
-  std::unique_lock<std::mutex> lock(mu);
-  return !cv.wait_for(lock, token, d, [] { return false; }) && !token.stop_requested();
+  MutexLock lock(&mu);
+  return !cv.wait_for(lock.native(), token, d, [] { return false; }) && !token.stop_requested();
 }
 
 }  // namespace kvtier

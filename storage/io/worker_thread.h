@@ -18,6 +18,8 @@
 #include <stop_token>
 #include <thread>
 
+#include "protocol/base/mutex.h"
+
 namespace kvtier {
 
 class WorkerThread {
@@ -45,11 +47,11 @@ class WorkerThread {
  private:
   void Run(std::stop_token token);
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable_any cv_;
-  std::deque<Job> jobs_;
-  std::stop_source job_stop_;  // the running job's; replaced by Cancel()
-  bool stopped_ = false;
+  std::deque<Job> jobs_ KVTIER_GUARDED_BY(mu_);
+  std::stop_source job_stop_ KVTIER_GUARDED_BY(mu_);  // the running job's; replaced by Cancel()
+  bool stopped_ KVTIER_GUARDED_BY(mu_) = false;
   std::atomic<size_t> pending_{0};
   std::jthread thread_;  // last: started once the members above exist
 };

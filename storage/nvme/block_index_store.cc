@@ -8,6 +8,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "protocol/base/mutex.h"
+
 namespace kvtier {
 namespace {
 
@@ -156,14 +158,14 @@ class MemBlockIndexStore final : public BlockIndexStore {
   std::string_view name() const override { return "memory"; }
 
   Result<std::optional<BlockRecord>> Get(std::string_view key) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = blocks_.find(std::string(key));
     if (it == blocks_.end()) return std::optional<BlockRecord>();
     return std::optional<BlockRecord>(it->second);
   }
 
   Result<std::vector<std::optional<BlockRecord>>> MultiGet(std::span<const std::string> keys) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<std::optional<BlockRecord>> out;
     for (const std::string& k : keys) {
       auto it = blocks_.find(k);
@@ -173,15 +175,16 @@ class MemBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::optional<std::string>> KeyOfSlot(uint32_t slot) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = slots_.find(slot);
     if (it == slots_.end()) return std::optional<std::string>();
     return std::optional<std::string>(it->second);
   }
 
   Status Apply(std::span<const IndexMutation> batch, bool) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     KVTIER_ASSIGN_OR_RETURN(auto writes, ResolveIndexMutations(batch, [this](const std::string& key) {
+                              mu_.AssertHeld();  // called here, under the lock
                               auto it = blocks_.find(key);
                               return Result<std::optional<uint32_t>>(
                                   it == blocks_.end() ? std::nullopt : std::optional<uint32_t>(it->second.slot));
@@ -209,7 +212,7 @@ class MemBlockIndexStore final : public BlockIndexStore {
   Status Scan(const std::function<bool(std::string_view, const BlockRecord&)>& fn) override {
     std::map<std::string, BlockRecord> snapshot;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       snapshot = blocks_;
     }
     for (const auto& [k, v] : snapshot) {
@@ -219,20 +222,20 @@ class MemBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::optional<std::string>> GetMeta(std::string_view name) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = meta_.find(std::string(name));
     if (it == meta_.end()) return std::optional<std::string>();
     return std::optional<std::string>(it->second);
   }
 
   Status PutMeta(std::string_view name, std::string_view value) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     meta_[std::string(name)] = std::string(value);
     return Status::Ok();
   }
 
   Status Clear() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     blocks_.clear();
     slots_.clear();
     return Status::Ok();
@@ -241,15 +244,15 @@ class MemBlockIndexStore final : public BlockIndexStore {
   Status Flush() override { return Status::Ok(); }
   Status Resume() override { return Status::Ok(); }
   uint64_t MemoryUsage() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return blocks_.size() * 160;
   }
 
  private:
-  std::mutex mu_;
-  std::map<std::string, BlockRecord> blocks_;
-  std::map<uint32_t, std::string> slots_;
-  std::map<std::string, std::string> meta_;
+  Mutex mu_;
+  std::map<std::string, BlockRecord> blocks_ KVTIER_GUARDED_BY(mu_);
+  std::map<uint32_t, std::string> slots_ KVTIER_GUARDED_BY(mu_);
+  std::map<std::string, std::string> meta_ KVTIER_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "protocol/base/logging.h"
+#include "protocol/base/mutex.h"
 #include "protocol/base/units.h"
 
 namespace kvtier {
@@ -34,7 +35,7 @@ class NvmeTier::IndexWriter {
   explicit IndexWriter(BlockIndexStore* store) : store_(store), thread_([this] { Run(); }) {}
   ~IndexWriter() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -56,7 +57,7 @@ class NvmeTier::IndexWriter {
   };
   void Enqueue(Job job) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       jobs_.push_back(std::move(job));
     }
     cv_.notify_one();
@@ -65,8 +66,11 @@ class NvmeTier::IndexWriter {
     for (;;) {
       std::deque<Job> jobs;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        MutexLock lock(&mu_);
+        cv_.wait(lock.native(), [this] {
+          mu_.AssertHeld();
+          return stop_ || !jobs_.empty();
+        });
         if (jobs_.empty()) return;  // stop, with everything applied
         jobs.swap(jobs_);
       }
@@ -104,10 +108,10 @@ class NvmeTier::IndexWriter {
   }
 
   BlockIndexStore* store_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;
-  bool stop_ = false;
+  std::deque<Job> jobs_ KVTIER_GUARDED_BY(mu_);
+  bool stop_ KVTIER_GUARDED_BY(mu_) = false;
   Status failed_;  // writer thread only
   std::thread thread_;
 };

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "protocol/base/mutex.h"
 #include "storage/nvme/block_index_store.h"
 
 namespace kvtier {
@@ -49,9 +50,13 @@ std::string MetaKey(std::string_view name) { return "m" + std::string(name); }
 
 class RocksDbBlockIndexStore final : public BlockIndexStore {
  public:
-  ~RocksDbBlockIndexStore() override { CloseDb(); }
+  ~RocksDbBlockIndexStore() override {
+    WriterLock lock(&mu_);
+    CloseDb();
+  }
 
   Status Open(const RocksDbIndexOptions& o) {
+    WriterLock lock(&mu_);
     options_ = o;
     return OpenDb();
   }
@@ -59,12 +64,12 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   std::string_view name() const override { return "rocksdb"; }
 
   Result<std::optional<BlockRecord>> Get(std::string_view key) override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     return GetLocked(key);
   }
 
-  Result<std::optional<BlockRecord>> GetLocked(std::string_view key) {
+  Result<std::optional<BlockRecord>> GetLocked(std::string_view key) KVTIER_REQUIRES_SHARED(mu_) {
     std::string v;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), BlockKey(key), &v);
     if (s.IsNotFound()) return std::optional<BlockRecord>();
@@ -74,7 +79,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::vector<std::optional<BlockRecord>>> MultiGet(std::span<const std::string> keys) override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     std::vector<std::string> owned;
     owned.reserve(keys.size());
@@ -93,7 +98,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::optional<std::string>> KeyOfSlot(uint32_t slot) override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     std::string v;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), SlotKey(slot), &v);
@@ -103,12 +108,13 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Apply(std::span<const IndexMutation> batch, bool sync) override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     // Batches are applied by one writer thread, so reading the entries and then writing
     // is not raced by another batch.
     KVTIER_ASSIGN_OR_RETURN(
         auto writes, ResolveIndexMutations(batch, [this](const std::string& key) -> Result<std::optional<uint32_t>> {
+          mu_.AssertReaderHeld();  // called here, under the lock
           auto r = GetLocked(key);
           if (!r.ok() && r.status().code() == StatusCode::kDataLoss) return std::optional<uint32_t>();  // a miss
           KVTIER_RETURN_IF_ERROR(r.status());
@@ -138,7 +144,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Scan(const std::function<bool(std::string_view, const BlockRecord&)>& fn) override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::ReadOptions ro;
     ro.fill_cache = false;         // a full scan must not evict what lookups need
@@ -153,7 +159,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Result<std::optional<std::string>> GetMeta(std::string_view name) override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     std::string v;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), MetaKey(name), &v);
@@ -163,7 +169,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status PutMeta(std::string_view name, std::string_view value) override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::WriteOptions wo;
     wo.sync = true;
@@ -171,7 +177,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Clear() override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::WriteBatch wb;
     wb.DeleteRange("b", "c");
@@ -183,14 +189,14 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
   Status Flush() override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     return FromRocks(db_->Flush(rocksdb::FlushOptions()), "index flush");
   }
 
   Status Compact() override {
     KVTIER_RETURN_IF_ERROR(Flush());
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     KVTIER_RETURN_IF_ERROR(Available());
     rocksdb::CompactRangeOptions co;
     co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
@@ -205,13 +211,13 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   // the store is closed and opened again (replaying the WAL up to its last whole record),
   // under the exclusive lock that every other call takes shared.
   Status Resume() override {
-    std::unique_lock lock(mu_);
+    WriterLock lock(&mu_);
     CloseDb();
     return OpenDb();
   }
 
   uint64_t MemoryUsage() override {
-    std::shared_lock lock(mu_);
+    ReaderLock lock(&mu_);
     if (!db_) return cache_ ? cache_->GetUsage() : 0;
     uint64_t mem = 0, readers = 0;
     db_->GetAggregatedIntProperty("rocksdb.size-all-mem-tables", &mem);
@@ -220,7 +226,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   }
 
  private:
-  Status OpenDb() {
+  Status OpenDb() KVTIER_REQUIRES(mu_) {
     const RocksDbIndexOptions& o = options_;
     std::error_code ec;
     std::filesystem::create_directories(o.path, ec);
@@ -249,7 +255,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
     opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
     return FromRocks(rocksdb::DB::Open(opts, o.path, &db_), "opening the block index at " + o.path);
   }
-  void CloseDb() {
+  void CloseDb() KVTIER_REQUIRES(mu_) {
     if (db_) {
       (void)db_->Close();
       delete db_;
@@ -260,13 +266,13 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   // no database is open (a Resume that could not reopen it). A scan's callback may call
   // back in (KeyOfSlot): glibc's rwlock prefers readers, so the nested shared lock does
   // not wait behind a Resume.
-  Status Available() const {
+  Status Available() const KVTIER_REQUIRES_SHARED(mu_) {
     return db_ ? Status::Ok() : Unavailable("the block index at " + options_.path + " is not open (being reopened)");
   }
 
   RocksDbIndexOptions options_;
-  mutable std::shared_mutex mu_;
-  rocksdb::DB* db_ = nullptr;
+  mutable SharedMutex mu_;
+  rocksdb::DB* db_ KVTIER_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<rocksdb::Cache> cache_;
 };
 

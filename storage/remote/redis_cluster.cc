@@ -60,7 +60,7 @@ RedisCluster::~RedisCluster() {
   // of requests failed from here on are posted, and dropped by owners that are gone.
   std::vector<std::shared_ptr<Node>> nodes;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stopping_ = true;
     nodes = std::move(nodes_);
     slots_.clear();
@@ -103,7 +103,7 @@ void RedisCluster::LogError(const std::string& kind, const std::string& text) {
   const int64_t now = NowNs();
   uint64_t unlogged = 0;
   {
-    std::lock_guard<std::mutex> l(log_mu_);
+    MutexLock l(&log_mu_);
     auto it = std::find_if(logged_.begin(), logged_.end(), [&](const ErrorLog& e) { return e.kind == kind; });
     if (it == logged_.end()) {
       if (logged_.size() >= 64) return;  // an endless variety of words is not worth a line each
@@ -121,7 +121,7 @@ void RedisCluster::LogError(const std::string& kind, const std::string& text) {
 }
 
 std::shared_ptr<RedisCluster::Node> RedisCluster::NodeAt(const std::string& address, bool stranger) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (stopping_) return nullptr;
   for (auto& n : nodes_) {
     if (n->address == address) return n;
@@ -136,7 +136,7 @@ std::shared_ptr<RedisCluster::Node> RedisCluster::NodeAt(const std::string& addr
 }
 
 std::shared_ptr<RedisCluster::Node> RedisCluster::Route(uint16_t slot) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return slots_.empty() ? nullptr : slots_[slot];
 }
 
@@ -178,7 +178,7 @@ void RedisCluster::Redirect(Request r, uint16_t slot, const std::string& address
   counters_.redirects.fetch_add(1, std::memory_order_relaxed);
   std::shared_ptr<Node> n = ++r.redirects > kMaxRedirects ? nullptr : NodeAt(address, /*stranger=*/true);
   if (n != nullptr && !ask) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (!slots_.empty()) slots_[slot] = n;
   }
   if (!ask) RequestRefresh();
@@ -226,7 +226,7 @@ void RedisCluster::Del(std::string key, Done done) {
 }
 
 std::vector<RedisCluster::NodeState> RedisCluster::Masters() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   std::vector<NodeState> out;
   const int64_t now = NowNs();
   for (const auto& n : masters_) out.push_back(NodeState{n->address, n->open(now), n->failures()});
@@ -234,13 +234,13 @@ std::vector<RedisCluster::NodeState> RedisCluster::Masters() const {
 }
 
 bool RedisCluster::AnyMaster(bool open) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   const int64_t now = NowNs();
   return std::any_of(masters_.begin(), masters_.end(), [&](const auto& n) { return n->open(now) == open; });
 }
 
 size_t RedisCluster::connection_threads() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   size_t t = 0;
   for (const auto& n : nodes_) t += n->threads();
   return t;
@@ -248,7 +248,7 @@ size_t RedisCluster::connection_threads() const {
 
 void RedisCluster::RequestRefresh() {
   {
-    std::lock_guard<std::mutex> l(refresh_mu_);
+    MutexLock l(&refresh_mu_);
     refresh_wanted_ = true;
   }
   refresh_cv_.notify_one();
@@ -266,25 +266,28 @@ void RedisCluster::RefreshLoop(std::stop_token stop) {
   while (!stop.stop_requested()) {
     bool have_map;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       have_map = !slots_.empty();
     }
     const bool probing = AnyMaster(/*open=*/true);
     const auto gap = have_map && !probing ? interval : std::min<Clock::duration>(interval, kUrgentGap);
     bool refresh;
     {
-      std::unique_lock<std::mutex> l(refresh_mu_);
+      MutexLock l(&refresh_mu_);
       // Wake for the next refresh, or sooner to probe open breakers.
       auto wake = last + gap;
       if (probing) wake = std::min(wake, Clock::now() + probe_gap);
-      const bool asked = refresh_cv_.wait_until(l, stop, wake, [this] { return refresh_wanted_; });
+      const bool asked = refresh_cv_.wait_until(l.native(), stop, wake, [this] {
+        refresh_mu_.AssertHeld();
+        return refresh_wanted_;
+      });
       if (stop.stop_requested()) return;
       refresh = asked || Clock::now() >= last + gap;
       if (refresh) {
         // At most one refresh per kMinGap, however often it is asked for.
         const auto next = last + kMinGap;
         if (Clock::now() < next) {
-          refresh_cv_.wait_until(l, stop, next, [] { return false; });
+          refresh_cv_.wait_until(l.native(), stop, next, [] { return false; });
           if (stop.stop_requested()) return;
         }
         refresh_wanted_ = false;
@@ -301,7 +304,7 @@ void RedisCluster::RefreshLoop(std::stop_token stop) {
 void RedisCluster::ProbeOpenNodes() {
   std::vector<std::shared_ptr<Node>> open;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     const int64_t now = NowNs();
     for (const auto& n : masters_) {
       if (n->open(now)) open.push_back(n);
@@ -325,7 +328,7 @@ void RedisCluster::ProbeOpenNodes() {
 bool RedisCluster::RefreshOnce() {
   std::vector<std::string> candidates;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (const auto& n : masters_) candidates.push_back(n->address);
   }
   for (const std::string& s : options_.seeds) {
@@ -366,7 +369,7 @@ bool RedisCluster::RefreshOnce() {
     // master that left) is dropped, its threads stopped once they are out of the lock.
     std::vector<std::shared_ptr<Node>> gone;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (stopping_) return false;
       std::vector<std::shared_ptr<Node>> masters;
       for (const std::string& a : addresses) {

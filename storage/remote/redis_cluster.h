@@ -66,6 +66,7 @@
 #include <thread>
 #include <vector>
 
+#include "protocol/base/mutex.h"
 #include "protocol/base/status.h"
 
 struct redisReply;
@@ -215,21 +216,22 @@ class RedisCluster {
   uint64_t max_value_bytes_;  // options_.max_value_bytes, or its default
   Post post_;
   RedisClusterCounters counters_;
-  mutable std::mutex mu_;  // nodes_, slots_, masters_
-  std::vector<std::shared_ptr<Node>> nodes_;
-  std::vector<std::shared_ptr<Node>> slots_;  // slot -> master; empty until a map is read
-  std::vector<std::shared_ptr<Node>> masters_;
-  bool stopping_ = false;  // no node is handed out any more
-  std::mutex log_mu_;
+  mutable Mutex mu_;
+  std::vector<std::shared_ptr<Node>> nodes_ KVTIER_GUARDED_BY(mu_);
+  // slot -> master; empty until a map is read.
+  std::vector<std::shared_ptr<Node>> slots_ KVTIER_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Node>> masters_ KVTIER_GUARDED_BY(mu_);
+  bool stopping_ KVTIER_GUARDED_BY(mu_) = false;  // no node is handed out any more
+  Mutex log_mu_;
   struct ErrorLog {
     std::string kind;
     int64_t last_ns = 0;
     uint64_t unlogged = 0;
   };
-  std::vector<ErrorLog> logged_;  // by kind; at most a few dozen kinds
-  std::mutex refresh_mu_;
+  std::vector<ErrorLog> logged_ KVTIER_GUARDED_BY(log_mu_);  // by kind; at most a few dozen kinds
+  Mutex refresh_mu_;
   std::condition_variable_any refresh_cv_;
-  bool refresh_wanted_ = false;
+  bool refresh_wanted_ KVTIER_GUARDED_BY(refresh_mu_) = false;
   std::jthread refresher_;
 };
 

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "protocol/base/mutex.h"
 #include "storage/remote/redis_cluster.h"
 #include "storage/remote/resp_reader.h"
 
@@ -65,7 +66,7 @@ class RedisCluster::Connection {
   // whatever is queued later) with kUnavailable.
   void RequestStop() {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       stopped_ = true;
     }
     thread_.request_stop();
@@ -76,7 +77,7 @@ class RedisCluster::Connection {
   }
   void Enqueue(Request r) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (!stopped_) {
         queue_.push_back(std::move(r));
         cv_.notify_one();
@@ -104,10 +105,10 @@ class RedisCluster::Connection {
 
   RedisCluster* owner_;
   Node* node_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable_any cv_;
-  std::deque<Request> queue_;
-  bool stopped_ = false;
+  std::deque<Request> queue_ KVTIER_GUARDED_BY(mu_);
+  bool stopped_ KVTIER_GUARDED_BY(mu_) = false;
   // Connection thread only.
   redisContext* ctx_ = nullptr;
   std::unique_ptr<RespReader> reader_;

@@ -46,8 +46,12 @@ void RedisCluster::Connection::Run(std::stop_token st) {
   while (!st.stop_requested()) {
     std::vector<Request> batch;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      if (!cv_.wait(l, st, [this] { return !queue_.empty(); })) break;
+      MutexLock l(&mu_);
+      if (!cv_.wait(l.native(), st, [this] {
+            mu_.AssertHeld();
+            return !queue_.empty();
+          }))
+        break;
       const size_t n = std::min<size_t>(queue_.size(), max_batch);
       batch.reserve(n);
       for (size_t i = 0; i < n; ++i) {
@@ -64,7 +68,7 @@ void RedisCluster::Connection::Run(std::stop_token st) {
   // Dropped from the slot map (not the cluster being destroyed): what was queued fails.
   std::deque<Request> left;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stopped_ = true;
     left.swap(queue_);
   }
@@ -325,7 +329,7 @@ void RedisCluster::Connection::Serve(std::vector<Request>& batch, std::vector<st
       Request& r = batch[from];
       Fail(r, r.kind == Request::Kind::kGet ? DataLoss("redis " + node_->address + ": " + error) : Unavailable(error),
            out);
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       for (size_t i = batch.size(); i > from + 1; --i) queue_.push_front(std::move(batch[i - 1]));
       return;
     }

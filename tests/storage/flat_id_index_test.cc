@@ -54,7 +54,8 @@ void RunRandom(uint64_t crowd, uint32_t seed) {
     ASSERT_LE(index.size() * 2, index.capacity());
   }
   // Every key the model holds is found, and an erased id is not erased twice.
-  for (auto [k, id] : model) {
+  for (const auto& [key, id] : model) {
+    const auto k = key;  // a copy the lambda can capture (clang 14 cannot capture bindings)
     ASSERT_EQ(index.Find(r.HashOf(k, crowd), [&](uint32_t i) { return r.key[i] == k; }), id);
   }
   if (!free_ids.empty()) {
