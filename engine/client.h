@@ -8,8 +8,8 @@
 //
 // Errors. Every call returns a Status or Result and the client never aborts the host
 // process. A call fails as a whole with:
-//   kUnavailable         no daemon at the socket, the daemon closed the connection, or no
-//                        response within ClientOptions::timeout_ms (the session is then
+//   kUnavailable         no daemon at the socket, or the daemon closed the connection
+//   kDeadlineExceeded    no response within ClientOptions::timeout_ms (the session is then
 //                        unusable: connect again)
 //   kInvalidArgument     a bad argument found before sending (wrong hash size, more
 //                        entries than the daemon takes, an unknown ticket)

@@ -218,7 +218,7 @@ Status Connection::ReadMore() {
   if (!n.ok()) {
     // EAGAIN from a blocking socket: SO_RCVTIMEO ran out.
     if (n.status().code() == StatusCode::kUnavailable) {
-      return Unavailable("no response from kvtierd within " + std::to_string(timeout_ms_) + " ms");
+      return DeadlineExceeded("no response from kvtierd within " + std::to_string(timeout_ms_) + " ms");
     }
     return n.status();
   }

@@ -86,8 +86,8 @@ class Connection {
 
   // Waits for the response to `t`, then runs `parse` on it unless the request failed as a
   // whole (its status is returned then). kInvalidArgument at once for a ticket that is not
-  // outstanding (never sent, or already waited for); kUnavailable when no response comes
-  // within the timeout or the daemon closed the connection.
+  // outstanding (never sent, or already waited for); kDeadlineExceeded when no response
+  // comes within the timeout, kUnavailable when the daemon closed the connection.
   Status Wait(Ticket t, fb::Reply expected, const std::function<Status(const fb::Response&)>& parse);
   // Blocks until one of `tickets` has its response; returns that ticket (its Wait then
   // returns at once). kInvalidArgument for an empty list or a ticket not outstanding.

@@ -3,7 +3,8 @@
 // speaks. No layout and no pools: stats, explain, blocks, and the admin operations evict,
 // drain and verify. Engines use Client (engine/client.h).
 //
-// Errors: as Client's (kUnavailable for a daemon that is gone or silent past the timeout,
+// Errors: as Client's (kUnavailable for a daemon that is gone, kDeadlineExceeded for one
+// silent past the timeout,
 // kInvalidArgument for bad arguments), plus kPermissionDenied for an admin operation from
 // a uid that is not root, the daemon's own or in security.admin_uids.
 //

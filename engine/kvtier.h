@@ -32,7 +32,8 @@ typedef enum kvtier_status {
   KVTIER_DATA_LOSS = 8,
   KVTIER_PERMISSION_DENIED = 9,
   KVTIER_UNIMPLEMENTED = 10,
-  KVTIER_INTERNAL = 11
+  KVTIER_INTERNAL = 11,
+  KVTIER_DEADLINE_EXCEEDED = 12 /* no response within the client's timeout */
 } kvtier_status;
 
 typedef enum kvtier_tier { KVTIER_TIER_GPU = 0, KVTIER_TIER_HOST = 1, KVTIER_TIER_NVME = 2 } kvtier_tier;

@@ -305,10 +305,15 @@ PYBIND11_MODULE(_kvtier, m) {
       {StatusCode::kPermissionDenied, "PermissionDeniedError"},
       {StatusCode::kUnimplemented, "UnimplementedError"},
       {StatusCode::kInternal, "InternalError"},
+      {StatusCode::kDeadlineExceeded, "DeadlineExceededError"},
   };
   for (const auto& [code, name] : kNames) {
-    py::object sub = py::reinterpret_steal<py::object>(
-        PyErr_NewException((std::string("kvtier.") + name).c_str(), base.ptr(), nullptr));
+    // A timeout is an UnavailableError too, so code that retries on UnavailableError still
+    // retries it; code that must not retry a timeout at once catches DeadlineExceededError.
+    PyObject* parent =
+        code == StatusCode::kDeadlineExceeded ? g_errors[static_cast<int>(StatusCode::kUnavailable)] : base.ptr();
+    py::object sub =
+        py::reinterpret_steal<py::object>(PyErr_NewException((std::string("kvtier.") + name).c_str(), parent, nullptr));
     m.attr(name) = sub;
     g_errors[static_cast<int>(code)] = sub.release().ptr();  // kept for the process's life
   }

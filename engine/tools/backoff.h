@@ -51,7 +51,8 @@ class Backoff {
 // The daemon is not there (stopped, restarting, or this connection was dropped): a client
 // should reconnect rather than retry on this connection.
 inline bool DaemonGone(const Status& s) {
-  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kFailedPrecondition;
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded ||
+         s.code() == StatusCode::kFailedPrecondition;
 }
 
 }  // namespace kvtier

@@ -14,6 +14,8 @@
 //   kPermissionDenied    the caller may not do this
 //   kUnimplemented       the operation or option is not supported here
 //   kInternal            a bug or an unexpected system error
+//   kDeadlineExceeded    no answer within the caller's timeout; the other side may still
+//                        act on the request (retry with care, or with a longer timeout)
 //
 // Status is cheap on the OK path (no allocation). Both types are [[nodiscard]].
 
@@ -38,8 +40,9 @@ enum class StatusCode : uint8_t {
   kPermissionDenied = 9,
   kUnimplemented = 10,
   kInternal = 11,
+  kDeadlineExceeded = 12,
 };
-inline constexpr int kMaxStatusCode = 11;
+inline constexpr int kMaxStatusCode = 12;
 
 // "OK", "INVALID_ARGUMENT", ...
 std::string_view StatusCodeName(StatusCode code);
@@ -79,6 +82,7 @@ inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move
 inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 
 // Converts a (positive) errno value, in the one place a module meets the OS.
 // EAGAIN/EINTR/EBUSY -> kUnavailable, ENOSPC/ENOMEM -> kResourceExhausted,

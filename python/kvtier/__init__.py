@@ -33,6 +33,7 @@ from kvtier._kvtier import (  # noqa: F401  (the public error types)
     AbortedError,
     AlreadyExistsError,
     DataLossError,
+    DeadlineExceededError,
     Error,
     FailedPreconditionError,
     InternalError,
@@ -50,7 +51,7 @@ __all__ = [
     "Layout", "Client", "ControlClient", "BlockResult", "LookupResult", "KvView", "Page", "Error",
     "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "ResourceExhaustedError",
     "FailedPreconditionError", "AbortedError", "UnavailableError", "DataLossError",
-    "PermissionDeniedError", "UnimplementedError", "InternalError", "DTYPE_BYTES",
+    "PermissionDeniedError", "UnimplementedError", "InternalError", "DeadlineExceededError", "DTYPE_BYTES",
 ]
 
 # Element sizes of the dtypes a layout may name (protocol/base/layout.h).
