@@ -11,7 +11,10 @@ else()
   option(KVTIER_WERROR "Treat warnings in kvtier's own code as errors" ON)
 endif()
 if(KVTIER_WERROR)
-  target_compile_options(kvtier_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  # GCC's maybe-uninitialized stays a warning: its flow analysis reports false positives
+  # inside libstdc++ (std::regex, std::function) at the sanitizer builds' -O1.
+  target_compile_options(kvtier_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
+                         $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-error=maybe-uninitialized>)
 endif()
 # clang checks the locking contracts written with protocol/base/mutex.h's annotations
 # (`make check-thread-safety` builds everything with clang for that).

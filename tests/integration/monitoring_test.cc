@@ -13,12 +13,14 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
+#include "tests/support/ports.h"
 
 namespace kvtier::testing {
 namespace {
@@ -163,18 +165,6 @@ TEST_F(LiveDaemon, MetricsPassPromtoolAndNameEverySeriesTheRulesAndDashboardUse)
   }
 }
 
-uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // The value of an instant query through Prometheus's HTTP API ("" while there is none).
 std::string Query(uint16_t port, const std::string& expr) {
   CmdResult r = Sh("curl -fsS -G http://127.0.0.1:" + std::to_string(port) +
@@ -193,7 +183,10 @@ TEST_F(LiveDaemon, ARealPrometheusScrapesItAndAnswersTheHitRatio) {
       << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
       << "rule_files:\n  - " << kMonitoring << "/alerts.yml\n"
       << "scrape_configs:\n  - job_name: kvtier\n    static_configs:\n      - targets: ['" << target << "']\n";
-  const uint16_t port = FreePort();
+  std::mt19937 rng(std::random_device{}());
+  auto lease = PortLease::Take(rng);  // held until Prometheus stops
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  const uint16_t port = lease->port();
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {

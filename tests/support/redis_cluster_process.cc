@@ -18,18 +18,6 @@
 namespace kvtier::testing {
 namespace {
 
-bool PortFree(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  ::close(fd);
-  return ok;
-}
-
 // Runs `cmd` with /bin/sh; its stdout.
 std::string Shell(const std::string& cmd) {
   std::string out;
@@ -71,63 +59,74 @@ bool RedisClusterProcess::Available() {
 Status RedisClusterProcess::Start() {
   const int n = options_.cluster ? options_.masters * (1 + options_.replicas_per_master) : 1;
   std::mt19937 rng(std::random_device{}());
-  std::uniform_int_distribution<int> pick(20000, 50000);
   for (int i = 0; i < n; ++i) {
-    int port = 0;
-    // The cluster bus listens at port + 10000: both must be free.
-    for (int tries = 0; tries < 200 && port == 0; ++tries) {
-      const int p = pick(rng);
-      if (PortFree(p) && PortFree(p + 10000)) port = p;
-    }
-    if (port == 0) return Internal("no free port pair for redis-server");
-    const std::string dir = dir_.File("r" + std::to_string(port));
-    ::mkdir(dir.c_str(), 0700);
-    // Built before fork: the child only execs (no allocation after fork).
-    std::vector<std::string> args = {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1"};
-    args.insert(args.end(), {"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no"});
-    args.insert(args.end(), {"--maxmemory", options_.maxmemory, "--maxmemory-policy", options_.maxmemory_policy});
-    if (options_.cluster) {
-      // A cache: a replica takes over however stale it is (its data only has to verify,
-      // never to be complete), even on a loaded machine.
-      args.insert(args.end(),
-                  {"--cluster-enabled", "yes", "--cluster-config-file", dir + "/nodes.conf", "--cluster-node-timeout",
-                   std::to_string(options_.node_timeout_ms), "--cluster-replica-validity-factor", "0"});
-    }
-    if (!options_.password.empty()) {
-      args.insert(args.end(), {"--requirepass", options_.password, "--masterauth", options_.password});
-    }
-    if (options_.unix_socket) args.insert(args.end(), {"--unixsocket", dir + "/redis.sock", "--unixsocketperm", "700"});
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = dir + "/log";
-    const pid_t pid = ::fork();
-    if (pid < 0) return ErrnoStatus(errno, "fork");
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
+    // A port below the ephemeral range (its bus at port + 10000 too); one taken by another
+    // process between the pick and redis-server's bind is seen as the server exiting, and
+    // another is leased.
+    std::string last_log;
+    for (int attempt = 0;; ++attempt) {
+      if (attempt == 3) return Internal("redis-server could not bind a port: " + last_log);
+      KVTIER_ASSIGN_OR_RETURN(PortLease lease, PortLease::Take(rng, options_.cluster ? 10000 : 0));
+      const int port = lease.port();
+      const std::string dir = dir_.File("r" + std::to_string(port));
+      ::mkdir(dir.c_str(), 0700);
+      // Built before fork: the child only execs (no allocation after fork).
+      std::vector<std::string> args = {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1"};
+      args.insert(args.end(), {"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no"});
+      args.insert(args.end(), {"--maxmemory", options_.maxmemory, "--maxmemory-policy", options_.maxmemory_policy});
+      if (options_.cluster) {
+        // A cache: a replica takes over however stale it is (its data only has to verify,
+        // never to be complete), even on a loaded machine.
+        args.insert(args.end(),
+                    {"--cluster-enabled", "yes", "--cluster-config-file", dir + "/nodes.conf", "--cluster-node-timeout",
+                     std::to_string(options_.node_timeout_ms), "--cluster-replica-validity-factor", "0"});
       }
-      if (options_.cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(options_.cpu, &set);
-        ::sched_setaffinity(0, sizeof(set), &set);
+      if (!options_.password.empty()) {
+        args.insert(args.end(), {"--requirepass", options_.password, "--masterauth", options_.password});
       }
-      ::execv("/usr/bin/redis-server", argv.data());
-      ::_exit(127);
-    }
-    ports_.push_back(port);
-    pids_.push_back(pid);
-  }
-  // Every server answers PING.
-  for (size_t i = 0; i < ports_.size(); ++i) {
-    if (!WaitUntil([&] { return Cli(i, "ping").find("PONG") != std::string::npos; }, std::chrono::seconds(10),
-                   std::chrono::milliseconds(50))) {
-      return Internal("redis-server on port " + std::to_string(ports_[i]) +
-                      " did not answer: " + Tail(dir_.File("r" + std::to_string(ports_[i]) + "/log")));
+      if (options_.unix_socket)
+        args.insert(args.end(), {"--unixsocket", dir + "/redis.sock", "--unixsocketperm", "700"});
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      const std::string log = dir + "/log";
+      const pid_t pid = ::fork();
+      if (pid < 0) return ErrnoStatus(errno, "fork");
+      if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+          ::dup2(fd, 1);
+          ::dup2(fd, 2);
+        }
+        if (options_.cpu >= 0) {
+          cpu_set_t set;
+          CPU_ZERO(&set);
+          CPU_SET(options_.cpu, &set);
+          ::sched_setaffinity(0, sizeof(set), &set);
+        }
+        ::execv("/usr/bin/redis-server", argv.data());
+        ::_exit(127);
+      }
+      bool exited = false;
+      const bool answered = WaitUntil(
+          [&] {
+            if (::waitpid(pid, nullptr, WNOHANG) == pid) return exited = true;
+            return RedisCli(port, "ping").find("PONG") != std::string::npos;
+          },
+          std::chrono::seconds(10), std::chrono::milliseconds(50));
+      if (answered && !exited) {
+        ports_.push_back(port);
+        pids_.push_back(pid);
+        leases_.push_back(std::move(lease));
+        break;
+      }
+      last_log = Tail(log);
+      if (!exited) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        return Internal("redis-server on port " + std::to_string(port) + " did not answer: " + last_log);
+      }
     }
   }
   if (!options_.cluster) return Status::Ok();
@@ -170,9 +169,10 @@ void RedisClusterProcess::Kill(size_t i) {
 void RedisClusterProcess::Pause(size_t i) { ::kill(pids_[i], SIGSTOP); }
 void RedisClusterProcess::Resume(size_t i) { ::kill(pids_[i], SIGCONT); }
 
-std::string RedisClusterProcess::Cli(size_t i, const std::string& args) const {
-  return Shell("timeout 10 /usr/bin/redis-cli" + Auth() + " -p " + std::to_string(ports_[i]) + " " + args +
-               " 2>/dev/null");
+std::string RedisClusterProcess::Cli(size_t i, const std::string& args) const { return RedisCli(ports_[i], args); }
+
+std::string RedisClusterProcess::RedisCli(int port, const std::string& args) const {
+  return Shell("timeout 10 /usr/bin/redis-cli" + Auth() + " -p " + std::to_string(port) + " " + args + " 2>/dev/null");
 }
 
 bool RedisClusterProcess::WaitHealthy(size_t i, int timeout_ms) const {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "protocol/base/status.h"
+#include "tests/support/ports.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier::testing {
@@ -61,11 +62,13 @@ class RedisClusterProcess {
 
  private:
   std::string Auth() const;  // redis-cli's arguments for the password, if any
+  std::string RedisCli(int port, const std::string& args) const;
 
   Options options_;
   TempDir dir_;
   std::vector<int> ports_;
   std::vector<pid_t> pids_;
+  std::vector<PortLease> leases_;  // held while the servers run
 };
 
 }  // namespace kvtier::testing
