@@ -2,15 +2,11 @@
 // demotion, promotion, write-through, waiting allocations, failures.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <unistd.h>
-
-#include <chrono>
-#include <deque>
-#include <mutex>
 
 #include "daemon/cache/cache_manager.h"
 #include "engine/tools/block_pattern.h"
+#include "tests/support/control_loop.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/test_util.h"
 
@@ -33,7 +29,8 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     io.backend = GetParam();
     auto engine = OpenIoEngine(io);
     if (!engine.ok()) GTEST_SKIP() << engine.status().ToString();
-    auto nvme = NvmeTier::Open(no, std::move(engine).value(), std::move(store_), Poster(), SystemClock::Default());
+    auto nvme =
+        NvmeTier::Open(no, std::move(engine).value(), std::move(store_), loop_.Poster(), SystemClock::Default());
     ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
     CacheManager::Options o;
     TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];
@@ -60,33 +57,11 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     return s;
   }
 
-  NvmeTier::Post Poster() {
-    return [this](std::function<void()> fn) {
-      std::lock_guard<std::mutex> lock(mu_);
-      posted_.push_back(std::move(fn));
-    };
-  }
   template <class Pred>
   bool Pump(Pred done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      for (;;) {
-        std::function<void()> fn;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (posted_.empty()) break;
-          fn = std::move(posted_.front());
-          posted_.pop_front();
-        }
-        if (fake_clock_) fake_clock_->Advance(completion_ns_);
-        fn();
-      }
-      if (done()) return true;
-      pollfd p{cm_->nvme()->notify_fd(), POLLIN, 0};
-      if (::poll(&p, 1, 2) > 0) cm_->nvme()->OnIoReady();
-      cm_->Tick();
-    }
-    return done();
+    return loop_.Pump(*cm_, done, [&] {
+      if (fake_clock_) fake_clock_->Advance(completion_ns_);
+    });
   }
   void Settle() {
     Pump([&] { return cm_->nvme()->pending_operations() == 0 && cm_->pending_promotions() == 0; });
@@ -136,8 +111,7 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
   FakeClock* fake_clock_ = nullptr;
   int64_t completion_ns_ = 0;
   std::unique_ptr<BlockIndexStore> store_ = NewMemBlockIndexStore();
-  std::mutex mu_;
-  std::deque<std::function<void()>> posted_;
+  testing::ControlLoop loop_;
   std::unique_ptr<CacheManager> cm_;
   std::unique_ptr<SessionCache> session_;
   SessionId next_id_ = 1;

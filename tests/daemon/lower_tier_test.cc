@@ -5,16 +5,13 @@
 #include "storage/lower_tier.h"
 
 #include <gtest/gtest.h>
-#include <poll.h>
 
-#include <chrono>
-#include <deque>
 #include <map>
-#include <mutex>
 
 #include "daemon/cache/cache_manager.h"
 #include "engine/tools/block_pattern.h"
 #include "protocol/base/block_key.h"
+#include "tests/support/control_loop.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -106,7 +103,7 @@ class LowerTierTest : public ::testing::Test {
     auto engine = OpenIoEngine(io);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     auto nvme =
-        NvmeTier::Open(no, std::move(engine).value(), NewMemBlockIndexStore(), Poster(), SystemClock::Default());
+        NvmeTier::Open(no, std::move(engine).value(), NewMemBlockIndexStore(), loop_.Poster(), SystemClock::Default());
     ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
     CacheManager::Options o;
     TierOptions& h = o.tiers[TierIndex(TierKind::kHost)];
@@ -119,7 +116,7 @@ class LowerTierTest : public ::testing::Test {
     h.low_watermark = 0.5;
     std::vector<CacheManager::LowerTierSpec> lower;
     for (Below* b : below) {
-      auto tier = std::make_unique<MemoryTier>(b->store, Poster());
+      auto tier = std::make_unique<MemoryTier>(b->store, loop_.Poster());
       b->tier = tier.get();
       CacheManager::LowerTierSpec spec;
       spec.tier = std::move(tier);
@@ -134,32 +131,9 @@ class LowerTierTest : public ::testing::Test {
     ASSERT_TRUE(cm_->Attach(*session_, "t", testing::TestLayout("m", 32)).ok());  // 32 KiB blocks
   }
 
-  Post Poster() {
-    return [this](std::function<void()> fn) {
-      std::lock_guard<std::mutex> lock(mu_);
-      posted_.push_back(std::move(fn));
-    };
-  }
   template <class Pred>
   bool Pump(Pred done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      for (;;) {
-        std::function<void()> fn;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (posted_.empty()) break;
-          fn = std::move(posted_.front());
-          posted_.pop_front();
-        }
-        fn();
-      }
-      if (done()) return true;
-      pollfd p{cm_->nvme()->notify_fd(), POLLIN, 0};
-      if (::poll(&p, 1, 2) > 0) cm_->nvme()->OnIoReady();
-      cm_->Tick();
-    }
-    return done();
+    return loop_.Pump(*cm_, done);
   }
   void Settle() {
     ASSERT_TRUE(Pump([&] {
@@ -213,8 +187,7 @@ class LowerTierTest : public ::testing::Test {
 
   testing::TempDir dir_;
   int opened_ = 0;
-  std::mutex mu_;
-  std::deque<std::function<void()>> posted_;
+  testing::ControlLoop loop_;
   std::unique_ptr<CacheManager> cm_;
   std::unique_ptr<SessionCache> session_;
   SessionId next_id_ = 1;
