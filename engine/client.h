@@ -110,13 +110,6 @@ struct CommitEntry {
   BlockHash parent;  // empty: no parent (first block of a sequence)
 };
 
-// A tier the daemon offers (from Welcome).
-struct TierInfo {
-  TierKind tier = TierKind::kHost;
-  uint64_t page_bytes = 0;
-  uint32_t capacity_pages = 0;
-};
-
 class SegmentMap;
 class Connection;
 

@@ -15,7 +15,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "engine/client.h"  // TierInfo
 #include "kernels/device_backend.h"
 #include "protocol/base/status.h"
 #include "protocol/base/tier.h"

@@ -38,6 +38,13 @@ inline std::string_view TierKindName(TierKind t) {
   return "unknown";
 }
 
+// A tier the daemon offers a session (its Welcome): what the client maps pages of.
+struct TierInfo {
+  TierKind tier = TierKind::kHost;
+  uint64_t page_bytes = 0;
+  uint32_t capacity_pages = 0;
+};
+
 inline std::optional<TierKind> ParseTierKind(std::string_view name) {
   for (TierKind t : kAllTiers) {
     if (TierKindName(t) == name) return t;
