@@ -128,6 +128,7 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
 
 NvmeTier::~NvmeTier() {
   scans_->Stop();                  // the scans read store_ and files_: they end first
+  io_.reset();                     // I/O still in flight ends before its files are closed
   writer_.reset();                 // applies what is queued
   self_.reset();                   // callbacks still queued on the control thread become no-ops
   if (store_ && !index_failed_) {  // a failed store is not written to, even to flush it
