@@ -42,11 +42,14 @@ void CacheManager::FinishLookup(uint64_t lookup, size_t tier, size_t found) {
 CacheManager::Promoted CacheManager::Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash,
                                              const std::optional<BlockRecord>& rec, bool may_evict,
                                              size_t first_lower) {
-  // From the first lower tier that can be asked; with none, the first (it answers
-  // kUnavailable).
-  size_t lower = rec ? lower_.size() : AvailableLower(first_lower);
-  if (!rec && lower == lower_.size()) lower = first_lower;
-  if (!rec && lower >= lower_.size()) return Promoted{kNoBlock, Room::kNone};  // nowhere to read it from
+  size_t lower = 0;  // without an NVMe record: the lower tier to read from
+  if (!rec) {
+    // The first that can be asked from first_lower on; with none, first_lower itself (it
+    // answers kUnavailable); past the chain's end, nowhere.
+    lower = AvailableLower(first_lower);
+    if (lower == lower_.size()) lower = first_lower;
+    if (lower >= lower_.size()) return Promoted{kNoBlock, Room::kNone};
+  }
   Promoted p;
   if (may_evict) {
     p.room = MakeRoom(TierKind::kHost, tenant);

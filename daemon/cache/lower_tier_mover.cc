@@ -52,7 +52,11 @@ void LowerTierMover::QueuePut(BlockId id) {
   put_queue_.emplace_back(id, blocks_->block(id).gen);
 }
 
-bool LowerTierMover::backing_off() const { return SystemClock::Default()->NowNanos() < backoff_until_ns_; }
+// No clock read until a first back-off: this is asked before every put and every
+// write-back eviction.
+bool LowerTierMover::backing_off() const {
+  return backoff_until_ns_ != 0 && SystemClock::Default()->NowNanos() < backoff_until_ns_;
+}
 
 void LowerTierMover::PumpPuts() {
   while (!put_queue_.empty() && !busy() && tier_->available()) {
@@ -116,7 +120,7 @@ void LowerTierMover::OnPut(BlockId id, uint32_t gen, const Status& st) {
       KVTIER_LOG(WARNING) << TierKindName(kind()) << " tier: puts back off for " << backoff_ns_ / 1'000'000
                           << " ms: the tier refuses writes for space (" << st.message() << ")";
     }
-  } else if (st.ok() && SystemClock::Default()->NowNanos() >= backoff_until_ns_) {
+  } else if (st.ok() && backoff_ns_ != 0 && !backing_off()) {
     // A put answered after the pause ended: the tier takes writes again. One sent before
     // the pause and stored (memory hovers at the limit) neither ends the pause nor resets it.
     backoff_ns_ = 0;

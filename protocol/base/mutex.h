@@ -33,18 +33,14 @@
 #define KVTIER_CAPABILITY(x) KVTIER_THREAD_ANNOTATION(capability(x))
 #define KVTIER_SCOPED_CAPABILITY KVTIER_THREAD_ANNOTATION(scoped_lockable)
 #define KVTIER_GUARDED_BY(x) KVTIER_THREAD_ANNOTATION(guarded_by(x))
-#define KVTIER_PT_GUARDED_BY(x) KVTIER_THREAD_ANNOTATION(pt_guarded_by(x))
 #define KVTIER_REQUIRES(...) KVTIER_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
 #define KVTIER_REQUIRES_SHARED(...) KVTIER_THREAD_ANNOTATION(requires_shared_capability(__VA_ARGS__))
 #define KVTIER_ACQUIRE(...) KVTIER_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define KVTIER_ACQUIRE_SHARED(...) KVTIER_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
 #define KVTIER_RELEASE(...) KVTIER_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
 #define KVTIER_RELEASE_SHARED(...) KVTIER_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
-#define KVTIER_RELEASE_GENERIC(...) KVTIER_THREAD_ANNOTATION(release_generic_capability(__VA_ARGS__))
-#define KVTIER_EXCLUDES(...) KVTIER_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define KVTIER_ASSERT_CAPABILITY(x) KVTIER_THREAD_ANNOTATION(assert_capability(x))
 #define KVTIER_ASSERT_SHARED_CAPABILITY(x) KVTIER_THREAD_ANNOTATION(assert_shared_capability(x))
-#define KVTIER_NO_THREAD_SAFETY_ANALYSIS KVTIER_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 namespace kvtier {
 
