@@ -352,9 +352,13 @@ def run(a: argparse.Namespace, work: str) -> dict:
         env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
                    VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false")
         cached_env = dict(env, **service.env)
-        # A's cache (vLLM's null block and two prompts) is full once two prompts run: the
-        # first block either needs while decoding preempts the other.
-        a_blocks = 2 * prompt_blocks + 1
+        # A's cache holds vLLM's null block, two prompts and one decode block. A second
+        # request is admitted while the first still decodes (its prompt fits beside the
+        # first's), and its own first decode block preempts it. Preemption so needs no
+        # two requests in one scheduler step: it happens whenever the second arrives before
+        # the first's last token (with one block fewer, a request arriving a step late
+        # waits instead, and a busy machine saw no preemption at all).
+        a_blocks = 2 * prompt_blocks + 2
         srv_a = Server("A", model_dir, common + service.connector_args() +
                        ["--num-gpu-blocks-override", str(a_blocks)], cached_env, work, rng)
         srv_b = Server("B", model_dir, common + service.connector_args(), cached_env, work, rng)
