@@ -338,14 +338,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   d->info_.started_ns = SystemClock::Default()->NowNanos();
   d->info_.max_frame_bytes = config.max_frame_bytes;
   d->info_.max_entries_per_request = config.max_entries_per_request;
+  d->info_.gpu_device = config.gpu_device;
 
   Server* server = d->server_.get();
   d->dispatcher_ = std::make_unique<Dispatcher>(
       d->cache_.get(), &d->info_, SystemClock::Default(), &d->metrics_,
       [server](const std::function<void(const SessionContext&)>& fn) { server->ForEachSession(fn); },
       d->tenants_.get());
-  d->dispatcher_->set_gpu_device(config.gpu_device);
-  d->server_->set_dispatcher(d->dispatcher_.get());
   d->RegisterMetrics();
   undo.Keep();
   return d;
@@ -471,7 +470,7 @@ Status Daemon::Run() {
     io_.stop();
   });
   WatchReload();
-  server_->Start();
+  server_->Start(dispatcher_.get());
   if (http_) http_->Start();
   if (NvmeTier* nvme = cache_->nvme()) {
     nvme_events_ = std::make_unique<boost::asio::posix::stream_descriptor>(io_, ::dup(nvme->notify_fd()));

@@ -4,6 +4,7 @@
 
 #include "protocol/base/logging.h"
 #include "protocol/base/tier.h"
+#include "protocol/op_table.h"
 #include "storage/remote/remote_tier.h"
 
 namespace kvtier {
@@ -26,19 +27,25 @@ Dispatcher::Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock*
   rejected_truncated_ = metrics->AddCounter("kvtier_frames_rejected_total", help, {{"reason", "truncated"}});
 }
 
-void Dispatcher::Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type, BodyOffset body,
-                      std::span<const int> fds) {
-  auto message = status.ok() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(status.message());
+void Dispatcher::Send(Builder& b, ReplySink& sink, uint64_t id, Reply reply) {
+  if (!reply.status.ok()) {
+    // No partial bodies with an error: start the response over.
+    b.Clear();
+    reply.type = fb::Reply::NONE;
+    reply.fds.clear();
+  }
+  auto message =
+      reply.status.ok() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(reply.status.message());
   fb::ResponseBuilder rb(b);
   rb.add_id(id);
-  rb.add_status(ToWire(status.code()));
-  if (!status.ok()) rb.add_message(message);
-  if (type != fb::Reply::NONE) {
-    rb.add_reply_type(type);
-    rb.add_reply(body);
+  rb.add_status(ToWire(reply.status.code()));
+  if (!reply.status.ok()) rb.add_message(message);
+  if (reply.type != fb::Reply::NONE) {
+    rb.add_reply_type(reply.type);
+    rb.add_reply(reply.body);
   }
   b.FinishSizePrefixed(rb.Finish());
-  sink.Send({b.GetBufferPointer(), b.GetSize()}, fds);
+  sink.Send({b.GetBufferPointer(), b.GetSize()}, reply.fds);
   b.Clear();
 }
 
@@ -60,13 +67,13 @@ void Dispatcher::RejectFrame(SessionContext& ctx, const Status& status, std::str
   KVTIER_LOG(NOTICE) << "session " << ctx.id << " (pid " << ctx.pid << "): " << reason << " frame: " << status.message()
                      << "; closing";
   builder_.Clear();
-  Send(builder_, sink, 0, status, fb::Reply::NONE, 0, {});
+  Send(builder_, sink, 0, status);
   ctx.close_after_reply = true;
 }
 
 void Dispatcher::RejectConnection(SessionContext& ctx, const Status& status, ReplySink& sink) {
   builder_.Clear();
-  Send(builder_, sink, 0, status, fb::Reply::NONE, 0, {});
+  Send(builder_, sink, 0, status);
   ctx.close_after_reply = true;
 }
 
@@ -89,19 +96,10 @@ void Dispatcher::HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame
   const fb::Request& r = **req;
   ++ctx.requests;
   builder_.Clear();
-  fb::Reply type = fb::Reply::NONE;
-  BodyOffset body;
-  std::vector<int> fds;
-  bool deferred = false;
-  Status st = Serve(ctx, r, &type, &body, &fds, &deferred);
-  if (deferred && st.ok()) return;  // answered later through ctx.async_sink
-  if (!st.ok()) {
-    // No partial bodies with an error: start the response over.
-    builder_.Clear();
-    type = fb::Reply::NONE;
-    fds.clear();
-  }
-  Send(builder_, sink, r.id(), st, type, body, fds);
+  Reply reply = Serve(ctx, r);
+  if (reply.later && reply.status.ok()) return;  // answered later through ctx.async_sink
+  const Status st = reply.status;
+  Send(builder_, sink, r.id(), std::move(reply));
   chain_ns_ = Observe(static_cast<int>(r.op_type()), start, st);
 }
 
@@ -115,81 +113,71 @@ void Dispatcher::SendLater(const std::weak_ptr<ReplySink>& weak_sink, uint64_t i
   if (!sink) return;  // the connection is gone
   Builder& b = async_builder_;
   b.Clear();
-  fb::Reply type = fb::Reply::NONE;
-  BodyOffset body;
-  std::vector<int> fds;
-  Status st = build(b, &type, &body, &fds);
-  if (!st.ok()) {
-    b.Clear();
-    type = fb::Reply::NONE;
-    fds.clear();
-  }
-  Send(b, *sink, id, st, type, body, fds);
+  Reply reply = build(b);
+  const Status st = reply.status;
+  Send(b, *sink, id, std::move(reply));
   Observe(static_cast<int>(op), start_ns, st);
 }
 
-Status Dispatcher::Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-                         std::vector<int>* fds, bool* deferred) {
-  const fb::Op op = req.op_type();
-  if (op == fb::Op::Ping) {
-    const auto* p = req.op_as_Ping();
-    const uint8_t* data = p->payload() ? p->payload()->data() : nullptr;
-    const size_t size = p->payload() ? p->payload()->size() : 0;
-    auto payload = builder_.CreateVector(data, size);
-    *body = fb::CreatePong(builder_, payload).Union();
-    *type = fb::Reply::Pong;
-    return Status::Ok();
+constexpr std::array<Dispatcher::HandlerRow, kOpCount> Dispatcher::kHandlers = {{
+    {fb::Op::Hello, &Dispatcher::OnHello},
+    {fb::Op::Allocate, &Dispatcher::OnAllocate},
+    {fb::Op::Commit, &Dispatcher::OnCommit},
+    {fb::Op::Release, &Dispatcher::OnRelease},
+    {fb::Op::Lookup, &Dispatcher::OnLookup},
+    {fb::Op::Acquire, &Dispatcher::OnAcquire},
+    {fb::Op::Stats, &Dispatcher::OnStats},
+    {fb::Op::Ping, &Dispatcher::OnPing},
+    {fb::Op::VerifyTier, &Dispatcher::OnVerify},
+    {fb::Op::Explain, &Dispatcher::OnExplain},
+    {fb::Op::Blocks, &Dispatcher::OnBlocks},
+    {fb::Op::Evict, &Dispatcher::OnEvict},
+    {fb::Op::Drain, &Dispatcher::OnDrain},
+}};
+
+constexpr bool Dispatcher::HandlersInTableOrder() {
+  for (size_t i = 0; i < kOpCount; ++i) {
+    if (kHandlers[i].op != kOpTable[i].op || kHandlers[i].fn == nullptr) return false;
   }
-  if (op == fb::Op::Hello) return OnHello(ctx, *req.op_as_Hello(), type, body, fds);
-  if (!ctx.hello_done) return FailedPrecondition("the first request must be Hello");
-  if (op == fb::Op::Stats) return OnStats(ctx, *req.op_as_Stats(), type, body);
-  if (op == fb::Op::NONE || static_cast<int>(op) > static_cast<int>(fb::Op::MAX)) {
-    return Unimplemented("unknown operation " + std::to_string(static_cast<int>(op)));
+  return true;
+}
+static_assert(Dispatcher::HandlersInTableOrder(), "kHandlers must list one handler per op, in op_table.h's order");
+
+Dispatcher::Reply Dispatcher::Serve(SessionContext& ctx, const fb::Request& req) {
+  const OpSpec* spec = FindOp(req.op_type());
+  if (spec == nullptr || spec->access != OpAccess::kOpen) {
+    if (!ctx.hello_done) return FailedPrecondition("the first request must be Hello");
+    if (spec == nullptr) return Unimplemented("unknown operation " + std::to_string(static_cast<int>(req.op_type())));
   }
-  const bool operator_op = op == fb::Op::VerifyTier || op == fb::Op::Explain || op == fb::Op::Blocks ||
-                           op == fb::Op::Evict || op == fb::Op::Drain;
-  if (operator_op) {
-    if (ctx.role != fb::Role::Control) {
-      return PermissionDenied(std::string(OpName(op)) + " is for control sessions (kvctl)");
-    }
-    // Changing the cache, or reading every block's bytes, is an admin's to do; explain and
-    // blocks answer anyone, about their own tenant's namespaces.
-    const bool admin_only = op == fb::Op::VerifyTier || op == fb::Op::Evict || op == fb::Op::Drain;
-    if (admin_only && !ctx.admin) {
-      return PermissionDenied(std::string(OpName(op)) + " is an admin operation: uid " + std::to_string(ctx.uid) +
-                              " is not root, the daemon's uid or in security.admin_uids");
-    }
-    switch (op) {
-      case fb::Op::VerifyTier:
-        return OnVerify(ctx, req, deferred);
-      case fb::Op::Explain:
-        return OnExplain(ctx, *req.op_as_Explain(), type, body);
-      case fb::Op::Blocks:
-        return OnBlocks(ctx, req, type, body, deferred);
-      case fb::Op::Evict:
-        return OnEvict(ctx, *req.op_as_Evict(), type, body);
-      default:
-        return OnDrain(ctx, *req.op_as_Drain(), type, body);
-    }
+  const std::string name(spec->name);
+  switch (spec->access) {
+    case OpAccess::kOpen:
+    case OpAccess::kSession:
+      break;
+    case OpAccess::kEngine:
+      if (ctx.role != fb::Role::Engine) {
+        return PermissionDenied("a control session cannot " + name + "; connect with role Engine and a layout");
+      }
+      break;
+    case OpAccess::kControl:
+    case OpAccess::kAdmin:
+      if (ctx.role != fb::Role::Control) return PermissionDenied(name + " is for control sessions (kvctl)");
+      // Changing the cache, or reading every block's bytes, is an admin's to do; explain and
+      // blocks answer anyone, about their own tenant's namespaces.
+      if (spec->access == OpAccess::kAdmin && !ctx.admin) {
+        return PermissionDenied(name + " is an admin operation: uid " + std::to_string(ctx.uid) +
+                                " is not root, the daemon's uid or in security.admin_uids");
+      }
+      break;
   }
-  if (ctx.role != fb::Role::Engine) {
-    return PermissionDenied("a control session cannot " + std::string(OpName(op)) +
-                            "; connect with role Engine and a layout");
-  }
-  switch (op) {
-    case fb::Op::Allocate:
-      return OnAllocate(ctx, req, type, body, fds, deferred);
-    case fb::Op::Commit:
-      return OnCommit(ctx, *req.op_as_Commit(), type, body);
-    case fb::Op::Release:
-      return OnRelease(ctx, *req.op_as_Release(), type, body);
-    case fb::Op::Lookup:
-      return OnLookup(ctx, req, type, body, deferred);
-    case fb::Op::Acquire:
-      return OnAcquire(ctx, req, type, body, fds, deferred);
-    default:
-      return Unimplemented("operation " + std::string(OpName(op)));
-  }
+  return (this->*kHandlers[static_cast<size_t>(spec->op) - 1].fn)(ctx, req);
+}
+
+Dispatcher::Reply Dispatcher::OnPing(SessionContext&, const fb::Request& req) {
+  const auto* p = req.op_as_Ping();
+  const uint8_t* data = p->payload() ? p->payload()->data() : nullptr;
+  const size_t size = p->payload() ? p->payload()->size() : 0;
+  return {fb::Reply::Pong, fb::CreatePong(builder_, builder_.CreateVector(data, size)).Union()};
 }
 
 Result<std::vector<BlockHash>> Dispatcher::Hashes(const SessionContext& ctx,
@@ -232,8 +220,8 @@ flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Dispatcher::Res
   return b.CreateVectorOfStructs(out);
 }
 
-Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body,
-                           std::vector<int>* fds) {
+Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& req) {
+  const fb::Hello& m = *req.op_as_Hello();
   if (ctx.hello_done) return FailedPrecondition("Hello was already received on this session");
   if (m.major() != kProtocolMajor) {
     ctx.close_after_reply = true;
@@ -283,34 +271,34 @@ Status Dispatcher::OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* t
     auto name = builder_.CreateString(TierKindName(kind));
     auto backend = builder_.CreateString(pool ? std::string(pool->memory().backend()) : std::string("slots"));
     tiers.push_back(fb::CreateTierInfo(builder_, TierToWire(kind), name, c.page_bytes, c.capacity, pps, backend,
-                                       kind == TierKind::kGpu ? gpu_device_ : -1));
+                                       kind == TierKind::kGpu ? info_->gpu_device : -1));
   }
   auto tiers_vec = builder_.CreateVector(tiers);
   std::vector<SegmentGrant> grants;
   if (ctx.role == fb::Role::Engine) grants = cache_->TakeAllSegmentGrants(ctx.cache);
-  auto segs = Segments(builder_, grants, fds);
+  std::vector<int> fds;
+  auto segs = Segments(builder_, grants, &fds);
   auto ns = builder_.CreateString(ctx.role == fb::Role::Engine ? cache_->NamespaceHex(ctx.cache.ns()) : std::string());
   auto version = builder_.CreateString(info_->version);
   const uint16_t minor = std::min<uint16_t>(m.minor(), kProtocolMinor);
-  *body = fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec, segs,
+  return {fb::Reply::Welcome,
+          fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec, segs,
                             info_->max_frame_bytes, version, info_->max_entries_per_request)
-              .Union();
-  *type = fb::Reply::Welcome;
-  return Status::Ok();
+              .Union(),
+          std::move(fds)};
 }
 
-Status Dispatcher::AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages,
-                                 fb::Reply* type, BodyOffset* body, std::vector<int>* fds) {
+Dispatcher::Reply Dispatcher::AllocateReply(Builder& b, SessionContext& ctx, TierKind tier,
+                                            const std::vector<PageId>& pages) {
   auto grants = cache_->TakeSegmentGrants(ctx.cache, tier, pages);
   auto pages_vec = b.CreateVector(pages);
-  auto segs = Segments(b, grants, fds);
-  *body = fb::CreateAllocateReply(b, TierToWire(tier), pages_vec, segs).Union();
-  *type = fb::Reply::AllocateReply;
-  return Status::Ok();
+  std::vector<int> fds;
+  auto segs = Segments(b, grants, &fds);
+  return {fb::Reply::AllocateReply, fb::CreateAllocateReply(b, TierToWire(tier), pages_vec, segs).Union(),
+          std::move(fds)};
 }
 
-Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-                              std::vector<int>* fds, bool* deferred) {
+Dispatcher::Reply Dispatcher::OnAllocate(SessionContext& ctx, const fb::Request& req) {
   const fb::Allocate& m = *req.op_as_Allocate();
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
@@ -319,17 +307,14 @@ Status Dispatcher::OnAllocate(SessionContext& ctx, const fb::Request& req, fb::R
   const int64_t start = clock_->NowNanos();
   const TierKind t = *tier;
   auto now = cache_->Allocate(ctx.cache, t, m.count(), [this, c, id, start, t](Result<std::vector<PageId>> r) {
-    SendLater(c, id, fb::Op::Allocate, start, [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>* f) {
+    SendLater(c, id, fb::Op::Allocate, start, [&](Builder& b) -> Reply {
       if (!r.ok()) return r.status();
-      return AllocateReply(b, *c, t, *r, ty, bo, f);
+      return AllocateReply(b, *c, t, *r);
     });
   });
-  if (!now) {
-    *deferred = true;
-    return Status::Ok();
-  }
+  if (!now) return Reply::Later();
   KVTIER_RETURN_IF_ERROR(now->status());
-  return AllocateReply(builder_, ctx, t, now->value(), type, body, fds);
+  return AllocateReply(builder_, ctx, t, now->value());
 }
 
 Status Dispatcher::CheckEpoch(uint64_t epoch) const {
@@ -339,7 +324,8 @@ Status Dispatcher::CheckEpoch(uint64_t epoch) const {
                             " (it restarted); lease pages again");
 }
 
-Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type, BodyOffset* body) {
+Dispatcher::Reply Dispatcher::OnCommit(SessionContext& ctx, const fb::Request& req) {
+  const fb::Commit& m = *req.op_as_Commit();
   KVTIER_RETURN_IF_ERROR(CheckEpoch(m.daemon_epoch()));
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
@@ -365,12 +351,11 @@ Status Dispatcher::OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply*
   std::vector<PageId> pages(n);
   for (size_t i = 0; i < n; ++i) pages[i] = m.pages()->Get(static_cast<flatbuffers::uoffset_t>(i));
   auto results = cache_->Commit(ctx.cache, *tier, pages, hashes, parents, m.retain(), tokens);
-  *body = fb::CreateCommitReply(builder_, Results(builder_, results)).Union();
-  *type = fb::Reply::CommitReply;
-  return Status::Ok();
+  return {fb::Reply::CommitReply, fb::CreateCommitReply(builder_, Results(builder_, results)).Union()};
 }
 
-Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type, BodyOffset* body) {
+Dispatcher::Reply Dispatcher::OnRelease(SessionContext& ctx, const fb::Request& req) {
+  const fb::Release& m = *req.op_as_Release();
   KVTIER_RETURN_IF_ERROR(CheckEpoch(m.daemon_epoch()));
   auto tier = TierFromWire(m.tier());
   if (!tier) return InvalidArgument("unknown tier");
@@ -383,39 +368,29 @@ Status Dispatcher::OnRelease(SessionContext& ctx, const fb::Release& m, fb::Repl
   std::vector<uint8_t> wire(codes.size());
   for (size_t i = 0; i < codes.size(); ++i) wire[i] = static_cast<uint8_t>(codes[i]);
   auto v = builder_.CreateVector(reinterpret_cast<const fb::Status*>(wire.data()), wire.size());
-  *body = fb::CreateReleaseReply(builder_, v).Union();
-  *type = fb::Reply::ReleaseReply;
-  return Status::Ok();
+  return {fb::Reply::ReleaseReply, fb::CreateReleaseReply(builder_, v).Union()};
 }
 
-Status Dispatcher::LookupReply(Builder& b, const CacheLookup& r, fb::Reply* type, BodyOffset* body) {
+Dispatcher::Reply Dispatcher::LookupReply(Builder& b, const CacheLookup& r) {
   std::vector<uint8_t> tiers(r.tiers.size());
   for (size_t i = 0; i < r.tiers.size(); ++i) tiers[i] = static_cast<uint8_t>(r.tiers[i]);
   auto v = b.CreateVector(reinterpret_cast<const fb::Tier*>(tiers.data()), tiers.size());
-  *body = fb::CreateLookupReply(b, static_cast<uint32_t>(r.matched), v).Union();
-  *type = fb::Reply::LookupReply;
-  return Status::Ok();
+  return {fb::Reply::LookupReply, fb::CreateLookupReply(b, static_cast<uint32_t>(r.matched), v).Union()};
 }
 
-Status Dispatcher::OnLookup(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-                            bool* deferred) {
+Dispatcher::Reply Dispatcher::OnLookup(SessionContext& ctx, const fb::Request& req) {
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, req.op_as_Lookup()->hashes()));
   SessionContext* c = &ctx;
   const uint64_t id = req.id();
   const int64_t start = frame_start_ns_;
   auto now = cache_->Lookup(ctx.cache, hashes, [this, c, id, start](CacheLookup r) {
-    SendLater(c, id, fb::Op::Lookup, start,
-              [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) { return LookupReply(b, r, ty, bo); });
+    SendLater(c, id, fb::Op::Lookup, start, [&](Builder& b) { return LookupReply(b, r); });
   });
-  if (!now) {
-    *deferred = true;  // the remote tier is asked
-    return Status::Ok();
-  }
-  return LookupReply(builder_, *now, type, body);
+  if (!now) return Reply::Later();  // a lower tier is asked
+  return LookupReply(builder_, *now);
 }
 
-Status Dispatcher::AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results,
-                                fb::Reply* type, BodyOffset* body, std::vector<int>* fds) {
+Dispatcher::Reply Dispatcher::AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results) {
   std::vector<SegmentGrant> grants;
   for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
     std::vector<PageId> pages;
@@ -427,31 +402,24 @@ Status Dispatcher::AcquireReply(Builder& b, SessionContext& ctx, const std::vect
     grants.insert(grants.end(), g.begin(), g.end());
   }
   auto res = Results(b, results);
-  auto segs = Segments(b, grants, fds);
-  *body = fb::CreateAcquireReply(b, res, segs).Union();
-  *type = fb::Reply::AcquireReply;
-  return Status::Ok();
+  std::vector<int> fds;
+  auto segs = Segments(b, grants, &fds);
+  return {fb::Reply::AcquireReply, fb::CreateAcquireReply(b, res, segs).Union(), std::move(fds)};
 }
 
-Status Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-                             std::vector<int>* fds, bool* deferred) {
+Dispatcher::Reply Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& req) {
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, req.op_as_Acquire()->hashes()));
   SessionContext* c = &ctx;
   const uint64_t id = req.id();
   const int64_t start = frame_start_ns_;
   auto now = cache_->Acquire(ctx.cache, hashes, [this, c, id, start](std::vector<CacheResult> results) {
-    SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>* f) {
-      return AcquireReply(b, *c, results, ty, bo, f);
-    });
+    SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b) { return AcquireReply(b, *c, results); });
   });
-  if (!now) {
-    *deferred = true;
-    return Status::Ok();
-  }
-  return AcquireReply(builder_, ctx, *now, type, body, fds);
+  if (!now) return Reply::Later();
+  return AcquireReply(builder_, ctx, *now);
 }
 
-Status Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req, bool* deferred) {
+Dispatcher::Reply Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req) {
   if (!cache_->tier_enabled(TierKind::kNvme)) return FailedPrecondition("no NVMe tier is configured");
   std::weak_ptr<ReplySink> c = ctx.async_sink;  // the session may be gone when it ends
   const uint64_t id = req.id();
@@ -460,18 +428,17 @@ Status Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req, bool* d
   cache_->VerifyNvme([this, c, id, start](VerifyReport report) {
     KVTIER_LOG(NOTICE) << "verify: " << report.checked << " blocks checked, " << report.dropped << " dropped, "
                        << report.seconds << " s";
-    SendLater(c, id, fb::Op::VerifyTier, start, [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) {
+    SendLater(c, id, fb::Op::VerifyTier, start, [&](Builder& b) -> Reply {
       if (!report.status.ok()) return report.status;
-      *bo = fb::CreateVerifyTierReply(b, report.checked, report.dropped, report.seconds).Union();
-      *ty = fb::Reply::VerifyTierReply;
-      return Status::Ok();
+      return {fb::Reply::VerifyTierReply,
+              fb::CreateVerifyTierReply(b, report.checked, report.dropped, report.seconds).Union()};
     });
   });
-  *deferred = true;
-  return Status::Ok();
+  return Reply::Later();
 }
 
-Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type, BodyOffset* body) {
+Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& req) {
+  const fb::Stats& m = *req.op_as_Stats();
   std::vector<flatbuffers::Offset<fb::TierStats>> tiers;
   const NvmeTier* nvme = cache_->nvme();
   for (TierKind kind : kAllTiers) {
@@ -548,7 +515,7 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
                                    builder_.CreateString(ev->replay_endpoint()), c.subscribers, c.replay_peers,
                                    c.events, c.messages, c.dropped, c.refused, c.retracted, c.first_sequence);
   }
-  *body = fb::CreateStatsReply(
+  auto body = fb::CreateStatsReply(
               builder_, builder_.CreateString(info_->version), static_cast<double>(now - info_->started_ns) * 1e-9,
               builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec, session_count,
               cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions, cc.promotions,
@@ -556,11 +523,11 @@ Status Dispatcher::OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* t
               nvme ? nvme->counters().spill_bytes : 0, nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(),
               evictions_total, remote, events)
               .Union();
-  *type = fb::Reply::StatsReply;
-  return Status::Ok();
+  return {fb::Reply::StatsReply, body};
 }
 
-Status Dispatcher::OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Reply* type, BodyOffset* body) {
+Dispatcher::Reply Dispatcher::OnExplain(SessionContext& ctx, const fb::Request& req) {
+  const fb::Explain& m = *req.op_as_Explain();
   KVTIER_ASSIGN_OR_RETURN(auto hashes, Hashes(ctx, m.hashes()));
   const std::string ns = m.namespace_id() ? m.namespace_id()->str() : std::string();
   const auto entries = cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant);
@@ -571,13 +538,10 @@ Status Dispatcher::OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Repl
                                         builder_.CreateString(e.model), e.seconds_ago,
                                         builder_.CreateString(e.detail)));
   }
-  *body = fb::CreateExplainReply(builder_, builder_.CreateVector(out)).Union();
-  *type = fb::Reply::ExplainReply;
-  return Status::Ok();
+  return {fb::Reply::ExplainReply, fb::CreateExplainReply(builder_, builder_.CreateVector(out)).Union()};
 }
 
-Status Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-                            bool* deferred) {
+Dispatcher::Reply Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req) {
   const fb::Blocks& m = *req.op_as_Blocks();
   const std::optional<TierKind> tier = TierFromWire(m.tier());
   if (m.tier() != fb::Tier::None && !tier) return InvalidArgument("unknown tier");
@@ -586,7 +550,7 @@ Status Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Rep
   }
   const size_t limit = std::min<uint32_t>(m.limit(), info_->max_entries_per_request);
   const std::string ns = m.namespace_id() ? m.namespace_id()->str() : std::string();
-  auto build = [](Builder& b, const std::vector<BlockInfo>& blocks, fb::Reply* ty, BodyOffset* bo) {
+  auto build = [](Builder& b, const std::vector<BlockInfo>& blocks) -> Reply {
     std::vector<flatbuffers::Offset<fb::BlockInfo>> out;
     for (const BlockInfo& i : blocks) {
       out.push_back(fb::CreateBlockInfo(b, b.CreateVector(i.hash.bytes().data(), i.hash.size()),
@@ -594,8 +558,7 @@ Status Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Rep
                                         b.CreateString(i.model), TierToWire(i.tier), i.on_nvme, i.bytes, i.hits, i.refs,
                                         i.idle_s));
     }
-    *bo = fb::CreateBlocksReply(b, b.CreateVector(out)).Union();
-    *ty = fb::Reply::BlocksReply;
+    return {fb::Reply::BlocksReply, fb::CreateBlocksReply(b, b.CreateVector(out)).Union()};
   };
   const auto order =
       m.order() == fb::BlockOrder::Recent ? CacheManager::BlockOrder::kRecent : CacheManager::BlockOrder::kHits;
@@ -603,42 +566,39 @@ Status Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Rep
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();
   const bool sync = tier != TierKind::kNvme;  // the NVMe index is scanned on a thread
+  Reply reply = Reply::Later();
   cache_->TopBlocks(tier, ns, ctx.admin ? nullptr : &ctx.tenant, order, limit,
                     [&, build, sink, id, start, sync](std::vector<BlockInfo> blocks) {
-                      if (sync) return build(builder_, blocks, type, body);
-                      SendLater(sink, id, fb::Op::Blocks, start,
-                                [&](Builder& b, fb::Reply* ty, BodyOffset* bo, std::vector<int>*) {
-                                  build(b, blocks, ty, bo);
-                                  return Status::Ok();
-                                });
+                      if (sync) {
+                        reply = build(builder_, blocks);
+                        return;
+                      }
+                      SendLater(sink, id, fb::Op::Blocks, start, [&](Builder& b) { return build(b, blocks); });
                     });
-  *deferred = !sync;
-  return Status::Ok();
+  return reply;
 }
 
-Status Dispatcher::OnEvict(SessionContext& ctx, const fb::Evict& m, fb::Reply* type, BodyOffset* body) {
+Dispatcher::Reply Dispatcher::OnEvict(SessionContext& ctx, const fb::Request& req) {
+  const fb::Evict& m = *req.op_as_Evict();
   const std::optional<TierKind> tier = TierFromWire(m.tier());
   if (!tier || !cache_->tier_enabled(*tier)) return InvalidArgument("evict needs a configured tier");
   const EvictReport r = cache_->Evict(*tier, m.bytes());
   KVTIER_LOG(NOTICE) << "session " << ctx.id << " (uid " << ctx.uid << "): evicted " << r.blocks << " blocks ("
                      << r.bytes << " bytes) from the " << TierKindName(*tier) << " tier";
-  *body = fb::CreateEvictReply(builder_, r.blocks, r.bytes, r.demoting).Union();
-  *type = fb::Reply::EvictReply;
-  return Status::Ok();
+  return {fb::Reply::EvictReply, fb::CreateEvictReply(builder_, r.blocks, r.bytes, r.demoting).Union()};
 }
 
-Status Dispatcher::OnDrain(SessionContext& ctx, const fb::Drain& m, fb::Reply* type, BodyOffset* body) {
+Dispatcher::Reply Dispatcher::OnDrain(SessionContext& ctx, const fb::Request& req) {
+  const fb::Drain& m = *req.op_as_Drain();
   if (!m.query() && m.start() != cache_->draining()) {
     KVTIER_LOG(NOTICE) << "session " << ctx.id << " (uid " << ctx.uid << "): drain "
                        << (m.start() ? "started: no new GPU leases, GPU -> host -> NVMe" : "ended");
     cache_->SetDrain(m.start());
   }
   const DrainStatus d = cache_->Drain();
-  *body = fb::CreateDrainReply(builder_, d.draining, d.gpu_blocks_left, d.gpu_blocks_pinned, d.host_blocks_unspilled,
-                               d.spills_in_flight)
-              .Union();
-  *type = fb::Reply::DrainReply;
-  return Status::Ok();
+  return {fb::Reply::DrainReply, fb::CreateDrainReply(builder_, d.draining, d.gpu_blocks_left, d.gpu_blocks_pinned,
+                                                     d.host_blocks_unspilled, d.spills_in_flight)
+                                     .Union()};
 }
 
 }  // namespace kvtier

@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +31,7 @@
 #include "protocol/base/layout.h"
 #include "protocol/codec.h"
 #include "protocol/framing.h"
+#include "protocol/op_table.h"
 
 namespace kvtier {
 
@@ -76,6 +78,7 @@ struct DaemonInfo {
   int64_t started_ns = 0;  // Clock::NowNanos() at start
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
+  int gpu_device = 0;  // the CUDA device of the GPU tier
 };
 
 class Dispatcher {
@@ -112,44 +115,74 @@ class Dispatcher {
   using Builder = flatbuffers::FlatBufferBuilder;
   using BodyOffset = flatbuffers::Offset<void>;
 
-  // Fills the response, or sets *deferred and arranges for it to be sent later.
-  Status Serve(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body, std::vector<int>* fds,
-               bool* deferred);
+  // What a handler answers: an error status, or a body built in the builder it was given
+  // (with the descriptors the frame carries), or "later" (the handler arranged for the
+  // response to go through the session's async_sink). Handlers `return SomeError(...)`.
+  struct Reply {
+    Reply(Status s) : status(std::move(s)) {}  // NOLINT(google-explicit-constructor): errors convert
+    Reply(fb::Reply type, BodyOffset body, std::vector<int> fds = {})
+        : type(type), body(body), fds(std::move(fds)) {}
+    static Reply Later() {
+      Reply r(Status::Ok());
+      r.later = true;
+      return r;
+    }
+
+    Status status;
+    fb::Reply type = fb::Reply::NONE;
+    BodyOffset body;
+    std::vector<int> fds;
+    bool later = false;
+  };
+  using Handler = Reply (Dispatcher::*)(SessionContext& ctx, const fb::Request& req);
+
+  // Checks the op's access rule (op_table.h) and calls its handler.
+  Reply Serve(SessionContext& ctx, const fb::Request& req);
+  // The handler of each op, in op_table.h's order (row i: op i + 1).
+  struct HandlerRow {
+    fb::Op op;
+    Handler fn;
+  };
+  static const std::array<HandlerRow, kOpCount> kHandlers;
+
+ public:
+  static constexpr bool HandlersInTableOrder();  // checked at compile time in dispatcher.cc
+
+ private:
   // The deferred response to request `id`: `build` fills it in async_builder_.
-  using BuildReply = std::function<Status(Builder&, fb::Reply*, BodyOffset*, std::vector<int>*)>;
+  using BuildReply = std::function<Reply(Builder&)>;
   void SendLater(SessionContext* ctx, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
   // For completions that may outlive the session (a scrub, an index scan): only the sink.
   void SendLater(const std::weak_ptr<ReplySink>& sink, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
-  Status OnHello(SessionContext& ctx, const fb::Hello& m, fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
-  Status OnAllocate(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-                    std::vector<int>* fds, bool* deferred);
+
+  Reply OnHello(SessionContext& ctx, const fb::Request& req);
+  Reply OnPing(SessionContext& ctx, const fb::Request& req);
+  Reply OnAllocate(SessionContext& ctx, const fb::Request& req);
+  Reply OnCommit(SessionContext& ctx, const fb::Request& req);
+  Reply OnRelease(SessionContext& ctx, const fb::Request& req);
+  Reply OnLookup(SessionContext& ctx, const fb::Request& req);
+  Reply OnAcquire(SessionContext& ctx, const fb::Request& req);
+  Reply OnStats(SessionContext& ctx, const fb::Request& req);
+  // Operator requests (control sessions).
+  Reply OnVerify(SessionContext& ctx, const fb::Request& req);
+  Reply OnExplain(SessionContext& ctx, const fb::Request& req);
+  Reply OnBlocks(SessionContext& ctx, const fb::Request& req);
+  Reply OnEvict(SessionContext& ctx, const fb::Request& req);
+  Reply OnDrain(SessionContext& ctx, const fb::Request& req);
+
   // kFailedPrecondition for handles of another daemon epoch (0: unchecked).
   Status CheckEpoch(uint64_t epoch) const;
-  Status OnCommit(SessionContext& ctx, const fb::Commit& m, fb::Reply* type, BodyOffset* body);
-  Status OnRelease(SessionContext& ctx, const fb::Release& m, fb::Reply* type, BodyOffset* body);
-  Status OnLookup(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body, bool* deferred);
-  Status LookupReply(Builder& b, const CacheLookup& r, fb::Reply* type, BodyOffset* body);
-  Status OnAcquire(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body,
-                   std::vector<int>* fds, bool* deferred);
-  Status OnVerify(SessionContext& ctx, const fb::Request& req, bool* deferred);
-  Status AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages,
-                       fb::Reply* type, BodyOffset* body, std::vector<int>* fds);
-  Status AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results, fb::Reply* type,
-                      BodyOffset* body, std::vector<int>* fds);
-  Status OnStats(SessionContext& ctx, const fb::Stats& m, fb::Reply* type, BodyOffset* body);
-  // Operator requests (control sessions).
-  Status OnExplain(SessionContext& ctx, const fb::Explain& m, fb::Reply* type, BodyOffset* body);
-  Status OnBlocks(SessionContext& ctx, const fb::Request& req, fb::Reply* type, BodyOffset* body, bool* deferred);
-  Status OnEvict(SessionContext& ctx, const fb::Evict& m, fb::Reply* type, BodyOffset* body);
-  Status OnDrain(SessionContext& ctx, const fb::Drain& m, fb::Reply* type, BodyOffset* body);
+  Reply AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages);
+  static Reply LookupReply(Builder& b, const CacheLookup& r);
+  Reply AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results);
 
   Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx, const flatbuffers::Vector<uint8_t>* v) const;
   static flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Segments(
       Builder& b, const std::vector<SegmentGrant>& grants, std::vector<int>* fds);
   static flatbuffers::Offset<flatbuffers::Vector<const fb::EntryResult*>> Results(
       Builder& b, const std::vector<CacheResult>& results);
-  void Send(Builder& b, ReplySink& sink, uint64_t id, const Status& status, fb::Reply type, BodyOffset body,
-            std::span<const int> fds);
+  // Sends `reply` (not a later one) to request `id`; an error goes without a body.
+  void Send(Builder& b, ReplySink& sink, uint64_t id, Reply reply);
   // Records a request's latency and errors; returns the clock it read (the request's end).
   int64_t Observe(int op, int64_t start_ns, const Status& st);
 
@@ -168,10 +201,6 @@ class Dispatcher {
   Counter* rejected_malformed_;
   Counter* rejected_oversized_;
   Counter* rejected_truncated_;
-  int gpu_device_ = 0;
-
- public:
-  void set_gpu_device(int d) { gpu_device_ = d; }
 };
 
 }  // namespace kvtier

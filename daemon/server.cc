@@ -457,8 +457,9 @@ void Server::MaybeTrim() {
   });
 }
 
-void Server::Start() {
-  KVTIER_CHECK(dispatcher_ != nullptr) << "Server started without a dispatcher";
+void Server::Start(Dispatcher* dispatcher) {
+  KVTIER_CHECK(dispatcher != nullptr) << "Server started without a dispatcher";
+  dispatcher_ = dispatcher;
   Accept();
   ScheduleHeartbeatCheck();
   ScheduleHelloCheck();

@@ -74,9 +74,9 @@ class Server {
   static Result<std::unique_ptr<Server>> Open(boost::asio::io_context& io, const Options& options, const Clock* clock);
   ~Server();
 
-  // REQUIRES: set before Start(). The dispatcher outlives the server's sessions.
-  void set_dispatcher(Dispatcher* d) { dispatcher_ = d; }
-  void Start();
+  // Starts accepting connections and serving them through `dispatcher`, which outlives
+  // the server's sessions.
+  void Start(Dispatcher* dispatcher);
   // Stops accepting, closes every session (their leases and references are dropped) and
   // removes the socket file.
   void Stop();
@@ -110,7 +110,7 @@ class Server {
   boost::asio::io_context& io_;
   Options options_;
   const Clock* clock_;
-  Dispatcher* dispatcher_ = nullptr;
+  Dispatcher* dispatcher_ = nullptr;  // from Start
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::map<SessionId, std::shared_ptr<Session>> sessions_;
   SessionId next_id_ = 1;

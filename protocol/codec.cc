@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "protocol/framing.h"
+#include "protocol/op_table.h"
 
 namespace kvtier {
 
@@ -54,40 +55,6 @@ Status StatusFromResponse(const fb::Response& r) {
   const StatusCode code = FromWire(r.status());
   if (code == StatusCode::kOk) return Status::Ok();
   return Status(code, r.message() ? r.message()->str() : std::string());
-}
-
-std::string_view OpName(fb::Op op) {
-  switch (op) {
-    case fb::Op::Hello:
-      return "hello";
-    case fb::Op::Allocate:
-      return "allocate";
-    case fb::Op::Commit:
-      return "commit";
-    case fb::Op::Release:
-      return "release";
-    case fb::Op::Lookup:
-      return "lookup";
-    case fb::Op::Acquire:
-      return "acquire";
-    case fb::Op::Stats:
-      return "stats";
-    case fb::Op::Ping:
-      return "ping";
-    case fb::Op::VerifyTier:
-      return "verify";
-    case fb::Op::Explain:
-      return "explain";
-    case fb::Op::Blocks:
-      return "blocks";
-    case fb::Op::Evict:
-      return "evict";
-    case fb::Op::Drain:
-      return "drain";
-    case fb::Op::NONE:
-      return "none";
-  }
-  return "unknown";
 }
 
 BlockState BlockStateFromWire(fb::BlockState s) {

@@ -47,9 +47,6 @@ inline Status StatusFromWire(fb::Status s) {
 }
 Status StatusFromResponse(const fb::Response& r);
 
-// The name of a request op for logs and metrics labels ("lookup", "acquire", ...).
-std::string_view OpName(fb::Op op);
-
 // Tiers: enum Tier in kvtier.fbs has TierKind's numbers, plus None.
 inline fb::Tier TierToWire(TierKind t) { return static_cast<fb::Tier>(static_cast<uint8_t>(t)); }
 inline fb::Tier TierToWire(std::optional<TierKind> t) { return t ? TierToWire(*t) : fb::Tier::None; }

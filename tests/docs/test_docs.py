@@ -2,7 +2,8 @@
 
 - docs/architecture.md's component map names every source file outside tests/, and
   every file it names exists.
-- docs/protocol.md lists every op of the schema's Op union.
+- docs/protocol.md lists every op of the schema's Op union, with who may send it as
+  protocol/op_table.h says.
 - docs/benchmarks.md opens with its current-results table, each row dated and with a
   commit of this repository.
 """
@@ -41,14 +42,21 @@ def test_the_component_map_names_every_source_file_and_only_them():
     assert not sorted(named - files), f"the component map names files that do not exist: {sorted(named - files)}"
 
 
-def test_protocol_md_lists_every_op_of_the_schema():
+def test_protocol_md_lists_every_op_of_the_schema_with_its_access_from_the_op_table():
     schema = (ROOT / "protocol/kvtier.fbs").read_text()
     union = re.search(r"union\s+Op\s*\{([^}]*)\}", schema)
     assert union, "no Op union in protocol/kvtier.fbs"
     ops = [o.strip() for o in union.group(1).split(",") if o.strip()]
     doc = (ROOT / "docs/protocol.md").read_text()
-    missing = [op for op in ops if f"`{op}`" not in doc]
-    assert not missing, f"ops of the schema not in docs/protocol.md: {missing}"
+    rows = dict(re.findall(r"^\| `(\w+)` \| (\w+) \|", doc, re.M))
+    missing = [op for op in ops if op not in rows]
+    assert not missing, f"ops of the schema not in docs/protocol.md's table: {missing}"
+    table = (ROOT / "protocol/op_table.h").read_text()
+    access = dict(re.findall(r"OpSpec\{fb::Op::(\w+), \"\w+\", OpAccess::k(\w+),", table))
+    assert sorted(access) == sorted(ops), f"op_table.h rows {sorted(access)} != schema ops {sorted(ops)}"
+    words = {"Open": "anyone", "Session": "session", "Engine": "engine", "Control": "control", "Admin": "admin"}
+    wrong = {op: (rows[op], words[a]) for op, a in access.items() if rows[op] != words[a]}
+    assert not wrong, f"docs/protocol.md's 'who' differs from op_table.h (doc, table): {wrong}"
 
 
 def test_benchmarks_md_opens_with_dated_results_at_commits_of_this_repository():

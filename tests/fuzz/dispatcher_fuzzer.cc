@@ -22,6 +22,7 @@
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 #include "protocol/codec.h"
+#include "protocol/op_table.h"
 #include "protocol/framing.h"
 #include "tests/fuzz/seed_frames.h"
 
