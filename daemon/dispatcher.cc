@@ -534,7 +534,7 @@ Dispatcher::Reply Dispatcher::OnExplain(SessionContext& ctx, const fb::Request& 
   std::vector<flatbuffers::Offset<fb::Explanation>> out;
   for (const BlockExplanation& e : entries) {
     out.push_back(fb::CreateExplanation(builder_, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme, e.writing,
-                                        builder_.CreateString(e.namespace_hex), builder_.CreateString(e.tenant),
+                                        builder_.CreateString(e.namespace_id), builder_.CreateString(e.tenant),
                                         builder_.CreateString(e.model), e.seconds_ago,
                                         builder_.CreateString(e.detail)));
   }
@@ -554,7 +554,7 @@ Dispatcher::Reply Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& r
     std::vector<flatbuffers::Offset<fb::BlockInfo>> out;
     for (const BlockInfo& i : blocks) {
       out.push_back(fb::CreateBlockInfo(b, b.CreateVector(i.hash.bytes().data(), i.hash.size()),
-                                        b.CreateString(i.namespace_hex), b.CreateString(i.tenant),
+                                        b.CreateString(i.namespace_id), b.CreateString(i.tenant),
                                         b.CreateString(i.model), TierToWire(i.tier), i.on_nvme, i.bytes, i.hits, i.refs,
                                         i.idle_s));
     }

@@ -10,8 +10,9 @@
 //
 // Protocol rules enforced here: every frame passes the FlatBuffers Verifier first; a frame
 // that fails is answered with INVALID_ARGUMENT (request id 0) and the connection marked
-// for closing; nothing but Ping is served before Hello; every vector request is bounded
-// by max_entries_per_request.
+// for closing; nothing but Ping is served before Hello; who may send each op is its row
+// of kOpTable (protocol/op_table.h); every vector request is bounded by
+// max_entries_per_request.
 //
 // Owned by the control thread; not thread-safe.
 

@@ -133,12 +133,12 @@ Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
   return out;
 }
 
-Result<VerifyResult> ControlClient::Verify() {
+Result<VerifyReport> ControlClient::Verify() {
   auto& b = conn_->builder();
   KVTIER_ASSIGN_OR_RETURN(Ticket t, conn_->Send(fb::Op::VerifyTier, fb::CreateVerifyTier(b).Union()));
   const int saved = conn_->timeout_ms();
   KVTIER_RETURN_IF_ERROR(conn_->set_timeout_ms(0));  // a scrub of a large tier takes as long as it takes
-  VerifyResult out;
+  VerifyReport out;
   Status st = conn_->Wait(t, fb::Reply::VerifyTierReply, [&](const fb::Response& r) {
     const fb::VerifyTierReply* v = r.reply_as_VerifyTierReply();
     out.checked = v->checked();
@@ -151,18 +151,18 @@ Result<VerifyResult> ControlClient::Verify() {
   return out;
 }
 
-Result<std::vector<BlockExplanationInfo>> ControlClient::Explain(std::span<const BlockHash> hashes,
+Result<std::vector<BlockExplanation>> ControlClient::Explain(std::span<const BlockHash> hashes,
                                                                  const std::string& namespace_id) {
   auto& b = conn_->builder();
   auto hv = HashesToWire(b, hashes);
   auto ns = b.CreateString(namespace_id);
   KVTIER_ASSIGN_OR_RETURN(Ticket t, conn_->Send(fb::Op::Explain, fb::CreateExplain(b, hv, ns).Union()));
-  std::vector<BlockExplanationInfo> out;
+  std::vector<BlockExplanation> out;
   KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::ExplainReply, [&](const fb::Response& r) {
     const auto* entries = r.reply_as_ExplainReply()->entries();
     if (!entries || entries->size() != hashes.size()) return Internal("explain reply has the wrong entry count");
     for (const fb::Explanation* e : *entries) {
-      BlockExplanationInfo i;
+      BlockExplanation i;
       i.state = BlockStateFromWire(e->state());
       i.tier = TierFromWire(e->tier()).value_or(TierKind::kHost);
       i.on_nvme = e->on_nvme();
@@ -179,19 +179,19 @@ Result<std::vector<BlockExplanationInfo>> ControlClient::Explain(std::span<const
   return out;
 }
 
-Result<std::vector<BlockInfoEntry>> ControlClient::Blocks(std::optional<TierKind> tier, const std::string& namespace_id,
+Result<std::vector<BlockInfo>> ControlClient::Blocks(std::optional<TierKind> tier, const std::string& namespace_id,
                                                           bool by_recent, uint32_t limit) {
   auto& b = conn_->builder();
   auto ns = b.CreateString(namespace_id);
   const auto order = by_recent ? fb::BlockOrder::Recent : fb::BlockOrder::Hits;
   KVTIER_ASSIGN_OR_RETURN(Ticket t,
                           conn_->Send(fb::Op::Blocks, fb::CreateBlocks(b, TierToWire(tier), ns, order, limit).Union()));
-  std::vector<BlockInfoEntry> out;
+  std::vector<BlockInfo> out;
   KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::BlocksReply, [&](const fb::Response& r) {
     const auto* blocks = r.reply_as_BlocksReply()->blocks();
     if (!blocks) return Status::Ok();
     for (const fb::BlockInfo* x : *blocks) {
-      BlockInfoEntry i;
+      BlockInfo i;
       if (x->hash() && BlockHash::ValidSize(x->hash()->size())) {
         i.hash = BlockHash(std::span<const uint8_t>(x->hash()->data(), x->hash()->size()));
       }
@@ -211,10 +211,10 @@ Result<std::vector<BlockInfoEntry>> ControlClient::Blocks(std::optional<TierKind
   return out;
 }
 
-Result<EvictResult> ControlClient::Evict(TierKind tier, uint64_t bytes) {
+Result<EvictReport> ControlClient::Evict(TierKind tier, uint64_t bytes) {
   auto& b = conn_->builder();
   KVTIER_ASSIGN_OR_RETURN(Ticket t, conn_->Send(fb::Op::Evict, fb::CreateEvict(b, TierToWire(tier), bytes).Union()));
-  EvictResult out;
+  EvictReport out;
   KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::EvictReply, [&](const fb::Response& r) {
     const auto* e = r.reply_as_EvictReply();
     out.blocks = e->blocks();
@@ -225,10 +225,10 @@ Result<EvictResult> ControlClient::Evict(TierKind tier, uint64_t bytes) {
   return out;
 }
 
-Result<DrainResult> ControlClient::Drain(bool start, bool query) {
+Result<DrainStatus> ControlClient::Drain(bool start, bool query) {
   auto& b = conn_->builder();
   KVTIER_ASSIGN_OR_RETURN(Ticket t, conn_->Send(fb::Op::Drain, fb::CreateDrain(b, start, query).Union()));
-  DrainResult out;
+  DrainStatus out;
   KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::DrainReply, [&](const fb::Response& r) {
     const auto* d = r.reply_as_DrainReply();
     out.draining = d->draining();

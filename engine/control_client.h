@@ -19,6 +19,7 @@
 
 #include "protocol/base/block_key.h"
 #include "protocol/base/block_state.h"
+#include "protocol/base/operator_reports.h"
 #include "protocol/base/status.h"
 #include "protocol/base/tier.h"
 
@@ -107,44 +108,6 @@ struct DaemonStats {
   std::optional<Events> events;  // with KV events on
 };
 
-// kvctl explain: why a block is or is not a hit.
-struct BlockExplanationInfo {
-  using State = BlockState;
-  State state = State::kNeverStored;
-  TierKind tier = TierKind::kHost;
-  bool on_nvme = false, writing = false;
-  std::string namespace_id, tenant, model;
-  double seconds_ago = 0;
-  std::string detail;
-};
-
-// kvctl blocks: one block.
-struct BlockInfoEntry {
-  BlockHash hash;
-  std::string namespace_id, tenant, model;
-  TierKind tier = TierKind::kHost;
-  bool on_nvme = false;
-  uint64_t bytes = 0;
-  uint32_t hits = 0, refs = 0;
-  double idle_s = 0;
-};
-
-struct EvictResult {
-  uint64_t blocks = 0, bytes = 0, demoting = 0;
-};
-
-struct DrainResult {
-  bool draining = false;
-  uint64_t gpu_blocks_left = 0, gpu_blocks_pinned = 0, host_blocks_unspilled = 0;
-  uint32_t spills_in_flight = 0;
-};
-
-struct VerifyResult {
-  uint64_t checked = 0;
-  uint64_t dropped = 0;
-  double seconds = 0;
-};
-
 class Connection;
 
 class ControlClient {
@@ -162,20 +125,20 @@ class ControlClient {
   Status Ping(size_t payload_bytes = 0);
   // One entry per hash: why it is or is not a hit. `namespace_id` "" asks every namespace
   // the caller may see (a non-admin: its own tenant's).
-  Result<std::vector<BlockExplanationInfo>> Explain(std::span<const BlockHash> hashes,
+  Result<std::vector<BlockExplanation>> Explain(std::span<const BlockHash> hashes,
                                                     const std::string& namespace_id = "");
   // The top blocks of a tier (nullopt: GPU and host) by hits, or by recency.
   // kFailedPrecondition for a tier that is not configured.
-  Result<std::vector<BlockInfoEntry>> Blocks(std::optional<TierKind> tier, const std::string& namespace_id = "",
+  Result<std::vector<BlockInfo>> Blocks(std::optional<TierKind> tier, const std::string& namespace_id = "",
                                              bool by_recent = false, uint32_t limit = 20);
   // Admin: evicts `bytes` of cached blocks from `tier` (kInvalidArgument: not configured).
-  Result<EvictResult> Evict(TierKind tier, uint64_t bytes);
+  Result<EvictReport> Evict(TierKind tier, uint64_t bytes);
   // Admin: starts (start) or ends a drain; with `query` only reports its progress.
-  Result<DrainResult> Drain(bool start = true, bool query = false);
+  Result<DrainStatus> Drain(bool start = true, bool query = false);
   // Admin: scrubs the NVMe tier — reads and verifies every block, drops the ones that fail
   // — and waits for it, however long it takes (no timeout). kFailedPrecondition without an
   // NVMe tier; kAborted when the daemon stopped the scrub (it is shutting down).
-  Result<VerifyResult> Verify();
+  Result<VerifyReport> Verify();
 
   uint64_t session_id() const;
   int fd() const;

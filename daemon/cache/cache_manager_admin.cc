@@ -36,7 +36,7 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
   for (const BlockHash& h : hashes) {
     BlockExplanation e;
     auto found_in = [&](NamespaceId ns) {
-      e.namespace_hex = NamespaceHex(ns);
+      e.namespace_id = NamespaceHex(ns);
       e.tenant = namespaces_.Get(ns).tenant;
       e.model = namespaces_.Get(ns).model;
     };
@@ -110,7 +110,7 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
       found_in(ns);
       e.state = BlockExplanation::State::kOtherNamespace;
       e.detail = "not in the namespace asked about, but stored under tenant '" + e.tenant + "' model '" + e.model +
-                 "' (namespace " + e.namespace_hex +
+                 "' (namespace " + e.namespace_id +
                  "): engines see only blocks of their own tenant and exact layout (model, heads, dtype, "
                  "tokens per block, block bytes)";
       break;
@@ -129,7 +129,7 @@ BlockInfo CacheManager::InfoOf(BlockId id) const {
   const NamespaceTable::Namespace& n = namespaces_.Get(b.ns);
   BlockInfo i;
   i.hash = b.hash;
-  i.namespace_hex = NamespaceHex(b.ns);
+  i.namespace_id = NamespaceHex(b.ns);
   i.tenant = n.tenant;
   i.model = n.model;
   i.tier = blocks_->ReadableTier(b).value_or(TierKind::kNvme);
@@ -164,8 +164,8 @@ void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_h
                                std::string encoded;
                                if (!DecodeBlockKey(key, &i.tenant, nullptr, &encoded, &i.hash)) continue;
                                if (want_tenant && i.tenant != *want_tenant) continue;
-                               i.namespace_hex = NamespaceTable::HexOf(encoded);
-                               if (!want_ns.empty() && i.namespace_hex != want_ns) continue;
+                               i.namespace_id = NamespaceTable::HexOf(encoded);
+                               if (!want_ns.empty() && i.namespace_id != want_ns) continue;
                                if (auto ns = namespaces_.Find(encoded)) i.model = namespaces_.Get(*ns).model;
                                i.tier = TierKind::kNvme;
                                i.on_nvme = true;

@@ -10,6 +10,7 @@
 
 #include "protocol/base/block_key.h"
 #include "protocol/base/block_state.h"
+#include "protocol/base/operator_reports.h"
 #include "protocol/base/tier.h"
 #include "storage/pool/segment_memory.h"
 #include "storage/pool/tier_pool.h"
@@ -95,48 +96,6 @@ struct CacheCounters {
   uint64_t allocate_failures = 0;
   uint64_t quota_refusals = 0;         // allocations refused by a tenant's quota
   uint64_t refetches_after_evict = 0;  // blocks committed again that the cache had evicted
-};
-
-// Why a block is or is not a hit (kvctl explain).
-struct BlockExplanation {
-  using State = BlockState;
-  // kCached: readable in `tier`; kInFlight: being read into `tier` (host); kEvicted: its
-  // last copy left `tier` seconds_ago.
-  State state = State::kNeverStored;
-  TierKind tier = TierKind::kHost;
-  bool on_nvme = false;                      // kCached: an NVMe copy exists too
-  bool writing = false;                      // kCached: its NVMe copy is being written
-  std::string namespace_hex, tenant, model;  // where it was found
-  double seconds_ago = 0;                    // kEvicted
-  std::string detail;                        // one sentence for people
-};
-
-// One block, for kvctl blocks.
-struct BlockInfo {
-  BlockHash hash;
-  std::string namespace_hex, tenant, model;
-  TierKind tier = TierKind::kHost;  // the fastest tier holding it
-  bool on_nvme = false;
-  uint64_t bytes = 0;
-  uint32_t hits = 0;
-  uint32_t refs = 0;
-  double idle_s = 0;  // since its last hit (or store)
-};
-
-// The state of a maintenance drain (kvctl drain).
-struct DrainStatus {
-  bool draining = false;
-  uint64_t gpu_blocks_left = 0;        // cached GPU blocks not yet demoted to host
-  uint64_t gpu_blocks_pinned = 0;      // GPU blocks referenced by sessions: they stay
-  uint64_t host_blocks_unspilled = 0;  // host blocks with no NVMe copy yet
-  uint32_t spills_in_flight = 0;
-};
-
-// What an operator's evict did.
-struct EvictReport {
-  uint64_t blocks = 0;  // dropped or demoted
-  uint64_t bytes = 0;
-  uint64_t demoting = 0;  // of which still being written to NVMe (pages free after)
 };
 
 // A tenant's share of each tier, in bytes (indexed by TierIndex); 0 = no quota / no

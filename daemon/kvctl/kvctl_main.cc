@@ -80,7 +80,7 @@ int Explain(kvtier::ControlClient& c, const std::vector<std::string>& hex, const
       const auto& e = (*r)[i];
       j.push_back(json{{"hash", hex[i]},
                        {"state", std::string(kvtier::BlockStateName(e.state))},
-                       {"hit", e.state == kvtier::BlockExplanationInfo::State::kCached},
+                       {"hit", e.state == kvtier::BlockExplanation::State::kCached},
                        {"tier", std::string(kvtier::TierKindName(e.tier))},
                        {"on_nvme", e.on_nvme},
                        {"writing", e.writing},
@@ -95,7 +95,7 @@ int Explain(kvtier::ControlClient& c, const std::vector<std::string>& hex, const
   }
   for (size_t i = 0; i < r->size(); ++i) {
     const auto& e = (*r)[i];
-    using S = kvtier::BlockExplanationInfo::State;
+    using S = kvtier::BlockExplanation::State;
     const bool located = e.state == S::kCached || e.state == S::kInFlight;
     if (!verbose) {
       std::printf("%s  %-15s %-5s %s\n", hex[i].c_str(), std::string(kvtier::BlockStateName(e.state)).c_str(),
@@ -273,7 +273,7 @@ int Drain(kvtier::ControlClient& c, bool resume, bool no_wait, double timeout_s,
   auto r = c.Drain(!resume);
   if (!r.ok()) return Die("drain", r.status());
   const auto start = std::chrono::steady_clock::now();
-  auto done = [](const kvtier::DrainResult& d) {
+  auto done = [](const kvtier::DrainStatus& d) {
     return d.gpu_blocks_left == 0 && d.host_blocks_unspilled == 0 && d.spills_in_flight == 0;
   };
   while (!resume && !no_wait && !done(*r) &&

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "protocol/base/clock.h"
+#include "protocol/base/operator_reports.h"
 #include "protocol/base/status.h"
 #include "storage/io/io_engine.h"
 #include "storage/io/slot_files.h"
@@ -96,13 +97,6 @@ struct NvmeCounters {
   uint64_t files_lost = 0;  // slot files deleted, truncated or replaced while in use
   uint64_t evictions = 0;
   uint64_t syncs = 0;
-};
-
-struct VerifyReport {
-  uint64_t checked = 0;
-  uint64_t dropped = 0;  // did not verify (or could not be read); entry removed
-  double seconds = 0;
-  Status status;  // OK unless the scrub itself could not run
 };
 
 class NvmeTier {
