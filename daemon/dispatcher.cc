@@ -516,13 +516,13 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
                                    c.events, c.messages, c.dropped, c.refused, c.retracted, c.first_sequence);
   }
   auto body = fb::CreateStatsReply(
-              builder_, builder_.CreateString(info_->version), static_cast<double>(now - info_->started_ns) * 1e-9,
-              builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec, session_count,
-              cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions, cc.promotions,
-              static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions, cc.refetches_after_evict,
-              nvme ? nvme->counters().spill_bytes : 0, nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(),
-              evictions_total, remote, events)
-              .Union();
+                  builder_, builder_.CreateString(info_->version), static_cast<double>(now - info_->started_ns) * 1e-9,
+                  builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec, session_count,
+                  cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions, cc.promotions,
+                  static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions, cc.refetches_after_evict,
+                  nvme ? nvme->counters().spill_bytes : 0, nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(),
+                  evictions_total, remote, events)
+                  .Union();
   return {fb::Reply::StatsReply, body};
 }
 
@@ -597,7 +597,7 @@ Dispatcher::Reply Dispatcher::OnDrain(SessionContext& ctx, const fb::Request& re
   }
   const DrainStatus d = cache_->Drain();
   return {fb::Reply::DrainReply, fb::CreateDrainReply(builder_, d.draining, d.gpu_blocks_left, d.gpu_blocks_pinned,
-                                                     d.host_blocks_unspilled, d.spills_in_flight)
+                                                      d.host_blocks_unspilled, d.spills_in_flight)
                                      .Union()};
 }
 

@@ -121,8 +121,7 @@ class Dispatcher {
   // response to go through the session's async_sink). Handlers `return SomeError(...)`.
   struct Reply {
     Reply(Status s) : status(std::move(s)) {}  // NOLINT(google-explicit-constructor): errors convert
-    Reply(fb::Reply type, BodyOffset body, std::vector<int> fds = {})
-        : type(type), body(body), fds(std::move(fds)) {}
+    Reply(fb::Reply type, BodyOffset body, std::vector<int> fds = {}) : type(type), body(body), fds(std::move(fds)) {}
     static Reply Later() {
       Reply r(Status::Ok());
       r.later = true;

@@ -152,7 +152,7 @@ Result<VerifyReport> ControlClient::Verify() {
 }
 
 Result<std::vector<BlockExplanation>> ControlClient::Explain(std::span<const BlockHash> hashes,
-                                                                 const std::string& namespace_id) {
+                                                             const std::string& namespace_id) {
   auto& b = conn_->builder();
   auto hv = HashesToWire(b, hashes);
   auto ns = b.CreateString(namespace_id);
@@ -180,7 +180,7 @@ Result<std::vector<BlockExplanation>> ControlClient::Explain(std::span<const Blo
 }
 
 Result<std::vector<BlockInfo>> ControlClient::Blocks(std::optional<TierKind> tier, const std::string& namespace_id,
-                                                          bool by_recent, uint32_t limit) {
+                                                     bool by_recent, uint32_t limit) {
   auto& b = conn_->builder();
   auto ns = b.CreateString(namespace_id);
   const auto order = by_recent ? fb::BlockOrder::Recent : fb::BlockOrder::Hits;

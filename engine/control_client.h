@@ -126,11 +126,11 @@ class ControlClient {
   // One entry per hash: why it is or is not a hit. `namespace_id` "" asks every namespace
   // the caller may see (a non-admin: its own tenant's).
   Result<std::vector<BlockExplanation>> Explain(std::span<const BlockHash> hashes,
-                                                    const std::string& namespace_id = "");
+                                                const std::string& namespace_id = "");
   // The top blocks of a tier (nullopt: GPU and host) by hits, or by recency.
   // kFailedPrecondition for a tier that is not configured.
   Result<std::vector<BlockInfo>> Blocks(std::optional<TierKind> tier, const std::string& namespace_id = "",
-                                             bool by_recent = false, uint32_t limit = 20);
+                                        bool by_recent = false, uint32_t limit = 20);
   // Admin: evicts `bytes` of cached blocks from `tier` (kInvalidArgument: not configured).
   Result<EvictReport> Evict(TierKind tier, uint64_t bytes);
   // Admin: starts (start) or ends a drain; with `query` only reports its progress.

@@ -22,8 +22,8 @@
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 #include "protocol/codec.h"
-#include "protocol/op_table.h"
 #include "protocol/framing.h"
+#include "protocol/op_table.h"
 #include "tests/fuzz/seed_frames.h"
 
 using namespace kvtier;

@@ -1,0 +1,81 @@
+#pragma once
+// Session: one connection to kvtierd's socket. Reads frames into a FrameAssembler, hands
+// each to the Dispatcher, queues the responses (with their descriptors) and writes them
+// out without blocking; watches its peer's process through a pidfd. Lives in the Server's
+// session map and in the handlers it has outstanding; the Server decides admission,
+// expiry and quarantine (server.h states those rules).
+//
+// Owned by the control thread; not thread-safe.
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "daemon/dispatcher.h"
+#include "protocol/base/status.h"
+#include "protocol/framing.h"
+
+namespace kvtier {
+
+class Server;
+
+// Whether the process behind `pidfd` has exited (a pidfd turns readable when it does).
+bool PidfdExited(int pidfd);
+
+class Session : public std::enable_shared_from_this<Session>, public ReplySink {
+ public:
+  Session(Server* server, boost::asio::local::stream_protocol::socket socket, SessionId id, const ucred& cred);
+  ~Session() override;
+
+  SessionContext& ctx() { return ctx_; }
+  const SessionContext& ctx() const { return ctx_; }
+
+  // Reads the peer's groups, watches its process and starts reading frames.
+  void Start();
+  // Answers the connection with `why` (an error frame, request id 0) and closes it.
+  void Refuse(const Status& why);
+  // Idempotent. Drops the session's cache state and forgets it; leased pages go into
+  // quarantine while the peer's process lives.
+  void Close();
+
+  int64_t last_active_ns() const { return last_active_ns_; }
+  uid_t uid() const { return cred_.uid; }
+
+ private:
+  void Read();
+  // The peer's process exiting closes the session even if the socket lives on elsewhere.
+  void WatchPeerProcess();
+  void WaitPeerExit();
+  void OnRead(const boost::system::error_code& ec, size_t n);
+  // Serves up to kFramesPerTurn frames, then yields to other sessions.
+  void Process();
+  // ReplySink: queues a response; one that arrives outside Process() is flushed now.
+  void Send(std::span<const uint8_t> frame, std::span<const int> fds) override;
+  // Writes what is queued without blocking; waits for the socket when it is full.
+  void Flush();
+
+  Server* server_;
+  boost::asio::local::stream_protocol::socket socket_;
+  FrameAssembler in_;
+  SessionContext ctx_;
+  std::vector<uint8_t> out_;
+  size_t out_off_ = 0;
+  std::vector<int> out_fds_;  // dups, closed once sent
+  bool reading_ = false;
+  bool waiting_write_ = false;
+  bool paused_ = false;
+  bool closed_ = false;
+  bool processing_ = false;
+  std::unique_ptr<boost::asio::posix::stream_descriptor> pidfd_;
+  int64_t last_active_ns_ = 0;
+  ucred cred_;
+  bool counted_ = false;  // in server_->per_uid_
+};
+
+}  // namespace kvtier
