@@ -61,7 +61,7 @@ Status Walk(const YAML::Node& node, const std::string& prefix, DaemonConfig* con
     if (!kv.first.IsScalar()) return InvalidArgument("config has a non-scalar key under '" + prefix + "'");
     const std::string path = prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar();
     if (const ConfigKey* k = FindKey(path)) {
-      KVTIER_RETURN_IF_ERROR(k->set(kv.second, config));
+      KVTIER_RETURN_IF_ERROR(k->set(std::string(k->path), kv.second, config));
     } else if (IsSection(path)) {
       if (kv.second.IsNull()) continue;  // an empty section keeps its defaults
       KVTIER_RETURN_IF_ERROR(Walk(kv.second, path, config));

@@ -7,12 +7,14 @@
 // directory. Value type; thread-compatible.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "daemon/cache/cache_types.h"
 #include "daemon/events/kv_events.h"
+#include "kernels/kv_layout.h"
 #include "protocol/base/defaults.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/status.h"
@@ -33,15 +35,15 @@ struct NvmeTierConfig {
   std::vector<File> files;  // none: no NVMe tier
   std::string io_backend = IoEngineOptions{}.backend;
   uint32_t queue_depth = IoEngineOptions{}.queue_depth;
-  std::string durability = "strict";
-  std::string write_policy = "write_back";
+  Durability durability = Durability::kStrict;
+  WritePolicy write_policy = WritePolicy::kWriteBack;
   bool prefetch = false;
   double high_watermark = NvmeTierOptions{}.high_watermark;
   double low_watermark = NvmeTierOptions{}.low_watermark;
   std::string policy = NvmeTierOptions{}.policy;
   uint64_t index_cache_bytes = 16ull << 20;
   uint64_t verify_bytes_per_s = NvmeTierOptions{}.verify_bytes_per_s;
-  std::string quantization = "none";  // none | int8 | fp8: the form of opted-in tenants' blocks
+  std::optional<QuantKind> quantization;  // the form of opted-in tenants' blocks; none: full width
   bool enabled() const { return !files.empty(); }
   bool operator==(const NvmeTierConfig&) const = default;
 };
@@ -49,7 +51,7 @@ struct NvmeTierConfig {
 // The remote tier: a Redis Cluster (or one Redis) shared by the kvtierd nodes of a fleet.
 struct RemoteTierConfig {
   std::vector<std::string> nodes;  // seed nodes, host:port; none: no remote tier
-  std::string write_policy = "write_through";
+  WritePolicy write_policy = WritePolicy::kWriteThrough;
   int64_t connect_timeout_ns = RedisClusterOptions{}.connect_timeout_ns;
   int64_t timeout_ns = RedisClusterOptions{}.timeout_ns;
   uint32_t connections_per_node = RedisClusterOptions{}.connections_per_node;

@@ -11,6 +11,29 @@
 namespace kvtier {
 namespace {
 
+Result<std::string> Scalar(std::string_view path, const YAML::Node& n);
+
+// "a", "a or b", "a, b or c".
+template <typename E, size_t N>
+std::string Alternatives(const std::pair<std::string_view, E> (&names)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) out += i + 1 == N ? " or " : ", ";
+    out += names[i].first;
+  }
+  return out;
+}
+
+// One of the words an enum's owner exports for its values.
+template <typename E, size_t N>
+Result<E> Choice(const std::string& key, const YAML::Node& n, const std::pair<std::string_view, E> (&names)[N]) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
+  for (const auto& [name, value] : names) {
+    if (s == name) return value;
+  }
+  return ConfigKeyError(key, "'" + s + "' is not " + Alternatives(names));
+}
+
 Result<std::string> Scalar(std::string_view path, const YAML::Node& n) {
   if (!n.IsScalar()) return ConfigKeyError(path, "expected a scalar value");
   return n.Scalar();
@@ -149,7 +172,7 @@ Result<std::string> Path(std::string_view path, const YAML::Node& n) {
 }
 
 #define KVTIER_SET(expr_result, field)                 \
-  [](const YAML::Node& n, DaemonConfig* c) -> Status { \
+  [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status { \
     KVTIER_ASSIGN_OR_RETURN(c->field, expr_result);    \
     return Status::Ok();                               \
   }
@@ -160,105 +183,105 @@ const std::vector<ConfigKey>& ConfigKeys() {
   static const std::vector<ConfigKey> keys = {
       {"socket.path", "./var/kvtierd.sock",
        "Unix socket that engines and kvctl connect to. Clients use this path by default.",
-       KVTIER_SET(Path("socket.path", n), socket_path)},
+       KVTIER_SET(Path(key, n), socket_path)},
       {"socket.group", "\"\"",
        "Group that owns the socket (and the socket's directory when kvtierd creates it); "
        "engines of users in it may connect. A name or a number; empty: the daemon's group.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
-         KVTIER_ASSIGN_OR_RETURN(c->socket_group, Scalar("socket.group", n));
+         KVTIER_ASSIGN_OR_RETURN(c->socket_group, Scalar(key, n));
          return Status::Ok();
        }},
       {"socket.mode", "0660",
        "Permissions of the socket, in octal. Others never get access: the owner and the group "
        "are who may connect.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("socket.mode", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
          char* end = nullptr;
          const unsigned long v = std::strtoul(s.c_str(), &end, 8);
          if (s.empty() || *end != '\0' || v > 0777)
-           return ConfigKeyError("socket.mode", "'" + s + "' is not an octal mode like 0660");
+           return ConfigKeyError(key, "'" + s + "' is not an octal mode like 0660");
          if (v & 0007)
-           return ConfigKeyError("socket.mode", "'" + s + "' gives others access; use the group (socket.group)");
+           return ConfigKeyError(key, "'" + s + "' gives others access; use the group (socket.group)");
          if ((v & 0600) != 0600)
-           return ConfigKeyError("socket.mode", "'" + s + "' does not let the daemon's user connect");
+           return ConfigKeyError(key, "'" + s + "' does not let the daemon's user connect");
          c->socket_mode = static_cast<uint32_t>(v);
          return Status::Ok();
        }},
       {"data_dir", "./var", "State directory: lock file now; index and slot files with NVMe.",
-       KVTIER_SET(Path("data_dir", n), data_dir)},
+       KVTIER_SET(Path(key, n), data_dir)},
       {"log_level", "info", "error | warning | notice | info | debug (stderr, journald priorities).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("log_level", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
          if (!ParseLogLevel(s, &c->log_level)) {
-           return ConfigKeyError("log_level", "'" + s + "' is not one of error, warning, notice, info, debug");
+           return ConfigKeyError(key, "'" + s + "' is not one of error, warning, notice, info, debug");
          }
          return Status::Ok();
        }},
       {"protocol.max_frame_bytes", "1MiB",
        "Largest request frame accepted; a larger one is answered with an error and its "
        "connection closed.",
-       KVTIER_SET((Bytes("protocol.max_frame_bytes", n, 4096, 64ull << 20)), max_frame_bytes)},
+       KVTIER_SET((Bytes(key, n, 4096, 64ull << 20)), max_frame_bytes)},
       {"protocol.max_sessions", "1024", "Connections served at once; more are refused.",
-       KVTIER_SET((Integer<uint32_t>("protocol.max_sessions", n, 1, 1 << 20)), max_sessions)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), max_sessions)},
       {"protocol.max_pending_output", "16MiB",
        "Responses buffered for a session that does not read them; above it the daemon stops "
        "reading that session's requests until it catches up.",
-       KVTIER_SET((Bytes("protocol.max_pending_output", n, 64 * 1024, 1ull << 32)), max_pending_output_bytes)},
+       KVTIER_SET((Bytes(key, n, 64 * 1024, 1ull << 32)), max_pending_output_bytes)},
       {"protocol.max_entries_per_request", "auto",
        "Most pages or hashes one request may name. auto: as many as the largest request "
        "(a Commit with 32-byte hashes, 68 bytes an entry) fits in protocol.max_frame_bytes "
        "(15,405 at 1 MiB); a number above that is refused.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          c->max_entries_auto = n.IsScalar() && n.Scalar() == "auto";
          if (c->max_entries_auto) return Status::Ok();  // resolved once max_frame_bytes is known
          KVTIER_ASSIGN_OR_RETURN(c->max_entries_per_request,
-                                 (Integer<uint32_t>("protocol.max_entries_per_request", n, 1, 1 << 24)));
+                                 (Integer<uint32_t>(key, n, 1, 1 << 24)));
          return Status::Ok();
        }},
       {"protocol.heartbeat_ttl", "0",
        "A session that sends nothing (not even Ping) for this long is expired: its references "
        "are dropped and its leased pages quarantined until its process exits. 0: never.",
-       KVTIER_SET((Duration("protocol.heartbeat_ttl", n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
+       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
                   heartbeat_ttl_ns)},
       {"protocol.hello_timeout", "10s",
        "A connection that has not sent Hello this long after connecting is answered with an "
        "error and closed (0: never).",
-       KVTIER_SET((Duration("protocol.hello_timeout", n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
+       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
                   hello_timeout_ns)},
       {"protocol.max_sessions_per_uid", "256",
        "Connections one uid may hold at once (admins excepted); 0: no limit but max_sessions.",
-       KVTIER_SET((Integer<uint32_t>("protocol.max_sessions_per_uid", n, 0, 1 << 20)), max_sessions_per_uid)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), max_sessions_per_uid)},
       {"protocol.admin_sessions", "8",
        "Of max_sessions, how many only admins (root, the daemon's uid, security.admin_uids) "
        "may take, so kvctl always gets in.",
-       KVTIER_SET((Integer<uint32_t>("protocol.admin_sessions", n, 0, 1 << 20)), admin_sessions)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), admin_sessions)},
       {"security.allow_unknown", "true",
        "A peer whose uid and groups match no tenant in security.tenants: true gives it a "
        "tenant of its own (uid=U, with security.unknown_quota); false refuses it at Hello.",
-       KVTIER_SET(Boolean("security.allow_unknown", n), security.allow_unknown)},
+       KVTIER_SET(Boolean(key, n), security.allow_unknown)},
       {"security.admin_uids", "[]",
        "uids allowed admin operations (verify, evict, drain, other sessions' details), "
        "besides root and the daemon's own uid.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(c->security.admin_uids, IdList("security.admin_uids", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->security.admin_uids, IdList(key, n));
          return Status::Ok();
        }},
       {"security.max_leased_share", "0.5",
        "The most of a tier's pages one session may hold leased (allocated, not yet committed) "
        "at once, so one engine cannot take a whole tier (one that arrived first included); a "
        "tenant with a quota on the tier is bounded by its quota instead. 1: no cap.",
-       KVTIER_SET(Fraction("security.max_leased_share", n), security.max_leased_share)},
+       KVTIER_SET(Fraction(key, n), security.max_leased_share)},
       {"security.unknown_quota", "{host: 0, gpu: 0}",
        "Most each unknown tenant may hold per tier (0: no limit); host and GPU only (NVMe and remote "
        "limits are for configured tenants).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         return TierBytesMap("security.unknown_quota", n, &c->security.unknown_quota);
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         return TierBytesMap(key, n, &c->security.unknown_quota);
        }},
       {"security.unknown_kv_quantization", "false",
        "Whether unknown tenants' blocks may be stored quantized where a tier quantizes "
        "(tiers.nvme.quantization); configured tenants say so themselves (kv_quantization).",
-       KVTIER_SET(Boolean("security.unknown_kv_quantization", n), security.unknown_kv_quantization)},
+       KVTIER_SET(Boolean(key, n), security.unknown_kv_quantization)},
       {"security.tenants", "[]",
        "Tenants by peer identity. Blocks are shared only within a tenant (and model). E.g. "
        "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, gpu: 20GiB, nvme: 100GiB, "
@@ -266,8 +289,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "per tier (remote: what this kvtierd keeps in the cluster for it, oldest deleted first); "
        "reserve is what other tenants can never push it below (host, GPU, NVMe); kv_quantization: "
        "true lets its blocks be stored quantized where a tier quantizes (lossy; default false).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         const std::string key = "security.tenants";
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of {name, uids, gids, quota, reserve}");
          c->security.tenants.clear();
@@ -302,32 +324,32 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return Status::Ok();
        }},
       {"metrics.listen", "127.0.0.1", "Address of the Prometheus endpoint (GET /metrics).",
-       KVTIER_SET(Path("metrics.listen", n), metrics_listen)},
+       KVTIER_SET(Path(key, n), metrics_listen)},
       {"metrics.port", "9490",
        "TCP port of the Prometheus endpoint; 0 picks a free port "
        "(kvctl status shows it), -1 turns the endpoint off.",
-       KVTIER_SET((Integer<int>("metrics.port", n, -1, 65535)), metrics_port)},
+       KVTIER_SET((Integer<int>(key, n, -1, 65535)), metrics_port)},
       {"metrics.stall_timeout", "10s",
        "/healthz on the metrics port answers 503 once the control loop has not run for this "
        "long (a liveness probe then restarts kvtierd).",
-       KVTIER_SET((Duration("metrics.stall_timeout", n, 500'000'000, 3'600'000'000'000, false, "500ms..1h")),
+       KVTIER_SET((Duration(key, n, 500'000'000, 3'600'000'000'000, false, "500ms..1h")),
                   metrics_stall_timeout_ns)},
       {"tiers.host.enabled", "true", "The pinned host-RAM tier (a memfd pool shared with engines).",
-       KVTIER_SET(Boolean("tiers.host.enabled", n), host.enabled)},
+       KVTIER_SET(Boolean(key, n), host.enabled)},
       {"tiers.host.capacity", "1GiB", "Size of the host pool; a multiple of segment_bytes.",
-       KVTIER_SET((Bytes("tiers.host.capacity", n, 4096, 1ull << 44)), host.capacity_bytes)},
+       KVTIER_SET((Bytes(key, n, 4096, 1ull << 44)), host.capacity_bytes)},
       {"tiers.host.page_bytes", "2MiB",
        "Size of one page (one KV block); a multiple of 4 KiB that divides segment_bytes.",
-       KVTIER_SET((Bytes("tiers.host.page_bytes", n, 4096, 1ull << 30)), host.page_bytes)},
+       KVTIER_SET((Bytes(key, n, 4096, 1ull << 30)), host.page_bytes)},
       {"tiers.host.segment_bytes", "256MiB",
        "Size of one shared-memory segment. A segment holds one tenant's pages at a time and "
        "is mapped whole by that tenant's engines.",
-       KVTIER_SET((Bytes("tiers.host.segment_bytes", n, 4096, 1ull << 40)), host.segment_bytes)},
+       KVTIER_SET((Bytes(key, n, 4096, 1ull << 40)), host.segment_bytes)},
       {"tiers.host.huge_pages", "auto",
        "auto: 2 MiB hugetlb pages when enough are free, else 4 KiB pages; on: hugetlb or fail "
        "at start; off: 4 KiB pages.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.host.huge_pages", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
          if (s == "auto")
            c->host.huge_pages = HugePages::kAuto;
          else if (s == "on" || s == "true")
@@ -335,71 +357,70 @@ const std::vector<ConfigKey>& ConfigKeys() {
          else if (s == "off" || s == "false")
            c->host.huge_pages = HugePages::kOff;
          else
-           return ConfigKeyError("tiers.host.huge_pages", "'" + s + "' is not auto, on or off");
+           return ConfigKeyError(key, "'" + s + "' is not auto, on or off");
          return Status::Ok();
        }},
       {"tiers.host.high_watermark", "0.85",
        "Above this fraction of capacity in use, cached blocks are evicted (the usual "
        "cpu_offload_threshold).",
-       KVTIER_SET(Fraction("tiers.host.high_watermark", n), host.high_watermark)},
+       KVTIER_SET(Fraction(key, n), host.high_watermark)},
       {"tiers.host.low_watermark", "0.75", "Eviction stops at this fraction of capacity in use.",
-       KVTIER_SET(Fraction("tiers.host.low_watermark", n), host.low_watermark)},
+       KVTIER_SET(Fraction(key, n), host.low_watermark)},
       {"tiers.host.allocation_headroom", "2",
        "With an NVMe tier: keep free, or already on their way to NVMe, the host pages engines "
        "allocate in this many spill round trips at the recent allocation rate, evicting below the "
        "high watermark when that needs more (at most half the tier), so that an Allocate "
        "seldom waits for a spill. 0: the watermarks alone.",
-       KVTIER_SET(Number("tiers.host.allocation_headroom", n, 0, 64), host.allocation_headroom)},
+       KVTIER_SET(Number(key, n, 0, 64), host.allocation_headroom)},
       {"tiers.host.overcommit", "false",
        "Start even when the host pool (plus a host-emulated GPU pool) is larger than the "
        "machine's memory (MemTotal, or the cgroup's memory limit when lower); without it such "
        "a config is refused, since the pool would be OOM-killed once it fills.",
-       KVTIER_SET(Boolean("tiers.host.overcommit", n), host_overcommit)},
+       KVTIER_SET(Boolean(key, n), host_overcommit)},
       {"tiers.host.policy", "adaptive",
        "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, adaptive (the best "
        "measured; docs/benchmarks.md).",
-       KVTIER_SET(Path("tiers.host.policy", n), host.policy)},
+       KVTIER_SET(Path(key, n), host.policy)},
       {"tiers.gpu.enabled", "false",
        "A GPU tier: daemon-owned HBM pages engines lease and share (managed-pool mode); "
        "cached GPU blocks are demoted to host pages above the high watermark.",
-       KVTIER_SET(Boolean("tiers.gpu.enabled", n), gpu.enabled)},
+       KVTIER_SET(Boolean(key, n), gpu.enabled)},
       {"tiers.gpu.backend", "auto",
        "auto: CUDA when a GPU is visible, else no GPU tier; cuda: fail at start without one; "
        "host-emulated: device memory emulated in host RAM (tests, development).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.gpu.backend", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
          if (s != "auto" && s != "cuda" && s != "host-emulated") {
-           return ConfigKeyError("tiers.gpu.backend", "'" + s + "' is not auto, cuda or host-emulated");
+           return ConfigKeyError(key, "'" + s + "' is not auto, cuda or host-emulated");
          }
          c->gpu_backend = s;
          return Status::Ok();
        }},
       {"tiers.gpu.device", "0", "CUDA device of the GPU tier.",
-       KVTIER_SET((Integer<int>("tiers.gpu.device", n, 0, 1023)), gpu_device)},
+       KVTIER_SET((Integer<int>(key, n, 0, 1023)), gpu_device)},
       {"tiers.gpu.capacity", "1GiB", "Size of the GPU pool; a multiple of segment_bytes.",
-       KVTIER_SET((Bytes("tiers.gpu.capacity", n, 4096, 1ull << 44)), gpu.capacity_bytes)},
+       KVTIER_SET((Bytes(key, n, 4096, 1ull << 44)), gpu.capacity_bytes)},
       {"tiers.gpu.segment_bytes", "256MiB",
        "Size of one exported allocation. One never holds two tenants' pages (a legacy IPC "
        "handle maps the whole allocation).",
-       KVTIER_SET((Bytes("tiers.gpu.segment_bytes", n, 4096, 1ull << 40)), gpu.segment_bytes)},
+       KVTIER_SET((Bytes(key, n, 4096, 1ull << 40)), gpu.segment_bytes)},
       {"tiers.gpu.high_watermark", "0.90", "Above this fraction in use, cached GPU blocks move to host.",
-       KVTIER_SET(Fraction("tiers.gpu.high_watermark", n), gpu.high_watermark)},
+       KVTIER_SET(Fraction(key, n), gpu.high_watermark)},
       {"tiers.gpu.low_watermark", "0.80", "Demotion stops at this fraction in use.",
-       KVTIER_SET(Fraction("tiers.gpu.low_watermark", n), gpu.low_watermark)},
+       KVTIER_SET(Fraction(key, n), gpu.low_watermark)},
       {"tiers.gpu.allocation_headroom", "2",
        "As tiers.host.allocation_headroom, for GPU pages and their copies down to host: keep free "
        "the GPU pages engines lease in this many demotion round trips at the recent rate. 0: the "
        "watermarks alone.",
-       KVTIER_SET(Number("tiers.gpu.allocation_headroom", n, 0, 64), gpu.allocation_headroom)},
+       KVTIER_SET(Number(key, n, 0, 64), gpu.allocation_headroom)},
       {"tiers.gpu.policy", "adaptive", "Eviction policy of cached GPU blocks (as tiers.host.policy).",
-       KVTIER_SET(Path("tiers.gpu.policy", n), gpu.policy)},
+       KVTIER_SET(Path(key, n), gpu.policy)},
       {"tiers.nvme.files", "[]",
        "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity (unless "
        "preallocate: false, which leaves it sparse: spills may then meet a full file system) and "
        "cut into slots of tiers.host.page_bytes, e.g. "
        "[{path: /var/lib/kvtier/slots0, capacity: 200GiB}].",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         const std::string key = "tiers.nvme.files";
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of {path, capacity}");
          c->nvme.files.clear();
@@ -427,56 +448,43 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.nvme.io_backend", "auto",
        "auto: io_uring when it can be set up (kernel.io_uring_disabled and seccomp can prevent "
        "it), else threads; io_uring: fail at start without it; threads: pread/pwrite workers.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.io_backend", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
          if (s != "auto" && s != "io_uring" && s != "threads") {
-           return ConfigKeyError("tiers.nvme.io_backend", "'" + s + "' is not auto, io_uring or threads");
+           return ConfigKeyError(key, "'" + s + "' is not auto, io_uring or threads");
          }
          c->nvme.io_backend = s;
          return Status::Ok();
        }},
       {"tiers.nvme.queue_depth", "256", "Most NVMe reads and writes in flight.",
-       KVTIER_SET((Integer<uint32_t>("tiers.nvme.queue_depth", n, 1, 4096)), nvme.queue_depth)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), nvme.queue_depth)},
       {"tiers.nvme.durability", "strict",
        "strict: a spilled block counts only once its bytes are fdatasync'ed and its index "
        "entry synced (one sync covers many blocks); relaxed: neither (a crash may lose recent "
        "entries, never serve wrong bytes).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.durability", n));
-         if (s != "strict" && s != "relaxed")
-           return ConfigKeyError("tiers.nvme.durability", "'" + s + "' is not strict or relaxed");
-         c->nvme.durability = s;
-         return Status::Ok();
-       }},
+       KVTIER_SET(Choice(key, n, kDurabilityNames), nvme.durability)},
       {"tiers.nvme.write_policy", "write_back",
        "write_back: a block is spilled when it is demoted from the host tier; write_through: "
        "every committed block is also spilled in the background, so a restart keeps it.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.write_policy", n));
-         if (s != "write_back" && s != "write_through") {
-           return ConfigKeyError("tiers.nvme.write_policy", "'" + s + "' is not write_back or write_through");
-         }
-         c->nvme.write_policy = s;
-         return Status::Ok();
-       }},
+       KVTIER_SET(Choice(key, n, kWritePolicyNames), nvme.write_policy)},
       {"tiers.nvme.prefetch", "false",
        "Lookup starts reading NVMe hits into free host pages, so the Acquire that follows "
        "waits less.",
-       KVTIER_SET(Boolean("tiers.nvme.prefetch", n), nvme.prefetch)},
+       KVTIER_SET(Boolean(key, n), nvme.prefetch)},
       {"tiers.nvme.high_watermark", "0.95", "Above this fraction of slots in use the coldest NVMe blocks are dropped.",
-       KVTIER_SET(Fraction("tiers.nvme.high_watermark", n), nvme.high_watermark)},
+       KVTIER_SET(Fraction(key, n), nvme.high_watermark)},
       {"tiers.nvme.low_watermark", "0.90", "Dropping stops at this fraction of slots in use.",
-       KVTIER_SET(Fraction("tiers.nvme.low_watermark", n), nvme.low_watermark)},
+       KVTIER_SET(Fraction(key, n), nvme.low_watermark)},
       {"tiers.nvme.policy", "lru",
        "Eviction policy of NVMe blocks: lru or arc (no prefix order: "
        "the NVMe index does not track parents).",
-       KVTIER_SET(Path("tiers.nvme.policy", n), nvme.policy)},
+       KVTIER_SET(Path(key, n), nvme.policy)},
       {"tiers.nvme.index_cache", "16MiB", "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
-       KVTIER_SET((Bytes("tiers.nvme.index_cache", n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
+       KVTIER_SET((Bytes(key, n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
       {"tiers.nvme.verify_rate", "0",
        "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
        "of a large tier leaves the disk to fetches and spills; 0: as fast as the disk goes.",
-       KVTIER_SET((Bytes("tiers.nvme.verify_rate", n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
+       KVTIER_SET((Bytes(key, n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
       {"tiers.nvme.quantization", "none",
        "int8 or fp8: blocks of tenants that opted in (security.tenants[].kv_quantization) are "
        "stored on NVMe quantized, one scale per token and head, and dequantized when read back "
@@ -484,20 +492,24 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "same NVMe holds about twice the blocks, and blocks of other tenants, or of layouts the "
        "kernels cannot quantize (not 2-byte floats, head_dim < 128), do not go to NVMe. none: "
        "full width.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.nvme.quantization", n));
-         if (s != "none" && s != "int8" && s != "fp8") {
-           return ConfigKeyError("tiers.nvme.quantization", "'" + s + "' is not none, int8 or fp8");
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
+         if (s == "none") {
+           c->nvme.quantization.reset();
+           return Status::Ok();
          }
-         c->nvme.quantization = s;
-         return Status::Ok();
+         for (const auto& [name, kind] : kQuantKindNames) {
+           if (s != name) continue;
+           c->nvme.quantization = kind;
+           return Status::Ok();
+         }
+         return ConfigKeyError(key, "'" + s + "' is not none, " + Alternatives(kQuantKindNames));
        }},
       {"tiers.remote.nodes", "[]",
        "Seed nodes of a Redis Cluster (or one standalone Redis) shared by the kvtierd nodes of "
        "a fleet, as host:port; none means no remote tier. The rest of the cluster is found "
        "with CLUSTER SLOTS, e.g. [\"10.0.0.5:7000\", \"10.0.0.6:7000\"].",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         const std::string key = "tiers.remote.nodes";
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of host:port");
          c->remote.nodes.clear();
@@ -515,50 +527,43 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "write_through: every block committed to host is also put into the cluster in the "
        "background (other nodes reuse it at once); write_back: a block is put when it leaves "
        "host memory and the cluster does not hold it yet.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("tiers.remote.write_policy", n));
-         if (s != "write_back" && s != "write_through") {
-           return ConfigKeyError("tiers.remote.write_policy", "'" + s + "' is not write_back or write_through");
-         }
-         c->remote.write_policy = s;
-         return Status::Ok();
-       }},
+       KVTIER_SET(Choice(key, n, kWritePolicyNames), remote.write_policy)},
       {"tiers.remote.connect_timeout", "200ms", "Longest wait for a connection to a cluster node.",
-       KVTIER_SET((Duration("tiers.remote.connect_timeout", n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
+       KVTIER_SET((Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
                   remote.connect_timeout_ns)},
       {"tiers.remote.timeout", "1s",
        "Longest wait for a request's reply, from the call (time queued behind a slow node "
        "included); past it the request is a miss and the connection is opened again.",
-       KVTIER_SET((Duration("tiers.remote.timeout", n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
+       KVTIER_SET((Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
                   remote.timeout_ns)},
       {"tiers.remote.connections_per_node", "2",
        "Connections to each master for block values (GET, SET), each with its own thread; "
        "lookups (EXISTS) have one more of their own.",
-       KVTIER_SET((Integer<uint32_t>("tiers.remote.connections_per_node", n, 1, 64)), remote.connections_per_node)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 64)), remote.connections_per_node)},
       {"tiers.remote.max_batch", "64", "Most requests a connection writes at once (pipelining).",
-       KVTIER_SET((Integer<uint32_t>("tiers.remote.max_batch", n, 1, 4096)), remote.max_batch)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.max_batch)},
       {"tiers.remote.breaker_failures", "3",
        "Failed batches in a row after which a node's circuit breaker opens: its requests are "
        "misses at once, without being sent.",
-       KVTIER_SET((Integer<uint32_t>("tiers.remote.breaker_failures", n, 1, 1000)), remote.breaker_failures)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1000)), remote.breaker_failures)},
       {"tiers.remote.breaker_open", "1s",
        "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing); "
        "meanwhile the node is PINGed every 250 ms and the breaker closes when it answers.",
-       KVTIER_SET((Duration("tiers.remote.breaker_open", n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
+       KVTIER_SET((Duration(key, n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
                   remote.breaker_open_ns)},
       {"tiers.remote.refresh_interval", "10s",
        "How often the slot map is read again (also at once after MOVED or a failing node).",
        KVTIER_SET(
-           (Duration("tiers.remote.refresh_interval", n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
+           (Duration(key, n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
            remote.refresh_interval_ns)},
       {"tiers.remote.key_prefix", "\"kvtier:\"",
        "Prefix of every key kvtierd writes; the rest is 32 hex digits, a hash (keyed by the "
        "fleet secret, when one is set) of tenant, model fingerprint and block hash.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(c->remote.key_prefix, Scalar("tiers.remote.key_prefix", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->remote.key_prefix, Scalar(key, n));
          // A hash tag ({...}) would put every key in one slot: one node holds the whole tier.
          if (c->remote.key_prefix.find_first_of("{}") != std::string::npos) {
-           return ConfigKeyError("tiers.remote.key_prefix", "'" + c->remote.key_prefix +
+           return ConfigKeyError(key, "'" + c->remote.key_prefix +
                                                                 "' has a '{' or '}': a Redis Cluster hash tag would "
                                                                 "put every key in one slot, on one node");
          }
@@ -567,88 +572,88 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.remote.max_nodes", "64",
        "Most masters a slot map may name (a map naming more is not used); each master costs "
        "connections_per_node + 1 threads.",
-       KVTIER_SET((Integer<uint32_t>("tiers.remote.max_nodes", n, 1, 1024)), remote.max_nodes)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1024)), remote.max_nodes)},
       {"tiers.remote.username", "\"\"",
        "Redis ACL user kvtierd authenticates as (AUTH user password); empty: \"default\". Only "
        "with password_file.",
-       KVTIER_SET((Scalar("tiers.remote.username", n)), remote.username)},
+       KVTIER_SET((Scalar(key, n)), remote.username)},
       {"tiers.remote.password_file", "\"\"",
        "File holding the Redis password (one line; readable by kvtierd only, mode 0600 or "
        "0400); empty: no AUTH. The password never goes in this config.",
-       KVTIER_SET((Scalar("tiers.remote.password_file", n)), remote.password_file)},
+       KVTIER_SET((Scalar(key, n)), remote.password_file)},
       {"tiers.remote.secret_file", "\"\"",
        "File holding the fleet secret (at least 32 bytes, the same on every kvtierd sharing "
        "the cluster; mode 0600 or 0400): key names and value tags are keyed by it, so nobody "
        "without it can read a tenant from a key or make a node serve a planted or moved value. "
        "Empty: unkeyed, with a warning at start.",
-       KVTIER_SET((Scalar("tiers.remote.secret_file", n)), remote.secret_file)},
+       KVTIER_SET((Scalar(key, n)), remote.secret_file)},
       {"tiers.remote.max_puts_in_flight", "32",
        "Most puts at once; each pins its block's host page until the cluster answers.",
-       KVTIER_SET((Integer<uint32_t>("tiers.remote.max_puts_in_flight", n, 1, 4096)), remote.max_puts_in_flight)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.max_puts_in_flight)},
       {"events.enabled", "false",
        "Publish KV events (BlockStored, BlockRemoved: vLLM's KV event wire form, which "
        "llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events section in "
        "the config turns them on unless it says enabled: false.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(c->events.enabled, Boolean("events.enabled", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->events.enabled, Boolean(key, n));
          c->events.enabled_given = true;
          return Status::Ok();
        }},
       {"events.publish", "tcp://127.0.0.1:5590",
        "Endpoint the PUB socket binds (tcp://HOST:PORT, ipc://PATH). Loopback by default: "
        "name another address to publish to other hosts. Not 5557, where vLLM publishes.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(c->events.options.publish, Scalar("events.publish", n));
-         return CheckEndpoint("events.publish", c->events.options.publish);
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->events.options.publish, Scalar(key, n));
+         return CheckEndpoint(key, c->events.options.publish);
        }},
       {"events.encoding", "tagged",
        "tagged: each event a map with its type (vLLM since PR #42892, what its current "
        "decoders read); positional: each event an array led by its type (older vLLM and the "
        "routers of that time).",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar("events.encoding", n));
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
          if (s != "tagged" && s != "positional")
-           return ConfigKeyError("events.encoding", "'" + s + "' is not tagged or positional");
+           return ConfigKeyError(key, "'" + s + "' is not tagged or positional");
          c->events.options.encoding = s == "tagged" ? KvEventEncoding::kTagged : KvEventEncoding::kPositional;
          return Status::Ok();
        }},
       {"events.replay", "\"\"",
        "Endpoint of a ROUTER socket that resends kept messages from a sequence number on "
        "(vLLM's replay socket); empty: none.",
-       [](const YAML::Node& n, DaemonConfig* c) -> Status {
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
-         KVTIER_ASSIGN_OR_RETURN(c->events.options.replay, Scalar("events.replay", n));
+         KVTIER_ASSIGN_OR_RETURN(c->events.options.replay, Scalar(key, n));
          return c->events.options.replay.empty() ? Status::Ok()
-                                                 : CheckEndpoint("events.replay", c->events.options.replay);
+                                                 : CheckEndpoint(key, c->events.options.replay);
        }},
       {"events.topic", "kv@{engine}@{model}",
        "Topic of a namespace's messages for each engine attached to it; {engine} (the routable "
        "id the engine declared, else the host name), {host}, {model} (the model id up to its "
        "first '|') and {tenant} are replaced. "
        "Tenants of one model share a topic unless it names {tenant}.",
-       KVTIER_SET(Scalar("events.topic", n), events.options.topic)},
+       KVTIER_SET(Scalar(key, n), events.options.topic)},
       {"events.flush_interval", "50ms", "How often gathered events are sent (a message per topic).",
-       KVTIER_SET((Duration("events.flush_interval", n, 1'000'000, 10'000'000'000, false, "in [1ms, 10s]")),
+       KVTIER_SET((Duration(key, n, 1'000'000, 10'000'000'000, false, "in [1ms, 10s]")),
                   events.options.flush_interval_ns)},
       {"events.batch_size", "256", "Most block hashes in one message.",
-       KVTIER_SET((Integer<uint32_t>("events.batch_size", n, 1, 1 << 16)), events.options.batch_size)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 16)), events.options.batch_size)},
       {"events.buffer_events", "100000",
        "Most events waiting to be sent; past it events are dropped and counted "
        "(kvtier_events_dropped_total).",
-       KVTIER_SET((Integer<uint32_t>("events.buffer_events", n, 1, 1 << 26)), events.options.queue_events)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 26)), events.options.queue_events)},
       {"events.replay_messages", "10000", "Messages kept for the replay socket.",
-       KVTIER_SET((Integer<uint32_t>("events.replay_messages", n, 0, 1 << 22)), events.options.replay_batches)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 22)), events.options.replay_batches)},
       {"events.send_hwm", "1000",
        "Messages queued for each subscriber (ZMQ_SNDHWM; 64 bytes each, payloads are shared); "
        "a subscriber that falls further behind misses messages (the replay socket has them), "
        "it never slows the daemon.",
-       KVTIER_SET((Integer<int>("events.send_hwm", n, 1, 1 << 24)), events.options.send_hwm)},
+       KVTIER_SET((Integer<int>(key, n, 1, 1 << 24)), events.options.send_hwm)},
       {"events.max_subscribers", "64",
        "Most connections to the PUB socket; one past it is shut down when accepted (counted "
        "in kvtier_events_peers_refused_total).",
-       KVTIER_SET((Integer<uint32_t>("events.max_subscribers", n, 1, 65536)), events.options.max_subscribers)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_subscribers)},
       {"events.max_replay_peers", "8", "Most connections to the replay socket; one past it is shut down when accepted.",
-       KVTIER_SET((Integer<uint32_t>("events.max_replay_peers", n, 1, 65536)), events.options.max_replay_peers)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_replay_peers)},
   };
   return keys;
 }

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <functional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -13,12 +14,13 @@
 namespace kvtier {
 
 // One config key: where it lives, its default (as YAML text), what it means, and how to
-// store a parsed value.
+// store a parsed value. `set` is given the key's path (for its errors): each path is
+// written once, in its row.
 struct ConfigKey {
   std::string_view path;      // "tiers.host.capacity"
   std::string_view fallback;  // default, as written in the YAML
   std::string_view comment;
-  std::function<Status(const YAML::Node&, DaemonConfig*)> set;
+  std::function<Status(const std::string& key, const YAML::Node&, DaemonConfig*)> set;
 };
 
 // Every key, in the order DefaultConfigYaml prints them.

@@ -15,7 +15,7 @@ namespace kvtier {
 
 uint64_t NvmeSlotBytes(const DaemonConfig& c) {
   const uint64_t page = c.host.page_bytes;
-  if (c.nvme.quantization == "none") return page;
+  if (!c.nvme.quantization) return page;
   const uint64_t q = (page * 33 + 63) / 64;
   return std::min(page, (q + 4095) / 4096 * 4096);
 }

@@ -141,7 +141,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(TestHooks hooks) {
   NvmeTierOptions o;
   for (const auto& f : c.files) o.files.push_back(SlotFileSpec{f.path, f.capacity_bytes, f.preallocate});
   o.slot_bytes = NvmeSlotBytes(config_);
-  o.durability = c.durability == "relaxed" ? Durability::kRelaxed : Durability::kStrict;
+  o.durability = c.durability;
   o.high_watermark = c.high_watermark;
   o.low_watermark = c.low_watermark;
   o.policy = c.policy;
@@ -236,12 +236,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   }
   std::unique_ptr<NvmeTier> nvme;
   if (config.nvme.enabled()) {
-    co.write_policy =
-        config.nvme.write_policy == "write_through" ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
+    co.write_policy = config.nvme.write_policy;
     co.prefetch = config.nvme.prefetch;
-    if (config.nvme.quantization != "none") {
-      co.nvme_quantization = config.nvme.quantization == "int8" ? QuantKind::kInt8 : QuantKind::kFp8E4M3;
-    }
+    co.nvme_quantization = config.nvme.quantization;
     co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth);
     const fs::space_info space = fs::space(config.data_dir, ec);
     if (!ec && space.available < kMinIndexFreeBytes) {
@@ -296,7 +293,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     KVTIER_ASSIGN_OR_RETURN(
         spec.tier, RemoteTier::Open(
                        ro, [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, observe));
-    spec.options.write_policy = rc.write_policy == "write_back" ? WritePolicy::kWriteBack : WritePolicy::kWriteThrough;
+    spec.options.write_policy = rc.write_policy;
     spec.options.max_puts_in_flight = rc.max_puts_in_flight;
     lower.push_back(std::move(spec));
   }

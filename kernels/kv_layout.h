@@ -20,6 +20,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
+#include <utility>
 
 #include "protocol/base/status.h"
 
@@ -70,6 +72,9 @@ struct KvTransfer {
 // Quantization of a page of fp16/bf16 KV into 1-byte codes with one float scale per
 // (layer, kv, token, head) row of head_dim elements.
 enum class QuantKind : uint8_t { kInt8 = 0, kFp8E4M3 = 1 };
+// The config's words for them (tiers.nvme.quantization).
+inline constexpr std::pair<std::string_view, QuantKind> kQuantKindNames[] = {{"int8", QuantKind::kInt8},
+                                                                              {"fp8", QuantKind::kFp8E4M3}};
 enum class FloatKind : uint8_t { kFp16 = 0, kBf16 = 1 };
 
 struct KvQuantize {

@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "protocol/base/block_key.h"
@@ -72,6 +74,9 @@ struct TierCounts {
 };
 
 enum class WritePolicy { kWriteBack, kWriteThrough };
+// The config's words for them (tiers.nvme.write_policy, tiers.remote.write_policy).
+inline constexpr std::pair<std::string_view, WritePolicy> kWritePolicyNames[] = {
+    {"write_back", WritePolicy::kWriteBack}, {"write_through", WritePolicy::kWriteThrough}};
 
 // Cumulative counters, exported as metrics. hit ratio = block_hits / lookup_blocks.
 struct CacheCounters {

@@ -32,7 +32,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "protocol/base/clock.h"
@@ -55,6 +57,9 @@ enum class Durability {
   kStrict,   // fdatasync the data and sync the index batch before a spill counts as done
   kRelaxed,  // neither: a crash may lose recent entries (never serve wrong bytes)
 };
+// The config's words for them (tiers.nvme.durability).
+inline constexpr std::pair<std::string_view, Durability> kDurabilityNames[] = {{"strict", Durability::kStrict},
+                                                                                {"relaxed", Durability::kRelaxed}};
 
 struct NvmeTierOptions {
   std::vector<SlotFileSpec> files;

@@ -211,12 +211,12 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_TRUE(a.kv_quantization);
   EXPECT_FALSE(c->security.tenants[1].kv_quantization) << "tenants are not quantized unless they opt in";
   EXPECT_FALSE(c->security.unknown_kv_quantization);
-  EXPECT_EQ(c->nvme.quantization, "fp8");
+  EXPECT_EQ(c->nvme.quantization, QuantKind::kFp8E4M3);
   // A quantized tier's slots: 33/64 of a page, in 4 KiB.
   EXPECT_EQ(NvmeSlotBytes(*c), 33ull << 15);  // 2 MiB pages -> 1056 KiB
   DaemonConfig full;
   EXPECT_EQ(NvmeSlotBytes(full), full.host.page_bytes);
-  EXPECT_EQ(c->remote.write_policy, "write_back");
+  EXPECT_EQ(c->remote.write_policy, WritePolicy::kWriteBack);
   EXPECT_EQ(c->remote.timeout_ns, 250'000'000);
   EXPECT_TRUE(c->remote.enabled());
   EXPECT_FALSE(DaemonConfig{}.remote.enabled());
