@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "daemon/cache/cache_types.h"
+#include "daemon/cache/lower_tier_mover.h"
 #include "daemon/events/kv_events.h"
 #include "kernels/kv_layout.h"
 #include "protocol/base/defaults.h"
@@ -49,23 +50,15 @@ struct NvmeTierConfig {
 };
 
 // The remote tier: a Redis Cluster (or one Redis) shared by the kvtierd nodes of a fleet.
+// The tier's and its mover's own option structs, as the config sets them; the daemon
+// adds what is not a key (the password and secret read from their files, the largest
+// value a reply may announce).
 struct RemoteTierConfig {
-  std::vector<std::string> nodes;  // seed nodes, host:port; none: no remote tier
-  WritePolicy write_policy = WritePolicy::kWriteThrough;
-  int64_t connect_timeout_ns = RedisClusterOptions{}.connect_timeout_ns;
-  int64_t timeout_ns = RedisClusterOptions{}.timeout_ns;
-  uint32_t connections_per_node = RedisClusterOptions{}.connections_per_node;
-  uint32_t max_batch = RedisClusterOptions{}.max_batch;
-  uint32_t breaker_failures = RedisClusterOptions{}.breaker_failures;
-  int64_t breaker_open_ns = RedisClusterOptions{}.breaker_open_ns;
-  int64_t refresh_interval_ns = RedisClusterOptions{}.refresh_interval_ns;
-  std::string key_prefix = RemoteTierOptions{}.key_prefix;
-  uint32_t max_nodes = RedisClusterOptions{}.max_nodes;
-  std::string username;       // Redis ACL user
-  std::string password_file;  // the Redis password's file; empty: no AUTH
-  std::string secret_file;    // the fleet secret's file; empty: unkeyed values
-  uint32_t max_puts_in_flight = 32;
-  bool enabled() const { return !nodes.empty(); }
+  RemoteTierOptions tier;         // tier.cluster.seeds: none means no remote tier
+  LowerTierMover::Options mover;  // write policy, puts in flight
+  std::string password_file;      // the Redis password's file; empty: no AUTH
+  std::string secret_file;        // the fleet secret's file; empty: unkeyed values
+  bool enabled() const { return !tier.cluster.seeds.empty(); }
   bool operator==(const RemoteTierConfig&) const = default;
 };
 

@@ -195,7 +195,7 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
   // they are named, even with no nodes (a section not in use is still validated).
   if (!c.remote.password_file.empty()) {
     KVTIER_RETURN_IF_ERROR(ReadSecretFile("tiers.remote.password_file", c.remote.password_file).status());
-  } else if (!c.remote.username.empty()) {
+  } else if (!c.remote.tier.cluster.username.empty()) {
     return InvalidArgument("config key 'tiers.remote.username': set, but tiers.remote.password_file is not");
   }
   if (!c.remote.secret_file.empty()) {

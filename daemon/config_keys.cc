@@ -171,10 +171,10 @@ Result<std::string> Path(std::string_view path, const YAML::Node& n) {
   return s;
 }
 
-#define KVTIER_SET(expr_result, field)                 \
+#define KVTIER_SET(expr_result, field)                                         \
   [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status { \
-    KVTIER_ASSIGN_OR_RETURN(c->field, expr_result);    \
-    return Status::Ok();                               \
+    KVTIER_ASSIGN_OR_RETURN(c->field, expr_result);                            \
+    return Status::Ok();                                                       \
   }
 
 }  // namespace
@@ -201,10 +201,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
          const unsigned long v = std::strtoul(s.c_str(), &end, 8);
          if (s.empty() || *end != '\0' || v > 0777)
            return ConfigKeyError(key, "'" + s + "' is not an octal mode like 0660");
-         if (v & 0007)
-           return ConfigKeyError(key, "'" + s + "' gives others access; use the group (socket.group)");
-         if ((v & 0600) != 0600)
-           return ConfigKeyError(key, "'" + s + "' does not let the daemon's user connect");
+         if (v & 0007) return ConfigKeyError(key, "'" + s + "' gives others access; use the group (socket.group)");
+         if ((v & 0600) != 0600) return ConfigKeyError(key, "'" + s + "' does not let the daemon's user connect");
          c->socket_mode = static_cast<uint32_t>(v);
          return Status::Ok();
        }},
@@ -235,20 +233,17 @@ const std::vector<ConfigKey>& ConfigKeys() {
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          c->max_entries_auto = n.IsScalar() && n.Scalar() == "auto";
          if (c->max_entries_auto) return Status::Ok();  // resolved once max_frame_bytes is known
-         KVTIER_ASSIGN_OR_RETURN(c->max_entries_per_request,
-                                 (Integer<uint32_t>(key, n, 1, 1 << 24)));
+         KVTIER_ASSIGN_OR_RETURN(c->max_entries_per_request, (Integer<uint32_t>(key, n, 1, 1 << 24)));
          return Status::Ok();
        }},
       {"protocol.heartbeat_ttl", "0",
        "A session that sends nothing (not even Ping) for this long is expired: its references "
        "are dropped and its leased pages quarantined until its process exits. 0: never.",
-       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
-                  heartbeat_ttl_ns)},
+       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), heartbeat_ttl_ns)},
       {"protocol.hello_timeout", "10s",
        "A connection that has not sent Hello this long after connecting is answered with an "
        "error and closed (0: never).",
-       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
-                  hello_timeout_ns)},
+       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), hello_timeout_ns)},
       {"protocol.max_sessions_per_uid", "256",
        "Connections one uid may hold at once (admins excepted); 0: no limit but max_sessions.",
        KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), max_sessions_per_uid)},
@@ -332,8 +327,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"metrics.stall_timeout", "10s",
        "/healthz on the metrics port answers 503 once the control loop has not run for this "
        "long (a liveness probe then restarts kvtierd).",
-       KVTIER_SET((Duration(key, n, 500'000'000, 3'600'000'000'000, false, "500ms..1h")),
-                  metrics_stall_timeout_ns)},
+       KVTIER_SET((Duration(key, n, 500'000'000, 3'600'000'000'000, false, "500ms..1h")), metrics_stall_timeout_ns)},
       {"tiers.host.enabled", "true", "The pinned host-RAM tier (a memfd pool shared with engines).",
        KVTIER_SET(Boolean(key, n), host.enabled)},
       {"tiers.host.capacity", "1GiB", "Size of the host pool; a multiple of segment_bytes.",
@@ -512,14 +506,14 @@ const std::vector<ConfigKey>& ConfigKeys() {
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of host:port");
-         c->remote.nodes.clear();
+         c->remote.tier.cluster.seeds.clear();
          for (size_t i = 0; i < n.size(); ++i) {
            const std::string at = key + "[" + std::to_string(i) + "]";
            KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(at, n[i]));
            std::string host;
            int port = 0;
            if (!RedisCluster::ParseAddress(s, &host, &port)) return ConfigKeyError(at, "'" + s + "' is not host:port");
-           c->remote.nodes.push_back(s);
+           c->remote.tier.cluster.seeds.push_back(s);
          }
          return Status::Ok();
        }},
@@ -527,56 +521,55 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "write_through: every block committed to host is also put into the cluster in the "
        "background (other nodes reuse it at once); write_back: a block is put when it leaves "
        "host memory and the cluster does not hold it yet.",
-       KVTIER_SET(Choice(key, n, kWritePolicyNames), remote.write_policy)},
+       KVTIER_SET(Choice(key, n, kWritePolicyNames), remote.mover.write_policy)},
       {"tiers.remote.connect_timeout", "200ms", "Longest wait for a connection to a cluster node.",
        KVTIER_SET((Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
-                  remote.connect_timeout_ns)},
+                  remote.tier.cluster.connect_timeout_ns)},
       {"tiers.remote.timeout", "1s",
        "Longest wait for a request's reply, from the call (time queued behind a slow node "
        "included); past it the request is a miss and the connection is opened again.",
        KVTIER_SET((Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
-                  remote.timeout_ns)},
+                  remote.tier.cluster.timeout_ns)},
       {"tiers.remote.connections_per_node", "2",
        "Connections to each master for block values (GET, SET), each with its own thread; "
        "lookups (EXISTS) have one more of their own.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 64)), remote.connections_per_node)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 64)), remote.tier.cluster.connections_per_node)},
       {"tiers.remote.max_batch", "64", "Most requests a connection writes at once (pipelining).",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.max_batch)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.tier.cluster.max_batch)},
       {"tiers.remote.breaker_failures", "3",
        "Failed batches in a row after which a node's circuit breaker opens: its requests are "
        "misses at once, without being sent.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1000)), remote.breaker_failures)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1000)), remote.tier.cluster.breaker_failures)},
       {"tiers.remote.breaker_open", "1s",
        "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing); "
        "meanwhile the node is PINGed every 250 ms and the breaker closes when it answers.",
        KVTIER_SET((Duration(key, n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
-                  remote.breaker_open_ns)},
+                  remote.tier.cluster.breaker_open_ns)},
       {"tiers.remote.refresh_interval", "10s",
        "How often the slot map is read again (also at once after MOVED or a failing node).",
-       KVTIER_SET(
-           (Duration(key, n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
-           remote.refresh_interval_ns)},
+       KVTIER_SET((Duration(key, n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
+                  remote.tier.cluster.refresh_interval_ns)},
       {"tiers.remote.key_prefix", "\"kvtier:\"",
        "Prefix of every key kvtierd writes; the rest is 32 hex digits, a hash (keyed by the "
        "fleet secret, when one is set) of tenant, model fingerprint and block hash.",
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(c->remote.key_prefix, Scalar(key, n));
+         KVTIER_ASSIGN_OR_RETURN(c->remote.tier.key_prefix, Scalar(key, n));
          // A hash tag ({...}) would put every key in one slot: one node holds the whole tier.
-         if (c->remote.key_prefix.find_first_of("{}") != std::string::npos) {
-           return ConfigKeyError(key, "'" + c->remote.key_prefix +
-                                                                "' has a '{' or '}': a Redis Cluster hash tag would "
-                                                                "put every key in one slot, on one node");
+         if (c->remote.tier.key_prefix.find_first_of("{}") != std::string::npos) {
+           return ConfigKeyError(key, "'" + c->remote.tier.key_prefix +
+                                          "' has a '{' or '}': a Redis Cluster hash tag would "
+                                          "put every key in one slot, on one node");
          }
          return Status::Ok();
        }},
       {"tiers.remote.max_nodes", "64",
        "Most masters a slot map may name (a map naming more is not used); each master costs "
        "connections_per_node + 1 threads.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1024)), remote.max_nodes)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1024)), remote.tier.cluster.max_nodes)},
       {"tiers.remote.username", "\"\"",
        "Redis ACL user kvtierd authenticates as (AUTH user password); empty: \"default\". Only "
        "with password_file.",
-       KVTIER_SET((Scalar(key, n)), remote.username)},
+       KVTIER_SET((Scalar(key, n)), remote.tier.cluster.username)},
       {"tiers.remote.password_file", "\"\"",
        "File holding the Redis password (one line; readable by kvtierd only, mode 0600 or "
        "0400); empty: no AUTH. The password never goes in this config.",
@@ -589,7 +582,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        KVTIER_SET((Scalar(key, n)), remote.secret_file)},
       {"tiers.remote.max_puts_in_flight", "32",
        "Most puts at once; each pins its block's host page until the cluster answers.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.max_puts_in_flight)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.mover.max_puts_in_flight)},
       {"events.enabled", "false",
        "Publish KV events (BlockStored, BlockRemoved: vLLM's KV event wire form, which "
        "llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events section in "
@@ -612,8 +605,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "routers of that time).",
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
-         if (s != "tagged" && s != "positional")
-           return ConfigKeyError(key, "'" + s + "' is not tagged or positional");
+         if (s != "tagged" && s != "positional") return ConfigKeyError(key, "'" + s + "' is not tagged or positional");
          c->events.options.encoding = s == "tagged" ? KvEventEncoding::kTagged : KvEventEncoding::kPositional;
          return Status::Ok();
        }},
@@ -623,8 +615,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          KVTIER_ASSIGN_OR_RETURN(c->events.options.replay, Scalar(key, n));
-         return c->events.options.replay.empty() ? Status::Ok()
-                                                 : CheckEndpoint(key, c->events.options.replay);
+         return c->events.options.replay.empty() ? Status::Ok() : CheckEndpoint(key, c->events.options.replay);
        }},
       {"events.topic", "kv@{engine}@{model}",
        "Topic of a namespace's messages for each engine attached to it; {engine} (the routable "

@@ -256,26 +256,15 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   std::vector<CacheManager::LowerTierSpec> lower;  // the chain below NVMe
   if (config.remote.enabled()) {
     const RemoteTierConfig& rc = config.remote;
-    RemoteTierOptions ro;
-    ro.cluster.seeds = rc.nodes;
-    ro.cluster.connect_timeout_ns = rc.connect_timeout_ns;
-    ro.cluster.timeout_ns = rc.timeout_ns;
-    ro.cluster.connections_per_node = rc.connections_per_node;
-    ro.cluster.max_batch = rc.max_batch;
-    ro.cluster.breaker_failures = rc.breaker_failures;
-    ro.cluster.breaker_open_ns = rc.breaker_open_ns;
-    ro.cluster.refresh_interval_ns = rc.refresh_interval_ns;
-    ro.cluster.max_nodes = rc.max_nodes;
+    RemoteTierOptions ro = rc.tier;
     // A value is a host page's block and its header; a reply announcing more is refused.
     ro.cluster.max_value_bytes = config.host.page_bytes + RemoteCodec::kMaxHeaderBytes;
-    ro.cluster.username = rc.username;
     if (!rc.password_file.empty()) {
       KVTIER_ASSIGN_OR_RETURN(ro.cluster.password, ReadSecretFile("tiers.remote.password_file", rc.password_file));
     }
     if (!rc.secret_file.empty()) {
       KVTIER_ASSIGN_OR_RETURN(ro.secret, ReadSecretFile("tiers.remote.secret_file", rc.secret_file));
     }
-    ro.key_prefix = rc.key_prefix;
     // Latency of every cluster request, by operation, observed on the control thread.
     std::unordered_map<std::string, Histogram*> latency;
     for (const char* op : {"get", "set", "exists"}) {
@@ -293,8 +282,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     KVTIER_ASSIGN_OR_RETURN(
         spec.tier, RemoteTier::Open(
                        ro, [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, observe));
-    spec.options.write_policy = rc.write_policy;
-    spec.options.max_puts_in_flight = rc.max_puts_in_flight;
+    spec.options = rc.mover;
     lower.push_back(std::move(spec));
   }
   if (config.events.enabled) {

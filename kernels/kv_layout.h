@@ -74,7 +74,7 @@ struct KvTransfer {
 enum class QuantKind : uint8_t { kInt8 = 0, kFp8E4M3 = 1 };
 // The config's words for them (tiers.nvme.quantization).
 inline constexpr std::pair<std::string_view, QuantKind> kQuantKindNames[] = {{"int8", QuantKind::kInt8},
-                                                                              {"fp8", QuantKind::kFp8E4M3}};
+                                                                             {"fp8", QuantKind::kFp8E4M3}};
 enum class FloatKind : uint8_t { kFp16 = 0, kBf16 = 1 };
 
 struct KvQuantize {

@@ -63,6 +63,7 @@ class LowerTierMover {
     WritePolicy write_policy = WritePolicy::kWriteThrough;
     uint32_t max_puts_in_flight = 32;
     uint32_t max_queued_puts = 65536;
+    bool operator==(const Options&) const = default;
   };
   // What this mover did, cumulative.
   struct Counters {

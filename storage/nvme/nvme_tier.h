@@ -59,7 +59,7 @@ enum class Durability {
 };
 // The config's words for them (tiers.nvme.durability).
 inline constexpr std::pair<std::string_view, Durability> kDurabilityNames[] = {{"strict", Durability::kStrict},
-                                                                                {"relaxed", Durability::kRelaxed}};
+                                                                               {"relaxed", Durability::kRelaxed}};
 
 struct NvmeTierOptions {
   std::vector<SlotFileSpec> files;

@@ -86,6 +86,7 @@ struct RedisClusterOptions {
   uint64_t max_value_bytes = 0;                  // longest bulk reply read; 0: 64 MiB
   std::string username;                          // AUTH user (ACL); empty: "default"
   std::string password;                          // AUTH password; empty: no AUTH
+  bool operator==(const RedisClusterOptions&) const = default;
 };
 
 struct RedisReply {

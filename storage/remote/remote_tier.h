@@ -44,6 +44,7 @@ struct RemoteTierOptions {
   RedisClusterOptions cluster;
   std::string key_prefix = "kvtier:";  // Default: "kvtier:"
   std::string secret;                  // the fleet secret (>= 32 bytes), or empty: unkeyed
+  bool operator==(const RemoteTierOptions&) const = default;
 };
 
 // Cumulative, updated on the owner's thread. Latencies are sums for means: the daemon's

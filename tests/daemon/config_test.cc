@@ -207,7 +207,7 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_EQ(a.reserve.host, 64ull << 20);
   EXPECT_EQ(a.reserve.nvme, 1ull << 30);
   EXPECT_EQ(c->security.tenants[1].gids, (std::vector<uint32_t>{3000}));
-  EXPECT_EQ(c->remote.nodes, (std::vector<std::string>{"10.0.0.5:7000", "[::1]:7001"}));
+  EXPECT_EQ(c->remote.tier.cluster.seeds, (std::vector<std::string>{"10.0.0.5:7000", "[::1]:7001"}));
   EXPECT_TRUE(a.kv_quantization);
   EXPECT_FALSE(c->security.tenants[1].kv_quantization) << "tenants are not quantized unless they opt in";
   EXPECT_FALSE(c->security.unknown_kv_quantization);
@@ -216,8 +216,8 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_EQ(NvmeSlotBytes(*c), 33ull << 15);  // 2 MiB pages -> 1056 KiB
   DaemonConfig full;
   EXPECT_EQ(NvmeSlotBytes(full), full.host.page_bytes);
-  EXPECT_EQ(c->remote.write_policy, WritePolicy::kWriteBack);
-  EXPECT_EQ(c->remote.timeout_ns, 250'000'000);
+  EXPECT_EQ(c->remote.mover.write_policy, WritePolicy::kWriteBack);
+  EXPECT_EQ(c->remote.tier.cluster.timeout_ns, 250'000'000);
   EXPECT_TRUE(c->remote.enabled());
   EXPECT_FALSE(DaemonConfig{}.remote.enabled());
   // The defaults: anyone may connect, as their own tenant; no TTL.
@@ -296,7 +296,7 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
     return dir.File(name);
   };
   DaemonConfig c;
-  c.remote.nodes = {"127.0.0.1:1"};
+  c.remote.tier.cluster.seeds = {"127.0.0.1:1"};
   std::vector<std::string> warnings;
   ASSERT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
   ASSERT_EQ(warnings.size(), 1u);
@@ -317,7 +317,7 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
   warnings.clear();
   EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
   EXPECT_TRUE(warnings.empty());
-  c.remote.username = "kvtierd";
+  c.remote.tier.cluster.username = "kvtierd";
   refused("tiers.remote.username");
   c.remote.password_file = file("pw", "", 0600);
   EXPECT_NE(refused("tiers.remote.password_file").find("empty"), std::string::npos);
@@ -327,7 +327,7 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
   ASSERT_TRUE(pw.ok());
   EXPECT_EQ(*pw, "hunter2");
   // A remote section with no nodes is validated too.
-  c.remote.nodes.clear();
+  c.remote.tier.cluster.seeds.clear();
   c.remote.secret_file = dir.File("missing");
   refused("tiers.remote.secret_file");
 }
