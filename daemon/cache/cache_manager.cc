@@ -27,7 +27,8 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   }
   KVTIER_ASSIGN_OR_RETURN(
       cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
-  if (options.gpu_copy && options.post && cm->blocks_->enabled(TierKind::kGpu)) {
+  if (cm->blocks_->enabled(TierKind::kGpu)) {
+    if (!options.post) return InvalidArgument("a GPU tier needs an event loop to post its demotion copies to");
     KVTIER_ASSIGN_OR_RETURN(cm->gpu_copier_, BlockWorkers::Open(1, options.post));
   }
   if (nvme && options.nvme_quantization) {

@@ -42,10 +42,9 @@
 // block's pages in the GPU and host tiers are pinned while any session references it.
 //
 // Owned by the control thread; not thread-safe. No method waits for NVMe data I/O or a
-// copy, with two exceptions written as what they are: Lookup, Acquire, Commit and Explain
+// copy, with one exception written as what it is: Lookup, Acquire, Commit and Explain
 // read the NVMe index on the control thread (RocksDB Get/MultiGet: memtable and block
-// cache when hot, the index's files when cold), and without Options::gpu_copy a GPU->host
-// demotion copies the page on the control thread (the daemon always sets it).
+// cache when hot, the index's files when cold).
 
 #include <array>
 #include <cstdint>
@@ -116,10 +115,10 @@ class CacheManager {
     // their completions reach it (the daemon's event loop). Used by the quantized tiers.
     int block_workers = 2;
     std::function<void(std::function<void()>)> post;
-    // Copies a GPU page down into a host page (device -> host), run on a copy thread of its
-    // own; with `post`, GPU->host demotions leave the control thread: the GPU page stays
-    // readable (and pinned) until the host copy is complete. Null: the control thread
-    // copies (synchronously). What it uses (a DeviceBackend of its own) outlives the manager.
+    // Copies a GPU page down into a host page (device -> host), run on the GPU tier's copy
+    // thread (a GPU tier needs `post`): the GPU page stays readable (and pinned) until the
+    // host copy is complete. Null: the GPU memory's own CopyToHost. What it uses (a
+    // DeviceBackend of its own) outlives the manager.
     std::function<Status(void* dst, const uint8_t* device_src, uint64_t bytes)> gpu_copy;
     uint32_t max_gpu_demotions_in_flight = 16;
     bool prefetch = false;  // Lookup starts promoting NVMe hits
@@ -395,7 +394,6 @@ class CacheManager {
   Evicted EvictOne(TierKind tier, TenantId tenant);
   // Copies GPU block `id` into a host page it gets now, if the host tier has room (on the
   // control thread: without a GPU copy thread).
-  void DemoteToHost(BlockId id);
   // Starts copying GPU block `id` into a host page on the GPU copy thread; false when the
   // host tier has no page for it now.
   bool StartGpuDemotion(BlockId id);
@@ -430,7 +428,7 @@ class CacheManager {
   // BlockStored; empty at every other time.
   std::span<const uint32_t> committing_tokens_;
   std::unique_ptr<BlockWorkers> workers_;     // null unless a tier needs them
-  std::unique_ptr<BlockWorkers> gpu_copier_;  // one thread; null without options_.gpu_copy
+  std::unique_ptr<BlockWorkers> gpu_copier_;  // one thread; null without a GPU tier
   struct GpuDemotion {
     uint32_t gen;
     PageId host_page;

@@ -48,27 +48,6 @@ TenantId CacheManager::LargestCachedTenant(TierKind tier) const {
   return worst;
 }
 
-void CacheManager::DemoteToHost(BlockId id) {
-  const Block& b = blocks_->block(id);
-  if (b.page[TierIndex(TierKind::kHost)] != kNoPage || MakeRoom(TierKind::kHost, b.tenant) != Room::kNow) return;
-  const std::optional<PageId> hp = blocks_->Take(TierKind::kHost, b.tenant);
-  if (!hp) return;
-  TierPool* gpu = blocks_->pool(TierKind::kGpu);
-  TierPool* host = blocks_->pool(TierKind::kHost);
-  const PageId gp = b.page[TierIndex(TierKind::kGpu)];
-  Status st = gpu->memory().CopyToHost(gpu->SegmentOf(gp), gpu->OffsetInSegment(gp), host->PageAddress(*hp),
-                                       host->page_bytes());
-  if (st.ok()) {
-    blocks_->Reside(id, TierKind::kHost, *hp);
-    ++counters_.gpu_demotions;
-    QueueLowerPuts(id);
-    PumpLowerPuts();
-  } else {
-    KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
-    blocks_->Free(TierKind::kHost, *hp);
-  }
-}
-
 bool CacheManager::StartGpuDemotion(BlockId id) {
   const Block& b = blocks_->block(id);
   if (MakeRoom(TierKind::kHost, b.tenant) != Room::kNow) return false;
@@ -79,11 +58,15 @@ bool CacheManager::StartGpuDemotion(BlockId id) {
   gpu_demotions_[id] = GpuDemotion{b.gen, *hp, clock_->NowNanos()};
   TierPool* gpu = blocks_->pool(TierKind::kGpu);
   const PageId gp = b.page[TierIndex(TierKind::kGpu)];
-  const uint8_t* src = gpu->memory().DeviceAddress(gpu->SegmentOf(gp)) + gpu->OffsetInSegment(gp);
+  const uint32_t segment = gpu->SegmentOf(gp);
+  const uint64_t offset = gpu->OffsetInSegment(gp);
+  const uint8_t* src = gpu->memory().DeviceAddress(segment) + offset;
   uint8_t* dst = blocks_->pool(TierKind::kHost)->PageAddress(*hp);
   const uint64_t bytes = namespaces_.Get(b.ns).block_bytes;
-  gpu_copier_->Run([copy = options_.gpu_copy, dst, src, bytes] { return copy(dst, src, bytes); },
-                   [this, id](Status st) { OnGpuDemoted(id, st); });
+  auto copy = [copy = options_.gpu_copy, memory = &gpu->memory(), segment, offset, dst, src, bytes] {
+    return copy ? copy(dst, src, bytes) : memory->CopyToHost(segment, offset, dst, bytes);
+  };
+  gpu_copier_->Run(std::move(copy), [this, id](Status st) { OnGpuDemoted(id, st); });
   return true;
 }
 
@@ -128,13 +111,11 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
   const BlockId victim = blocks_->Victim(kind, tenant);
   if (victim == kNoBlock) return Evicted::kNone;
   if (kind == TierKind::kGpu && tier_enabled(TierKind::kHost)) {
-    // GPU -> host: the block keeps living one tier down. With the copy thread the GPU page
-    // is freed once its copy is in host; without it, the copy is made here.
-    if (gpu_copier_ && blocks_->block(victim).page[TierIndex(TierKind::kHost)] == kNoPage) {
+    // GPU -> host: the block keeps living one tier down; its GPU page is freed once the
+    // copy thread has put it in host.
+    if (blocks_->block(victim).page[TierIndex(TierKind::kHost)] == kNoPage) {
       if (gpu_demotions_.size() >= options_.max_gpu_demotions_in_flight) return Evicted::kBusy;
       if (StartGpuDemotion(victim)) return Evicted::kDemoting;
-    } else if (!gpu_copier_) {
-      DemoteToHost(victim);
     }
     DropCopy(victim, kind);
     return Evicted::kDropped;
@@ -191,8 +172,8 @@ void CacheManager::EnforceWatermark(TierKind kind) {
   // needs more pages free than that leaves (the band below it moves down with it).
   double start = o.high_watermark * cap, stop = o.low_watermark * cap;
   // Only where demotions run in the background and are timed: host over NVMe, GPU over
-  // host with the copy thread.
-  if (kind == TierKind::kHost ? mover_ != nullptr : gpu_copier_ != nullptr && tier_enabled(TierKind::kHost)) {
+  // host.
+  if (kind == TierKind::kHost ? mover_ != nullptr : tier_enabled(TierKind::kHost)) {
     headroom_[TierIndex(kind)].NoteTaken(clock_->NowNanos(), blocks_->pages_taken(kind));
     const double shift = static_cast<double>(headroom_pages(kind)) - (cap - start);
     if (shift > 0) {
