@@ -443,20 +443,16 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
   const NvmeTier* nvme = cache_->nvme();
   for (TierKind kind : kAllTiers) {
     if (!cache_->tier_enabled(kind) || kind == TierKind::kRemote) continue;  // StatsReply.remote
-    const TierCounts c = cache_->Counts(kind);
-    const bool is_nvme = kind == TierKind::kNvme;
-    const std::string backend = is_nvme ? nvme->Describe() : cache_->pool(kind)->memory().Describe();
-    const double high = is_nvme ? nvme->high_watermark() : cache_->high_watermark(kind);
-    const double low = is_nvme ? nvme->low_watermark() : cache_->low_watermark(kind);
-    const uint64_t evictions = is_nvme ? nvme->counters().evictions : cache_->counters().evictions[TierIndex(kind)];
+    const TierStats t = cache_->Stats(kind);
+    const TierCounts& c = t.counts;
     auto name = builder_.CreateString(TierKindName(kind));
-    auto be = builder_.CreateString(backend);
-    auto io = builder_.CreateString(is_nvme ? std::string(nvme->io_backend()) : std::string());
-    auto index = builder_.CreateString(is_nvme ? std::string(nvme->index_backend()) : std::string());
+    auto be = builder_.CreateString(t.backend);
+    auto io = builder_.CreateString(t.io_backend);
+    auto index = builder_.CreateString(t.index_backend);
     tiers.push_back(fb::CreateTierStats(builder_, TierToWire(kind), name, c.page_bytes, c.capacity, c.free, c.leased,
-                                        c.inflight, c.cached, c.referenced, c.blocks, static_cast<float>(high),
-                                        static_cast<float>(low), evictions, be, io, index, !is_nvme || nvme->ready(),
-                                        c.quarantined));
+                                        c.inflight, c.cached, c.referenced, c.blocks,
+                                        static_cast<float>(t.high_watermark), static_cast<float>(t.low_watermark),
+                                        t.evictions, be, io, index, t.ready, c.quarantined));
   }
   auto tiers_vec = builder_.CreateVector(tiers);
   std::vector<flatbuffers::Offset<fb::SessionInfo>> sessions;

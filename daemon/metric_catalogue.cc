@@ -116,16 +116,11 @@ void Daemon::RegisterMetrics() {
                    });
     }
     m.AddGaugeFn("kvtier_tier_high_watermark_ratio", "Fraction of a tier in use above which cached blocks are evicted.",
-                 {{"tier", tier}}, [cache, kind] {
-                   return kind == TierKind::kNvme ? cache->nvme()->high_watermark() : cache->high_watermark(kind);
-                 });
+                 {{"tier", tier}}, [cache, kind] { return cache->Stats(kind).high_watermark; });
     m.AddCounterFn("kvtier_evictions_total",
                    "Blocks removed from a tier under pressure (from host: dropped, or demoted "
                    "when already on NVMe; from NVMe: dropped).",
-                   {{"tier", tier}}, [cache, kind] {
-                     return kind == TierKind::kNvme ? cache->nvme()->counters().evictions
-                                                    : cache->counters().evictions[TierIndex(kind)];
-                   });
+                   {{"tier", tier}}, [cache, kind] { return cache->Stats(kind).evictions; });
     m.AddCounterFn("kvtier_block_hits_total", hits_help, {{"tier", tier}},
                    [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
   }

@@ -649,6 +649,29 @@ TierCounts CacheManager::Counts(TierKind kind) const {
   return c;
 }
 
+TierStats CacheManager::Stats(TierKind kind) const {
+  TierStats s;
+  s.kind = kind;
+  s.counts = Counts(kind);
+  if (kind == TierKind::kNvme) {
+    const NvmeTier& n = mover_->nvme();
+    s.high_watermark = n.high_watermark();
+    s.low_watermark = n.low_watermark();
+    s.evictions = n.counters().evictions;
+    s.backend = n.Describe();
+    s.io_backend = n.io_backend();
+    s.index_backend = n.index_backend();
+    s.ready = n.ready();
+    return s;
+  }
+  const TierOptions& o = options_.tiers[TierIndex(kind)];
+  s.high_watermark = o.high_watermark;
+  s.low_watermark = o.low_watermark;
+  s.evictions = counters_.evictions[TierIndex(kind)];
+  s.backend = blocks_->pool(kind)->memory().Describe();
+  return s;
+}
+
 Status CacheManager::CheckInvariants() const {
   if (mover_) {
     const TierCounts c = Counts(TierKind::kNvme);

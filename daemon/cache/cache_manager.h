@@ -266,13 +266,13 @@ class CacheManager {
   }
   const TierPool* pool(TierKind t) const { return blocks_->pool(t); }
   TierCounts Counts(TierKind t) const;
+  // The figures of a GPU, host or NVMe tier. REQUIRES: tier_enabled(t).
+  TierStats Stats(TierKind t) const;
   const CacheCounters& counters() const { return counters_; }
-  double high_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].high_watermark; }
   const KvEvents* events() const { return options_.events; }
   // Pages of pool tier `t` kept free or on their way down ahead of allocations now (0: none
   // beyond the high watermark's; see TierOptions::allocation_headroom).
   uint32_t headroom_pages(TierKind t) const;
-  double low_watermark(TierKind t) const { return options_.tiers[TierIndex(t)].low_watermark; }
   // Hex id of a namespace, for display (of an encoded namespace: NamespaceTable::HexOf).
   std::string NamespaceHex(NamespaceId ns) const { return namespaces_.Hex(ns); }
   size_t namespace_count() const { return namespaces_.size(); }

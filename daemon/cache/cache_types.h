@@ -73,6 +73,18 @@ struct TierCounts {
   uint64_t page_bytes = 0;
 };
 
+// One tier's figures, the same for every tier: the Stats reply and the metrics read them.
+struct TierStats {
+  TierKind kind = TierKind::kHost;
+  TierCounts counts;
+  double high_watermark = 0, low_watermark = 0;
+  uint64_t evictions = 0;     // blocks removed under pressure
+  std::string backend;        // its memory or slot files, for people
+  std::string io_backend;     // NVMe: "io_uring" or "threads"; else empty
+  std::string index_backend;  // NVMe: the block index; else empty
+  bool ready = true;          // NVMe: its index is loaded and spills are accepted
+};
+
 enum class WritePolicy { kWriteBack, kWriteThrough };
 // The config's words for them (tiers.nvme.write_policy, tiers.remote.write_policy).
 inline constexpr std::pair<std::string_view, WritePolicy> kWritePolicyNames[] = {
