@@ -7,114 +7,16 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
-#include <thread>
 #include <unordered_set>
 
 #include "protocol/base/logging.h"
 #include "protocol/base/mutex.h"
 #include "protocol/base/units.h"
+#include "storage/nvme/index_writer.h"
 
 namespace kvtier {
-namespace {
-constexpr int64_t kBackoffBaseNs = 100'000'000;    // 100 ms
-constexpr int64_t kBackoffMaxNs = 10'000'000'000;  // 10 s
-constexpr int64_t kIndexRetryNs = 5'000'000'000;   // a failed index is tried again every 5 s
-constexpr int64_t kFileCheckNs = 1'000'000'000;    // slot files are checked every second
-}  // namespace
-
-// Applies index batches on its own thread, grouping whatever is queued into one write
-// (one WAL sync covers many blocks), and posts each batch's callback back. After a batch
-// fails, later ones fail with its status without reaching the store (RocksDB must not be
-// written after a failed WAL write) until a Resume succeeds.
-class NvmeTier::IndexWriter {
- public:
-  explicit IndexWriter(BlockIndexStore* store) : store_(store), thread_([this] { Run(); }) {}
-  ~IndexWriter() {
-    {
-      MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // `done` runs on this thread; it must only post.
-  void Submit(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done) {
-    Enqueue(Job{std::move(batch), sync, false, std::move(done)});
-  }
-  // Clears a failure (store Resume); done(OK) once writes go to the store again.
-  void Resume(std::function<void(Status)> done) { Enqueue(Job{{}, false, true, std::move(done)}); }
-
- private:
-  struct Job {
-    std::vector<IndexMutation> batch;
-    bool sync;
-    bool resume;
-    std::function<void(Status)> done;
-  };
-  void Enqueue(Job job) {
-    {
-      MutexLock lock(&mu_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-  void Run() {
-    for (;;) {
-      std::deque<Job> jobs;
-      {
-        MutexLock lock(&mu_);
-        cv_.wait(lock.native(), [this] {
-          mu_.AssertHeld();
-          return stop_ || !jobs_.empty();
-        });
-        if (jobs_.empty()) return;  // stop, with everything applied
-        jobs.swap(jobs_);
-      }
-      std::vector<Job*> group;
-      auto apply_group = [&] {
-        if (group.empty()) return;
-        Status st = failed_;
-        if (st.ok()) {
-          std::vector<IndexMutation> all;
-          bool sync = false;
-          for (Job* j : group) {
-            sync |= j->sync;
-            for (IndexMutation& m : j->batch) all.push_back(std::move(m));
-          }
-          st = store_->Apply(all, sync);
-          if (!st.ok()) failed_ = st;
-        }
-        for (Job* j : group) {
-          if (j->done) j->done(st);
-        }
-        group.clear();
-      };
-      for (Job& j : jobs) {
-        if (!j.resume) {
-          group.push_back(&j);
-          continue;
-        }
-        apply_group();
-        Status st = failed_.ok() ? Status::Ok() : store_->Resume();
-        if (st.ok()) failed_ = Status::Ok();
-        if (j.done) j.done(st);
-      }
-      apply_group();
-    }
-  }
-
-  BlockIndexStore* store_;
-  Mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> jobs_ KVTIER_GUARDED_BY(mu_);
-  bool stop_ KVTIER_GUARDED_BY(mu_) = false;
-  Status failed_;  // writer thread only
-  std::thread thread_;
-};
 
 NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io, std::unique_ptr<BlockIndexStore> store,
                    Post post, const Clock* clock)
@@ -274,65 +176,6 @@ void NvmeTier::OnIoReady() {
 void NvmeTier::RegisterBuffer(uint32_t index, uint8_t* addr, size_t len) {
   Status st = io_->RegisterBuffer(index, addr, len);
   if (!st.ok()) KVTIER_LOG(WARNING) << "nvme: register buffer " << index << ": " << st.ToString();
-}
-
-void NvmeTier::NoteIndexError(const Status& st) {
-  ++counters_.index_errors;
-  if (index_failed_) return;  // one line per failure, not one per batch
-  index_failed_ = true;
-  next_index_retry_ns_ = clock_->NowNanos() + kIndexRetryNs;
-  KVTIER_LOG(ERROR) << "nvme: index write failed: " << st.ToString()
-                    << "; spilling to NVMe is stopped (blocks already indexed are still served) and the index is "
-                       "tried again every "
-                    << kIndexRetryNs / 1'000'000'000 << " s";
-}
-
-void NvmeTier::Maintain() {
-  const int64_t now = clock_->NowNanos();
-  if (index_failed_ && !index_retrying_ && now >= next_index_retry_ns_) {
-    index_retrying_ = true;
-    ++writes_outstanding_;
-    std::weak_ptr<NvmeTier*> weak = self_;
-    Post post = post_;
-    writer_->Resume([weak, post](Status st) {
-      post([weak, st] {
-        auto self = weak.lock();
-        if (!self) return;
-        NvmeTier& t = **self;
-        --t.writes_outstanding_;
-        t.index_retrying_ = false;
-        if (!st.ok()) {
-          t.next_index_retry_ns_ = t.clock_->NowNanos() + kIndexRetryNs;
-          return;
-        }
-        t.index_failed_ = false;
-        KVTIER_LOG(NOTICE) << "nvme: index writes work again; spilling resumes";
-        std::vector<std::pair<std::string, uint32_t>> again;
-        again.swap(t.undeleted_);
-        for (auto& [key, slot] : again) t.DeleteEntry(key, slot);
-      });
-    });
-  }
-  if (now >= next_file_check_ns_) {
-    next_file_check_ns_ = now + kFileCheckNs;
-    CheckFiles();
-  }
-}
-
-void NvmeTier::NoteIoError() {
-  ++counters_.io_errors;
-  ++consecutive_errors_;
-  const int64_t backoff = std::min<int64_t>(kBackoffMaxNs, kBackoffBaseNs << std::min(consecutive_errors_ - 1, 7));
-  backoff_until_ns_ = clock_->NowNanos() + backoff;
-}
-
-bool NvmeTier::spill_available() const {
-  if (!ready_ || index_failed_ || clock_->NowNanos() < backoff_until_ns_) return false;
-  if (free_->free_count() > 0) return true;
-  for (const auto& p : policies_) {
-    if (p->evictable() > 0) return true;
-  }
-  return false;
 }
 
 // ---- spill ----

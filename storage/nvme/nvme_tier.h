@@ -50,6 +50,8 @@
 
 namespace kvtier {
 
+class IndexWriter;
+
 // The index meta entry recording the slot geometry the index describes.
 inline constexpr const char* kNvmeGeometryMeta = "geometry";
 
@@ -215,7 +217,6 @@ class NvmeTier {
   uint32_t spills_in_flight() const { return writing_; }
 
  private:
-  class IndexWriter;
   // kRetired: the entry is gone but fetches of the old bytes are still in flight; the slot
   // is free once the last of them completes.
   // kLost: in a slot file deleted or truncated under us; never used again this run.

@@ -1,14 +1,83 @@
-// NvmeTier's checks of what it stores: slot-file health (a file gone or failing loses its
-// slots), the scrub behind kvctl verify, and the index scans behind kvctl blocks and
-// evict. The data path (spills, fetches, eviction) is in nvme_tier.cc, the start-up load
-// in nvme_tier_load.cc.
+// NvmeTier's health and checks of what it stores: I/O errors and their back-off, a failed
+// index and its retries, slot-file health (a file gone or failing loses its slots), the
+// scrub behind kvctl verify, and the index scans behind kvctl blocks and evict. The data
+// path (spills, fetches, eviction) is in nvme_tier.cc, the start-up load in
+// nvme_tier_load.cc, the index's group commit in index_writer.cc.
 #include <algorithm>
 #include <unordered_set>
 
 #include "protocol/base/logging.h"
+#include "storage/nvme/index_writer.h"
 #include "storage/nvme/nvme_tier.h"
 
 namespace kvtier {
+namespace {
+constexpr int64_t kBackoffBaseNs = 100'000'000;    // 100 ms
+constexpr int64_t kBackoffMaxNs = 10'000'000'000;  // 10 s
+constexpr int64_t kIndexRetryNs = 5'000'000'000;   // a failed index is tried again every 5 s
+constexpr int64_t kFileCheckNs = 1'000'000'000;    // slot files are checked every second
+}  // namespace
+
+// ---- errors and back-off ----
+
+void NvmeTier::NoteIndexError(const Status& st) {
+  ++counters_.index_errors;
+  if (index_failed_) return;  // one line per failure, not one per batch
+  index_failed_ = true;
+  next_index_retry_ns_ = clock_->NowNanos() + kIndexRetryNs;
+  KVTIER_LOG(ERROR) << "nvme: index write failed: " << st.ToString()
+                    << "; spilling to NVMe is stopped (blocks already indexed are still served) and the index is "
+                       "tried again every "
+                    << kIndexRetryNs / 1'000'000'000 << " s";
+}
+
+void NvmeTier::Maintain() {
+  const int64_t now = clock_->NowNanos();
+  if (index_failed_ && !index_retrying_ && now >= next_index_retry_ns_) {
+    index_retrying_ = true;
+    ++writes_outstanding_;
+    std::weak_ptr<NvmeTier*> weak = self_;
+    Post post = post_;
+    writer_->Resume([weak, post](Status st) {
+      post([weak, st] {
+        auto self = weak.lock();
+        if (!self) return;
+        NvmeTier& t = **self;
+        --t.writes_outstanding_;
+        t.index_retrying_ = false;
+        if (!st.ok()) {
+          t.next_index_retry_ns_ = t.clock_->NowNanos() + kIndexRetryNs;
+          return;
+        }
+        t.index_failed_ = false;
+        KVTIER_LOG(NOTICE) << "nvme: index writes work again; spilling resumes";
+        std::vector<std::pair<std::string, uint32_t>> again;
+        again.swap(t.undeleted_);
+        for (auto& [key, slot] : again) t.DeleteEntry(key, slot);
+      });
+    });
+  }
+  if (now >= next_file_check_ns_) {
+    next_file_check_ns_ = now + kFileCheckNs;
+    CheckFiles();
+  }
+}
+
+void NvmeTier::NoteIoError() {
+  ++counters_.io_errors;
+  ++consecutive_errors_;
+  const int64_t backoff = std::min<int64_t>(kBackoffMaxNs, kBackoffBaseNs << std::min(consecutive_errors_ - 1, 7));
+  backoff_until_ns_ = clock_->NowNanos() + backoff;
+}
+
+bool NvmeTier::spill_available() const {
+  if (!ready_ || index_failed_ || clock_->NowNanos() < backoff_until_ns_) return false;
+  if (free_->free_count() > 0) return true;
+  for (const auto& p : policies_) {
+    if (p->evictable() > 0) return true;
+  }
+  return false;
+}
 
 // ---- file health ----
 
