@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kvtier
-from kvtier_testing.daemon import Daemon
+from kvtier_testing.daemon import Daemon, wait_until
 from kvtier_testing import torch_engine as te
 
 
@@ -64,7 +64,8 @@ def test_kill9_and_restart_of_kvtierd_in_the_middle_of_a_run_ends_with_the_same_
             time.sleep(0.02)
         d.kill9()
         d.start()  # the same engine process goes on; its connectors reconnect by themselves
-        time.sleep(0.3)
+        for c in (e.loop.scheduler._client, e.loop.worker._client):
+            wait_until(c.available, "the engine's connectors reach the restarted kvtierd")
         loaded, tokens, logits, _ = e.serve(b, 4)
         want_tokens, want_logits, _ = e.recompute(b, 4)
         assert loaded == 224, "hits come back from the warm NVMe index after the restart"

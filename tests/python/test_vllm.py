@@ -12,7 +12,7 @@ import torch
 import kvtier
 import kvtier.vllm
 from kvtier_testing import vllm_harness as h
-from kvtier_testing.daemon import Daemon
+from kvtier_testing.daemon import Daemon, wait_until
 
 BS, LAYERS, HEADS, DIM = 16, 3, 2, 32
 
@@ -143,8 +143,9 @@ def test_a_daemon_that_is_gone_is_a_miss_and_the_connector_reconnects_when_it_is
         _, step, _ = run(a, la, p[:100] + [7, 8, 9], "r2")
         assert step.external_tokens == 0
         d.start()  # warm restart: the index survives (write-through to NVMe)
-        import time
-        time.sleep(0.3)  # past the first back-off
+        # Past the reconnect back-off (it grows with the failures of the run above).
+        for c in (a.scheduler._client, a.worker._client):
+            wait_until(c.available, "the connectors reach the restarted kvtierd")
         _, step, _ = run(a, la, p, "r3")
         assert step.external_tokens == 112, "hits resume from the warm index without restarting the engine"
         assert a.scheduler._client.reconnects >= 1

@@ -13,6 +13,20 @@ import time
 import kvtier
 
 
+def wait_until(predicate, what: str, timeout_s: float = 10.0, every_s: float = 0.02):
+    """Polls `predicate` until it returns a true value (returned), or raises AssertionError
+    naming `what` after `timeout_s`: a bounded wait on state, instead of a sleep that a
+    busy machine outlasts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s")
+        time.sleep(every_s)
+
+
 def find_kvtierd() -> str:
     """$KVTIER_KVTIERD, else the build tree's (build/python/kvtier_testing or
     tests/python/kvtier_testing -> build/bin/kvtierd), else kvtierd on PATH."""
