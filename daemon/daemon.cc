@@ -149,9 +149,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(TestHooks hooks) {
   o.before_load = std::move(hooks.before_index_load);
   // Tenants with NVMe limits are owners 1..n of the tier's slots; everyone else is owner 0.
   std::unordered_map<std::string, uint16_t> owners;
-  auto slots = [&](uint64_t bytes) {
-    return bytes == 0 ? 0u : static_cast<uint32_t>(std::max<uint64_t>(1, bytes / config_.host.page_bytes));
-  };
+  auto slots = [&](uint64_t bytes) { return LimitUnits(bytes, config_.host.page_bytes); };
   for (const TenantConfig& t : config_.security.tenants) {
     if (t.quota.nvme == 0 && t.reserve.nvme == 0) continue;
     if (o.quota_slots.empty()) {

@@ -73,6 +73,7 @@
 #include "protocol/framing.h"
 #include "storage/lower_tier.h"
 #include "storage/nvme/nvme_tier.h"
+#include "storage/policy/shares.h"
 
 namespace kvtier {
 
@@ -405,7 +406,8 @@ class CacheManager {
   // tenants'. kLater when only spills in flight will free one.
   Room MakeRoom(TierKind tier, TenantId tenant);
   uint32_t QuotaPages(TierKind tier, TenantId t) const;
-  uint32_t ReservePages(TierKind tier, TenantId t) const;
+  // The tenant's share of a pool tier, in pages; the rule that reads it is shares.h's.
+  Share ShareOf(TierKind tier, TenantId t) const;
   bool AtQuota(TierKind tier, TenantId t) const;
   // Whether eviction on behalf of someone else (or of the watermark) may take from `t`.
   bool AboveReserve(TierKind tier, TenantId t) const;

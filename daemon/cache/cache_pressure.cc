@@ -7,45 +7,31 @@
 #include "protocol/base/logging.h"
 
 namespace kvtier {
-namespace {
-
-// Whole pages; a nonzero limit is at least one page.
-uint32_t LimitPages(uint64_t bytes, uint64_t page_bytes) {
-  return bytes ? static_cast<uint32_t>(std::max<uint64_t>(1, bytes / page_bytes)) : 0u;
-}
-
-}  // namespace
 
 uint32_t CacheManager::QuotaPages(TierKind tier, TenantId t) const {
   if (t >= namespaces_.tenant_count() || !blocks_->enabled(tier)) return 0;
-  return LimitPages(namespaces_.limits(t).quota_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
+  return LimitUnits(namespaces_.limits(t).quota_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
 }
 
-uint32_t CacheManager::ReservePages(TierKind tier, TenantId t) const {
-  if (t >= namespaces_.tenant_count() || !blocks_->enabled(tier)) return 0;
-  return LimitPages(namespaces_.limits(t).reserve_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
+Share CacheManager::ShareOf(TierKind tier, TenantId t) const {
+  Share s;
+  s.held = blocks_->pool(tier)->UsedBy(t);
+  s.quota = QuotaPages(tier, t);
+  if (t < namespaces_.tenant_count()) {
+    s.reserve = LimitUnits(namespaces_.limits(t).reserve_bytes[TierIndex(tier)], blocks_->pool(tier)->page_bytes());
+  }
+  return s;
 }
 
-bool CacheManager::AtQuota(TierKind tier, TenantId t) const {
-  const uint32_t quota = QuotaPages(tier, t);
-  return quota > 0 && blocks_->pool(tier)->UsedBy(t) >= quota;
-}
+bool CacheManager::AtQuota(TierKind tier, TenantId t) const { return kvtier::AtQuota(ShareOf(tier, t)); }
 
-bool CacheManager::AboveReserve(TierKind tier, TenantId t) const {
-  return blocks_->pool(tier)->UsedBy(t) > ReservePages(tier, t);
-}
+bool CacheManager::AboveReserve(TierKind tier, TenantId t) const { return kvtier::AboveReserve(ShareOf(tier, t)); }
 
 TenantId CacheManager::LargestCachedTenant(TierKind tier) const {
-  TenantId worst = kNoOwner;
-  uint32_t most = 0;
-  for (TenantId t = 0; t < blocks_->tenant_limit(tier); ++t) {
-    const uint32_t cached = blocks_->cached_of(tier, t);
-    if (cached > most && AboveReserve(tier, t)) {
-      most = cached;
-      worst = t;
-    }
-  }
-  return worst;
+  return OwnerToShrink<TenantId>(
+             static_cast<TenantId>(blocks_->tenant_limit(tier)), [&](TenantId t) { return ShareOf(tier, t); },
+             [&](TenantId t) { return blocks_->cached_of(tier, t); })
+      .value_or(kNoOwner);
 }
 
 bool CacheManager::StartGpuDemotion(BlockId id) {

@@ -190,11 +190,10 @@ void NvmeTier::Spill(std::string key, BlockRecord meta, std::span<const uint8_t>
   }
   // An owner at its quota makes room among its own blocks first.
   const uint16_t owner = OwnerOfKey(key);
-  const uint32_t quota = owner < options_.quota_slots.size() ? options_.quota_slots[owner] : 0;
-  while (quota > 0 && held_[owner] >= quota) {
+  while (AtQuota(ShareOf(owner))) {
     if (EvictVictim(owner) == Victim::kNone) {
       ++counters_.quota_refusals;
-      return fail(ResourceExhausted("the tenant's NVMe quota of " + std::to_string(quota) +
+      return fail(ResourceExhausted("the tenant's NVMe quota of " + std::to_string(ShareOf(owner).quota) +
                                     " slots is full of blocks being read or written"));
     }
   }
@@ -478,17 +477,18 @@ void NvmeTier::EnforceWatermark() {
   }
 }
 
+Share NvmeTier::ShareOf(uint16_t owner) const {
+  Share s;
+  s.held = held_[owner];
+  s.quota = owner < options_.quota_slots.size() ? options_.quota_slots[owner] : 0;
+  s.reserve = owner < options_.reserve_slots.size() ? options_.reserve_slots[owner] : 0;
+  return s;
+}
+
 std::optional<uint16_t> NvmeTier::WatermarkOwner() const {
-  std::optional<uint16_t> best;
-  uint32_t most = 0;
-  for (uint16_t o = 0; o < held_.size(); ++o) {
-    const uint32_t reserve = o < options_.reserve_slots.size() ? options_.reserve_slots[o] : 0;
-    if (held_[o] > reserve && held_[o] > most && policies_[o]->evictable() > 0) {
-      most = held_[o];
-      best = o;
-    }
-  }
-  return best;
+  return OwnerToShrink<uint16_t>(
+      static_cast<uint16_t>(held_.size()), [this](uint16_t o) { return ShareOf(o); },
+      [this](uint16_t o) { return policies_[o]->evictable() > 0 ? held_[o] : 0u; });
 }
 
 uint16_t NvmeTier::OwnerOfKey(std::string_view key) const {

@@ -46,6 +46,7 @@
 #include "storage/nvme/block_index_store.h"
 #include "storage/nvme/zeroed_array.h"
 #include "storage/policy/eviction_policy.h"
+#include "storage/policy/shares.h"
 #include "storage/pool/page_allocator.h"
 
 namespace kvtier {
@@ -266,6 +267,8 @@ class NvmeTier {
   // names it any more; kNone when nothing of its is evictable.
   enum class Victim { kNone, kDropped, kFreed };
   Victim EvictVictim(uint16_t o);
+  // An owner's slots against its limits; the rule that reads it is shares.h's.
+  Share ShareOf(uint16_t owner) const;
   // The owner the watermark takes from: the most slots above its reserve, with something
   // evictable; nullopt when none.
   std::optional<uint16_t> WatermarkOwner() const;
