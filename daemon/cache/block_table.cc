@@ -298,16 +298,17 @@ void BlockTable::BeginFill(BlockId id, PageId p) {
   Tier& host = T(TierKind::kHost);
   KVTIER_CHECK(host.state[p] == PageState::kInFlight) << "a fill needs a page in flight";
   Block& b = blocks_[id];
+  KVTIER_CHECK(b.moving == Block::Moving::kNone) << "a fill of a block that is moving";
   b.page[TierIndex(TierKind::kHost)] = p;
-  b.promoting = true;
+  b.moving = Block::Moving::kPromoting;
   host.page_block[p] = id;
 }
 
 void BlockTable::EndFill(BlockId id, bool ok) {
   Block& b = blocks_[id];
-  KVTIER_CHECK(b.promoting) << "a fill ended that did not begin";
+  KVTIER_CHECK(b.promoting()) << "a fill ended that did not begin";
   const PageId p = b.page[TierIndex(TierKind::kHost)];
-  b.promoting = false;
+  b.moving = Block::Moving::kNone;
   if (ok) {
     Reside(id, TierKind::kHost, p);
     return;
@@ -323,7 +324,7 @@ void BlockTable::BeginRead(BlockId id, TierKind kind) {
   Block& b = blocks_[id];
   const PageId p = b.page[TierIndex(kind)];
   uint8_t& readers = b.readers[TierIndex(kind)];
-  KVTIER_CHECK(p != kNoPage && !b.promoting && readers < 255 &&
+  KVTIER_CHECK(p != kNoPage && !b.promoting() && readers < 255 &&
                t.state[p] == (readers == 0 ? PageState::kBlock : PageState::kInFlight))
       << "read of a block not in " << TierKindName(kind);
   if (readers++ > 0) return;
@@ -342,14 +343,14 @@ void BlockTable::EndRead(BlockId id, TierKind kind) {
 }
 
 void BlockTable::BeginSpill(BlockId id) {
-  KVTIER_CHECK(!blocks_[id].spilling) << "a second spill of one block";
+  KVTIER_CHECK(blocks_[id].moving == Block::Moving::kNone) << "a spill of a block that is moving";
   BeginRead(id);
-  blocks_[id].spilling = true;
+  blocks_[id].moving = Block::Moving::kSpilling;
 }
 
 void BlockTable::EndSpill(BlockId id) {
-  KVTIER_CHECK(blocks_[id].spilling) << "a spill ended that did not begin";
-  blocks_[id].spilling = false;
+  KVTIER_CHECK(blocks_[id].spilling()) << "a spill ended that did not begin";
+  blocks_[id].moving = Block::Moving::kNone;
   EndRead(id);
 }
 

@@ -52,8 +52,12 @@ class BlockTable {
     uint32_t refs = 0;
     uint32_t gen = 0;  // bumped on reuse of the id; async completions check it
     bool live = false;
-    bool spilling = false;   // host page being written to NVMe
-    bool promoting = false;  // host page being filled (from NVMe or a lower tier)
+    // What its host page is doing: being written to NVMe (a spill), or being filled from
+    // NVMe or a lower tier (a promotion: not readable yet). One at a time.
+    enum class Moving : uint8_t { kNone, kSpilling, kPromoting };
+    Moving moving = Moving::kNone;
+    bool spilling() const { return moving == Moving::kSpilling; }
+    bool promoting() const { return moving == Moving::kPromoting; }
     // Moves reading the block's page, by pool tier (TierIndex: GPU, host): an NVMe spill or
     // a lower-tier put of the host page, a demotion copying the GPU page down.
     std::array<uint8_t, 2> readers{};
@@ -142,7 +146,7 @@ class BlockTable {
   // Best tier the block is readable from (GPU, then host); nullopt while it is filled.
   // Inline with NoteUse: a chain's Lookup asks both of every block.
   static std::optional<TierKind> ReadableTier(const Block& b) {
-    if (b.promoting) return std::nullopt;
+    if (b.promoting()) return std::nullopt;
     if (b.page[TierIndex(TierKind::kGpu)] != kNoPage) return TierKind::kGpu;
     if (b.page[TierIndex(TierKind::kHost)] != kNoPage) return TierKind::kHost;
     return std::nullopt;

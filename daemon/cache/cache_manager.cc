@@ -311,7 +311,7 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
     BlockHash parent;
     if (!parents.empty() && !parents[i].IsZero()) parent = parents[i];
     const BlockId existing = blocks_->Find(s.ns_, hash);
-    if (existing != kNoBlock && blocks_->block(existing).promoting) {
+    if (existing != kNoBlock && blocks_->block(existing).promoting()) {
       r.status = StatusCode::kUnavailable;  // being read from NVMe right now; retry
       continue;
     }
@@ -415,7 +415,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
       const Block& b = blocks_->block(id);
       auto tier = blocks_->ReadableTier(b);
       if (!tier) {
-        if (!b.promoting) break;
+        if (!b.promoting()) break;
         tier = PromotingFrom(id);  // on its way up
       } else {
         touched.push_back({id, *tier});           // an engine wants it: it is in use
@@ -435,7 +435,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
         if (id != kNoBlock) {
           const Block& b = blocks_->block(id);
           auto tier = blocks_->ReadableTier(b);
-          if (!tier && !b.promoting) break;
+          if (!tier && !b.promoting()) break;
           r.tiers.push_back(tier ? *tier : PromotingFrom(id));
           continue;
         }
@@ -481,7 +481,7 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
     const size_t i = reverse ? hashes.size() - 1 - n : n;
     ++counters_.acquires;
     const BlockId id = ids[i];
-    if (id != kNoBlock && blocks_->block(id).promoting) {
+    if (id != kNoBlock && blocks_->block(id).promoting()) {
       waits.emplace_back(i, id);
       continue;
     }
@@ -517,7 +517,7 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
     for (size_t k = 0; k < lower.size(); ++k) {
       const size_t i = lower[k];
       const BlockId again = blocks_->Find(s.ns_, hashes[i]);  // an earlier entry may have started it
-      if (again != kNoBlock && blocks_->block(again).promoting) {
+      if (again != kNoBlock && blocks_->block(again).promoting()) {
         waits.emplace_back(i, again);
         continue;
       }

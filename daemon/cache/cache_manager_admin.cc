@@ -51,7 +51,7 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
       }
       if (id == kNoBlock && !rec) continue;
       found_in(ns);
-      if (id != kNoBlock && blocks_->block(id).promoting) {
+      if (id != kNoBlock && blocks_->block(id).promoting()) {
         e.state = BlockExplanation::State::kInFlight;
         e.tier = TierKind::kHost;
         e.on_nvme = true;
@@ -63,7 +63,7 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
         const Block& b = blocks_->block(id);
         e.tier = *blocks_->ReadableTier(b);
         e.on_nvme = b.page[TierIndex(TierKind::kNvme)] != kNoPage;
-        e.writing = b.spilling;
+        e.writing = b.spilling();
       } else {
         e.tier = TierKind::kNvme;
         e.on_nvme = true;
@@ -182,7 +182,7 @@ void CacheManager::TopBlocks(std::optional<TierKind> tier, std::string_view ns_h
   std::vector<BlockInfo> all;
   for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
     const Block& b = blocks_->block(id);
-    if (!b.live || b.promoting || !Visible(b.ns, ns_hex, tenant)) continue;
+    if (!b.live || b.promoting() || !Visible(b.ns, ns_hex, tenant)) continue;
     if (tier && b.page[TierIndex(*tier)] == kNoPage) continue;
     all.push_back(InfoOf(id));
     if (tier) all.back().tier = *tier;
@@ -241,7 +241,7 @@ void CacheManager::DrainStep() {
   if (mover_ && mover_->write_through_idle()) {
     for (BlockId id = 0; id < blocks_->id_limit(); ++id) {
       const Block& b = blocks_->block(id);
-      if (b.live && !b.spilling && !b.promoting && b.page[TierIndex(TierKind::kHost)] != kNoPage &&
+      if (b.live && !b.spilling() && !b.promoting() && b.page[TierIndex(TierKind::kHost)] != kNoPage &&
           b.page[TierIndex(TierKind::kNvme)] == kNoPage && mover_->Spillable(b)) {
         mover_->QueueWriteThrough(id);
       }

@@ -178,7 +178,7 @@ void CacheManager::ServeQueuedPromotions() {
     if (const BlockId existing = blocks_->Find(q.ns, q.hash); existing != kNoBlock) {
       const auto waiters = std::move(q.waiters);
       queued_promotions_.pop_front();
-      if (blocks_->block(existing).promoting) {
+      if (blocks_->block(existing).promoting()) {
         for (const auto& w : waiters) AddWaiter(existing, w);
       } else {
         const auto tier = blocks_->ReadableTier(blocks_->block(existing));

@@ -63,7 +63,7 @@ void LowerTierMover::PumpPuts() {
     const auto [id, gen] = put_queue_.front();
     put_queue_.pop_front();
     const BlockTable::Block& b = blocks_->block(id);
-    if (!b.live || b.gen != gen || b.promoting || Holds(b) || b.page[TierIndex(TierKind::kHost)] == kNoPage) {
+    if (!b.live || b.gen != gen || b.promoting() || Holds(b) || b.page[TierIndex(TierKind::kHost)] == kNoPage) {
       if (!b.live || b.gen != gen || b.page[TierIndex(TierKind::kHost)] == kNoPage) ++puts_skipped_;
       continue;  // gone from host before its turn, or already there
     }
@@ -157,7 +157,7 @@ BlockId LowerTierMover::StartPromotion(NamespaceId ns, TenantId tenant, const Bl
 
 void LowerTierMover::OnPromoted(BlockId id, uint32_t gen, const Status& st, const LowerBlockMeta& meta) {
   const BlockTable::Block& b = blocks_->block(id);
-  KVTIER_CHECK(b.live && b.gen == gen && b.promoting) << "lower-tier promotion completion for a block that moved";
+  KVTIER_CHECK(b.live && b.gen == gen && b.promoting()) << "lower-tier promotion completion for a block that moved";
   promotions_.erase(id);
   if (st.ok()) {
     if (BlockHash::ValidSize(meta.parent.size())) {

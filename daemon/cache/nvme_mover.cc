@@ -142,7 +142,7 @@ void NvmeMover::OnSpilled(BlockId id, uint32_t gen, bool keep_host, int64_t star
   --spills_in_flight_;
   if (!keep_host) --demotions_in_flight_;
   const BlockTable::Block& b = blocks_->block(id);
-  KVTIER_CHECK(b.live && b.gen == gen && b.spilling) << "spill completion for a block that moved";
+  KVTIER_CHECK(b.live && b.gen == gen && b.spilling()) << "spill completion for a block that moved";
   blocks_->EndSpill(id);
   if (st.ok()) {
     blocks_->SetNvmeSlot(id, slot);
@@ -179,7 +179,7 @@ void NvmeMover::PumpWriteThrough() {
     write_through_queue_.pop_front();
     const BlockTable::Block& b = blocks_->block(id);
     const PageId host = b.page[TierIndex(TierKind::kHost)];
-    if (!b.live || b.gen != gen || b.spilling || b.promoting || host == kNoPage ||
+    if (!b.live || b.gen != gen || b.spilling() || b.promoting() || host == kNoPage ||
         b.page[TierIndex(TierKind::kNvme)] != kNoPage || !Spillable(b) ||
         (blocks_->state(TierKind::kHost, host) != BlockTable::PageState::kBlock &&
          b.readers[TierIndex(TierKind::kHost)] == 0)) {
@@ -244,7 +244,7 @@ BlockId NvmeMover::StartPromotion(NamespaceId ns, TenantId tenant, const BlockHa
 
 void NvmeMover::OnPromoted(BlockId id, uint32_t gen, Status st, BlockRecord rec) {
   const BlockTable::Block& b = blocks_->block(id);
-  KVTIER_CHECK(b.live && b.gen == gen && b.promoting) << "promotion completion for a block that moved";
+  KVTIER_CHECK(b.live && b.gen == gen && b.promoting()) << "promotion completion for a block that moved";
   promotions_.erase(id);
   if (st.ok()) {
     const std::string key = namespaces_->BlockKey(b.ns, b.hash);
