@@ -29,7 +29,14 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
       cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
   if (cm->blocks_->enabled(TierKind::kGpu)) {
     if (!options.post) return InvalidArgument("a GPU tier needs an event loop to post its demotion copies to");
-    KVTIER_ASSIGN_OR_RETURN(cm->gpu_copier_, BlockWorkers::Open(1, options.post));
+    CacheManager* raw = cm.get();
+    KVTIER_ASSIGN_OR_RETURN(
+        cm->gpu_demoter_,
+        GpuDemoter::Open({.copy = options.gpu_copy, .max_in_flight = options.max_gpu_demotions_in_flight},
+                         cm->blocks_.get(), &cm->namespaces_, cm->clock_, options.post,
+                         [raw](BlockId id, const Status& st, bool resident, double seconds) {
+                           raw->OnGpuDemoted(id, st, resident, seconds);
+                         }));
   }
   if (nvme && options.nvme_quantization) {
     if (!options.post) return InvalidArgument("a quantized NVMe tier needs an event loop to post to");
@@ -108,7 +115,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
 // they read) goes.
 CacheManager::~CacheManager() {
   workers_.reset();  // their jobs read pages and the movers' buffers
-  gpu_copier_.reset();
+  gpu_demoter_.reset();
   lower_.clear();
   mover_.reset();
 }

@@ -62,6 +62,7 @@
 #include "daemon/cache/block_table.h"
 #include "daemon/cache/cache_types.h"
 #include "daemon/cache/eviction_history.h"
+#include "daemon/cache/gpu_demoter.h"
 #include "daemon/cache/lower_tier_mover.h"
 #include "daemon/cache/namespace_table.h"
 #include "daemon/cache/nvme_mover.h"
@@ -398,7 +399,7 @@ class CacheManager {
   // Starts copying GPU block `id` into a host page on the GPU copy thread; false when the
   // host tier has no page for it now.
   bool StartGpuDemotion(BlockId id);
-  void OnGpuDemoted(BlockId id, const Status& st);
+  void OnGpuDemoted(BlockId id, const Status& st, bool resident, double seconds);
   // Drops block `id`'s copy in `tier`, remembering the eviction when it was the last.
   void DropCopy(BlockId id, TierKind tier);
   void EnforceWatermark(TierKind tier);
@@ -429,16 +430,10 @@ class CacheManager {
   // The tokens of the block Commit is making resident, for the residency listener's
   // BlockStored; empty at every other time.
   std::span<const uint32_t> committing_tokens_;
-  std::unique_ptr<BlockWorkers> workers_;     // null unless a tier needs them
-  std::unique_ptr<BlockWorkers> gpu_copier_;  // one thread; null without a GPU tier
-  struct GpuDemotion {
-    uint32_t gen;
-    PageId host_page;
-    int64_t started_ns;
-  };
-  std::unordered_map<BlockId, GpuDemotion> gpu_demotions_;  // in flight
-  std::unique_ptr<NvmeMover> mover_;                        // null without an NVMe tier
-  std::vector<std::unique_ptr<LowerTierMover>> lower_;      // the chain below NVMe
+  std::unique_ptr<BlockWorkers> workers_;               // null unless a tier needs them
+  std::unique_ptr<GpuDemoter> gpu_demoter_;             // null without a GPU tier
+  std::unique_ptr<NvmeMover> mover_;                    // null without an NVMe tier
+  std::vector<std::unique_ptr<LowerTierMover>> lower_;  // the chain below NVMe
   std::unordered_map<BlockId, LowerPromotion> lower_promotions_;
   EvictionHistory history_;
   // Per pool tier: between crossing the high watermark and reaching the low one.

@@ -39,43 +39,17 @@ bool CacheManager::StartGpuDemotion(BlockId id) {
   if (MakeRoom(TierKind::kHost, b.tenant) != Room::kNow) return false;
   const std::optional<PageId> hp = blocks_->Take(TierKind::kHost, b.tenant);
   if (!hp) return false;
-  // The GPU page stays readable, pinned, until its host copy is complete.
-  blocks_->BeginRead(id, TierKind::kGpu);
-  gpu_demotions_[id] = GpuDemotion{b.gen, *hp, clock_->NowNanos()};
-  TierPool* gpu = blocks_->pool(TierKind::kGpu);
-  const PageId gp = b.page[TierIndex(TierKind::kGpu)];
-  const uint32_t segment = gpu->SegmentOf(gp);
-  const uint64_t offset = gpu->OffsetInSegment(gp);
-  const uint8_t* src = gpu->memory().DeviceAddress(segment) + offset;
-  uint8_t* dst = blocks_->pool(TierKind::kHost)->PageAddress(*hp);
-  const uint64_t bytes = namespaces_.Get(b.ns).block_bytes;
-  auto copy = [copy = options_.gpu_copy, memory = &gpu->memory(), segment, offset, dst, src, bytes] {
-    return copy ? copy(dst, src, bytes) : memory->CopyToHost(segment, offset, dst, bytes);
-  };
-  gpu_copier_->Run(std::move(copy), [this, id](Status st) { OnGpuDemoted(id, st); });
+  gpu_demoter_->Start(id, *hp);
   return true;
 }
 
-void CacheManager::OnGpuDemoted(BlockId id, const Status& st) {
-  auto node = gpu_demotions_.extract(id);
-  KVTIER_CHECK(!node.empty()) << "a GPU demotion ended that did not begin";
+void CacheManager::OnGpuDemoted(BlockId id, const Status& st, bool resident, double seconds) {
   const Block& b = blocks_->block(id);
-  KVTIER_CHECK(b.live && b.gen == node.mapped().gen) << "GPU demotion completion for a block that moved";
-  blocks_->EndRead(id, TierKind::kGpu);
-  const PageId hp = node.mapped().host_page;
-  if (st.ok()) {
-    headroom_[TierIndex(TierKind::kGpu)].NoteRoundTrip(
-        static_cast<double>(clock_->NowNanos() - node.mapped().started_ns) * 1e-9);
-  }
-  if (st.ok() && b.page[TierIndex(TierKind::kHost)] == kNoPage) {
-    blocks_->Reside(id, TierKind::kHost, hp);
+  if (st.ok()) headroom_[TierIndex(TierKind::kGpu)].NoteRoundTrip(seconds);
+  if (resident) {
     ++counters_.gpu_demotions;
     QueueLowerPuts(id);
     PumpLowerPuts();
-  } else {
-    // Failed, or the block got a host copy meanwhile (a commit of the same key).
-    if (!st.ok()) KVTIER_LOG(WARNING) << "GPU demotion copy failed: " << st.ToString() << "; dropping the block";
-    blocks_->Free(TierKind::kHost, hp);
   }
   // The GPU copy goes, as the eviction meant, unless a session took a reference meanwhile.
   if (b.refs == 0) DropCopy(id, TierKind::kGpu);
@@ -100,7 +74,7 @@ CacheManager::Evicted CacheManager::EvictOne(TierKind kind, TenantId tenant) {
     // GPU -> host: the block keeps living one tier down; its GPU page is freed once the
     // copy thread has put it in host.
     if (blocks_->block(victim).page[TierIndex(TierKind::kHost)] == kNoPage) {
-      if (gpu_demotions_.size() >= options_.max_gpu_demotions_in_flight) return Evicted::kBusy;
+      if (gpu_demoter_->busy()) return Evicted::kBusy;
       if (StartGpuDemotion(victim)) return Evicted::kDemoting;
     }
     DropCopy(victim, kind);
@@ -151,7 +125,7 @@ void CacheManager::EnforceWatermark(TierKind kind) {
   // Pages being demoted are as good as free for this purpose.
   auto projected = [&] {
     const double used = pool.capacity() - pool.free_count();
-    if (kind == TierKind::kGpu) return used - static_cast<double>(gpu_demotions_.size());
+    if (kind == TierKind::kGpu) return used - static_cast<double>(gpu_demoter_->in_flight());
     return used - (mover_ ? mover_->demotions_in_flight() : 0);
   };
   // Eviction starts at the high watermark, or earlier when the recent allocation rate
@@ -193,7 +167,7 @@ CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
   // Moves in flight will make room: a demotion frees its page (to NVMe; GPU to host), a
   // write-through (to NVMe or a lower tier) makes its block droppable again.
   auto spills_will_help = [&] {
-    if (kind == TierKind::kGpu) return !gpu_demotions_.empty();
+    if (kind == TierKind::kGpu) return gpu_demoter_->in_flight() > 0;
     return (mover_ && mover_->spills_in_flight() > 0) || LowerPutsInFlight();
   };
   // A tenant at its quota makes room among its own blocks, or gets none.
