@@ -5,8 +5,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <set>
+#include <span>
 
+#include "kernels/device_backend.h"
 #include "protocol/base/units.h"
+#include "storage/io/io_engine.h"
+#include "storage/policy/eviction_policy.h"
 
 namespace kvtier {
 namespace {
@@ -22,6 +26,25 @@ std::string Alternatives(const std::pair<std::string_view, E> (&names)[N]) {
     out += names[i].first;
   }
   return out;
+}
+
+// "a", "a or b", "a, b or c" of a list of names.
+std::string Alternatives(std::span<const std::string_view> names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? " or " : ", ";
+    out += names[i];
+  }
+  return out;
+}
+
+// One of the names a factory's owner exports (policies, backends).
+Result<std::string> Word(const std::string& key, const YAML::Node& n, std::span<const std::string_view> names) {
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
+  for (std::string_view name : names) {
+    if (s == name) return s;
+  }
+  return ConfigKeyError(key, "'" + s + "' is not " + Alternatives(names));
 }
 
 // One of the words an enum's owner exports for its values.
@@ -374,7 +397,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.host.policy", "adaptive",
        "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, adaptive (the best "
        "measured; docs/benchmarks.md).",
-       KVTIER_SET(Path(key, n), host.policy)},
+       KVTIER_SET(Word(key, n, EvictionPolicyNames()), host.policy)},
       {"tiers.gpu.enabled", "false",
        "A GPU tier: daemon-owned HBM pages engines lease and share (managed-pool mode); "
        "cached GPU blocks are demoted to host pages above the high watermark.",
@@ -382,14 +405,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.gpu.backend", "auto",
        "auto: CUDA when a GPU is visible, else no GPU tier; cuda: fail at start without one; "
        "host-emulated: device memory emulated in host RAM (tests, development).",
-       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
-         if (s != "auto" && s != "cuda" && s != "host-emulated") {
-           return ConfigKeyError(key, "'" + s + "' is not auto, cuda or host-emulated");
-         }
-         c->gpu_backend = s;
-         return Status::Ok();
-       }},
+       KVTIER_SET(Word(key, n, kDeviceBackendNames), gpu_backend)},
       {"tiers.gpu.device", "0", "CUDA device of the GPU tier.",
        KVTIER_SET((Integer<int>(key, n, 0, 1023)), gpu_device)},
       {"tiers.gpu.capacity", "1GiB", "Size of the GPU pool; a multiple of segment_bytes.",
@@ -408,7 +424,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "watermarks alone.",
        KVTIER_SET(Number(key, n, 0, 64), gpu.allocation_headroom)},
       {"tiers.gpu.policy", "adaptive", "Eviction policy of cached GPU blocks (as tiers.host.policy).",
-       KVTIER_SET(Path(key, n), gpu.policy)},
+       KVTIER_SET(Word(key, n, EvictionPolicyNames()), gpu.policy)},
       {"tiers.nvme.files", "[]",
        "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity (unless "
        "preallocate: false, which leaves it sparse: spills may then meet a full file system) and "
@@ -442,14 +458,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.nvme.io_backend", "auto",
        "auto: io_uring when it can be set up (kernel.io_uring_disabled and seccomp can prevent "
        "it), else threads; io_uring: fail at start without it; threads: pread/pwrite workers.",
-       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
-         if (s != "auto" && s != "io_uring" && s != "threads") {
-           return ConfigKeyError(key, "'" + s + "' is not auto, io_uring or threads");
-         }
-         c->nvme.io_backend = s;
-         return Status::Ok();
-       }},
+       KVTIER_SET(Word(key, n, kIoBackendNames), nvme.io_backend)},
       {"tiers.nvme.queue_depth", "256", "Most NVMe reads and writes in flight.",
        KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), nvme.queue_depth)},
       {"tiers.nvme.durability", "strict",
@@ -472,7 +481,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.nvme.policy", "lru",
        "Eviction policy of NVMe blocks: lru or arc (no prefix order: "
        "the NVMe index does not track parents).",
-       KVTIER_SET(Path(key, n), nvme.policy)},
+       KVTIER_SET(Word(key, n, kNvmePolicyNames), nvme.policy)},
       {"tiers.nvme.index_cache", "16MiB", "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
        KVTIER_SET((Bytes(key, n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
       {"tiers.nvme.verify_rate", "0",

@@ -9,7 +9,6 @@
 
 #include "daemon/config.h"
 #include "protocol/base/units.h"
-#include "storage/policy/eviction_policy.h"
 
 namespace kvtier {
 
@@ -66,16 +65,6 @@ Status ValidateConfig(const DaemonConfig& c) {
   }
   if (h.low_watermark >= h.high_watermark) {
     return InvalidArgument("config key 'tiers.host.low_watermark' must be below high_watermark");
-  }
-  for (auto [key, name] : {std::pair{"tiers.host.policy", &h.policy}, std::pair{"tiers.gpu.policy", &c.gpu.policy}}) {
-    if (!MakeEvictionPolicy(*name).ok()) {
-      std::string known;
-      for (std::string_view n : EvictionPolicyNames()) known += (known.empty() ? "" : ", ") + std::string(n);
-      return InvalidArgument("config key '" + std::string(key) + "': '" + *name + "' is not a policy (" + known + ")");
-    }
-  }
-  if (c.nvme.policy != "lru" && c.nvme.policy != "arc") {
-    return InvalidArgument("config key 'tiers.nvme.policy': '" + c.nvme.policy + "' is not lru or arc");
   }
   {
     in6_addr a6;

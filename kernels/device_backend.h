@@ -105,6 +105,8 @@ enum class WithoutDevice {
   kUnavailable,   // the error: the daemon then runs without a GPU tier
   kHostEmulated,  // host-emulated: an engine without a GPU keeps its KV in host memory
 };
+// The names OpenDeviceBackend knows.
+inline constexpr std::string_view kDeviceBackendNames[] = {"auto", "cuda", "host-emulated"};
 // By name: "host-emulated" always works; "cuda" is kUnavailable without a driver and a
 // device (cudaGetDeviceCount fails with no libcuda.so.1) and kUnimplemented in a build
 // without CUDA; "auto" is cuda when that works, else as `without` says. kInvalidArgument

@@ -78,6 +78,9 @@ struct IoEngineOptions {
   uint32_t threads = 4;
 };
 
+// The backends OpenIoEngine knows, by name.
+inline constexpr std::string_view kIoBackendNames[] = {"auto", "io_uring", "threads"};
+
 // kInvalidArgument for an unknown backend; with "io_uring", kUnavailable when it cannot
 // be set up. "auto" logs which one it chose and why.
 Result<std::unique_ptr<IoEngine>> OpenIoEngine(const IoEngineOptions& options);

@@ -64,6 +64,10 @@ enum class Durability {
 inline constexpr std::pair<std::string_view, Durability> kDurabilityNames[] = {{"strict", Durability::kStrict},
                                                                                {"relaxed", Durability::kRelaxed}};
 
+// The eviction policies an NVMe tier can run (the index keeps no parents, so no prefix
+// order).
+inline constexpr std::string_view kNvmePolicyNames[] = {"lru", "arc"};
+
 struct NvmeTierOptions {
   std::vector<SlotFileSpec> files;
   uint64_t slot_bytes = 2ull << 20;  // = the host tier's page size

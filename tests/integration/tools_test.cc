@@ -156,7 +156,7 @@ TEST(Kvtierd, CheckConfigRunsEveryCheckStartRuns) {
   std::ofstream(dir.File("a_file")) << "not a directory\n";
   const std::string host = "tiers:\n  host: {capacity: 16MiB, page_bytes: 1MiB, segment_bytes: 16MiB";
   const std::vector<Refused> refused = {
-      {host + ", policy: random}\n", "tiers.host.policy", "is not a policy"},
+      {host + ", policy: random}\n", "tiers.host.policy", "is not lru, prefix-lru"},
       {host + ", enabled: false}\n", "tiers.host.enabled", "no tier is enabled"},
       {host + "}\n  nvme: {files: [{path: " + dir.File("slots0") + ", capacity: 16896KiB}]}\n",
        "tiers.nvme.files[0].capacity", "not a whole number of slots"},
