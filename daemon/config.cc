@@ -90,7 +90,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml_text) {
       return InvalidArgument(std::string("config: ") + e.what());
     }
   }
-  if (config.max_entries_auto) config.max_entries_per_request = MaxEntriesForFrame(config.max_frame_bytes);
+  if (config.max_entries_auto) config.max_entries_per_request = MaxEntriesForFrame(config.server.max_frame_bytes);
   // An events section means events, unless it says otherwise.
   if (root.IsMap() && static_cast<const YAML::Node&>(root)["events"] && !config.events.enabled_given) {
     config.events.enabled = true;

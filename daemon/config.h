@@ -15,6 +15,7 @@
 #include "daemon/cache/cache_types.h"
 #include "daemon/cache/lower_tier_mover.h"
 #include "daemon/events/kv_events.h"
+#include "daemon/server_options.h"
 #include "kernels/kv_layout.h"
 #include "protocol/base/defaults.h"
 #include "protocol/base/logging.h"
@@ -106,21 +107,14 @@ struct EventsConfig {
 };
 
 struct DaemonConfig {
-  std::string socket_path = kDefaultSocketPath;
-  std::string socket_group;  // empty: the daemon's group
-  uint32_t socket_mode = 0660;
+  // The socket and its sessions: path, mode, limits (socket.*, protocol.*).
+  ServerOptions server;
+  std::string socket_group;  // empty: the daemon's group (resolved into server.socket_gid)
   std::string data_dir = "./var";
   LogLevel log_level = LogLevel::kInfo;
 
-  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
-  uint32_t max_sessions = 1024;
-  uint64_t max_pending_output_bytes = 16ull << 20;
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
-  bool max_entries_auto = true;  // derived from max_frame_bytes (MaxEntriesForFrame)
-  int64_t heartbeat_ttl_ns = 0;  // 0: sessions may stay silent forever
-  int64_t hello_timeout_ns = 10'000'000'000;
-  uint32_t max_sessions_per_uid = 256;
-  uint32_t admin_sessions = 8;
+  bool max_entries_auto = true;  // derived from server.max_frame_bytes (MaxEntriesForFrame)
 
   std::string metrics_listen = "127.0.0.1";
   int metrics_port = 9490;                            // 0: any free port; -1: no metrics endpoint

@@ -206,7 +206,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
   static const std::vector<ConfigKey> keys = {
       {"socket.path", "./var/kvtierd.sock",
        "Unix socket that engines and kvctl connect to. Clients use this path by default.",
-       KVTIER_SET(Path(key, n), socket_path)},
+       KVTIER_SET(Path(key, n), server.socket_path)},
       {"socket.group", "\"\"",
        "Group that owns the socket (and the socket's directory when kvtierd creates it); "
        "engines of users in it may connect. A name or a number; empty: the daemon's group.",
@@ -226,7 +226,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
            return ConfigKeyError(key, "'" + s + "' is not an octal mode like 0660");
          if (v & 0007) return ConfigKeyError(key, "'" + s + "' gives others access; use the group (socket.group)");
          if ((v & 0600) != 0600) return ConfigKeyError(key, "'" + s + "' does not let the daemon's user connect");
-         c->socket_mode = static_cast<uint32_t>(v);
+         c->server.socket_mode = static_cast<uint32_t>(v);
          return Status::Ok();
        }},
       {"data_dir", "./var", "State directory: lock file now; index and slot files with NVMe.",
@@ -242,13 +242,13 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"protocol.max_frame_bytes", "1MiB",
        "Largest request frame accepted; a larger one is answered with an error and its "
        "connection closed.",
-       KVTIER_SET((Bytes(key, n, 4096, 64ull << 20)), max_frame_bytes)},
+       KVTIER_SET((Bytes(key, n, 4096, 64ull << 20)), server.max_frame_bytes)},
       {"protocol.max_sessions", "1024", "Connections served at once; more are refused.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), max_sessions)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), server.max_sessions)},
       {"protocol.max_pending_output", "16MiB",
        "Responses buffered for a session that does not read them; above it the daemon stops "
        "reading that session's requests until it catches up.",
-       KVTIER_SET((Bytes(key, n, 64 * 1024, 1ull << 32)), max_pending_output_bytes)},
+       KVTIER_SET((Bytes(key, n, 64 * 1024, 1ull << 32)), server.max_pending_output_bytes)},
       {"protocol.max_entries_per_request", "auto",
        "Most pages or hashes one request may name. auto: as many as the largest request "
        "(a Commit with 32-byte hashes, 68 bytes an entry) fits in protocol.max_frame_bytes "
@@ -262,18 +262,18 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"protocol.heartbeat_ttl", "0",
        "A session that sends nothing (not even Ping) for this long is expired: its references "
        "are dropped and its leased pages quarantined until its process exits. 0: never.",
-       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), heartbeat_ttl_ns)},
+       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), server.heartbeat_ttl_ns)},
       {"protocol.hello_timeout", "10s",
        "A connection that has not sent Hello this long after connecting is answered with an "
        "error and closed (0: never).",
-       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), hello_timeout_ns)},
+       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), server.hello_timeout_ns)},
       {"protocol.max_sessions_per_uid", "256",
        "Connections one uid may hold at once (admins excepted); 0: no limit but max_sessions.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), max_sessions_per_uid)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), server.max_sessions_per_uid)},
       {"protocol.admin_sessions", "8",
        "Of max_sessions, how many only admins (root, the daemon's uid, security.admin_uids) "
        "may take, so kvctl always gets in.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), admin_sessions)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), server.admin_sessions)},
       {"security.allow_unknown", "true",
        "A peer whose uid and groups match no tenant in security.tenants: true gives it a "
        "tenant of its own (uid=U, with security.unknown_quota); false refuses it at Hello.",

@@ -38,25 +38,27 @@ Status ValidateConfig(const DaemonConfig& c) {
   }
   // A file-system socket only: its directory and mode are the access control (an abstract
   // socket has neither).
-  if (c.socket_path.empty() || c.socket_path[0] == '@' || c.socket_path.find('\0') != std::string::npos) {
-    return InvalidArgument("config key 'socket.path': '" + c.socket_path +
+  if (c.server.socket_path.empty() || c.server.socket_path[0] == '@' ||
+      c.server.socket_path.find('\0') != std::string::npos) {
+    return InvalidArgument("config key 'socket.path': '" + c.server.socket_path +
                            "' must be a file-system path (abstract sockets have no permissions)");
   }
-  if (c.socket_path.size() >= kMaxSocketPathBytes) {
-    return InvalidArgument("config key 'socket.path': '" + c.socket_path + "' is " +
-                           std::to_string(c.socket_path.size()) + " bytes; a Unix socket path has at most " +
+  if (c.server.socket_path.size() >= kMaxSocketPathBytes) {
+    return InvalidArgument("config key 'socket.path': '" + c.server.socket_path + "' is " +
+                           std::to_string(c.server.socket_path.size()) + " bytes; a Unix socket path has at most " +
                            std::to_string(kMaxSocketPathBytes - 1));
   }
-  if (c.max_entries_per_request > MaxEntriesForFrame(c.max_frame_bytes)) {
-    return InvalidArgument(
-        "config key 'protocol.max_entries_per_request' (" + std::to_string(c.max_entries_per_request) +
-        ") cannot be reached: the largest request of " + "that many entries does not fit protocol.max_frame_bytes (" +
-        FormatBytes(c.max_frame_bytes) + ", which holds " + std::to_string(MaxEntriesForFrame(c.max_frame_bytes)) +
-        "); raise max_frame_bytes or leave max_entries_per_request at auto");
+  if (c.max_entries_per_request > MaxEntriesForFrame(c.server.max_frame_bytes)) {
+    return InvalidArgument("config key 'protocol.max_entries_per_request' (" +
+                           std::to_string(c.max_entries_per_request) + ") cannot be reached: the largest request of " +
+                           "that many entries does not fit protocol.max_frame_bytes (" +
+                           FormatBytes(c.server.max_frame_bytes) + ", which holds " +
+                           std::to_string(MaxEntriesForFrame(c.server.max_frame_bytes)) +
+                           "); raise max_frame_bytes or leave max_entries_per_request at auto");
   }
-  if (c.admin_sessions >= c.max_sessions) {
-    return InvalidArgument("config key 'protocol.admin_sessions' (" + std::to_string(c.admin_sessions) +
-                           ") must be below protocol.max_sessions (" + std::to_string(c.max_sessions) + ")");
+  if (c.server.admin_sessions >= c.server.max_sessions) {
+    return InvalidArgument("config key 'protocol.admin_sessions' (" + std::to_string(c.server.admin_sessions) +
+                           ") must be below protocol.max_sessions (" + std::to_string(c.server.max_sessions) + ")");
   }
   if (!h.enabled && !c.gpu.enabled) {
     return InvalidArgument(
@@ -176,7 +178,7 @@ Status ValidateConfig(const DaemonConfig& c) {
       }
     }
   }
-  if (c.max_pending_output_bytes < c.max_frame_bytes) {
+  if (c.server.max_pending_output_bytes < c.server.max_frame_bytes) {
     return InvalidArgument("config key 'protocol.max_pending_output' must be >= max_frame_bytes");
   }
   return Status::Ok();

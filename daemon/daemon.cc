@@ -291,21 +291,14 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   }
   KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default(), std::move(lower)));
 
-  Server::Options so;
-  so.socket_path = config.socket_path;
-  so.max_sessions = config.max_sessions;
-  so.max_frame_bytes = config.max_frame_bytes;
-  so.max_pending_output_bytes = config.max_pending_output_bytes;
-  so.socket_mode = config.socket_mode;
-  so.heartbeat_ttl_ns = config.heartbeat_ttl_ns;
-  so.hello_timeout_ns = config.hello_timeout_ns;
-  so.max_sessions_per_uid = config.max_sessions_per_uid;
-  so.admin_sessions = config.admin_sessions;
-  so.is_admin = [tenants = d->tenants_.get()](uid_t uid) { return tenants->IsAdmin(uid); };
+  Server::Options so = config.server;
   if (!config.socket_group.empty()) {
     KVTIER_ASSIGN_OR_RETURN(so.socket_gid, ResolveGroup(config.socket_group));
   }
-  KVTIER_ASSIGN_OR_RETURN(d->server_, Server::Open(d->io_, so, SystemClock::Default()));
+  KVTIER_ASSIGN_OR_RETURN(d->server_,
+                          Server::Open(
+                              d->io_, so, [tenants = d->tenants_.get()](uid_t uid) { return tenants->IsAdmin(uid); },
+                              SystemClock::Default()));
 
   if (config.metrics_port >= 0) {
     Daemon* raw = d.get();
@@ -319,7 +312,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   d->info_.version = kVersion;
   d->info_.epoch = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   d->info_.started_ns = SystemClock::Default()->NowNanos();
-  d->info_.max_frame_bytes = config.max_frame_bytes;
+  d->info_.max_frame_bytes = config.server.max_frame_bytes;
   d->info_.max_entries_per_request = config.max_entries_per_request;
   d->info_.gpu_device = config.gpu_device;
 
@@ -460,7 +453,7 @@ Status Daemon::Run() {
     WatchNvme();
   }
   ScheduleTick();
-  KVTIER_LOG(NOTICE) << "kvtierd " << kVersion << " serving on " << config_.socket_path
+  KVTIER_LOG(NOTICE) << "kvtierd " << kVersion << " serving on " << config_.server.socket_path
                      << (http_ ? ", metrics at " + http_->url() : std::string(", no metrics endpoint"));
   if (sd_watchdog_enabled(0, &watchdog_usec_) <= 0) watchdog_usec_ = 0;
   watchdog_last_ = std::chrono::steady_clock::now();

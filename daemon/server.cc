@@ -36,12 +36,13 @@ std::optional<ucred> PeerCredentialsOf(int fd) {
 }
 }  // namespace
 
-Server::Server(asio::io_context& io, const Options& options, const Clock* clock)
-    : io_(io), options_(options), clock_(clock), acceptor_(io) {}
+Server::Server(asio::io_context& io, const Options& options, IsAdmin is_admin, const Clock* clock)
+    : io_(io), options_(options), is_admin_(std::move(is_admin)), clock_(clock), acceptor_(io) {}
 
 Server::~Server() { Stop(); }
 
-Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options& options, const Clock* clock) {
+Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options& options, IsAdmin is_admin,
+                                             const Clock* clock) {
   const std::string& path = options.socket_path;
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
     return InvalidArgument("socket path '" + path + "' is too long for a Unix socket");
@@ -73,7 +74,7 @@ Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options
     if (live) return FailedPrecondition("another kvtierd is listening on " + path);
     ::unlink(path.c_str());
   }
-  std::unique_ptr<Server> s(new Server(io, options, clock));
+  std::unique_ptr<Server> s(new Server(io, options, std::move(is_admin), clock));
   boost::system::error_code ec;
   s->acceptor_.open(stream(), ec);
   if (!ec) s->acceptor_.bind(stream::endpoint(path), ec);
@@ -228,7 +229,7 @@ void Server::Accept() {
       if (!cred) {
         KVTIER_LOG(WARNING) << "a connection without peer credentials (" << std::strerror(errno) << "): closed";
       } else {
-        const bool admin = options_.is_admin && options_.is_admin(cred->uid);
+        const bool admin = is_admin_ && is_admin_(cred->uid);
         const Status room = Admit(cred->uid, admin);
         const SessionId id = next_id_++;
         auto session = std::make_shared<Session>(this, std::move(socket), id, *cred);

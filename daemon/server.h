@@ -39,6 +39,7 @@
 #include <string>
 
 #include "daemon/dispatcher.h"
+#include "daemon/server_options.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 
@@ -48,30 +49,15 @@ class Session;
 
 class Server {
  public:
-  struct Options {
-    std::string socket_path;
-    uint32_t socket_mode = 0660;
-    // Group given the socket (and a socket directory Open creates); -1: the daemon's.
-    gid_t socket_gid = static_cast<gid_t>(-1);
-    // A session silent for this long is expired (0: never).
-    int64_t heartbeat_ttl_ns = 0;
-    uint32_t max_sessions = 1024;
-    // A connection that has not sent Hello this long after connecting is closed (0: never).
-    int64_t hello_timeout_ns = 10'000'000'000;
-    // Connections one non-admin uid may hold (0: no limit beyond max_sessions).
-    uint32_t max_sessions_per_uid = 256;
-    // Of max_sessions, how many only admin peers may take.
-    uint32_t admin_sessions = 8;
-    // Whether a uid is an admin's (decides admin_sessions and the per-uid limit).
-    std::function<bool(uid_t)> is_admin;
-    uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
-    uint64_t max_pending_output_bytes = 16ull << 20;
-  };
+  using Options = ServerOptions;
+  // Whether a uid is an admin's (decides admin_sessions and the per-uid limit).
+  using IsAdmin = std::function<bool(uid_t)>;
   static constexpr int kFramesPerTurn = 64;
 
   // Binds the socket (refusing when another daemon answers on it; removing a stale one)
   // but accepts nothing until Start().
-  static Result<std::unique_ptr<Server>> Open(boost::asio::io_context& io, const Options& options, const Clock* clock);
+  static Result<std::unique_ptr<Server>> Open(boost::asio::io_context& io, const Options& options, IsAdmin is_admin,
+                                              const Clock* clock);
   ~Server();
 
   // Starts accepting connections and serving them through `dispatcher`, which outlives
@@ -92,7 +78,7 @@ class Server {
 
  private:
   friend class Session;
-  Server(boost::asio::io_context& io, const Options& options, const Clock* clock);
+  Server(boost::asio::io_context& io, const Options& options, IsAdmin is_admin, const Clock* clock);
   void Accept();
   void Remove(SessionId id);
   // Frees quarantine `id` once the process behind `pidfd` (owned) exits.
@@ -109,6 +95,7 @@ class Server {
 
   boost::asio::io_context& io_;
   Options options_;
+  IsAdmin is_admin_;
   const Clock* clock_;
   Dispatcher* dispatcher_ = nullptr;  // from Start
   boost::asio::local::stream_protocol::acceptor acceptor_;

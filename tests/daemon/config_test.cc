@@ -163,7 +163,7 @@ TEST(Config, ValuesParse) {
       "metrics:\n  port: 0\n"
       "log_level: debug\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->socket_path, "/run/kvtier/kvtierd.sock");
+  EXPECT_EQ(c->server.socket_path, "/run/kvtier/kvtierd.sock");
   EXPECT_EQ(c->host.capacity_bytes, 4ull << 30);
   EXPECT_EQ(c->host.page_bytes, 1ull << 20);
   EXPECT_EQ(c->host.huge_pages, HugePages::kOff);
@@ -191,8 +191,8 @@ TEST(Config, SecurityKeysParse) {
       "    - {name: org-b.prod, gids: [3000]}\n");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->socket_group, "kvtier");
-  EXPECT_EQ(c->socket_mode, 0600u);
-  EXPECT_EQ(c->heartbeat_ttl_ns, 1'500'000'000);
+  EXPECT_EQ(c->server.socket_mode, 0600u);
+  EXPECT_EQ(c->server.heartbeat_ttl_ns, 1'500'000'000);
   EXPECT_FALSE(c->security.allow_unknown);
   EXPECT_EQ(c->security.admin_uids, (std::vector<uint32_t>{1000, 1001}));
   EXPECT_EQ(c->security.unknown_quota.host, 64ull << 20);
@@ -223,8 +223,8 @@ TEST(Config, SecurityKeysParse) {
   // The defaults: anyone may connect, as their own tenant; no TTL.
   DaemonConfig d;
   EXPECT_TRUE(d.security.allow_unknown);
-  EXPECT_EQ(d.socket_mode, 0660u);
-  EXPECT_EQ(d.heartbeat_ttl_ns, 0);
+  EXPECT_EQ(d.server.socket_mode, 0660u);
+  EXPECT_EQ(d.server.heartbeat_ttl_ns, 0);
 }
 
 // Events are off by default; an events section turns them on unless it says otherwise.
