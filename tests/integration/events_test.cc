@@ -37,6 +37,17 @@ std::string Endpoint(const DaemonProcess& d, const std::string& which) {
 
 bool HavePythonZmq() { return Sh("/usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null").code == 0; }
 
+// Waits (bounded) until the daemon's event counters say `done`: a peer is counted once its
+// connection is accepted, so a test need not guess how long a subscriber takes to start.
+bool WaitForEvents(const DaemonProcess& d, const std::function<bool(const DaemonStats::Events&)>& done) {
+  return WaitUntil(
+      [&] {
+        auto s = StatsOf(d.socket_path());
+        return s.ok() && s->events.has_value() && done(*s->events);
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(50));
+}
+
 TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsItsGap) {
   ASSERT_TRUE(HavePythonZmq()) << "python3-zmq and python3-msgpack are in scripts/deps.sh";
   DaemonProcess::Options o;
@@ -64,7 +75,8 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
                 std::to_string(before->events->first_sequence))
                  .out;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // it connects (late joiners replay)
+  ASSERT_TRUE(WaitForEvents(d, [](const DaemonStats::Events& e) { return e.subscribers >= 1; }))
+      << "the subscriber did not connect";
   const ModelLayout layout = TestLayout("events-model", 16);
   {
     ClientOptions co = EngineOptions(d.socket_path(), "events-engine");
@@ -169,7 +181,8 @@ TEST(Events, ASubscriberThatNeverReadsLeavesTheDaemonBoundedAndServing) {
        "s.setsockopt(zmq.RCVBUF, 4096); s.setsockopt(zmq.RCVHWM, 1); s.connect('" +
        pub + "'); s.setsockopt(zmq.SUBSCRIBE, b''); time.sleep(8)\"");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ASSERT_TRUE(WaitForEvents(d, [](const DaemonStats::Events& e) { return e.subscribers >= 1; }))
+      << "the stuck subscriber did not connect";
   auto load = [&](double seconds) {
     CmdResult r =
         Sh("timeout 60 " + BinaryPath("kvtier-load") + " -s " + d.socket_path() +
@@ -245,7 +258,9 @@ TEST(Events, PeersPastTheCapsAreRefusedAndTheDaemonStaysBounded) {
        "'); s.send_multipart([b'', (0).to_bytes(8,'big')]); socks.append(s)\n"
        "time.sleep(8)\"");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  // Every peer past the caps is refused once it has connected.
+  ASSERT_TRUE(WaitForEvents(d, [](const DaemonStats::Events& e) { return e.refused >= 200 - 16 + 40 - 4; }))
+      << "the flood's peers were not all refused";
   nlohmann::json r = load(4.0);
   const uint64_t rss_after = RssKiB(d.pid());
   auto stats = StatsOf(d.socket_path());
