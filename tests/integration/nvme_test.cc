@@ -421,7 +421,8 @@ TEST_P(NvmeDaemonTest, StopDuringALongVerifyAndAQueuedScanShutsDownCleanly) {
     auto v = (*control)->Verify();
     return v.ok() ? 11 : 0;  // the daemon went away first: an error, not a hang or a report
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("verify of the NVMe tier started") != std::string::npos; }))
+      << d.Log();
   EngineProcess blocks([&]() -> int {
     auto r = Sh(BinaryPath("kvctl") + " blocks --tier nvme --socket " + d.socket_path());
     return r.code == 0 ? 11 : 0;
