@@ -35,8 +35,7 @@ struct NvmeTierConfig {
     bool operator==(const File&) const = default;
   };
   std::vector<File> files;  // none: no NVMe tier
-  std::string io_backend = IoEngineOptions{}.backend;
-  uint32_t queue_depth = IoEngineOptions{}.queue_depth;
+  IoEngineOptions io;  // backend and queue depth; the daemon sizes its buffers
   Durability durability = Durability::kStrict;
   WritePolicy write_policy = WritePolicy::kWriteBack;
   bool prefetch = false;

@@ -458,9 +458,9 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.nvme.io_backend", "auto",
        "auto: io_uring when it can be set up (kernel.io_uring_disabled and seccomp can prevent "
        "it), else threads; io_uring: fail at start without it; threads: pread/pwrite workers.",
-       KVTIER_SET(Word(key, n, kIoBackendNames), nvme.io_backend)},
+       KVTIER_SET(Word(key, n, kIoBackendNames), nvme.io.backend)},
       {"tiers.nvme.queue_depth", "256", "Most NVMe reads and writes in flight.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), nvme.queue_depth)},
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), nvme.io.queue_depth)},
       {"tiers.nvme.durability", "strict",
        "strict: a spilled block counts only once its bytes are fdatasync'ed and its index "
        "entry synced (one sync covers many blocks); relaxed: neither (a crash may lose recent "

@@ -127,9 +127,7 @@ Daemon::~Daemon() {
 
 Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(TestHooks hooks) {
   const NvmeTierConfig& c = config_.nvme;
-  IoEngineOptions io;
-  io.backend = c.io_backend;
-  io.queue_depth = c.queue_depth;
+  IoEngineOptions io = c.io;
   io.max_buffers = static_cast<uint32_t>(config_.host.capacity_bytes / config_.host.segment_bytes);
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine, OpenIoEngine(io));
   KVTIER_LOG(NOTICE) << "nvme: io backend " << engine->name();
@@ -237,7 +235,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     co.write_policy = config.nvme.write_policy;
     co.prefetch = config.nvme.prefetch;
     co.nvme_quantization = config.nvme.quantization;
-    co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.queue_depth);
+    co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.io.queue_depth);
     const fs::space_info space = fs::space(config.data_dir, ec);
     if (!ec && space.available < kMinIndexFreeBytes) {
       return ResourceExhausted("data_dir " + config.data_dir + ": its file system is full (" +

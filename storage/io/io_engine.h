@@ -76,6 +76,7 @@ struct IoEngineOptions {
   uint32_t max_buffers = 256;
   // Worker threads of the threads backend. Default: 4.
   uint32_t threads = 4;
+  bool operator==(const IoEngineOptions&) const = default;
 };
 
 // The backends OpenIoEngine knows, by name.
