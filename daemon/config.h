@@ -35,7 +35,7 @@ struct NvmeTierConfig {
     bool operator==(const File&) const = default;
   };
   std::vector<File> files;  // none: no NVMe tier
-  IoEngineOptions io;  // backend and queue depth; the daemon sizes its buffers
+  IoEngineOptions io;       // backend and queue depth; the daemon sizes its buffers
   Durability durability = Durability::kStrict;
   WritePolicy write_policy = WritePolicy::kWriteBack;
   bool prefetch = false;
