@@ -137,7 +137,7 @@ constexpr std::array<Dispatcher::HandlerRow, kOpCount> Dispatcher::kHandlers = {
 
 constexpr bool Dispatcher::HandlersInTableOrder() {
   for (size_t i = 0; i < kOpCount; ++i) {
-    if (kHandlers[i].op != kOpTable[i].op || kHandlers[i].fn == nullptr) return false;
+    if (kHandlers[i].op != kOpTable[i].op) return false;
   }
   return true;
 }
