@@ -17,17 +17,6 @@ namespace {
 
 Result<std::string> Scalar(std::string_view path, const YAML::Node& n);
 
-// "a", "a or b", "a, b or c".
-template <typename E, size_t N>
-std::string Alternatives(const std::pair<std::string_view, E> (&names)[N]) {
-  std::string out;
-  for (size_t i = 0; i < N; ++i) {
-    if (i > 0) out += i + 1 == N ? " or " : ", ";
-    out += names[i].first;
-  }
-  return out;
-}
-
 // "a", "a or b", "a, b or c" of a list of names.
 std::string Alternatives(std::span<const std::string_view> names) {
   std::string out;
@@ -47,14 +36,29 @@ Result<std::string> Word(const std::string& key, const YAML::Node& n, std::span<
   return ConfigKeyError(key, "'" + s + "' is not " + Alternatives(names));
 }
 
+// The words of an enum's (word, value) list, optionally after `first` (e.g. "none").
+template <typename E, size_t N>
+std::vector<std::string_view> WordsOf(const std::pair<std::string_view, E> (&names)[N], std::string_view first = {}) {
+  std::vector<std::string_view> out;
+  if (!first.empty()) out.push_back(first);
+  for (const auto& [word, value] : names) out.push_back(word);
+  return out;
+}
+
+// The value of `word`. REQUIRES: it is one of the list's words.
+template <typename E, size_t N>
+E ValueOf(std::string_view word, const std::pair<std::string_view, E> (&names)[N]) {
+  for (const auto& [w, value] : names) {
+    if (w == word) return value;
+  }
+  return names[0].second;
+}
+
 // One of the words an enum's owner exports for its values.
 template <typename E, size_t N>
 Result<E> Choice(const std::string& key, const YAML::Node& n, const std::pair<std::string_view, E> (&names)[N]) {
-  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
-  for (const auto& [name, value] : names) {
-    if (s == name) return value;
-  }
-  return ConfigKeyError(key, "'" + s + "' is not " + Alternatives(names));
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Word(key, n, WordsOf(names)));
+  return ValueOf(s, names);
 }
 
 Result<std::string> Scalar(std::string_view path, const YAML::Node& n) {
@@ -496,17 +500,10 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "kernels cannot quantize (not 2-byte floats, head_dim < 128), do not go to NVMe. none: "
        "full width.",
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
-         if (s == "none") {
-           c->nvme.quantization.reset();
-           return Status::Ok();
-         }
-         for (const auto& [name, kind] : kQuantKindNames) {
-           if (s != name) continue;
-           c->nvme.quantization = kind;
-           return Status::Ok();
-         }
-         return ConfigKeyError(key, "'" + s + "' is not none, " + Alternatives(kQuantKindNames));
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Word(key, n, WordsOf(kQuantKindNames, "none")));
+         c->nvme.quantization.reset();
+         if (s != "none") c->nvme.quantization = ValueOf(s, kQuantKindNames);
+         return Status::Ok();
        }},
       {"tiers.remote.nodes", "[]",
        "Seed nodes of a Redis Cluster (or one standalone Redis) shared by the kvtierd nodes of "

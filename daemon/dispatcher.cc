@@ -135,37 +135,37 @@ constexpr std::array<Dispatcher::HandlerRow, kOpCount> Dispatcher::kHandlers = {
     {fb::Op::Drain, &Dispatcher::OnDrain},
 }};
 
-constexpr bool Dispatcher::HandlersInTableOrder() {
-  for (size_t i = 0; i < kOpCount; ++i) {
-    if (kHandlers[i].op != kOpTable[i].op) return false;
-  }
-  return true;
-}
-static_assert(Dispatcher::HandlersInTableOrder(), "kHandlers must list one handler per op, in op_table.h's order");
-
 Dispatcher::Reply Dispatcher::Serve(SessionContext& ctx, const fb::Request& req) {
+  static_assert(
+      [] {
+        for (size_t i = 0; i < kOpCount; ++i) {
+          if (kHandlers[i].op != kOpTable[i].op) return false;
+        }
+        return true;
+      }(),
+      "kHandlers must list one handler per op, in op_table.h's order");
   const OpSpec* spec = FindOp(req.op_type());
   if (spec == nullptr || spec->access != OpAccess::kOpen) {
     if (!ctx.hello_done) return FailedPrecondition("the first request must be Hello");
     if (spec == nullptr) return Unimplemented("unknown operation " + std::to_string(static_cast<int>(req.op_type())));
   }
-  const std::string name(spec->name);
+  auto name = [spec] { return std::string(spec->name); };  // for the refusals only
   switch (spec->access) {
     case OpAccess::kOpen:
     case OpAccess::kSession:
       break;
     case OpAccess::kEngine:
       if (ctx.role != fb::Role::Engine) {
-        return PermissionDenied("a control session cannot " + name + "; connect with role Engine and a layout");
+        return PermissionDenied("a control session cannot " + name() + "; connect with role Engine and a layout");
       }
       break;
     case OpAccess::kControl:
     case OpAccess::kAdmin:
-      if (ctx.role != fb::Role::Control) return PermissionDenied(name + " is for control sessions (kvctl)");
+      if (ctx.role != fb::Role::Control) return PermissionDenied(name() + " is for control sessions (kvctl)");
       // Changing the cache, or reading every block's bytes, is an admin's to do; explain and
       // blocks answer anyone, about their own tenant's namespaces.
       if (spec->access == OpAccess::kAdmin && !ctx.admin) {
-        return PermissionDenied(name + " is an admin operation: uid " + std::to_string(ctx.uid) +
+        return PermissionDenied(name() + " is an admin operation: uid " + std::to_string(ctx.uid) +
                                 " is not root, the daemon's uid or in security.admin_uids");
       }
       break;

@@ -145,10 +145,6 @@ class Dispatcher {
   };
   static const std::array<HandlerRow, kOpCount> kHandlers;
 
- public:
-  static constexpr bool HandlersInTableOrder();  // checked at compile time in dispatcher.cc
-
- private:
   // The deferred response to request `id`: `build` fills it in async_builder_.
   using BuildReply = std::function<Reply(Builder&)>;
   void SendLater(SessionContext* ctx, uint64_t id, fb::Op op, int64_t start_ns, BuildReply build);
