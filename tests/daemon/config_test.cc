@@ -144,6 +144,11 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"events: {publish: 'tcp://127.0.0.1:99999'}\n", "events.publish"},
       {"events: {publish: 'tcp://127.0.0.1'}\n", "events.publish"},
       {"events: {replay: 'tcp://127.0.0.1:0x10'}\n", "events.replay"},
+      // A section switched off is still checked: switching it on later must not be when
+      // its mistakes show.
+      {"events: {enabled: false, topic: ''}\n", "events.topic"},
+      {"events: {enabled: false, replay: 'tcp://127.0.0.1:5590'}\n", "events.replay"},
+      {"events: {enabled: false, publish: 'tcp://127.0.0.1:99999'}\n", "events.publish"},
       {"metrics:\n  stall_timeout: 10ms\n", "metrics.stall_timeout"},
       {"tiers: {remote: {nodes: ['127.0.0.1:1'], key_prefix: '{kv}:'}}\n", "tiers.remote.key_prefix"},
   };
