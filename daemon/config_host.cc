@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "daemon/events/kv_events.h"
 #include "protocol/base/units.h"
 #include "storage/remote/remote_tier.h"
 
@@ -212,6 +213,8 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
           "set a fleet secret (docs/operations.md, Securing the remote tier)");
     }
   }
+  // Event endpoints another process holds, or that publish to every interface.
+  if (c.events.enabled) KVTIER_RETURN_IF_ERROR(CheckEventEndpoints(c.events.options, warnings));
   // NVMe files: each once, in a directory that exists.
   const auto& files = c.nvme.files;
   std::error_code ec;

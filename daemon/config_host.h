@@ -44,8 +44,10 @@ Result<std::string> ReadSecretFile(const std::string& key, const std::string& pa
 //    data_dir itself is the exception: kvtierd creates it);
 //  - tiers.remote.password_file or secret_file cannot be read as ReadSecretFile says, or
 //    the secret is shorter than RemoteCodec::kMinSecretBytes.
+// kFailedPrecondition naming the key when events are on and an ipc endpoint is one another
+// process listens on (CheckEventEndpoints).
 // Appends to `warnings` what does not stop the start (a pool above what is available now;
-// a remote tier whose values are not authenticated).
+// a remote tier whose values are not authenticated; an event endpoint on every interface).
 Status CheckConfigOnHost(const DaemonConfig& config, const HostMemory& memory, std::vector<std::string>* warnings);
 
 }  // namespace kvtier

@@ -279,18 +279,25 @@ struct KvEvents::Sockets {
   int64_t last_refusal_log_ns = 0;
 };
 
+Status CheckEventEndpoints(const KvEventsOptions& options, std::vector<std::string>* warnings) {
+  KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.publish", options.publish));
+  if (!options.replay.empty()) KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.replay", options.replay));
+  for (const auto& [key, endpoint] : {std::pair<const char*, const std::string&>{"events.publish", options.publish},
+                                      {"events.replay", options.replay}}) {
+    if (warnings != nullptr && AllInterfaces(endpoint)) {
+      warnings->push_back(std::string(key) + " '" + endpoint +
+                          "' listens on every interface: whoever reaches this host reads every tenant's block "
+                          "hashes (bind an address only routers reach, or use ipc:// with file permissions)");
+    }
+  }
+  return Status::Ok();
+}
+
 KvEvents::KvEvents(const KvEventsOptions& options) : options_(options), sockets_(std::make_unique<Sockets>()) {}
 
 Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options) {
-  KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.publish", options.publish));
-  if (!options.replay.empty()) KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.replay", options.replay));
-  for (const std::string* ep : {&options.publish, &options.replay}) {
-    if (AllInterfaces(*ep)) {
-      KVTIER_LOG(WARNING) << "events: " << *ep
-                          << " listens on every interface: whoever reaches it reads every tenant's block "
-                             "hashes (bind an address routers reach, or use ipc:// with file permissions)";
-    }
-  }
+  // Checked again here: another process may have bound the path since the start's check.
+  KVTIER_RETURN_IF_ERROR(CheckEventEndpoints(options, nullptr));
   std::unique_ptr<KvEvents> e(new KvEvents(options));
   e->host_ = options.hostname;
   if (e->host_.empty()) {

@@ -160,6 +160,14 @@ std::string EncodeAnnouncedState(const AnnouncedStates& states);
 std::string ExpandTopic(std::string_view pattern, std::string_view engine, std::string_view host,
                         std::string_view model, std::string_view tenant);
 
+// What binding `options`' endpoints would meet on this host, checked before anything is
+// bound (kvtierd --check-config and every start): kFailedPrecondition naming the key for
+// an ipc path another process listens on (ZMQ's bind would take it over, and that
+// process's subscribers would read this one's stream); a warning appended to `warnings`
+// (when not null) for a TCP endpoint on every interface, which publishes every tenant's
+// block hashes to whoever reaches the host.
+Status CheckEventEndpoints(const KvEventsOptions& options, std::vector<std::string>* warnings);
+
 class KvEvents {
  public:
   struct Counters {
@@ -175,8 +183,8 @@ class KvEvents {
   static constexpr int64_t kStateInterval_ns = 5'000'000'000;
   static constexpr int64_t kRetractDelay_ns = 1'000'000'000;
 
-  // Binds the sockets (an endpoint in use or malformed is an error naming the key) and
-  // starts the publisher thread.
+  // Binds the sockets (an endpoint in use or malformed is an error naming the key; an ipc
+  // path in use as CheckEventEndpoints says) and starts the publisher thread.
   static Result<std::unique_ptr<KvEvents>> Open(const KvEventsOptions& options);
   // Publishes what is queued, then stops the thread.
   ~KvEvents();

@@ -8,6 +8,7 @@
 
 #include "daemon/config_host.h"
 #include "daemon/config_keys.h"
+#include "daemon/events/kv_events.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -335,6 +336,40 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
   c.remote.tier.cluster.seeds.clear();
   c.remote.secret_file = dir.File("missing");
   refused("tiers.remote.secret_file");
+}
+
+// Events on: an ipc path another publisher holds is refused naming the key, a TCP bind on
+// every interface is a warning naming it; events off: neither is looked at (nothing binds).
+TEST(ConfigOnHost, EventEndpointsInUseAreRefusedAndWildcardsWarned) {
+  testing::TempDir dir;
+  KvEventsOptions held;
+  held.publish = "ipc://" + dir.File("held.sock");
+  auto holder = KvEvents::Open(held);
+  ASSERT_TRUE(holder.ok()) << holder.status().ToString();
+  DaemonConfig c;
+  c.events.enabled = true;
+  c.events.options.publish = "ipc://" + dir.File("free.sock");
+  c.events.options.replay = held.publish;
+  std::vector<std::string> warnings;
+  Status st = CheckConfigOnHost(c, HostMemory{}, &warnings);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("events.replay"), std::string::npos) << st.message();
+  c.events.enabled = false;
+  EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+  c.events.enabled = true;
+  c.events.options.replay = "";
+  for (const std::string wildcard : {"tcp://*:5590", "tcp://0.0.0.0:5590", "tcp://[::]:5590"}) {
+    c.events.options.publish = wildcard;
+    warnings.clear();
+    ASSERT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+    ASSERT_EQ(warnings.size(), 1u) << wildcard;
+    EXPECT_NE(warnings[0].find("events.publish '" + wildcard + "' listens on every interface"), std::string::npos)
+        << warnings[0];
+  }
+  c.events.options.publish = "tcp://127.0.0.1:5590";
+  warnings.clear();
+  EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+  EXPECT_TRUE(warnings.empty());
 }
 
 TEST(ConfigOnHost, ReadsAMemoryLimitOnThisMachine) {

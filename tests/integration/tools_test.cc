@@ -1,6 +1,8 @@
 // kvtierd and kvctl as an operator runs them: flags, default config, errors, JSON.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -219,6 +221,41 @@ TEST(Kvtierd, AHostPoolLargerThanMemoryIsRefusedUnlessOvercommitted) {
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   EXPECT_NE(d.Log().find("more than is available"), std::string::npos) << d.Log();
   EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// Two daemons given one ipc:// events path: ZMQ's bind would let the second take over the
+// first's stream (its subscribers then read the second's). --check-config and the start of
+// the second refuse it naming the key, and the first keeps publishing there. A TCP
+// endpoint on every interface is said (a warning), not refused.
+TEST(Kvtierd, EventEndpointsInUseAreRefusedAndAWildcardBindIsSaid) {
+  TempDir dir;
+  const std::string ipc = dir.File("events.ipc");
+  DaemonProcess::Options o;
+  o.extra_yaml = "events: {publish: 'ipc://" + ipc + "'}\n";
+  DaemonProcess first(o);
+  ASSERT_TRUE(first.Start().ok()) << first.Log();
+  ExpectRefusedAtStartAndByCheck(dir, {"events: {publish: 'ipc://" + ipc + "'}\n", "events.publish",
+                                       "another process publishes there"});
+  // Switched off, the section binds nothing, so nothing is in use.
+  std::ofstream(dir.File("off.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
+                                      << "\nevents: {enabled: false, publish: 'ipc://" << ipc << "'}\n";
+  CmdResult off = Sh(BinaryPath("kvtierd") + " --check-config --config " + dir.File("off.yaml"));
+  EXPECT_EQ(off.code, 0) << off.out;
+  std::ofstream(dir.File("wild.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
+                                       << "\nevents: {publish: 'tcp://0.0.0.0:5590'}\n";
+  CmdResult wild = Sh(BinaryPath("kvtierd") + " --check-config --config " + dir.File("wild.yaml"));
+  EXPECT_EQ(wild.code, 0) << wild.out;
+  EXPECT_NE(wild.out.find("events.publish 'tcp://0.0.0.0:5590' listens on every interface"), std::string::npos)
+      << wild.out;
+  // The first still listens on its path (the refused starts neither bound nor removed it).
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, ipc.data(), ipc.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  ::close(fd);
+  EXPECT_EQ(first.Stop(), 0) << first.Log();
 }
 
 TEST(Kvtierd, SecondDaemonOnTheSameSocketIsRefused) {
