@@ -29,20 +29,6 @@ BlockHash IndexHash(uint64_t seed, uint64_t i) {
   return BlockHash(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&h), 16));
 }
 
-uint64_t ProcStatusKb(pid_t pid, std::string_view field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  const std::string want = std::string(field) + ":";
-  std::string key;
-  while (in >> key) {
-    if (key == want) {
-      uint64_t v = 0;
-      in >> v;
-      return v;
-    }
-  }
-  return 0;
-}
-
 double NowUs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

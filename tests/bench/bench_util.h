@@ -35,8 +35,7 @@ double Median(std::vector<double> v);
 // The 16-byte hash of block `i` of benchmark data set `seed` (independent blocks).
 BlockHash IndexHash(uint64_t seed, uint64_t i);
 
-// A "kB" field of /proc/PID/status ("RssAnon", "VmRSS", ...); 0 when absent.
-uint64_t ProcStatusKb(pid_t pid, std::string_view field);
+using testing::ProcStatusKb;
 
 // Microseconds on the monotonic clock.
 double NowUs();

@@ -146,19 +146,7 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
 namespace kvtier::testing {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-
-uint64_t RssKiB(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
-  }
-  return 0;
-}
+uint64_t RssKiB(pid_t pid) { return ProcStatusKb(pid, "VmRSS"); }
 
 // A subscriber that connects and never reads: ZMQ's send high-water mark drops its
 // messages (it could replay them); the daemon neither blocks nor grows.

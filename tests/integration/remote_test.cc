@@ -19,6 +19,7 @@
 #include "engine/tools/trace.h"
 #include "storage/remote/remote_tier.h"
 #include "tests/integration/engine_process.h"
+#include "tests/support/fake_redis_node.h"
 #include "tests/support/redis_cluster_process.h"
 
 namespace kvtier::testing {
@@ -545,6 +546,100 @@ TEST_F(RemoteTierTest, AClusterThatIsNotThereCostsNothing) {
   auto s = StatsOf(d.socket_path());
   ASSERT_TRUE(s.ok() && s->remote);
   EXPECT_TRUE(s->remote->nodes.empty());  // no slot map was ever read
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A "cluster" that lies, through a real kvtierd: a node that says it holds every block and
+// then answers GET with a 300 MB value (64 MiB of it sent), with a key of another Redis
+// type, with MOVED to a new port every time, and a slot map of 1,024 masters. Every
+// lookup it answers is at most a miss for the engine, nothing it sends is served, and the
+// daemon's threads and memory stay bounded (they grew to 3,074 threads and ~900 MB).
+TEST(RemoteHostile, ANodeThatLiesIsNeverServedAndCannotGrowTheDaemon) {
+  enum Mode : int { kHuge, kWrongType, kMoved, kManyMasters };
+  std::atomic<int> mode{kHuge};
+  std::atomic<int> next_port{0};
+  const std::string huge = "$300000000\r\n" + std::string(64 << 20, 'x');
+  const std::string many = FakeRedisNode::SlotsForMany(1024);
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    const std::string& cmd = a[0];
+    if (cmd == "CLUSTER") return mode == kManyMasters ? many : FakeRedisNode::SlotsForOne(node.port());
+    if (cmd == "PING") return "+PONG\r\n";
+    if (cmd == "DEL") return ":1\r\n";
+    if (mode == kMoved || mode == kManyMasters) {
+      return "-MOVED 0 127.0.0.1:" + std::to_string(2 + next_port++ % 1000) + "\r\n";
+    }
+    if (cmd == "EXISTS") return ":1\r\n";
+    if (cmd == "GET") {
+      return mode == kHuge ? huge : "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+    }
+    return "-ERR unknown command\r\n";
+  });
+  ASSERT_TRUE(node.Start().ok());
+  DaemonProcess::Options o;
+  o.host_capacity = "8MiB";
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "1MiB";
+  o.log_level = "info";
+  o.remote_nodes = {node.address()};
+  o.remote_yaml = "    timeout: 1s\n    connect_timeout: 100ms\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ClientOptions co = EngineOptions(d.socket_path());
+  auto c = Client::Connect(co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  // One lookup and acquire of a chain no local tier holds: whatever the node says, no
+  // block is served from it.
+  uint64_t seed = 1000;
+  auto probe = [&](const char* what) {
+    const auto chain = HashChain(seed++, 8);
+    auto l = (*c)->Lookup(chain);
+    ASSERT_TRUE(l.ok()) << what << ": " << l.status().ToString();
+    auto acq = (*c)->Acquire(chain);
+    ASSERT_TRUE(acq.ok()) << what << ": " << acq.status().ToString();
+    std::vector<BlockHash> held;
+    for (size_t i = 0; i < chain.size(); ++i) {
+      if ((*acq)[i].status.ok()) held.push_back(chain[i]);
+    }
+    EXPECT_TRUE(held.empty()) << what << ": " << held.size() << " blocks served from a lying node";
+    if (!held.empty()) (void)(*c)->Release(TierKind::kHost, {}, held);
+  };
+  probe("warm-up");
+  const uint64_t rss_before = ProcStatusKb(d.pid(), "VmRSS");
+  uint64_t most_threads = 0;
+  for (int m : {kHuge, kWrongType, kMoved, kManyMasters}) {
+    mode = m;
+    for (int round = 0; round < 12; ++round) {
+      probe(m == kHuge ? "huge value" : m == kWrongType ? "wrong type" : m == kMoved ? "MOVED" : "1,024 masters");
+      most_threads = std::max(most_threads, ProcStatusKb(d.pid(), "Threads"));
+    }
+  }
+  const uint64_t rss_after = ProcStatusKb(d.pid(), "VmRSS");
+  const uint64_t rss_peak = ProcStatusKb(d.pid(), "VmHWM");  // a buffer since freed counts too
+  const std::string url = MetricsUrl(d);
+  EXPECT_GE(Metric(url, "kvtier_remote_oversized_replies_total"), 1) << "the huge value was never asked for";
+  EXPECT_GE(Metric(url, "kvtier_remote_checksum_failures_total"), 12) << "the refused values were not counted";
+  EXPECT_GE(Metric(url, "kvtier_remote_redirects_total"), 12);
+  EXPECT_GE(Metric(url, "kvtier_remote_slot_maps_refused_total"), 1) << "the 1,024-master map was never read";
+  // A connection thread per pooled connection of the node and of at most four strangers,
+  // plus the daemon's own: far below one per redirect target (3,074 before).
+  EXPECT_LT(most_threads, 100u);
+  if (!kSanitized) {
+    EXPECT_LT(rss_peak, rss_before + 32 * 1024) << "RSS peaked at " << rss_peak << " KiB from " << rss_before;
+  }
+  std::cout << "threads at most " << most_threads << "; RSS " << rss_before << " -> " << rss_after << " KiB, peak "
+            << rss_peak << " KiB\n";
+  // The daemon still serves what its own tiers hold.
+  const auto local = HashChain(7, 4);
+  ASSERT_TRUE(Store(**c, local, co.layout.block_bytes).ok());
+  auto acq = (*c)->Acquire(local);
+  ASSERT_TRUE(acq.ok());
+  for (size_t i = 0; i < local.size(); ++i) {
+    ASSERT_TRUE((*acq)[i].status.ok()) << i;
+    EXPECT_TRUE(
+        CheckBlockPattern(local[i], (*c)->PageBytes((*acq)[i].tier, (*acq)[i].page).first(co.layout.block_bytes)));
+  }
+  ASSERT_TRUE((*c)->Release(TierKind::kHost, {}, local).ok());
+  c->reset();
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 

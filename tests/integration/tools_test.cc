@@ -234,8 +234,8 @@ TEST(Kvtierd, EventEndpointsInUseAreRefusedAndAWildcardBindIsSaid) {
   o.extra_yaml = "events: {publish: 'ipc://" + ipc + "'}\n";
   DaemonProcess first(o);
   ASSERT_TRUE(first.Start().ok()) << first.Log();
-  ExpectRefusedAtStartAndByCheck(dir, {"events: {publish: 'ipc://" + ipc + "'}\n", "events.publish",
-                                       "another process publishes there"});
+  ExpectRefusedAtStartAndByCheck(
+      dir, {"events: {publish: 'ipc://" + ipc + "'}\n", "events.publish", "another process publishes there"});
   // Switched off, the section binds nothing, so nothing is in use.
   std::ofstream(dir.File("off.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
                                       << "\nevents: {enabled: false, publish: 'ipc://" << ipc << "'}\n";

@@ -397,13 +397,7 @@ TEST(RedisClusterHostile, RequestsBehindARefusedValueGoAgain) {
 
 TEST(RedisClusterHostile, SlotMapOfTooManyMastersIsNotUsed) {
   FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
-    if (a[0] != "CLUSTER") return "-ERR unknown\r\n";
-    std::string out = "*1024\r\n";
-    for (int i = 0; i < 1024; ++i) {
-      out += "*3\r\n:" + std::to_string(i * 16) + "\r\n:" + std::to_string(i * 16 + 15) + "\r\n*3\r\n" +
-             FakeRedisNode::Bulk("127.0.0.1") + ":" + std::to_string(2 + i) + "\r\n" + FakeRedisNode::Bulk("id");
-    }
-    return out;
+    return a[0] == "CLUSTER" ? FakeRedisNode::SlotsForMany(1024) : "-ERR unknown\r\n";
   });
   ASSERT_TRUE(node.Start().ok());
   Loop loop;

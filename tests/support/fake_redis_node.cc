@@ -64,6 +64,15 @@ std::string FakeRedisNode::SlotsForOne(int port) {
   return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n" + Bulk("127.0.0.1") + ":" + std::to_string(port) + "\r\n" + Bulk("fake");
 }
 
+std::string FakeRedisNode::SlotsForMany(int masters) {
+  std::string out = "*" + std::to_string(masters) + "\r\n";
+  for (int i = 0; i < masters; ++i) {
+    out += "*3\r\n:" + std::to_string(i * 16) + "\r\n:" + std::to_string(i * 16 + 15) + "\r\n*3\r\n" +
+           Bulk("127.0.0.1") + ":" + std::to_string(2 + i) + "\r\n" + Bulk("id");
+  }
+  return out;
+}
+
 Status FakeRedisNode::Start(int fixed_port) {
   if (::pipe2(wake_, O_CLOEXEC) != 0) return Internal("pipe: " + std::string(strerror(errno)));
   std::mt19937 rng(std::random_device{}());

@@ -36,6 +36,9 @@ class FakeRedisNode {
   static std::string Bulk(const std::string& s);
   // CLUSTER SLOTS naming one master, 127.0.0.1:port, for every slot.
   static std::string SlotsForOne(int port);
+  // CLUSTER SLOTS naming `masters` masters (127.0.0.1:2, :3, ...: ports nothing listens
+  // on), each for a 16-slot range.
+  static std::string SlotsForMany(int masters);
 
  private:
   void Run();

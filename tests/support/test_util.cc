@@ -73,6 +73,20 @@ bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds time
   }
 }
 
+uint64_t ProcStatusKb(pid_t pid, std::string_view field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  const std::string want = std::string(field) + ":";
+  std::string key;
+  while (in >> key) {
+    if (key == want) {
+      uint64_t v = 0;
+      in >> v;
+      return v;
+    }
+  }
+  return 0;
+}
+
 std::string BinaryPath(const std::string& name) { return std::string(KVTIER_BIN_DIR) + "/" + name; }
 
 DaemonProcess::DaemonProcess() : DaemonProcess(Options{}) {}

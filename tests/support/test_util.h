@@ -9,6 +9,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "protocol/base/block_key.h"
@@ -41,6 +42,18 @@ std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size = 16);
 
 // A small layout whose natural block is `block_bytes` (default 64 KiB).
 ModelLayout TestLayout(const std::string& model = "test-model", uint32_t tokens_per_block = 16);
+
+// A "kB" field of /proc/PID/status ("RssAnon", "VmRSS", "Threads" (a count), ...); 0 when
+// absent.
+uint64_t ProcStatusKb(pid_t pid, std::string_view field);
+
+// Built with ASan or TSan: a process's RSS is then the sanitizer's too (shadow memory, the
+// quarantine of freed memory), so bounds on RSS are judged in the plain build only.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
 
 // Path of a binary built next to the tests (build/bin/NAME).
 std::string BinaryPath(const std::string& name);
