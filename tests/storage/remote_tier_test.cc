@@ -395,6 +395,36 @@ TEST(RedisClusterHostile, RequestsBehindARefusedValueGoAgain) {
   EXPECT_EQ(ok, 19);
 }
 
+// A cluster-level refusal (CLUSTERDOWN, as during a failover with no replica) fails its
+// requests without blaming the node that said it, and is logged in Redis' words once, not
+// once a request (973,291 such errors once gave no line at all).
+TEST(RedisClusterHostile, ClusterRefusalsAreLoggedOnceInRedisWordsWithoutBlamingTheNode) {
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+    if (a[0] == "CLUSTER") return FakeRedisNode::SlotsForOne(node.port());
+    return "-CLUSTERDOWN The cluster is down\r\n";
+  });
+  ASSERT_TRUE(node.Start().ok());
+  Loop loop;
+  RedisClusterOptions o;
+  o.breaker_failures = 1;  // one failure blamed on the node would open its breaker
+  auto c = OpenOnFake(node, loop, o);
+  ASSERT_NE(c, nullptr);
+  ::testing::internal::CaptureStderr();
+  int unavailable = 0;
+  for (int i = 0; i < 50; ++i)
+    unavailable += GetOne(*c, loop, "k" + std::to_string(i)).status.code() == StatusCode::kUnavailable;
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(unavailable, 50);
+  EXPECT_TRUE(c->Available()) << "the node answered: its breaker must stay closed";
+  EXPECT_EQ(c->counters().breaker_rejections.load(), 0u);
+  size_t lines = 0;
+  for (size_t at = log.find("CLUSTERDOWN The cluster is down"); at != std::string::npos;
+       at = log.find("CLUSTERDOWN The cluster is down", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << log;
+}
+
 TEST(RedisClusterHostile, SlotMapOfTooManyMastersIsNotUsed) {
   FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
     return a[0] == "CLUSTER" ? FakeRedisNode::SlotsForMany(1024) : "-ERR unknown\r\n";
