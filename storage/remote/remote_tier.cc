@@ -12,10 +12,13 @@ namespace kvtier {
 namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'T', 'R'};
-constexpr uint16_t kFormatVersion = 2;
-constexpr size_t kFixedHeader = 32;  // magic, version, header bytes, payload bytes, flags, tag
+constexpr uint16_t kFormatVersion = 3;
 constexpr size_t kTagOffset = 16;
 constexpr size_t kTagBytes = 16;
+constexpr size_t kNonceOffset = kTagOffset + kTagBytes;
+constexpr size_t kFixedHeader = RemoteCodec::kFixedHeaderBytes;  // magic ... nonce
+static_assert(kNonceOffset + RemoteCodec::kNonceBytes == kFixedHeader);
+static_assert(kTagBytes == crypto_onetimeauth_BYTES);
 constexpr uint32_t kFlagKeyed = 1;
 
 void PutU16(std::string& s, uint16_t v) {
@@ -84,12 +87,18 @@ void RemoteCodec::Tag(std::string_view remote_key, std::span<const uint8_t> head
   for (int i = 0; i < 4; ++i) len[i] = static_cast<uint8_t>(remote_key.size() >> (8 * i));
   static const uint8_t kZero[kTagBytes] = {};
   const std::span<const uint8_t> parts[] = {
-      {len, 4}, Bytes(remote_key), header.first(kTagOffset), {kZero, kTagBytes}, header.subspan(kFixedHeader), payload};
+      {len, 4}, Bytes(remote_key), header.first(kTagOffset), {kZero, kTagBytes}, header.subspan(kNonceOffset), payload};
   if (keyed_) {
-    crypto_generichash_state st;
-    crypto_generichash_init(&st, mac_key_.data(), mac_key_.size(), kTagBytes);
-    for (const auto& p : parts) crypto_generichash_update(&st, p.data(), p.size());
-    crypto_generichash_final(&st, out, kTagBytes);
+    // Poly1305 under a key of this value alone: BLAKE2b of the value's random nonce, keyed
+    // by the secret's tag key (a Poly1305 key must never tag two messages).
+    uint8_t one_time[crypto_onetimeauth_KEYBYTES];
+    crypto_generichash(one_time, sizeof(one_time), header.data() + kNonceOffset, kNonceBytes, mac_key_.data(),
+                       mac_key_.size());
+    crypto_onetimeauth_state st;
+    crypto_onetimeauth_init(&st, one_time);
+    for (const auto& p : parts) crypto_onetimeauth_update(&st, p.data(), p.size());
+    crypto_onetimeauth_final(&st, out);
+    sodium_memzero(one_time, sizeof(one_time));
   } else {
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
@@ -101,7 +110,7 @@ void RemoteCodec::Tag(std::string_view remote_key, std::span<const uint8_t> head
 }
 
 std::string RemoteCodec::EncodeHeader(std::string_view remote_key, const LowerBlockMeta& meta,
-                                      std::span<const uint8_t> payload) const {
+                                      std::span<const uint8_t> payload, const Nonce* nonce) const {
   std::string h(kMagic, sizeof(kMagic));
   PutU16(h, kFormatVersion);
   const size_t fp = std::min<size_t>(meta.fingerprint.size(), 255);
@@ -110,6 +119,15 @@ std::string RemoteCodec::EncodeHeader(std::string_view remote_key, const LowerBl
   PutU32(h, static_cast<uint32_t>(payload.size()));
   PutU32(h, keyed_ ? kFlagKeyed : 0);
   h.append(kTagBytes, '\0');
+  if (!keyed_) {
+    h.append(kNonceBytes, '\0');  // unused: an unkeyed tag needs none
+  } else if (nonce != nullptr) {
+    h.append(reinterpret_cast<const char*>(nonce->data()), nonce->size());
+  } else {
+    Nonce fresh;
+    randombytes_buf(fresh.data(), fresh.size());
+    h.append(reinterpret_cast<const char*>(fresh.data()), fresh.size());
+  }
   h.push_back(static_cast<char>(fp));
   h.append(meta.fingerprint.data(), fp);
   h.push_back(static_cast<char>(parent));

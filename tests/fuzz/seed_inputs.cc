@@ -29,8 +29,10 @@ std::vector<uint8_t> Chunked(std::string_view stream) {
 
 std::string Value(const RemoteCodec& codec, uint32_t length) {
   const std::string payload(length, '\x5a');
-  const std::string head = codec.EncodeHeader("kvtier:0123", LowerBlockMeta{length, "fp", std::string(16, 'p')},
-                                              {reinterpret_cast<const uint8_t*>(payload.data()), payload.size()});
+  const RemoteCodec::Nonce nonce{1, 2, 3};  // a fixed one: the seeds are reproducible
+  const std::string head =
+      codec.EncodeHeader("kvtier:0123", LowerBlockMeta{length, "fp", std::string(16, 'p')},
+                         {reinterpret_cast<const uint8_t*>(payload.data()), payload.size()}, &nonce);
   return head + payload;
 }
 

@@ -228,6 +228,36 @@ TEST(RemoteValueKeyed, ForgeriesWithoutTheSecretNeverVerify) {
   EXPECT_EQ(unkeyed.Decode(key, seal(*keyed), "fp", 1000, dst).status().code(), StatusCode::kDataLoss);
 }
 
+// Every keyed value has a nonce of its own, so its Poly1305 key tags that value alone: two
+// seals of one payload under one key differ in nonce and tag, and each verifies.
+TEST(RemoteValueKeyed, EachValueIsSealedUnderItsOwnNonce) {
+  auto keyed = RemoteCodec::Keyed(kSecret);
+  ASSERT_TRUE(keyed.ok());
+  const std::string key = keyed->Key("kvtier:", EncodeBlockKey(EncodeNamespace("t", "fp"), BlockHash()));
+  const std::vector<uint8_t> payload(3000, 0x17);
+  const LowerBlockMeta meta{3000, "fp", ""};
+  const std::string a = keyed->EncodeHeader(key, meta, payload);
+  const std::string b = keyed->EncodeHeader(key, meta, payload);
+  ASSERT_EQ(a.size(), b.size());
+  const auto nonce = [](const std::string& h) { return h.substr(32, RemoteCodec::kNonceBytes); };
+  const auto tag = [](const std::string& h) { return h.substr(16, 16); };
+  EXPECT_NE(nonce(a), nonce(b));
+  EXPECT_NE(tag(a), tag(b));
+  EXPECT_NE(nonce(a), std::string(RemoteCodec::kNonceBytes, '\0'));
+  std::vector<uint8_t> dst(3000);
+  for (const std::string& head : {a, b}) {
+    std::vector<uint8_t> v(head.begin(), head.end());
+    v.insert(v.end(), payload.begin(), payload.end());
+    EXPECT_TRUE(keyed->Decode(key, v, "fp", 3000, dst).ok());
+  }
+  // One value's tag with the other's nonce: refused.
+  std::string mixed = a;
+  mixed.replace(32, RemoteCodec::kNonceBytes, nonce(b));
+  std::vector<uint8_t> v(mixed.begin(), mixed.end());
+  v.insert(v.end(), payload.begin(), payload.end());
+  EXPECT_EQ(keyed->Decode(key, v, "fp", 3000, dst).status().code(), StatusCode::kDataLoss);
+}
+
 TEST(RemoteValueKeyed, ShortSecretIsRefused) {
   EXPECT_EQ(RemoteCodec::Keyed("short").status().code(), StatusCode::kInvalidArgument);
 }
