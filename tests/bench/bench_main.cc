@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       },
       "Block (value) size, e.g. 2MiB");
   remote->add_flag("--unkeyed", args.remote_unkeyed,
-                   "Run the nodes without a fleet secret (values tagged by XXH3, not BLAKE2b)");
+                   "Run the nodes without a fleet secret (values tagged by XXH3, not keyed Poly1305)");
   remote->add_flag("--json", args.json, "Print one JSON object");
   auto* quant = app.add_subcommand(
       "quant",

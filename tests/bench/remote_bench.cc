@@ -13,7 +13,7 @@
 // -t get` (after one SET pass), its requests per second times the value size. Both
 // amortize their start over the round, so a round must be long: --iterations (default
 // 4096) fetches. Rounds interleave the two; fetch_ratio is the median of per-round ratios.
-// The nodes share a fleet secret (values tagged with keyed BLAKE2b, as production runs
+// The nodes share a fleet secret (values tagged with Poly1305 under per-value keys, as production runs
 // them) unless --unkeyed (XXH3-128 tags).
 #include <sys/stat.h>
 
@@ -195,14 +195,14 @@ int RunRemoteBench(const BenchArgs& args) {
                {"fetch_ratio", Median(ratios)},
                {"fetch_ratios", ratios},
                {"failed_acquires", errors},
-               {"values", args.remote_unkeyed ? "unkeyed (XXH3-128)" : "keyed (BLAKE2b)"},
+               {"values", args.remote_unkeyed ? "unkeyed (XXH3-128)" : "keyed (Poly1305)"},
                {"baseline", "redis-benchmark --cluster -c C -n FETCHES -d BYTES -t get (rps x BYTES)"}};
   if (args.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("remote fetch of %s blocks, %d sessions, %d rounds of %d fetches, values %s\n",
                 FormatBytes(block_bytes).c_str(), c, args.rounds, per_session * c,
-                args.remote_unkeyed ? "unkeyed (XXH3-128)" : "keyed (BLAKE2b)");
+                args.remote_unkeyed ? "unkeyed (XXH3-128)" : "keyed (Poly1305)");
     std::printf("  kvtierd from the cluster  %.2f GB/s (median)\n", Median(kv_gbs));
     std::printf("  redis-benchmark GET       %.2f GB/s (median)\n", Median(redis_gbs));
     std::printf("  fetch_ratio               %.2f (median of per-round ratios)\n", Median(ratios));
