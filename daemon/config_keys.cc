@@ -609,12 +609,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "tagged: each event a map with its type (vLLM since PR #42892, what its current "
        "decoders read); positional: each event an array led by its type (older vLLM and the "
        "routers of that time).",
-       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
-         if (s != "tagged" && s != "positional") return ConfigKeyError(key, "'" + s + "' is not tagged or positional");
-         c->events.options.encoding = s == "tagged" ? KvEventEncoding::kTagged : KvEventEncoding::kPositional;
-         return Status::Ok();
-       }},
+       KVTIER_SET(Choice(key, n, kKvEventEncodingNames), events.options.encoding)},
       {"events.replay", "\"\"",
        "Endpoint of a ROUTER socket that resends kept messages from a sequence number on "
        "(vLLM's replay socket); empty: none.",

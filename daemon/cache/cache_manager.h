@@ -394,8 +394,6 @@ class CacheManager {
   // in flight (kBusy). kNone when nothing is evictable.
   enum class Evicted { kNone, kDropped, kDemoting, kBusy };
   Evicted EvictOne(TierKind tier, TenantId tenant);
-  // Copies GPU block `id` into a host page it gets now, if the host tier has room (on the
-  // control thread: without a GPU copy thread).
   // Starts copying GPU block `id` into a host page on the GPU copy thread; false when the
   // host tier has no page for it now.
   bool StartGpuDemotion(BlockId id);

@@ -88,6 +88,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "protocol/base/block_key.h"
@@ -98,6 +99,9 @@
 namespace kvtier {
 
 enum class KvEventEncoding : uint8_t { kTagged, kPositional };
+// The config's words for them (events.encoding).
+inline constexpr std::pair<std::string_view, KvEventEncoding> kKvEventEncodingNames[] = {
+    {"tagged", KvEventEncoding::kTagged}, {"positional", KvEventEncoding::kPositional}};
 // How an engine is named in events: where routers reach it ("10.0.0.5:8000"; empty: this
 // host), its data-parallel rank (-1: none) and its hash form.
 struct EventSource {

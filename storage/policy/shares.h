@@ -7,8 +7,8 @@
 //             none to give its new block is refused.
 //   reserve:  what pressure from others (their allocations, the watermark) never takes it
 //             below.
-//   watermark: takes from the owner holding the most above its reserve, among those with
-//             something to give.
+//   watermark: takes from the owner with the most to give (what it holds that may be
+//             evicted), among those above their reserve.
 //
 // Pure functions; thread-compatible.
 
