@@ -233,6 +233,7 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
     return InvalidArgument("unknown role");
   }
   ctx.engine_name = m.engine_name() ? m.engine_name()->str().substr(0, 128) : "";
+  ctx.engine_pid = m.pid() > 0 ? m.pid() : 0;
   auto grant = tenants_->Resolve(PeerCredentials{ctx.pid, ctx.uid, ctx.gid, ctx.groups});
   if (!grant.ok()) {
     ctx.close_after_reply = true;
@@ -260,7 +261,11 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
   ctx.hello_done = true;
   KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid << " engine '"
                    << ctx.engine_name << "' role "
-                   << (ctx.role == fb::Role::Engine ? "engine " + ctx.layout.ToString() : "control");
+                   << (ctx.role == fb::Role::Engine ? "engine " + ctx.layout.ToString() : "control")
+                   << (ctx.pid == 0 && ctx.engine_pid != 0
+                           ? " (pid " + std::to_string(ctx.engine_pid) + " in its own PID namespace)"
+                           : std::string())
+                   << (ctx.watched ? "" : "; its process is not watched");
 
   std::vector<flatbuffers::Offset<fb::TierInfo>> tiers;
   for (TierKind kind : kAllTiers) {
@@ -470,7 +475,7 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
         builder_.CreateString(engine ? cache_->NamespaceHex(s.cache.ns()) : std::string()),
         builder_.CreateString(engine ? s.layout.ToString() : std::string()),
         static_cast<uint32_t>(s.cache.leased_pages()), static_cast<uint32_t>(s.cache.referenced_blocks()), s.requests,
-        static_cast<double>(now - s.connected_ns) * 1e-9));
+        static_cast<double>(now - s.connected_ns) * 1e-9, s.engine_pid, s.watched));
   });
   auto sessions_vec = builder_.CreateVector(sessions);
   const CacheCounters& cc = cache_->counters();

@@ -164,8 +164,14 @@ void Daemon::RegisterMetrics() {
   m.AddCounterFn("kvtier_sessions_expired_total",
                  "Sessions closed for sending nothing for longer than protocol.heartbeat_ttl.", {},
                  [server] { return server->sessions_expired(); });
-  m.AddGaugeFn("kvtier_quarantines", "Ended sessions whose leased pages wait for their process to exit.", {},
-               [server] { return static_cast<double>(server->quarantines()); });
+  m.AddGaugeFn("kvtier_quarantines",
+               "Ended sessions whose leased pages wait for their process to exit (or, for a process kvtierd "
+               "cannot watch, for a restart).",
+               {}, [server] { return static_cast<double>(server->quarantines()); });
+  m.AddCounterFn("kvtier_sessions_unwatched_total",
+                 "Sessions whose peer's process kvtierd cannot watch (no SO_PEERPIDFD and a pid it cannot see): "
+                 "their leased pages stay quarantined until a restart once the session ends.",
+                 {}, [server] { return server->sessions_unwatched(); });
   m.AddGaugeFn("kvtier_namespaces", "Namespaces (tenant x model) with blocks or sessions.", {},
                [cache] { return static_cast<double>(cache->namespace_count()); });
   m.AddCounterFn("kvtier_gpu_demotions_total", "GPU blocks copied down to host pages under pressure.", {},

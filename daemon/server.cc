@@ -90,9 +90,21 @@ Result<std::unique_ptr<Server>> Server::Open(asio::io_context& io, const Options
   return s;
 }
 
+void Server::NoteUnwatched(const SessionContext& ctx) {
+  if (unwatched_sessions_++ == 0) {
+    KVTIER_LOG(WARNING) << "session " << ctx.id << " (uid " << ctx.uid << ", pid " << ctx.pid
+                        << " as kvtierd sees it): its process cannot be watched (this kernel gives no SO_PEERPIDFD, "
+                           "Linux >= 6.5, and the peer's pid is not visible from kvtierd's PID namespace). Leased "
+                           "pages of such sessions stay quarantined until kvtierd restarts once the session ends; "
+                           "kvtier_sessions_unwatched_total counts them. Said once.";
+  }
+}
+
 void Server::WatchQuarantine(uint64_t id, int pidfd) {
-  if (pidfd < 0) {  // cannot watch: free now rather than never
-    dispatcher_->QuarantineOver(id);
+  if (pidfd < 0) {
+    // Nothing tells when the process is gone: its mappings may outlive any timeout, so the
+    // pages stay out of use until kvtierd restarts (new segments).
+    ++unwatched_quarantines_;
     return;
   }
   auto d = std::make_shared<asio::posix::stream_descriptor>(io_, pidfd);

@@ -9,11 +9,14 @@
 // a frame cut short by EOF is answered with an error and the connection closed. None of
 // this affects other sessions.
 //
-// Liveness: each session watches its peer's process through a pidfd (pidfd_open of the
-// SO_PEERCRED pid) and closes when it exits, socket open or not; with a heartbeat TTL, a
+// Liveness: each session watches its peer's process through a pidfd (SO_PEERPIDFD, which
+// names the process in any PID namespace; pidfd_open of the SO_PEERCRED pid on kernels
+// before 6.5) and closes when it exits, socket open or not; with a heartbeat TTL, a
 // session silent for longer is expired. A session that ends while its process still
 // lives (it closed the socket, or was expired) has its leased pages quarantined until the
-// process exits: its mappings cannot be revoked, so the pages are not reused under it.
+// process exits: its mappings cannot be revoked, so the pages are not reused under it. A
+// process that cannot be watched (an old kernel, a peer in another PID namespace) may
+// live: its ended session's pages stay quarantined until kvtierd restarts.
 // Peer credentials that cannot be read close the connection (never a default identity).
 //
 // Admission (no lock-out by idle connections): a connection must send Hello within
@@ -74,15 +77,22 @@ class Server {
   uint64_t sessions_expired() const { return expired_; }
   // Connections closed for sending no Hello in time, or to make way for a newer one.
   uint64_t sessions_without_hello_closed() const { return hello_closed_; }
-  size_t quarantines() const { return quarantines_.size(); }
+  // Quarantines waiting for a process to exit, and those that wait for a restart since
+  // their process could not be watched.
+  size_t quarantines() const { return quarantines_.size() + unwatched_quarantines_; }
+  // Sessions whose peer's process kvtierd could not watch (OpenPeerPidfd failed).
+  uint64_t sessions_unwatched() const { return unwatched_sessions_; }
 
  private:
   friend class Session;
   Server(boost::asio::io_context& io, const Options& options, IsAdmin is_admin, const Clock* clock);
   void Accept();
   void Remove(SessionId id);
-  // Frees quarantine `id` once the process behind `pidfd` (owned) exits.
+  // Frees quarantine `id` once the process behind `pidfd` (owned) exits; with pidfd -1,
+  // keeps it until kvtierd stops.
   void WatchQuarantine(uint64_t id, int pidfd);
+  // A session whose process cannot be watched: counted, and logged the first time.
+  void NoteUnwatched(const SessionContext& ctx);
   void ArmQuarantine(uint64_t id, std::shared_ptr<boost::asio::posix::stream_descriptor> d);
   void ScheduleHeartbeatCheck();
   void ScheduleHelloCheck();
@@ -104,6 +114,8 @@ class Server {
   uint64_t refused_ = 0;
   uint64_t expired_ = 0;
   uint64_t hello_closed_ = 0;
+  uint64_t unwatched_sessions_ = 0;
+  uint64_t unwatched_quarantines_ = 0;
   std::map<uid_t, uint32_t> per_uid_;  // sessions open per peer uid
   int64_t last_refusal_log_ns_ = 0;
   uint64_t refusals_unlogged_ = 0;

@@ -29,6 +29,19 @@ bool PidfdExited(int pidfd) {
   return ::poll(&p, 1, 0) == 1;
 }
 
+int OpenPeerPidfd(int socket_fd, pid_t pid) {
+  int pfd = -1;
+  socklen_t len = sizeof(pfd);
+  if (::getsockopt(socket_fd, SOL_SOCKET, kSoPeerPidfd, &pfd, &len) == 0 && pfd >= 0) {
+    (void)::fcntl(pfd, F_SETFD, FD_CLOEXEC);
+    return pfd;
+  }
+  // Before Linux 6.5: the pid, where this namespace sees one (0 for a peer in a PID
+  // namespace that is not ours or below it).
+  if (pid <= 0) return -1;
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
 Session::Session(Server* server, stream::socket socket, SessionId id, const ucred& cred)
     : server_(server),
       socket_(std::move(socket)),
@@ -83,12 +96,16 @@ void Session::Close() {
   if (counted_ && --server_->per_uid_[cred_.uid] == 0) server_->per_uid_.erase(cred_.uid);
   boost::system::error_code ec;
   socket_.close(ec);
-  const bool alive = pidfd_ && !PidfdExited(pidfd_->native_handle());
-  const uint64_t quarantine = server_->dispatcher_->SessionClosed(ctx_, alive);
+  // A process kvtierd cannot watch may live on with its mappings: its leases wait too.
+  const bool may_live = !pidfd_ || !PidfdExited(pidfd_->native_handle());
+  const uint64_t quarantine = server_->dispatcher_->SessionClosed(ctx_, may_live);
   if (quarantine != 0) {
-    KVTIER_LOG(NOTICE) << "session " << ctx_.id << " ended while pid " << ctx_.pid
-                       << " lives: its leased pages are quarantined until it exits";
-    server_->WatchQuarantine(quarantine, ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0));
+    if (pidfd_) {
+      KVTIER_LOG(NOTICE) << "session " << ctx_.id << " ended while its process (pid " << ctx_.pid
+                         << (ctx_.engine_pid ? ", " + std::to_string(ctx_.engine_pid) + " in its namespace" : "")
+                         << ") lives: its leased pages are quarantined until it exits";
+    }
+    server_->WatchQuarantine(quarantine, pidfd_ ? ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0) : -1);
   }
   if (pidfd_) pidfd_->close(ec);
   server_->Remove(ctx_.id);
@@ -104,12 +121,12 @@ void Session::Read() {
 }
 
 void Session::WatchPeerProcess() {
-  const int pfd = ctx_.pid > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, ctx_.pid, 0)) : -1;
+  const int pfd = OpenPeerPidfd(socket_.native_handle(), ctx_.pid);
   if (pfd < 0) {
-    KVTIER_LOG(DEBUG) << "session " << ctx_.id << ": no pidfd for pid " << ctx_.pid << " (" << std::strerror(errno)
-                      << "); liveness by socket only";
+    server_->NoteUnwatched(ctx_);
     return;
   }
+  ctx_.watched = true;
   pidfd_ = std::make_unique<asio::posix::stream_descriptor>(socket_.get_executor(), pfd);
   WaitPeerExit();
 }

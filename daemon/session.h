@@ -1,7 +1,7 @@
 #pragma once
 // Session: one connection to kvtierd's socket. Reads frames into a FrameAssembler, hands
 // each to the Dispatcher, queues the responses (with their descriptors) and writes them
-// out without blocking; watches its peer's process through a pidfd. Lives in the Server's
+// out without blocking; watches its peer's process through a pidfd (OpenPeerPidfd). Lives in the Server's
 // session map and in the handlers it has outstanding; the Server decides admission,
 // expiry and quarantine (server.h states those rules).
 //
@@ -28,6 +28,15 @@ class Server;
 // Whether the process behind `pidfd` has exited (a pidfd turns readable when it does).
 bool PidfdExited(int pidfd);
 
+// SO_PEERPIDFD (Linux 6.5; glibc 2.36's headers do not name it).
+inline constexpr int kSoPeerPidfd = 77;
+
+// A pidfd (close-on-exec) for the process at the other end of `socket_fd`: the kernel's
+// SO_PEERPIDFD, which names the process in any PID namespace; where the kernel has none,
+// pidfd_open of `pid` (SO_PEERCRED's) when this namespace sees it. -1: the process cannot
+// be watched (an older kernel and a peer in another PID namespace).
+int OpenPeerPidfd(int socket_fd, pid_t pid);
+
 class Session : public std::enable_shared_from_this<Session>, public ReplySink {
  public:
   Session(Server* server, boost::asio::local::stream_protocol::socket socket, SessionId id, const ucred& cred);
@@ -41,7 +50,7 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   // Answers the connection with `why` (an error frame, request id 0) and closes it.
   void Refuse(const Status& why);
   // Idempotent. Drops the session's cache state and forgets it; leased pages go into
-  // quarantine while the peer's process lives.
+  // quarantine while the peer's process lives, or for good when it cannot be watched.
   void Close();
 
   int64_t last_active_ns() const { return last_active_ns_; }

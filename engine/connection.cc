@@ -64,6 +64,7 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
   h.add_event_hashes(EventHashesToWire(args.event_hashes));
   if (args.layout) h.add_layout(layout);
   h.add_hash_bytes(static_cast<uint8_t>(args.hash_bytes));
+  h.add_pid(static_cast<int32_t>(::getpid()));
   KVTIER_ASSIGN_OR_RETURN(Ticket t, Send(fb::Op::Hello, h.Finish().Union()));
   return Wait(t, fb::Reply::Welcome, [this](const fb::Response& r) -> Status {
     const fb::Welcome* w = r.reply_as_Welcome();

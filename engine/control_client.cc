@@ -116,6 +116,8 @@ Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
         i.control = x->role() == fb::Role::Control;
         i.engine_name = Str(x->engine_name());
         i.pid = x->pid();
+        i.engine_pid = x->engine_pid();
+        i.watched = x->watched();
         i.uid = x->uid();
         i.gid = x->gid();
         i.tenant = Str(x->tenant());

@@ -21,8 +21,9 @@ namespace kvtier {
 
 inline constexpr uint16_t kProtocolMajor = 1;
 // Minor versions add optional fields an older peer ignores. 1: Commit.token_ids,
-// Hello.routable_id and Hello.data_parallel_rank. 2: Hello.event_hashes.
-inline constexpr uint16_t kProtocolMinor = 2;
+// Hello.routable_id and Hello.data_parallel_rank. 2: Hello.event_hashes. 3: Hello.pid,
+// SessionInfo.engine_pid and SessionInfo.watched.
+inline constexpr uint16_t kProtocolMinor = 3;
 
 // Verifier limits: far above anything a valid frame needs, low enough to bound work.
 inline constexpr uint32_t kVerifierMaxDepth = 16;

@@ -114,6 +114,13 @@ std::string Bar(double fraction, int width) {
   return "[" + std::string(static_cast<size_t>(full), '#') + std::string(static_cast<size_t>(width - full), '.') + "]";
 }
 
+// A session's pid: kvtierd's view, else "(pid)" as the engine reported it in its own PID
+// namespace, "-" when neither is known; "!" after it when kvtierd cannot watch the process.
+std::string PidText(const kvtier::SessionStatsInfo& x) {
+  std::string p = x.pid > 0 ? std::to_string(x.pid) : x.engine_pid > 0 ? "(" + std::to_string(x.engine_pid) + ")" : "-";
+  return x.watched ? p : p + "!";
+}
+
 std::string Rate(double bytes_per_s) { return kvtier::FormatBytes(static_cast<uint64_t>(bytes_per_s)) + "/s"; }
 
 void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std::string& socket) {
@@ -164,8 +171,8 @@ void DrawTop(const DaemonStats& s, const DaemonStats* prev, double dt, const std
   for (const auto& x : s.sessions) {
     if (lines.size() >= 23) break;
     ++drawn;
-    add("%-5llu %-14s %8d %-14s %7u %6u %9llu", static_cast<unsigned long long>(x.id),
-        (x.control ? "(" + x.engine_name + ")" : x.engine_name).substr(0, 14).c_str(), x.pid,
+    add("%-5llu %-14s %8s %-14s %7u %6u %9llu", static_cast<unsigned long long>(x.id),
+        (x.control ? "(" + x.engine_name + ")" : x.engine_name).substr(0, 14).c_str(), PidText(x).c_str(),
         x.tenant.substr(0, 14).c_str(), x.leased_pages, x.referenced_blocks,
         static_cast<unsigned long long>(x.requests));
   }
@@ -300,6 +307,8 @@ int Sessions(const DaemonStats& s, bool as_json) {
                        {"role", x.control ? "control" : "engine"},
                        {"engine_name", x.engine_name},
                        {"pid", x.pid},
+                       {"engine_pid", x.engine_pid},
+                       {"watched", x.watched},
                        {"uid", x.uid},
                        {"gid", x.gid},
                        {"tenant", x.tenant},
@@ -315,11 +324,19 @@ int Sessions(const DaemonStats& s, bool as_json) {
   }
   std::printf("%-5s %-8s %-16s %8s %-18s %-16s %7s %7s %9s %9s\n", "ID", "ROLE", "ENGINE", "PID", "TENANT", "NAMESPACE",
               "LEASED", "REFS", "REQUESTS", "AGE");
+  bool own_ns = false, unwatched = false;
   for (const auto& x : s.sessions) {
-    std::printf("%-5llu %-8s %-16s %8d %-18s %-16s %7u %7u %9llu %9s\n", static_cast<unsigned long long>(x.id),
-                x.control ? "control" : "engine", x.engine_name.substr(0, 16).c_str(), x.pid,
+    own_ns |= x.pid == 0 && x.engine_pid != 0;
+    unwatched |= !x.watched;
+    std::printf("%-5llu %-8s %-16s %8s %-18s %-16s %7u %7u %9llu %9s\n", static_cast<unsigned long long>(x.id),
+                x.control ? "control" : "engine", x.engine_name.substr(0, 16).c_str(), PidText(x).c_str(),
                 x.tenant.substr(0, 18).c_str(), x.namespace_id.empty() ? "-" : x.namespace_id.c_str(), x.leased_pages,
                 x.referenced_blocks, static_cast<unsigned long long>(x.requests), Duration(x.connected_s).c_str());
+  }
+  if (own_ns) std::printf("(pid): in the engine's own PID namespace, as it reported it; kvtierd cannot see it\n");
+  if (unwatched) {
+    std::printf("!: kvtierd cannot watch this process (no SO_PEERPIDFD, pid not visible); its leased pages stay "
+                "quarantined until a restart once its session ends\n");
   }
   return 0;
 }

@@ -439,6 +439,75 @@ TEST(Liveness, AProcessThatClosesItsSocketButLivesHasItsLeasesQuarantined) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// kvtierd in a PID namespace of its own, as a DaemonSet pod: SO_PEERCRED says pid 0 for
+// every engine. An engine's session expires (heartbeat_ttl) while its process lives and
+// still maps its 8 leased pages; another session stores 8 blocks; the stale process writes
+// through its old mappings. The blocks read back intact (its pages were quarantined, not
+// re-leased), kvctl's view names the engine by the pid it reported, and the pages come
+// back once it exits.
+TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a PID namespace";
+  constexpr uint32_t kPages = 8;
+  DaemonProcess::Options o;
+  o.own_pid_namespace = true;
+  o.host_capacity = "4MiB";  // 64 pages of 64 KiB, in 8 segments
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "512KiB";
+  o.extra_yaml = "protocol:\n  heartbeat_ttl: 2s\n";  // room to read its session before it expires
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  Pipe leased, go, wrote, done;
+  EngineProcess stale([&]() -> int {
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "stale"));
+    if (!c.ok()) return 10;
+    auto pages = (*c)->Allocate(TierKind::kHost, kPages);
+    if (!pages.ok()) return 11;
+    std::vector<uint8_t*> views;
+    for (PageId p : *pages) views.push_back(static_cast<uint8_t*>((*c)->PageAddress(TierKind::kHost, p)));
+    leased.Signal();
+    go.Wait();  // silent until expired, mappings kept
+    for (uint8_t* v : views) std::memset(v, 0x41, kBlock);  // the late writes of a stale engine
+    wrote.Signal();
+    done.Wait();
+    return 0;
+  });
+  ASSERT_TRUE(leased.Wait());
+  // The daemon cannot see the engine's pid, yet watches its process and shows the pid the
+  // engine reported.
+  auto st = StatsOf(d.socket_path(), /*with_sessions=*/true);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  bool seen = false;
+  for (const auto& x : st->sessions) {
+    if (x.engine_name != "stale") continue;
+    seen = true;
+    EXPECT_EQ(x.pid, 0) << "kvtierd is in a PID namespace of its own";
+    EXPECT_EQ(x.engine_pid, stale.pid());
+    EXPECT_TRUE(x.watched);
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == kPages && t.leased_pages == 0; }))
+      << d.Log();
+  // Another engine of the same tenant and model stores into the pool meanwhile.
+  const auto chain = HashChain(0x5ea1, kPages);
+  {
+    auto victim = Client::Connect(EngineOptions(d.socket_path(), "victim"));
+    ASSERT_TRUE(victim.ok());
+    ASSERT_TRUE(Store(**victim, TierKind::kHost, chain, 1).ok());
+  }
+  go.Signal();
+  ASSERT_TRUE(wrote.Wait());
+  auto reader = Client::Connect(EngineOptions(d.socket_path(), "reader"));
+  ASSERT_TRUE(reader.ok());
+  const Hits h = Probe(**reader, chain, 1);
+  EXPECT_EQ(h.verified, kPages);
+  EXPECT_EQ(h.foreign, 0u) << "blocks served with a stale engine's bytes";
+  done.Signal();
+  EXPECT_EQ(stale.Join(), 0);
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0; })) << d.Log();
+  EXPECT_NE(d.Log().find("in its own PID namespace"), std::string::npos) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 TEST(Liveness, KvtierdTellsSystemdReadyWatchdogAndStopping) {
   TempDir dir;
   const std::string path = dir.File("notify");

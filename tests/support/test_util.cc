@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -123,6 +124,50 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
   c << options_.extra_yaml;
 }
 
+namespace {
+
+// In a forked child: makes new PID and mount namespaces and forks their first process,
+// which returns (to exec the daemon) with a private /proc of the namespace mounted. This
+// process stays outside as the namespace's parent, like `unshare -pf --mount-proc`: it
+// passes SIGTERM and SIGINT on and exits with the daemon's status. Exits 126 (EPERM) when
+// the namespaces cannot be made.
+void EnterOwnPidNamespace() {
+  if (::unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) ::_exit(126);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &set, nullptr);
+  const pid_t inner = ::fork();
+  if (inner < 0) ::_exit(126);
+  if (inner == 0) {
+    ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+      ::_exit(126);
+    }
+    return;
+  }
+  for (;;) {
+    siginfo_t info;
+    if (::sigwaitinfo(&set, &info) < 0) continue;
+    if (info.si_signo != SIGCHLD) {
+      ::kill(inner, info.si_signo);
+      continue;
+    }
+    int status = 0;
+    if (::waitpid(inner, &status, WNOHANG) != inner) continue;
+    if (WIFEXITED(status)) ::_exit(WEXITSTATUS(status));
+    ::signal(WTERMSIG(status), SIG_DFL);
+    ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
+    ::raise(WTERMSIG(status));
+    ::_exit(128 + WTERMSIG(status));
+  }
+}
+
+}  // namespace
+
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) Kill();
 }
@@ -144,14 +189,15 @@ Status DaemonProcess::Start() {
       CPU_SET(options_.cpu, &set);
       ::sched_setaffinity(0, sizeof(set), &set);
     }
+    if (options_.own_pid_namespace) EnterOwnPidNamespace();  // returns in the namespace's pid 1
     ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   bool exited = false, up = false;
+  int exit_status = 0;
   WaitUntil(
       [&] {
-        int status;
-        if (::waitpid(pid_, &status, WNOHANG) == pid_) return exited = true;
+        if (::waitpid(pid_, &exit_status, WNOHANG) == pid_) return exited = true;
         int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         sockaddr_un addr{};
         addr.sun_family = AF_UNIX;
@@ -163,6 +209,9 @@ Status DaemonProcess::Start() {
       std::chrono::seconds(10), std::chrono::milliseconds(20));
   if (exited) {
     pid_ = -1;
+    if (options_.own_pid_namespace && WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 126) {
+      return PermissionDenied("cannot make a PID namespace for kvtierd (needs root)");
+    }
     return Internal("kvtierd exited during start: " + Log());
   }
   if (up) return Status::Ok();

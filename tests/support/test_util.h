@@ -87,6 +87,10 @@ class DaemonProcess {
     // A host-emulated GPU tier of this size ("" = none), in segments of gpu_segment_bytes.
     std::string gpu_capacity;
     std::string gpu_segment_bytes = "4MiB";
+    // Run kvtierd in a PID namespace (and mount namespace with its own /proc) of its own,
+    // as a pod does: it then sees this process and its children as pid 0. Needs root;
+    // Start() fails with kPermissionDenied where the namespaces cannot be made.
+    bool own_pid_namespace = false;
   };
   DaemonProcess();
   explicit DaemonProcess(const Options& options);
