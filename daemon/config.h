@@ -134,9 +134,6 @@ struct DaemonConfig {
     g.allocation_headroom = 2;
     return g;
   }();
-  // Start even when the host pool (with a host-emulated GPU pool) is larger than the
-  // machine's memory or the cgroup's limit.
-  bool host_overcommit = false;
   std::string gpu_backend = "auto";
   int gpu_device = 0;
   NvmeTierConfig nvme;

@@ -179,7 +179,7 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
   if (gpu_in_ram) pool += c.gpu.capacity_bytes;
   const std::string what =
       gpu_in_ram ? "tiers.host.capacity + tiers.gpu.capacity (host-emulated)" : "tiers.host.capacity";
-  if (memory.limit_bytes && pool > *memory.limit_bytes && !c.host_overcommit) {
+  if (memory.limit_bytes && pool > *memory.limit_bytes && !c.host.overcommit) {
     return InvalidArgument("config key 'tiers.host.capacity': " + what + " is " + FormatBytes(pool) +
                            ", more than this machine's memory (" + FormatBytes(*memory.limit_bytes) + ", " +
                            memory.limit_source +

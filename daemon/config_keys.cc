@@ -396,8 +396,10 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.host.overcommit", "false",
        "Start even when the host pool (plus a host-emulated GPU pool) is larger than the "
        "machine's memory (MemTotal, or the cgroup's memory limit when lower); without it such "
-       "a config is refused, since the pool would be OOM-killed once it fills.",
-       KVTIER_SET(Boolean(key, n), host_overcommit)},
+       "a config is refused, since the pool would be OOM-killed once it fills. Without it "
+       "kvtierd also touches the whole pool at start, so its memory is charged to kvtierd's "
+       "cgroup; with it pages are charged to the process that writes them first (an engine).",
+       KVTIER_SET(Boolean(key, n), host.overcommit)},
       {"tiers.host.policy", "adaptive",
        "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, adaptive (the best "
        "measured; docs/benchmarks.md).",

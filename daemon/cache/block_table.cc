@@ -29,6 +29,7 @@ Result<std::unique_ptr<BlockTable>> BlockTable::Open(const std::array<TierOption
       mo.segment_bytes = o.segment_bytes;
       mo.segments = segments;
       mo.huge_pages = o.huge_pages;
+      mo.populate = !o.overcommit;
       KVTIER_ASSIGN_OR_RETURN(memory, HostSegmentMemory::Open(mo));
     } else {
       if (device == nullptr) return InvalidArgument("the GPU tier needs a device backend");

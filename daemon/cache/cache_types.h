@@ -31,6 +31,12 @@ struct TierOptions {
   uint64_t page_bytes = 2ull << 20;  // GPU pages have the host tier's size
   uint64_t segment_bytes = 256ull << 20;
   HugePages huge_pages = HugePages::kAuto;  // host only
+  // Host only: the pool may be larger than the machine's memory or the cgroup's limit.
+  // Without it kvtierd touches every page when it creates a segment, so the pool is
+  // charged to kvtierd's memory cgroup, not to the engine that writes a page first (a
+  // pool larger than memory cannot be touched whole: with it, pages are charged to
+  // whoever touches them first).
+  bool overcommit = false;
   double high_watermark = 0.85;
   double low_watermark = 0.75;
   std::string policy = "adaptive";

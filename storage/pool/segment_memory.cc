@@ -87,9 +87,11 @@ Result<HostSegmentMemory::Segment> HostSegmentMemory::Create(uint32_t index) con
     return st;
   };
   if (::ftruncate(s.fd, static_cast<off_t>(options_.segment_bytes)) != 0) return fail("ftruncate");
-  if (huge_ && ::fallocate(s.fd, 0, 0, static_cast<off_t>(options_.segment_bytes)) != 0) {
-    // Reserve the huge pages now, so touching them later cannot SIGBUS.
-    return fail("fallocate (huge page reservation)");
+  // Huge pages are reserved now, so touching them later cannot SIGBUS; 4 KiB pages when
+  // asked, so the pool is charged to this process's cgroup, not an engine's.
+  if ((huge_ || options_.populate) && ::fallocate(s.fd, 0, 0, static_cast<off_t>(options_.segment_bytes)) != 0) {
+    if (errno == ENOSPC || errno == ENOMEM) errno = ENOMEM;  // shmem says ENOSPC for "no memory"
+    return fail(huge_ ? "fallocate (huge page reservation)" : "fallocate (the segment's memory)");
   }
   if (::fcntl(s.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return fail("F_ADD_SEALS");

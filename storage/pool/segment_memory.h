@@ -60,6 +60,12 @@ class HostSegmentMemory final : public SegmentMemory {
     // kAuto: hugetlb (2 MiB) when HugePages_Free covers the pool and segment_bytes is a
     // multiple of 2 MiB; 4 KiB pages otherwise. kOn: hugetlb or fail. Default: kAuto.
     HugePages huge_pages = HugePages::kAuto;
+    // Allocate every page of a segment when it is created (fallocate), so the memory is
+    // charged to this process's memory cgroup rather than to the first client that
+    // writes a page, and stays charged here after that client exits. Huge pages are
+    // always allocated at creation (touching an unreserved one raises SIGBUS). Default:
+    // true.
+    bool populate = true;
   };
 
   // kResourceExhausted when memfd/mmap fail for lack of memory, kFailedPrecondition when

@@ -277,12 +277,12 @@ TEST(ConfigOnHost, APoolOverTheMemoryLimitIsRefusedNamingTheLimitUnlessOvercommi
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("tiers.host.capacity"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("memory.max"), std::string::npos) << st.message();
-  c.host_overcommit = true;
+  c.host.overcommit = true;
   EXPECT_TRUE(CheckConfigOnHost(c, m, &warnings).ok());
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("available"), std::string::npos);
   // Within both: no error, no warning.
-  c.host_overcommit = false;
+  c.host.overcommit = false;
   c.host.capacity_bytes = 256ull << 20;
   warnings.clear();
   EXPECT_TRUE(CheckConfigOnHost(c, m, &warnings).ok());

@@ -189,6 +189,12 @@ Status DaemonProcess::Start() {
       CPU_SET(options_.cpu, &set);
       ::sched_setaffinity(0, sizeof(set), &set);
     }
+    if (!options_.cgroup.empty()) {
+      const std::string procs = options_.cgroup + "/cgroup.procs", me = std::to_string(::getpid());
+      const int cg = ::open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+      if (cg < 0 || ::write(cg, me.data(), me.size()) != static_cast<ssize_t>(me.size())) ::_exit(125);
+      ::close(cg);
+    }
     if (options_.own_pid_namespace) EnterOwnPidNamespace();  // returns in the namespace's pid 1
     ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);

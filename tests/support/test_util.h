@@ -91,6 +91,8 @@ class DaemonProcess {
     // as a pod does: it then sees this process and its children as pid 0. Needs root;
     // Start() fails with kPermissionDenied where the namespaces cannot be made.
     bool own_pid_namespace = false;
+    // A cgroup directory (e.g. MemoryCgroup::path()) kvtierd starts in; empty: this one's.
+    std::string cgroup;
   };
   DaemonProcess();
   explicit DaemonProcess(const Options& options);
