@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -118,15 +119,27 @@ Result<gid_t> ResolveGroup(const std::string& name) {
 
 HostMemory ReadHostMemory() {
   HostMemory m;
+  // /proc/meminfo is hidden where /proc is mounted with subset=pid (systemd's
+  // ProcSubset=pid, which the unit sets): then the kernel's sysinfo(2), which needs no
+  // /proc. Its free + buffer RAM stands in for MemAvailable (lower: page cache is left out).
+  struct sysinfo si {};
+  const bool have_sysinfo = ::sysinfo(&si) == 0;
   if (auto kb = MeminfoKb("MemTotal")) {
     m.limit_bytes = *kb * 1024;
     m.limit_source = "MemTotal";
+  } else if (have_sysinfo) {
+    m.limit_bytes = uint64_t{si.totalram} * si.mem_unit;
+    m.limit_source = "sysinfo(2) total RAM";
   }
   if (auto cg = CgroupLimit(); cg && (!m.limit_bytes || cg->first < *m.limit_bytes)) {
     m.limit_bytes = cg->first;
     m.limit_source = cg->second;
   }
-  if (auto kb = MeminfoKb("MemAvailable")) m.available_bytes = *kb * 1024;
+  if (auto kb = MeminfoKb("MemAvailable")) {
+    m.available_bytes = *kb * 1024;
+  } else if (have_sysinfo) {
+    m.available_bytes = (uint64_t{si.freeram} + si.bufferram) * si.mem_unit;
+  }
   return m;
 }
 

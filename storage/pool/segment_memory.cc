@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
@@ -19,19 +18,17 @@ namespace kvtier {
 constexpr uint64_t kHugePageBytes = 2ull << 20;
 
 uint64_t FreeHugePageBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  uint64_t free_pages = 0, page_kb = 0;
-  while (std::getline(in, line)) {
-    std::istringstream s(line);
-    std::string key;
+  // sysfs, not /proc/meminfo: /proc may be mounted with subset=pid (systemd's
+  // ProcSubset=pid), and this pool of 2 MiB pages is the one MFD_HUGE_2MB draws from
+  // whatever the default huge page size is. Reserved pages are promised to others.
+  const std::string dir = "/sys/kernel/mm/hugepages/hugepages-2048kB/";
+  auto read = [&dir](const char* name) -> uint64_t {
+    std::ifstream in(dir + name);
     uint64_t v = 0;
-    s >> key >> v;
-    if (key == "HugePages_Free:") free_pages = v;
-    if (key == "Hugepagesize:") page_kb = v;
-  }
-  if (page_kb * 1024 != kHugePageBytes) return 0;  // only 2 MiB default huge pages are used
-  return free_pages * kHugePageBytes;
+    return (in >> v) ? v : 0;
+  };
+  const uint64_t free_pages = read("free_hugepages"), reserved = read("resv_hugepages");
+  return free_pages > reserved ? (free_pages - reserved) * kHugePageBytes : 0;
 }
 
 Result<std::unique_ptr<HostSegmentMemory>> HostSegmentMemory::Open(const Options& options) {

@@ -98,7 +98,8 @@ class HostSegmentMemory final : public SegmentMemory {
   std::vector<Segment> segments_;
 };
 
-// Free 2 MiB huge pages on this system (HugePages_Free of /proc/meminfo), 0 if unknown.
+// Bytes of 2 MiB huge pages free and not reserved on this system (sysfs
+// hugepages-2048kB: free_hugepages - resv_hugepages), 0 if unknown.
 uint64_t FreeHugePageBytes();
 
 }  // namespace kvtier

@@ -405,6 +405,27 @@ TEST(SystemdUnit, ExposureIsAtMostTwoPointFiveAndVerifyIsClean) {
   }
 }
 
+// The unit sets ProcSubset=pid, which hides /proc/meminfo: the memory check reads the
+// kernel's sysinfo(2) there, so a pool larger than the machine is still refused.
+TEST(SystemdUnit, APoolLargerThanMemoryIsRefusedUnderTheUnitsProcSubset) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a /proc needs root";
+  const std::string unit = std::string(KVTIER_SOURCE_DIR) + "/systemd/kvtierd.service";
+  ASSERT_EQ(Sh("grep -qx 'ProcSubset=pid' " + unit).code, 0) << "the unit no longer sets ProcSubset=pid";
+  const uint64_t gib = (MemTotalBytes() >> 30) * 4 + 4;
+  TempDir dir;
+  std::ofstream(dir.File("big.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
+                                      << "\nmetrics: {port: -1}\ntiers:\n  host: {capacity: " << gib
+                                      << "GiB, segment_bytes: 1GiB, huge_pages: auto}\n";
+  CmdResult r = Sh("unshare -m --propagation private sh -c 'mount -t proc -o subset=pid proc /proc || exit 90; "
+                   "test -e /proc/meminfo && exit 91; exec " +
+                   BinaryPath("kvtierd") + " --check-config --config " + dir.File("big.yaml") + "' 2>&1");
+  if (r.code == 90) GTEST_SKIP() << "this kernel cannot mount /proc with subset=pid: " << r.out;
+  ASSERT_NE(r.code, 91) << "/proc with subset=pid still shows /proc/meminfo";
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("tiers.host.capacity"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sysinfo(2)"), std::string::npos) << r.out;
+}
+
 TEST(SystemdUnit, SysusersAndTmpfilesAreAccepted) {
   const std::string src = std::string(KVTIER_SOURCE_DIR) + "/systemd/";
   CmdResult users = Sh("systemd-sysusers --dry-run " + src + "kvtier.sysusers");
