@@ -1,6 +1,10 @@
 #include "daemon/config.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <climits>
 
 #include <fstream>
 #include <set>
@@ -14,6 +18,22 @@ namespace kvtier {
 
 Status ConfigKeyError(std::string_view path, const std::string& why) {
   return InvalidArgument("config key '" + std::string(path) + "': " + why);
+}
+
+Status CheckNodeName(std::string_view name) {
+  if (name.empty() || name.size() > 253) return InvalidArgument("a node name has 1 to 253 characters");
+  for (char ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_') {
+      return InvalidArgument("'" + std::string(name) + "' is not a node name (letters, digits, '.', '-', '_')");
+    }
+  }
+  return Status::Ok();
+}
+
+std::string NodeName(const DaemonConfig& config) {
+  if (!config.node_name.empty()) return config.node_name;
+  char name[HOST_NAME_MAX + 1] = {};
+  return ::gethostname(name, sizeof(name) - 1) == 0 ? name : "unknown-host";
 }
 
 namespace {

@@ -110,6 +110,9 @@ struct DaemonConfig {
   ServerOptions server;
   std::string socket_group;  // empty: the daemon's group (resolved into server.socket_gid)
   std::string data_dir = "./var";
+  // This node's name in a fleet (names unknown tenants in the remote tier: "uid=U@name").
+  // Empty: the host name. A DNS-style name: letters, digits, '.', '-', '_'.
+  std::string node_name;
   LogLevel log_level = LogLevel::kInfo;
 
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
@@ -159,6 +162,12 @@ inline constexpr size_t kMaxSocketPathBytes = 108;
 // The error for a bad value of config key `path` (dotted, e.g. tiers.host.capacity):
 // kInvalidArgument naming the key and saying why.
 Status ConfigKeyError(std::string_view path, const std::string& why);
+
+// node_name's rule: 1 to 253 letters, digits, '.', '-' or '_' (a DNS name, a Kubernetes
+// node name); kInvalidArgument saying why not.
+Status CheckNodeName(std::string_view name);
+// The name this node goes by: config.node_name, else the host name.
+std::string NodeName(const DaemonConfig& config);
 
 // The NVMe tier's slot size: a host page, or for a quantized tier 33/64 of one (a block of
 // 2-byte floats quantized with head_dim >= 128: half its bytes in codes, 4 bytes of scale

@@ -235,6 +235,19 @@ const std::vector<ConfigKey>& ConfigKeys() {
        }},
       {"data_dir", "./var", "State directory: lock file now; index and slot files with NVMe.",
        KVTIER_SET(Path(key, n), data_dir)},
+      {"node_name", "\"\"",
+       "This node's name in the fleet: users no tenant covers are 'uid=U@node_name' in the "
+       "remote tier, so the same uid on two nodes never shares blocks. Empty: the host name, "
+       "which in a pod is the pod's; set it to the node's (kvtierd --node-name, from the "
+       "downward API's spec.nodeName) so a rollout keeps those keys.",
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         if (n.IsNull()) return Status::Ok();
+         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));
+         if (s.empty()) return Status::Ok();  // the host name
+         if (Status st = CheckNodeName(s); !st.ok()) return ConfigKeyError(key, st.message());
+         c->node_name = std::move(s);
+         return Status::Ok();
+       }},
       {"log_level", "info", "error | warning | notice | info | debug (stderr, journald priorities).",
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));

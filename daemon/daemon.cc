@@ -279,6 +279,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
         spec.tier, RemoteTier::Open(
                        ro, [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, observe));
     spec.options = rc.mover;
+    spec.options.node_name = NodeName(config);
     lower.push_back(std::move(spec));
   }
   if (config.events.enabled) {

@@ -11,9 +11,12 @@ namespace kvtier {
 
 int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
   CLI::App app{"kvtierd: node-local KV-cache tiering daemon for LLM inference hosts"};
-  std::string config_path;
+  std::string config_path, node_name;
   bool print_default = false, version = false, check = false;
   app.add_option("-c,--config", config_path, "YAML config file (default: the embedded default)");
+  app.add_option("--node-name", node_name,
+                 "This node's name (the config's node_name, which it overrides): in a pod, the node's "
+                 "from the downward API");
   app.add_flag("--print-default-config", print_default, "Print every config key with its default and exit");
   app.add_flag("--check-config", check, "Validate the config and exit");
   app.add_flag("-V,--version", version, "Print the version and exit");
@@ -34,6 +37,13 @@ int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
   if (!config.ok()) {
     KVTIER_LOG(ERROR) << config.status().message();
     return 2;
+  }
+  if (!node_name.empty()) {
+    if (Status st = CheckNodeName(node_name); !st.ok()) {
+      KVTIER_LOG(ERROR) << "--node-name: " << st.message();
+      return 2;
+    }
+    config->node_name = node_name;
   }
   if (check) {
     std::vector<std::string> warnings;

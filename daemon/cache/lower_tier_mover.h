@@ -30,8 +30,8 @@
 // does not hold costs one small round trip.
 //
 // Keys: a block's key below is its NVMe block key (tenant x model fingerprint x hash),
-// except that an unknown tenant ("uid=U", a uid of this host only) is "uid=U@host" there,
-// so the same uid on two hosts never shares blocks.
+// except that an unknown tenant ("uid=U", a uid of this host only) is "uid=U@node" there
+// (Options::node_name), so the same uid on two nodes never shares blocks.
 //
 // Which lower tiers hold a block is BlockTable::Block::below, bit `index` (this mover's
 // place in the chain). Owns the LowerTier. Owned by the control thread; not thread-safe.
@@ -63,6 +63,9 @@ class LowerTierMover {
     WritePolicy write_policy = WritePolicy::kWriteThrough;
     uint32_t max_puts_in_flight = 32;
     uint32_t max_queued_puts = 65536;
+    // Names this node in unknown tenants' keys ("uid=U@node_name"): the daemon sets it
+    // from the config's node_name. Empty: the host name.
+    std::string node_name;
     bool operator==(const Options&) const = default;
   };
   // What this mover did, cumulative.
@@ -138,7 +141,7 @@ class LowerTierMover {
   std::unique_ptr<LowerTier> tier_;
   size_t index_;
   Options options_;
-  std::string host_;  // this host's name, for unknown tenants' keys
+  std::string host_;  // this node's name, for unknown tenants' keys
   BlockTable* blocks_;
   NamespaceTable* namespaces_;
   Counters counters_;

@@ -158,6 +158,46 @@ TEST_F(RemoteTierTest, ASecondNodeIsServedFromTheClusterWhatTheFirstStored) {
   EXPECT_EQ(b.Stop(), 0) << b.Log();
 }
 
+// Unknown tenants are "uid=U@node" in the cluster. Under a configured node name (the
+// DaemonSet passes the node's, from the downward API, as --node-name) the next pod on the
+// node finds them, whatever its host name; another node's name does not.
+TEST_F(RemoteTierTest, UnknownTenantsKeepTheirRemoteKeysUnderTheConfiguredNodeName) {
+  RedisClusterProcess rc({.masters = 3, .replicas_per_master = 0});
+  ASSERT_TRUE(rc.Start().ok());
+  const ModelLayout layout = TestLayout("node-name-model");
+  const auto chain = HashChain(77, 6);
+  DaemonProcess::Options named = Node(rc);
+  named.extra_yaml = "node_name: gpu-node-7\n";
+  {
+    DaemonProcess a(named);
+    ASSERT_TRUE(a.Start().ok()) << a.Log();
+    ASSERT_TRUE(StoreThrough(a, layout, chain, chain.size()));
+    EXPECT_EQ(a.Stop(), 0) << a.Log();
+  }
+  const std::string ns = EncodeNamespace("uid=" + std::to_string(::getuid()) + "@gpu-node-7", layout.Fingerprint());
+  EXPECT_NE(rc.Cli(0, "-c exists " + RemoteCodec().Key("kvtier:", EncodeBlockKey(ns, chain[0]))).find('1'),
+            std::string::npos)
+      << "no key under uid=U@gpu-node-7";
+  auto matched = [&](const std::vector<std::string>& args) -> size_t {
+    DaemonProcess::Options o = Node(rc);  // a fresh pod: no NVMe index of the last one
+    o.args = args;
+    DaemonProcess d(o);
+    if (!d.Start().ok()) return 999;
+    ClientOptions co = EngineOptions(d.socket_path());
+    co.layout = layout;
+    auto c = Client::Connect(co);
+    auto l = c.ok() ? (*c)->Lookup(chain) : Result<LookupResult>(c.status());
+    (void)d.Stop();
+    return l.ok() ? l->matched : 998;
+  };
+  EXPECT_EQ(matched({"--node-name", "gpu-node-7"}), chain.size());
+  EXPECT_EQ(matched({"--node-name", "gpu-node-8"}), 0u);
+  // A name that could not be a node's is refused before anything starts.
+  CmdResult bad = Sh(BinaryPath("kvtierd") + " --check-config --node-name 'a@b' 2>&1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--node-name"), std::string::npos) << bad.out;
+}
+
 // Other bytes under a block's key, or a key of another Redis type there (a list): a miss,
 // counted, and the key deleted — never served, and not a failure for ever after.
 TEST_F(RemoteTierTest, AValueOverwrittenInTheClusterIsAMissNeverServed) {

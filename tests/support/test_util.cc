@@ -196,7 +196,10 @@ Status DaemonProcess::Start() {
       ::close(cg);
     }
     if (options_.own_pid_namespace) EnterOwnPidNamespace();  // returns in the namespace's pid 1
-    ::execl(bin.c_str(), bin.c_str(), "--config", config_.c_str(), static_cast<char*>(nullptr));
+    std::vector<char*> argv = {const_cast<char*>(bin.c_str()), const_cast<char*>("--config"), config_.data()};
+    for (std::string& a : options_.args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(bin.c_str(), argv.data());
     ::_exit(127);
   }
   bool exited = false, up = false;

@@ -93,6 +93,7 @@ class DaemonProcess {
     bool own_pid_namespace = false;
     // A cgroup directory (e.g. MemoryCgroup::path()) kvtierd starts in; empty: this one's.
     std::string cgroup;
+    std::vector<std::string> args;  // more command-line arguments, after --config
   };
   DaemonProcess();
   explicit DaemonProcess(const Options& options);
