@@ -9,7 +9,7 @@ FUZZ_SECONDS ?= 600
 FUZZ_TARGETS ?= frame dispatcher redis_reply events config
 
 .PHONY: all deps configure build test test-asan test-tsan fuzz demo bench crash clean format format-check check-thread-safety \
-        engines-env test-engines tools-env
+        engines-env test-engines tools-env test-deploy
 
 all: build
 
@@ -38,6 +38,14 @@ tools-env: deps
 test-engines: build engines-env
 	cd tests/engines && KVTIER_KVTIERD=$(CURDIR)/$(BUILD)/bin/kvtierd HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 \
 	  $(CURDIR)/build-engines/venv/bin/python -m pytest -q -p no:cacheprovider .
+
+# deploy/kubernetes run as an operator runs it, under podman (tests/deploy/test_podman_deploy.py):
+# the image from this build (scripts/deploy-image.sh, reused while unchanged), the pods
+# rendered from the manifests, a fresh node, an engine pod, a killed engine, a rolling update.
+test-deploy: build
+	scripts/deploy-image.sh
+	KVTIER_DEPLOY_REPORT=$(CURDIR)/build-deploy/report.json \
+	  /usr/bin/python3 -m pytest -q -s -p no:cacheprovider tests/deploy/test_podman_deploy.py
 
 # The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer, and under
 # ThreadSanitizer, each in its own build tree.

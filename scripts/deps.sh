@@ -13,6 +13,7 @@ PACKAGES=(
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch libopenblas0-pthread
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
   redis-server redis-tools libhiredis-dev libsodium-dev
+  podman runc catatonit netavark debootstrap
 )
 
 missing=()

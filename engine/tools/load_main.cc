@@ -6,7 +6,11 @@
 // pattern of each block's hash: a mismatch is corruption); store the misses (allocate,
 // write the pattern, commit). Prefixes are drawn Zipf-like, so some are hot. A refused
 // call waits (exponential back-off with jitter) and a lost daemon is reconnected to, until
-// --seconds is up.
+// --seconds is up. With --abandon-every N, every Nth request that stores ends its session
+// with the pages leased and reconnects, while the process keeps its mappings and writes
+// over those pages after its next request: a stale engine, as one whose session timed out.
+// The daemon must not lease the pages again while the process lives, or readers count
+// the blocks they land in as corrupt.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -36,14 +41,16 @@ struct Args {
   uint32_t tokens_per_block = 16;
   int prefixes = 64;
   int depth = 8;
+  int abandon_every = 0;
   bool json = false;
 };
 
 struct Totals {
   uint64_t requests = 0, blocks = 0, hits = 0, stored = 0, duplicates = 0, corrupt = 0, refused = 0, errors = 0;
-  uint64_t disconnects = 0, reconnects = 0;
+  uint64_t disconnects = 0, reconnects = 0, abandoned = 0;
   double lookup_us = 0;
   void Add(const Totals& o) {
+    abandoned += o.abandoned;
     disconnects += o.disconnects;
     reconnects += o.reconnects;
     requests += o.requests;
@@ -113,6 +120,20 @@ Totals RunSession(const Args& a, const ModelLayout& layout, int index) {
       (void)backoff.Wait(deadline);
     }
   };
+  // A session ended with pages leased, its mappings kept for the stale writes.
+  struct Stale {
+    std::unique_ptr<Client> client;
+    std::vector<PageId> pages;
+  };
+  std::optional<Stale> stale;
+  auto write_stale = [&] {
+    if (!stale) return;
+    for (PageId p : stale->pages) {
+      auto bytes = stale->client->PageBytes(TierKind::kHost, p);
+      std::fill(bytes.begin(), bytes.end(), uint8_t{0x41});
+    }
+    stale.reset();  // unmaps
+  };
   std::mt19937_64 rng(1000 + index);
   // Zipf(1.0) over prefixes by inverse CDF on precomputed weights.
   std::vector<double> cdf(a.prefixes);
@@ -126,6 +147,7 @@ Totals RunSession(const Args& a, const ModelLayout& layout, int index) {
     const double u = std::uniform_real_distribution<double>(0, sum)(rng);
     const int prefix = static_cast<int>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
     const auto chain = Chain(prefix, a.depth, rng());
+    write_stale();  // the last request's abandoned pages, written late
     ++t.requests;
     t.blocks += chain.size();
     const auto t0 = std::chrono::steady_clock::now();
@@ -176,6 +198,12 @@ Totals RunSession(const Args& a, const ModelLayout& layout, int index) {
       failed(pages.status());
       continue;
     }
+    if (a.abandon_every > 0 && t.requests % a.abandon_every == 0 && !stale) {
+      client->Close();  // the session ends; the process and its mappings live on
+      stale = Stale{std::move(client), std::move(*pages)};
+      ++t.abandoned;
+      continue;  // reconnects at the next request
+    }
     std::vector<CommitEntry> entries;
     for (size_t i = 0; i < miss; ++i) {
       const size_t b = hit + i;
@@ -191,6 +219,7 @@ Totals RunSession(const Args& a, const ModelLayout& layout, int index) {
     for (const BlockResult& e : *r) ++(e.duplicate ? t.duplicates : t.stored);
     backoff.Reset();
   }
+  write_stale();
   return t;
 }
 
@@ -207,6 +236,10 @@ int main(int argc, char** argv) {
   app.add_option("--tokens-per-block", a.tokens_per_block, "Tokens per block")->check(CLI::Range(1, 65536));
   app.add_option("--prefixes", a.prefixes, "Distinct shared prefixes")->check(CLI::Range(1, 1'000'000));
   app.add_option("--depth", a.depth, "Blocks per request (the last one unique)")->check(CLI::Range(1, 4096));
+  app.add_option("--abandon-every", a.abandon_every,
+                 "End the session of every Nth storing request with its pages leased, reconnect, and write over "
+                 "those pages from the old mappings (a stale engine); 0: never")
+      ->check(CLI::Range(0, 1'000'000));
   app.add_flag("--json", a.json, "Print one JSON object");
   CLI11_PARSE(app, argc, argv);
 
@@ -259,6 +292,7 @@ int main(int argc, char** argv) {
                      {"errors", all.errors},
                      {"disconnects", all.disconnects},
                      {"reconnects", all.reconnects},
+                     {"abandoned_sessions", all.abandoned},
                      {"mean_lookup_us", all.requests ? all.lookup_us / all.requests : 0}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -269,6 +303,10 @@ int main(int argc, char** argv) {
     std::printf("  corrupt %llu, refused (tier full) %llu, errors %llu, mean lookup %.1f us\n",
                 (unsigned long long)all.corrupt, (unsigned long long)all.refused, (unsigned long long)all.errors,
                 all.requests ? all.lookup_us / all.requests : 0.0);
+    if (all.abandoned > 0) {
+      std::printf("  %llu sessions abandoned with pages leased, then written over\n",
+                  (unsigned long long)all.abandoned);
+    }
     if (all.disconnects > 0) {
       std::printf("  daemon gone %llu times; %llu reconnects\n", (unsigned long long)all.disconnects,
                   (unsigned long long)all.reconnects);
