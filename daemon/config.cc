@@ -5,7 +5,6 @@
 
 #include <cctype>
 #include <climits>
-
 #include <fstream>
 #include <set>
 #include <sstream>

@@ -43,9 +43,9 @@ struct SessionContext {
   explicit SessionContext(SessionId id) : id(id), cache(id) {}
 
   SessionId id;
-  pid_t pid = 0;          // SO_PEERCRED's, in kvtierd's PID namespace: 0 for a peer it cannot see
-  pid_t engine_pid = 0;   // what the peer's Hello says its pid is (its own namespace); shown only
-  bool watched = false;   // the peer's process is watched through a pidfd (Session)
+  pid_t pid = 0;         // SO_PEERCRED's, in kvtierd's PID namespace: 0 for a peer it cannot see
+  pid_t engine_pid = 0;  // what the peer's Hello says its pid is (its own namespace); shown only
+  bool watched = false;  // the peer's process is watched through a pidfd (Session)
   uid_t uid = 0;
   gid_t gid = 0;
   std::vector<gid_t> groups;  // supplementary (SO_PEERGROUPS)

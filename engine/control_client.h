@@ -78,8 +78,8 @@ struct SessionStatsInfo {
   uint64_t id = 0;
   bool control = false;
   std::string engine_name;
-  int pid = 0;         // in kvtierd's PID namespace; 0 for a peer in a namespace kvtierd cannot see
-  int engine_pid = 0;  // as the engine reported it (its own namespace); 0: not reported
+  int pid = 0;           // in kvtierd's PID namespace; 0 for a peer in a namespace kvtierd cannot see
+  int engine_pid = 0;    // as the engine reported it (its own namespace); 0: not reported
   bool watched = false;  // kvtierd watches the process (else leases of an ended session wait for a restart)
   uint32_t uid = 0, gid = 0;
   std::string tenant, namespace_id, model;

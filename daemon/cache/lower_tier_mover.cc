@@ -17,9 +17,9 @@ LowerTierMover::LowerTierMover(std::unique_ptr<LowerTier> tier, size_t index, co
       namespaces_(namespaces),
       hooks_(std::move(hooks)) {
   char name[HOST_NAME_MAX + 1] = {};
-  host_ = !options.node_name.empty()                      ? options.node_name
+  host_ = !options.node_name.empty()                   ? options.node_name
           : ::gethostname(name, sizeof(name) - 1) == 0 ? name
-                                                        : "unknown-host";
+                                                       : "unknown-host";
 }
 
 std::string LowerTierMover::LowerBlockKey(NamespaceId ns, const BlockHash& hash) const {

@@ -335,8 +335,9 @@ int Sessions(const DaemonStats& s, bool as_json) {
   }
   if (own_ns) std::printf("(pid): in the engine's own PID namespace, as it reported it; kvtierd cannot see it\n");
   if (unwatched) {
-    std::printf("!: kvtierd cannot watch this process (no SO_PEERPIDFD, pid not visible); its leased pages stay "
-                "quarantined until a restart once its session ends\n");
+    std::printf(
+        "!: kvtierd cannot watch this process (no SO_PEERPIDFD, pid not visible); its leased pages stay "
+        "quarantined until a restart once its session ends\n");
   }
   return 0;
 }

@@ -19,8 +19,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "engine/client.h"

@@ -465,7 +465,7 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
     std::vector<uint8_t*> views;
     for (PageId p : *pages) views.push_back(static_cast<uint8_t*>((*c)->PageAddress(TierKind::kHost, p)));
     leased.Signal();
-    go.Wait();  // silent until expired, mappings kept
+    go.Wait();                                              // silent until expired, mappings kept
     for (uint8_t* v : views) std::memset(v, 0x41, kBlock);  // the late writes of a stale engine
     wrote.Signal();
     done.Wait();
@@ -485,8 +485,9 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
     EXPECT_TRUE(x.watched);
   }
   EXPECT_TRUE(seen);
-  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == kPages && t.leased_pages == 0; }))
-      << d.Log();
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) {
+    return t.quarantined_pages == kPages && t.leased_pages == 0;
+  })) << d.Log();
   // Another engine of the same tenant and model stores into the pool meanwhile.
   const auto chain = HashChain(0x5ea1, kPages);
   {
@@ -505,6 +506,60 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
   EXPECT_EQ(stale.Join(), 0);
   EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0; })) << d.Log();
   EXPECT_NE(d.Log().find("in its own PID namespace"), std::string::npos) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// On a kernel without SO_PEERPIDFD (a seccomp filter refuses it here) kvtierd cannot watch
+// an engine in another PID namespace: it says so once, shows the session unwatched, and
+// keeps the pages of such a session that ended quarantined even after the process is gone
+// (nothing tells it when), rather than re-leasing them under a process that may live.
+TEST(Liveness, AProcessThatCannotBeWatchedKeepsItsPagesQuarantinedUntilARestart) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a PID namespace";
+  DaemonProcess::Options o;
+  o.own_pid_namespace = true;
+  o.without_peer_pidfd = true;
+  o.log_level = "notice";  // the polls below are control sessions, unwatched too: no hello lines
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  for (int round = 0; round < 2; ++round) {
+    Pipe leased, close, closed, go;
+    EngineProcess engine([&]() -> int {
+      auto c = Client::Connect(EngineOptions(d.socket_path(), "unwatched"));
+      if (!c.ok() || !(*c)->Allocate(TierKind::kHost, 2).ok()) return 10;
+      leased.Signal();
+      close.Wait();
+      (*c)->Close();  // the session ends; the process lives
+      closed.Signal();
+      go.Wait();
+      return 0;
+    });
+    ASSERT_TRUE(leased.Wait());
+    auto st = StatsOf(d.socket_path(), /*with_sessions=*/true);
+    ASSERT_TRUE(st.ok());
+    for (const auto& x : st->sessions) {
+      if (x.engine_name == "unwatched") {
+        EXPECT_FALSE(x.watched);
+      }
+    }
+    close.Signal();
+    ASSERT_TRUE(closed.Wait());
+    const uint32_t held = 2 * (round + 1);
+    EXPECT_TRUE(Eventually(d, [&](const TierStatsInfo& t) { return t.quarantined_pages == held; })) << d.Log();
+    go.Signal();
+    EXPECT_EQ(engine.Join(), 0);
+    // The process is gone, but kvtierd cannot know: the pages stay out of use.
+    EXPECT_FALSE(WaitUntil(
+        [&] {
+          auto t = HostStats(d);
+          return t.ok() && t->quarantined_pages != held;
+        },
+        std::chrono::seconds(1)));
+  }
+  const std::string log = d.Log();
+  const size_t first = log.find("cannot be watched");
+  EXPECT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("cannot be watched", first + 1), std::string::npos) << "said more than once";
+  EXPECT_GE(Metric(MetricsUrl(d), "kvtier_sessions_unwatched_total"), 2.0);  // the engines, and the polls
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 

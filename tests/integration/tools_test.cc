@@ -416,9 +416,10 @@ TEST(SystemdUnit, APoolLargerThanMemoryIsRefusedUnderTheUnitsProcSubset) {
   std::ofstream(dir.File("big.yaml")) << "socket: {path: " << dir.File("s.sock") << "}\ndata_dir: " << dir.File("var")
                                       << "\nmetrics: {port: -1}\ntiers:\n  host: {capacity: " << gib
                                       << "GiB, segment_bytes: 1GiB, huge_pages: auto}\n";
-  CmdResult r = Sh("unshare -m --propagation private sh -c 'mount -t proc -o subset=pid proc /proc || exit 90; "
-                   "test -e /proc/meminfo && exit 91; exec " +
-                   BinaryPath("kvtierd") + " --check-config --config " + dir.File("big.yaml") + "' 2>&1");
+  CmdResult r =
+      Sh("unshare -m --propagation private sh -c 'mount -t proc -o subset=pid proc /proc || exit 90; "
+         "test -e /proc/meminfo && exit 91; exec " +
+         BinaryPath("kvtierd") + " --check-config --config " + dir.File("big.yaml") + "' 2>&1");
   if (r.code == 90) GTEST_SKIP() << "this kernel cannot mount /proc with subset=pid: " << r.out;
   ASSERT_NE(r.code, 91) << "/proc with subset=pid still shows /proc/meminfo";
   EXPECT_EQ(r.code, 2) << r.out;

@@ -1,17 +1,23 @@
 #include "tests/support/test_util.h"
 
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -166,6 +172,27 @@ void EnterOwnPidNamespace() {
   }
 }
 
+// Makes getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD (77), ...) fail with ENOPROTOOPT, as on a
+// kernel that has no such option, for this process and what it execs.
+bool RefusePeerPidfd() {
+  constexpr uint32_t kSoPeerPidfd = 77;
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_getsockopt, 0, 5),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[1])),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SOL_SOCKET, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[2])),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kSoPeerPidfd, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOPROTOOPT),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
 }  // namespace
 
 DaemonProcess::~DaemonProcess() {
@@ -196,6 +223,7 @@ Status DaemonProcess::Start() {
       ::close(cg);
     }
     if (options_.own_pid_namespace) EnterOwnPidNamespace();  // returns in the namespace's pid 1
+    if (options_.without_peer_pidfd && !RefusePeerPidfd()) ::_exit(124);
     std::vector<char*> argv = {const_cast<char*>(bin.c_str()), const_cast<char*>("--config"), config_.data()};
     for (std::string& a : options_.args) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -93,6 +93,9 @@ class DaemonProcess {
     bool own_pid_namespace = false;
     // A cgroup directory (e.g. MemoryCgroup::path()) kvtierd starts in; empty: this one's.
     std::string cgroup;
+    // kvtierd as on a kernel before Linux 6.5: getsockopt(SO_PEERPIDFD) fails with
+    // ENOPROTOOPT (a seccomp filter installed before exec).
+    bool without_peer_pidfd = false;
     std::vector<std::string> args;  // more command-line arguments, after --config
   };
   DaemonProcess();
