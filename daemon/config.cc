@@ -1,10 +1,14 @@
 #include "daemon/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -118,14 +122,30 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml_text) {
   return config;
 }
 
-Result<DaemonConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound("cannot read config file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto c = ParseConfig(ss.str());
-  if (!c.ok()) return c.status().WithContext(path);
-  return c;
+Result<std::string> ReadConfigFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound("cannot read config file " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  std::string text;
+  Status status = Status::Ok();
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    status = InvalidArgument("config file " + path + " is not a regular file" +
+                             (S_ISDIR(st.st_mode) ? " but a directory (a ConfigMap mounted without subPath?)" : ""));
+  } else if (st.st_size > (16 << 20)) {
+    status = InvalidArgument("config file " + path + " is larger than 16 MiB");
+  } else {
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) status = ErrnoStatus(errno, "read config file " + path);
+      if (n <= 0) break;
+      text.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  if (!status.ok()) return status;
+  return text;
 }
 
 std::string DefaultConfigYaml() {

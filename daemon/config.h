@@ -150,8 +150,10 @@ struct DaemonConfig {
 // kInvalidArgument with a message naming the key, e.g.
 //   "config key 'tiers.host.capasity' is unknown".
 Result<DaemonConfig> ParseConfig(std::string_view yaml_text);
-// Reads and parses a file; errors are prefixed with the path.
-Result<DaemonConfig> LoadConfigFile(const std::string& path);
+// The text of a config file. kNotFound when it cannot be opened; kInvalidArgument when it
+// is not a regular file (a directory: a ConfigMap mounted without subPath is one) or
+// larger than 16 MiB; errors name the path.
+Result<std::string> ReadConfigFile(const std::string& path);
 // The embedded default config as YAML: every key, its default value and a comment.
 // ParseConfig(DefaultConfigYaml()) yields DaemonConfig{}.
 std::string DefaultConfigYaml();

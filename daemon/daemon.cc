@@ -383,10 +383,9 @@ void Daemon::FinishInFlightIo() {
   io_.poll();
 }
 
-void Daemon::EnableReload(std::string config_path) {
+void Daemon::EnableReload(std::string config_path, std::string start_text) {
   config_path_ = std::move(config_path);
-  std::ifstream in(config_path_);
-  start_text_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  start_text_ = std::move(start_text);
 }
 
 void Daemon::WatchReload() {
@@ -403,9 +402,9 @@ void Daemon::Reload() {
     return;
   }
   // Read once: what is applied and what is compared with the start are the same text.
-  std::ifstream in(config_path_);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto next = in ? ParseConfig(text) : Result<DaemonConfig>(NotFound("cannot read it"));
+  auto read = ReadConfigFile(config_path_);
+  const std::string text = read.ok() ? *read : std::string();
+  auto next = read.ok() ? ParseConfig(text) : Result<DaemonConfig>(read.status());
   if (!next.ok()) {
     KVTIER_LOG(ERROR) << "SIGHUP: " << config_path_ << " not reloaded, nothing changed: " << next.status().message();
     return;

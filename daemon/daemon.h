@@ -48,8 +48,9 @@ class Daemon {
   // tenant, quotas, reserves) take effect; other changed keys are named in the log and
   // wait for a restart; a file that does not parse changes nothing.
   Status Run();
-  // The file SIGHUP reloads (empty: the embedded default, nothing to reload).
-  void EnableReload(std::string config_path);
+  // The file SIGHUP reloads (empty: the embedded default, nothing to reload) and the text
+  // the daemon was started with, which a reload compares against.
+  void EnableReload(std::string config_path, std::string start_text);
   void RequestStop();
 
   const DaemonInfo& info() const { return info_; }

@@ -1,5 +1,7 @@
 #include "daemon/daemon_main.h"
 
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -10,6 +12,12 @@
 namespace kvtier {
 
 int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
+  // SIGHUP's default kills: held pending from here until the daemon's handler is in place
+  // (Daemon::Open), where it is a reload.
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  ::sigprocmask(SIG_BLOCK, &hup, nullptr);
   CLI::App app{"kvtierd: node-local KV-cache tiering daemon for LLM inference hosts"};
   std::string config_path, node_name;
   bool print_default = false, version = false, check = false;
@@ -33,9 +41,14 @@ int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
     std::fputs(DefaultConfigYaml().c_str(), stdout);
     return 0;
   }
-  auto config = config_path.empty() ? ParseConfig(DefaultConfigYaml()) : LoadConfigFile(config_path);
+  Result<std::string> text = config_path.empty() ? DefaultConfigYaml() : ReadConfigFile(config_path);
+  if (!text.ok()) {
+    KVTIER_LOG(ERROR) << text.status().message();
+    return 2;
+  }
+  auto config = ParseConfig(*text);
   if (!config.ok()) {
-    KVTIER_LOG(ERROR) << config.status().message();
+    KVTIER_LOG(ERROR) << (config_path.empty() ? config.status() : config.status().WithContext(config_path)).message();
     return 2;
   }
   if (!node_name.empty()) {
@@ -61,7 +74,8 @@ int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
     KVTIER_LOG(ERROR) << "cannot start: " << daemon.status().ToString();
     return 1;
   }
-  if (!config_path.empty()) (*daemon)->EnableReload(config_path);
+  if (!config_path.empty()) (*daemon)->EnableReload(config_path, std::move(*text));
+  ::sigprocmask(SIG_UNBLOCK, &hup, nullptr);  // one that came meanwhile is now a reload
   Status st = (*daemon)->Run();
   return st.ok() ? 0 : 1;
 }

@@ -254,9 +254,20 @@ TEST(Config, InvalidYamlIsAnError) {
 }
 
 TEST(Config, MissingFileNamesThePath) {
-  auto c = LoadConfigFile("/nonexistent/kvtierd.yaml");
+  auto c = ReadConfigFile("/nonexistent/kvtierd.yaml");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("/nonexistent/kvtierd.yaml"), std::string::npos);
+}
+
+// A ConfigMap mounted without subPath makes the config path a directory: refused by name,
+// never read as empty (which would be the embedded defaults).
+TEST(Config, AConfigPathThatIsNotARegularFileIsRefused) {
+  auto c = ReadConfigFile("/tmp");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("/tmp is not a regular file but a directory"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_FALSE(ReadConfigFile("/dev/null").ok());
 }
 
 }  // namespace

@@ -1,11 +1,18 @@
 // SIGHUP (systemctl reload kvtierd): the daemon keeps serving and applies what can change
 // live — log_level, tenants and their quotas — names what waits for a restart, and a file
 // that does not parse changes nothing.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "tests/integration/engine_process.h"
 
@@ -60,6 +67,83 @@ TEST(Reload, SighupAppliesLogLevelAndQuotasNamesTheRestAndSurvivesABadFile) {
   EXPECT_TRUE(StatsOf(d.socket_path()).ok());
   c->reset();
   EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// The config path a directory (a ConfigMap mounted without subPath): --check-config and
+// the start refuse it naming the path, leaving nothing behind in the working directory;
+// a running daemon whose file becomes a directory keeps serving on a SIGHUP.
+TEST(Reload, AConfigPathThatIsADirectoryIsRefusedAtCheckStartAndReload) {
+  TempDir dir;
+  const std::string as_dir = dir.File("kvtierd.yaml");
+  ASSERT_EQ(::mkdir(as_dir.c_str(), 0755), 0);
+  for (const char* check : {"--check-config ", ""}) {
+    CmdResult r = Sh("cd " + dir.path() + " && timeout 20 " + BinaryPath("kvtierd") + " " + check + "--config " +
+                     as_dir + " 2>&1");
+    EXPECT_EQ(r.code, 2) << check << r.out;
+    EXPECT_NE(r.out.find(as_dir + " is not a regular file but a directory"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.File("var"))) << "a start on the embedded default left its data_dir";
+
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_EQ(::rename(d.config_path().c_str(), (d.config_path() + ".away").c_str()), 0);
+  ASSERT_EQ(::mkdir(d.config_path().c_str(), 0755), 0);
+  ASSERT_EQ(::kill(d.pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("not reloaded, nothing changed") != std::string::npos; })) << d.Log();
+  EXPECT_NE(d.Log().find("not a regular file"), std::string::npos) << d.Log();
+  EXPECT_TRUE(StatsOf(d.socket_path()).ok());
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// SIGHUP's default action ends a process: kvtierd holds it from its first instruction until
+// its handler is in place, so signals sent while it starts (systemctl reload racing a
+// restart) are a reload, never a death.
+TEST(Reload, SighupsWhileItStartsAreReloadsNotDeaths) {
+  TempDir dir;
+  DaemonProcess::Options o;
+  o.log_level = "info";
+  DaemonProcess probe(o);  // for its config file
+  const std::string config = probe.config_path();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int log = ::open(dir.File("log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(log, STDOUT_FILENO);
+    ::dup2(log, STDERR_FILENO);
+    const std::string bin = BinaryPath("kvtierd");
+    ::execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // From kvtierd's first instructions (main holds SIGHUP: bit 0 of SigBlk; before main
+  // the dynamic loader runs, where nothing of ours can) and for 300 ms, a SIGHUP a
+  // millisecond.
+  auto holds_sighup = [&] {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("SigBlk:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) & 1) != 0;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitUntil(holds_sighup, std::chrono::seconds(10), std::chrono::milliseconds(0)));
+  int sent = 0;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+       std::chrono::steady_clock::now() < until; ++sent) {
+    if (::kill(pid, SIGHUP) != 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, WNOHANG), 0)
+      << "kvtierd died of a SIGHUP at start (" << sent << " sent): status " << status;
+  auto read_log = [&] {
+    std::ifstream in(dir.File("log"));
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  EXPECT_TRUE(WaitUntil([&] { return read_log().find("SIGHUP: reloaded") != std::string::npos; })) << read_log();
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << read_log();
 }
 
 }  // namespace
