@@ -340,16 +340,27 @@ PYBIND11_MODULE(_kvtier, m) {
            py::arg("cuda_device") = 0, py::arg("routable_id") = "", py::arg("data_parallel_rank") = -1,
            py::arg("event_hashes") = "vllm")
       .def("close", [](const Handle& h) { Call(h, [](Client& c) { c.Close(); }); })
-      .def_property_readonly("closed", [](const Handle& h) { return h->client->closed(); })
-      .def_property_readonly("session_id", [](const Handle& h) { return h->client->session_id(); })
-      .def_property_readonly("daemon_epoch", [](const Handle& h) { return h->client->daemon_epoch(); })
-      .def_property_readonly("namespace_id", [](const Handle& h) { return h->client->namespace_id(); })
-      .def_property_readonly("hash_bytes", [](const Handle& h) { return h->client->hash_bytes(); })
-      .def_property_readonly("device_backend", [](const Handle& h) { return std::string(h->client->device_backend()); })
+      // Every accessor under the client's lock: close() on another thread changes what they read.
+      .def_property_readonly("closed", [](const Handle& h) { return Call(h, [](Client& c) { return c.closed(); }); })
+      .def_property_readonly("session_id",
+                             [](const Handle& h) { return Call(h, [](Client& c) { return c.session_id(); }); })
+      .def_property_readonly("daemon_epoch",
+                             [](const Handle& h) { return Call(h, [](Client& c) { return c.daemon_epoch(); }); })
+      .def_property_readonly(
+          "namespace_id",
+          [](const Handle& h) { return Call(h, [](Client& c) { return std::string(c.namespace_id()); }); })
+      .def_property_readonly("hash_bytes",
+                             [](const Handle& h) { return Call(h, [](Client& c) { return c.hash_bytes(); }); })
+      .def_property_readonly(
+          "device_backend",
+          [](const Handle& h) { return Call(h, [](Client& c) { return std::string(c.device_backend()); }); })
       .def("open_device",
            [](const Handle& h) { return std::string(Unwrap(Call(h, [](Client& c) { return c.OpenDevice(); }))); })
       .def("page_bytes",
-           [](const Handle& h, const std::string& tier) { return h->client->page_bytes(ParseTier(tier)); })
+           [](const Handle& h, const std::string& tier) {
+             const TierKind t = ParseTier(tier);
+             return Call(h, [&](Client& c) { return c.page_bytes(t); });
+           })
       .def(
           "allocate",
           [](const Handle& h, uint32_t count, const std::string& tier) {
@@ -361,7 +372,7 @@ PYBIND11_MODULE(_kvtier, m) {
           "page",
           [](const Handle& h, uint32_t page, const std::string& tier) {
             const TierKind t = ParseTier(tier);
-            std::span<uint8_t> bytes = h->client->PageBytes(t, page);
+            const std::span<uint8_t> bytes = Call(h, [&](Client& c) { return c.PageBytes(t, page); });
             if (bytes.empty())
               Raise(NotFound("page " + std::to_string(page) + " of the " + tier + " tier is not mapped here"));
             return Page{h, t, page, bytes.data(), bytes.size()};
@@ -370,7 +381,8 @@ PYBIND11_MODULE(_kvtier, m) {
       .def(
           "page_address",
           [](const Handle& h, uint32_t page, const std::string& tier) {
-            return reinterpret_cast<uintptr_t>(h->client->PageAddress(ParseTier(tier), page));
+            const TierKind t = ParseTier(tier);
+            return reinterpret_cast<uintptr_t>(Call(h, [&](Client& c) { return c.PageAddress(t, page); }));
           },
           py::arg("page"), py::arg("tier") = "host")
       .def(

@@ -66,13 +66,45 @@ def dense_run(shape: Sequence[int], strides: Sequence[int]) -> bool:
 
 
 def contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """Row-major and dense (dims of size 1 may have any stride)."""
+    """Row-major and dense (dims of size 1 may have any stride; an empty tensor is)."""
+    if 0 in shape:
+        return True
     expect = 1
     for n, stride in reversed(list(zip(shape, strides))):
         if n != 1 and stride != expect:
             return False
         expect *= n
     return True
+
+
+def _writable_spans() -> list:
+    """This process's writable mappings as [(start, end)], adjacent ones merged
+    (/proc/self/maps)."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            addrs, perms = line.split(None, 2)[:2]
+            if perms[1] != "w":
+                continue
+            lo, hi = (int(x, 16) for x in addrs.split("-"))
+            if spans and spans[-1][1] == lo:
+                spans[-1] = (spans[-1][0], hi)
+            else:
+                spans.append((lo, hi))
+    return spans
+
+
+def _extent(ptr: int, shape: Sequence[int], strides: Sequence[int], elem: int) -> tuple:
+    """The bytes [lo, hi) a strided tensor spans (empty: (ptr, ptr))."""
+    if 0 in shape:
+        return ptr, ptr
+    lo = ptr + elem * sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    hi = ptr + elem * (1 + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0))
+    return lo, hi
+
+
+def _in_spans(spans: list, lo: int, hi: int) -> bool:
+    return lo == hi or any(a <= lo and hi <= b for a, b in spans)
 
 
 def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView:
@@ -88,9 +120,17 @@ def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView
     elem_want = DTYPE_BYTES.get(layout.dtype)
     run_elems = 2 * layout.tokens_per_block * layout.kv_heads * layout.head_dim
     ptrs, num_blocks, stride, stream, on_cuda, writable = [], None, 0, 0, None, True
+    spans = None  # writable mappings, read once when a CPU torch tensor needs them
     for i, t in enumerate(kv_caches):
         shape, strides, elem, ptr, is_cuda, device, dtype = _tensor_facts(t)
-        writable = writable and not (hasattr(t, "flags") and not t.flags["WRITEABLE"])
+        if hasattr(t, "flags"):  # numpy says
+            writable = writable and bool(t.flags["WRITEABLE"])
+        elif not is_cuda and writable:
+            # torch keeps no such flag: a tensor over a read-only mapping (a file mapped
+            # read-only, an acquired kvtier page) faults when written, so ask the kernel.
+            if spans is None:
+                spans = _writable_spans()
+            writable = _in_spans(spans, *_extent(ptr, shape, strides, elem))
         if elem != elem_want:
             raise InvalidArgumentError(f"KV layer {i} has {elem}-byte elements; the layout's dtype {layout.dtype} "
                                        f"has {elem_want}")
@@ -132,6 +172,8 @@ def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView
             import torch  # only CUDA tensors get here
 
             stream = torch.cuda.current_stream(device).cuda_stream
+    if num_blocks == 0:
+        raise InvalidArgumentError("the KV layers have 0 blocks: there is nothing to store into or load into")
     if on_cuda and backend == "host-emulated":
         raise InvalidArgumentError("CUDA KV tensors need a client with device 'cuda' (this one is host-emulated)")
     if not on_cuda and backend == "cuda":

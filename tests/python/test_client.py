@@ -204,3 +204,54 @@ def test_a_load_into_a_read_only_array_is_refused(daemon):
             a.flags.writeable = False
         with pytest.raises(kvtier.InvalidArgumentError, match="read-only"):
             c.load_kv(layers, [b"\x01" * 16], [0])
+
+
+def test_a_load_into_a_torch_tensor_over_read_only_memory_is_refused_not_a_fault(daemon, tmp_path):
+    # torch keeps no writeable flag: a tensor over a file mapped read-only, or over a page
+    # this session acquired (read-only in its mapping), faulted the process on a load.
+    torch = pytest.importorskip("torch")
+    import mmap
+
+    import numpy as np
+
+    shape = (2, 4, 16, 2, 64)
+    nbytes = int(np.prod(shape)) * 2
+    with kvtier.Client(LAYOUT, daemon.socket, device="host-emulated") as c:
+        source = [torch.randn(*shape).to(torch.bfloat16) for _ in range(LAYOUT.layers)]
+        chain = hashes(1, seed=7, size=16)
+        assert all(r.ok for r in c.store_kv(source, [0], chain))
+        path = tmp_path / "kv.bin"
+        path.write_bytes(b"\0" * nbytes)
+        with open(path, "rb") as f:
+            m = mmap.mmap(f.fileno(), nbytes, prot=mmap.PROT_READ)
+            ro = torch.frombuffer(m, dtype=torch.bfloat16).view(*shape)  # torch warns: not writable
+            with pytest.raises(kvtier.InvalidArgumentError, match="read-only"):
+                c.load_kv([ro] * LAYOUT.layers, chain, [0])
+            del ro
+            m.close()
+        # A view of an acquired page: the kernel holds it read-only for this session.
+        (hit,) = c.acquire(chain)
+        page = torch.frombuffer(c.page(hit.page), dtype=torch.uint8)
+        block_of_a_layer = nbytes // 4  # [2, 1, 16, 2, 64] of a [2, 4, 16, 2, 64] layer
+        in_page = page[:block_of_a_layer].view(torch.bfloat16).view(2, 1, 16, 2, 64)
+        with pytest.raises(kvtier.InvalidArgumentError, match="read-only"):
+            c.load_kv([in_page] * LAYOUT.layers, chain, [0])
+        c.release(hashes=chain)
+        # A writable tensor still loads, exactly.
+        out = [torch.zeros(*shape, dtype=torch.bfloat16) for _ in range(LAYOUT.layers)]
+        assert c.load_kv(out, chain, [0]) == 1
+        assert all(torch.equal(o[:, 0], s[:, 0]) for o, s in zip(out, source))
+
+
+def test_a_kv_cache_of_zero_blocks_is_refused_for_what_it_is(daemon):
+    import numpy as np
+
+    with kvtier.Client(LAYOUT, daemon.socket, device="host-emulated") as c:
+        for make in (np.zeros, None):
+            if make is None:
+                torch = pytest.importorskip("torch")
+                empty = [torch.zeros(2, 0, 16, 2, 64, dtype=torch.bfloat16) for _ in range(LAYOUT.layers)]
+            else:
+                empty = [make((2, 0, 16, 2, 64), dtype=np.uint16) for _ in range(LAYOUT.layers)]
+            with pytest.raises(kvtier.InvalidArgumentError, match="0 blocks"):
+                c.kv_view(empty)
