@@ -303,9 +303,11 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return Status::Ok();
        }},
       {"security.max_leased_share", "0.5",
-       "The most of a tier's pages one session may hold leased (allocated, not yet committed) "
-       "at once, so one engine cannot take a whole tier (one that arrived first included); a "
-       "tenant with a quota on the tier is bounded by its quota instead. 1: no cap.",
+       "The most of a tier's pages one tenant's sessions together may hold leased (allocated, "
+       "not yet committed; pages of its sessions that ended while their process lives count "
+       "too) at once, so one user cannot take a whole tier by opening sessions (one that "
+       "arrived first included); a tenant with a quota on the tier is bounded by its quota "
+       "instead. 1: no cap.",
        KVTIER_SET(Fraction(key, n), security.max_leased_share)},
       {"security.unknown_quota", "{host: 0, gpu: 0}",
        "Most each unknown tenant may hold per tier (0: no limit); host and GPU only (NVMe and remote "

@@ -178,7 +178,9 @@ uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
       if (quarantine_leases) {
         if (quarantine == 0) quarantine = next_quarantine_++;
         blocks_->Quarantine(kind, p);
-        quarantines_[quarantine].emplace_back(kind, p);
+        Quarantine& q = quarantines_[quarantine];
+        q.tenant = s.tenant_;
+        q.pages.emplace_back(kind, p);
       } else {
         blocks_->Free(kind, p);
       }
@@ -199,7 +201,7 @@ uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
 void CacheManager::ReleaseQuarantine(uint64_t id) {
   auto it = quarantines_.find(id);
   if (it == quarantines_.end()) return;
-  for (auto [kind, p] : it->second) blocks_->EndQuarantine(kind, p);
+  for (auto [kind, p] : it->second.pages) blocks_->EndQuarantine(kind, p);
   quarantines_.erase(it);
   ServePendingAllocates();
 }
@@ -246,13 +248,30 @@ Status CacheManager::CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_
   if (options_.max_leased_share >= 1.0 || QuotaPages(kind, s.tenant_) > 0) return Status::Ok();
   const uint32_t capacity = blocks_->pool(kind)->capacity();
   const auto cap = std::max<uint64_t>(1, static_cast<uint64_t>(capacity * options_.max_leased_share));
+  const std::string tier(TierKindName(kind));
   const size_t held = s.leased_[TierIndex(kind)].size();
-  if (held + count <= cap) return Status::Ok();
-  return ResourceExhausted("this session holds " + std::to_string(held) + " leased " + std::string(TierKindName(kind)) +
-                           " pages and asks for " + std::to_string(count) +
-                           " more; security.max_leased_share lets one "
-                           "session hold " +
-                           std::to_string(cap) + " of " + std::to_string(capacity) + ": commit or release some first");
+  if (held + count > cap) {
+    return ResourceExhausted("this session holds " + std::to_string(held) + " leased " + tier + " pages and asks for " +
+                             std::to_string(count) +
+                             " more; security.max_leased_share lets one tenant's sessions hold " + std::to_string(cap) +
+                             " of " + std::to_string(capacity) + ": commit or release some first");
+  }
+  // The tenant's sessions together, and its quarantined pages (leases of its sessions that
+  // ended while their process lives): more sessions buy no more of the tier.
+  size_t tenant_held = 0;
+  for (const auto& [id, other] : sessions_) {
+    if (other->tenant_ == s.tenant_) tenant_held += other->leased_[TierIndex(kind)].size();
+  }
+  for (const auto& [id, q] : quarantines_) {
+    if (q.tenant != s.tenant_) continue;
+    for (const auto& [k, p] : q.pages) tenant_held += k == kind;
+  }
+  if (tenant_held + count <= cap) return Status::Ok();
+  return ResourceExhausted("tenant '" + namespaces_.tenant_name(s.tenant_) + "' holds " + std::to_string(tenant_held) +
+                           " leased or quarantined " + tier + " pages across its sessions and asks for " +
+                           std::to_string(count) + " more; security.max_leased_share lets one tenant hold " +
+                           std::to_string(cap) + " of " + std::to_string(capacity) +
+                           ": commit or release some first (quarantined pages come back when their process exits)");
 }
 
 std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& s, TierKind kind, uint32_t count,

@@ -128,9 +128,10 @@ class CacheManager {
     // (capacity above the low watermark) is larger.
     uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
-    // The most of a tier's pages one session may hold leased (not yet committed) at once,
-    // as a fraction; a tenant with a quota on the tier is bounded by that instead. 1: no
-    // cap (kvtierd's default is security.max_leased_share, 0.5).
+    // The most of a tier's pages one tenant's sessions together may hold leased (not yet
+    // committed, or quarantined after their session ended) at once, as a fraction; a tenant
+    // with a quota on the tier is bounded by that instead. 1: no cap (kvtierd's default is
+    // security.max_leased_share, 0.5).
     double max_leased_share = 1.0;
     // Where BlockStored / BlockRemoved events go (events: in the config); null: none.
     // Outlives the manager.
@@ -450,7 +451,12 @@ class CacheManager {
   std::vector<BlockId> scratch_ids_;           // the block ids of a Lookup or Acquire, kept to spare an allocation
   std::vector<BlockTable::Use> scratch_uses_;  // the blocks a Lookup or Acquire touches, likewise
   uint64_t next_pending_ = 1;
-  std::unordered_map<uint64_t, std::vector<std::pair<TierKind, PageId>>> quarantines_;
+  // Leased pages of sessions that ended while their process may live, and whose they were.
+  struct Quarantine {
+    TenantId tenant = kNoOwner;
+    std::vector<std::pair<TierKind, PageId>> pages;
+  };
+  std::unordered_map<uint64_t, Quarantine> quarantines_;
   uint64_t next_quarantine_ = 1;
   CacheCounters counters_;
   bool draining_ = false;

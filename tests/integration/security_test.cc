@@ -319,6 +319,56 @@ TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) 
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// One user opening more sessions gets no more of a tier: max_leased_share (0.5 of 64 host
+// pages here) bounds a tenant's sessions together, with the leases of a session of theirs
+// that ended while its process lives (quarantined) counted; another user leases as usual.
+TEST_F(MultiUser, ALeaseShareHoldsPerTenantNotPerSession) {
+  DaemonProcess d(Options("  allow_unknown: true\n"));
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  Pipe held, done;
+  auto greedy = [&](std::vector<std::unique_ptr<Client>>& sessions) -> int {
+    if (!BecomeUser(kUserA)) return 20;
+    ClientOptions o = EngineOptions(d.socket_path(), "greedy");
+    for (int i = 0; i < 3; ++i) {
+      auto c = Client::Connect(o);
+      if (!c.ok()) return 21;
+      sessions.push_back(std::move(*c));
+    }
+    if (!sessions[0]->Allocate(TierKind::kHost, 16).ok()) return 22;
+    if (!sessions[1]->Allocate(TierKind::kHost, 16).ok()) return 23;
+    auto third = sessions[2]->Allocate(TierKind::kHost, 16);
+    if (third.ok() || third.status().code() != StatusCode::kResourceExhausted) return 24;
+    if (third.status().message().find("lets one tenant hold 32 of 64") == std::string::npos) return 25;
+    // A session ended with its leases while this process lives: they still count.
+    sessions[0]->Close();
+    if (sessions[2]->Allocate(TierKind::kHost, 1).ok()) return 26;
+    return 0;
+  };
+  EngineProcess a([&]() -> int {
+    std::vector<std::unique_ptr<Client>> sessions;  // open, with their leases, until `done`
+    const int rc = greedy(sessions);
+    held.Signal();
+    done.Wait();
+    return rc;
+  });
+  ASSERT_TRUE(held.Wait());
+  int rc = -1;
+  const Hits b = RunAs(
+      kUserB, d,
+      [&](Client& c) {
+        Hits h;
+        h.verified = c.Allocate(TierKind::kHost, 16).ok() ? 16 : 0;
+        return h;
+      },
+      &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(b.verified, 16u) << "another user could not lease beside the greedy one";
+  done.Signal();
+  EXPECT_EQ(a.Join(), 0) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 TEST_F(MultiUser, NvmeQuotasAndReservesHoldAgainstAFloodingTenant) {
   // 64 host pages, 256 NVMe slots (64 KiB); a may keep 32 slots on NVMe, b is sure of 32.
   DaemonProcess::Options o = Options(
