@@ -152,6 +152,10 @@ Result<std::string> ReadSecretFile(const std::string& key, const std::string& pa
   Status status = Status::Ok();
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     status = InvalidArgument(what + " is not a regular file");
+  } else if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    status = InvalidArgument(what + " belongs to uid " + std::to_string(st.st_uid) +
+                             "; a secret belongs to kvtierd's user (uid " + std::to_string(::geteuid()) +
+                             ") or root: chown it");
   } else if (st.st_mode & 077) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));

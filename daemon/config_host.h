@@ -30,8 +30,9 @@ HostMemory ReadHostMemory();
 Result<gid_t> ResolveGroup(const std::string& name);
 
 // The contents of a file holding a secret (config key `key`), without one trailing
-// newline. kInvalidArgument naming the key when it cannot be read, is empty, or may be
-// read by group or others (a secret belongs to kvtierd alone: mode 0600 or 0400).
+// newline. kInvalidArgument naming the key when it cannot be read, is empty, belongs to
+// another user than kvtierd's or root, or may be read by group or others (a secret belongs
+// to kvtierd alone: mode 0600 or 0400).
 Result<std::string> ReadSecretFile(const std::string& key, const std::string& path);
 
 // kInvalidArgument naming the key when:

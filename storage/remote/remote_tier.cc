@@ -50,7 +50,9 @@ RemoteCodec::RemoteCodec() = default;
 Result<RemoteCodec> RemoteCodec::Keyed(std::string_view secret) {
   if (secret.size() < kMinSecretBytes) {
     return InvalidArgument("the remote tier's secret is " + std::to_string(secret.size()) + " bytes; at least " +
-                           std::to_string(kMinSecretBytes) + " are needed (e.g. head -c 32 /dev/urandom)");
+                           std::to_string(kMinSecretBytes) +
+                           " are needed (e.g. head -c 48 /dev/urandom | base64 -w0: 64 printable bytes, which survive "
+                           "the trailing newline being stripped)");
   }
   if (sodium_init() < 0) return Internal("libsodium could not be initialised");
   std::array<uint8_t, 64> master;

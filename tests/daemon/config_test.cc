@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -343,6 +344,13 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
   auto pw = ReadSecretFile("k", c.remote.password_file);
   ASSERT_TRUE(pw.ok());
   EXPECT_EQ(*pw, "hunter2");
+  // Another user's file is not kvtierd's secret, whatever its mode.
+  if (::geteuid() == 0) {
+    const std::string theirs = file("theirs", std::string(40, 's'), 0600);
+    ASSERT_EQ(::chown(theirs.c_str(), 41005, 41005), 0);
+    c.remote.secret_file = theirs;
+    EXPECT_NE(refused("tiers.remote.secret_file").find("belongs to uid 41005"), std::string::npos);
+  }
   // A remote section with no nodes is validated too.
   c.remote.tier.cluster.seeds.clear();
   c.remote.secret_file = dir.File("missing");

@@ -115,7 +115,9 @@ TEST(Cgroups, AnOvercommittedPoolIsChargedToWhoWritesItFirst) {
   if (auto probe = MemoryCgroup::Make("kvtier-test-probe"); !probe.ok()) GTEST_SKIP() << probe.status().ToString();
   const Charges c = StoreFromAnotherCgroup("    overcommit: true\n");
   EXPECT_EQ(c.verified, 768u);
-  EXPECT_LT(c.daemon_before, 40 * kMiB);
+  if (!kSanitized) {  // a sanitizer's own memory is charged there too
+    EXPECT_LT(c.daemon_before, 40 * kMiB);
+  }
   EXPECT_GE(c.engine, 48 * kMiB) << "daemon " << c.daemon_before << " -> " << c.daemon;
 }
 

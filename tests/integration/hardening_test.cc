@@ -4,6 +4,7 @@
 // half-sent scrapes.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -392,27 +393,51 @@ TEST(Hardening, FortyHalfSentRequestsDoNotBlockAScrape) {
 
 // ---- 6. one engine cannot take a whole tier --------------------------------------------
 
+// A hog (another user: the share is per tenant, a uid of its own here) leases pages one
+// at a time and never commits; it stops at max_leased_share, and others are served.
 TEST(Hardening, OneSessionCannotLeaseAWholeTierAndStarveTheNext) {
-  DaemonProcess d;  // 64 host pages of 1 MiB; security.max_leased_share 0.5 by default
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run the hog as another user";
+  constexpr gid_t kGroup = 41000;
+  constexpr uid_t kHog = 41011;
+  DaemonProcess::Options opts;  // 64 host pages of 1 MiB; security.max_leased_share 0.5 by default
+  opts.socket_yaml = "  group: " + std::to_string(kGroup) + "\n";
+  DaemonProcess d(opts);
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   ClientOptions o = EngineOptions(d.socket_path(), "hog");
   o.layout = TestLayout("hog-model", 64);  // 1 MiB blocks: the page
-  auto hog = Client::Connect(o);
-  ASSERT_TRUE(hog.ok()) << hog.status().ToString();
-  // The hog takes pages one at a time and never commits them.
-  int held = 0;
-  Status refusal;
-  for (int i = 0; i < 64; ++i) {
-    auto p = (*hog)->Allocate(TierKind::kHost, 1);
-    if (!p.ok()) {
-      refusal = p.status();
-      break;
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  Pipe release;
+  EngineProcess hog([&]() -> int {
+    const gid_t groups[1] = {kGroup};
+    if (::setgroups(1, groups) != 0 || ::setgid(kGroup) != 0 || ::setuid(kHog) != 0) return 20;
+    auto c = Client::Connect(o);
+    if (!c.ok()) return 21;
+    int held = 0;
+    std::string why;
+    for (int i = 0; i < 64; ++i) {
+      auto p = (*c)->Allocate(TierKind::kHost, 1);
+      if (!p.ok()) {
+        why = p.status().ToString();
+        break;
+      }
+      ++held;
     }
-    ++held;
-  }
-  EXPECT_EQ(held, 32);
-  EXPECT_EQ(refusal.code(), StatusCode::kResourceExhausted) << refusal.ToString();
-  EXPECT_NE(refusal.message().find("max_leased_share"), std::string::npos) << refusal.ToString();
+    const std::string line = std::to_string(held) + " " + why;
+    (void)!::write(report[1], line.data(), line.size());
+    ::close(report[1]);
+    release.Wait();  // holds its leases meanwhile
+    return 0;
+  });
+  ::close(report[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = ::read(report[0], buf, sizeof(buf))) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(report[0]);
+  EXPECT_EQ(got.substr(0, got.find(' ')), "32") << got;
+  EXPECT_NE(got.find("RESOURCE_EXHAUSTED"), std::string::npos) << got;
+  EXPECT_NE(got.find("max_leased_share"), std::string::npos) << got;
   // Another engine is served at once, and a 2 s load finishes with every byte right.
   ClientOptions other = EngineOptions(d.socket_path(), "other");
   other.layout = o.layout;
@@ -427,7 +452,8 @@ TEST(Hardening, OneSessionCannotLeaseAWholeTierAndStarveTheNext) {
   const auto j = nlohmann::json::parse(load.out.substr(std::min(load.out.find('{'), load.out.size())), nullptr, false);
   EXPECT_GT(j.value("stored", 0), 0) << load.out;
   EXPECT_EQ(j.value("corrupt", -1), 0) << load.out;
-  hog->reset();
+  release.Signal();
+  EXPECT_EQ(hog.Join(), 0);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
