@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "protocol/base/logging.h"
+#include "protocol/base/text.h"
 #include "protocol/base/tier.h"
 #include "protocol/op_table.h"
 #include "storage/remote/remote_tier.h"
@@ -232,7 +233,8 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
   if (ctx.role != fb::Role::Engine && ctx.role != fb::Role::Control) {
     return InvalidArgument("unknown role");
   }
-  ctx.engine_name = m.engine_name() ? m.engine_name()->str().substr(0, 128) : "";
+  // Shown in logs and kvctl's tables: control characters escaped, never written raw.
+  ctx.engine_name = EscapeControlCharacters(m.engine_name() ? m.engine_name()->str().substr(0, 128) : "");
   ctx.engine_pid = m.pid() > 0 ? m.pid() : 0;
   auto grant = tenants_->Resolve(PeerCredentials{ctx.pid, ctx.uid, ctx.gid, ctx.groups});
   if (!grant.ok()) {
@@ -248,8 +250,8 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
     ctx.hash_bytes = m.hash_bytes();
     ctx.layout = LayoutFromWire(*m.layout());
     const std::string routable = m.routable_id() ? m.routable_id()->str() : "";
-    if (routable.size() > 255 || routable.find_first_of("@\n") != std::string::npos) {
-      return InvalidArgument("routable_id must be at most 255 bytes without '@' or newlines");
+    if (routable.size() > 255 || routable.find('@') != std::string::npos || HasControlCharacters(routable)) {
+      return InvalidArgument("routable_id must be at most 255 bytes without '@' or control characters");
     }
     if (m.data_parallel_rank() < -1) return InvalidArgument("data_parallel_rank must be -1 (none) or a rank");
     const std::optional<EventHashForm> hashes = EventHashesFromWire(m.event_hashes());

@@ -77,12 +77,14 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
     }
     head_only_ = method == "HEAD";
     const Health* health = server_->health_;
-    if (target == "/metrics" || target.rfind("/metrics?", 0) == 0) {
+    // The path alone names the resource: a query string (probes add one) changes nothing.
+    const std::string path = target.substr(0, target.find('?'));
+    if (path == "/metrics") {
       AwaitRender();
-    } else if (health && (target == "/healthz" || target == "/readyz")) {
-      const Health::Answer a = target == "/healthz" ? health->Live() : health->Ready();
+    } else if (health && (path == "/healthz" || path == "/readyz")) {
+      const Health::Answer a = path == "/healthz" ? health->Live() : health->Ready();
       Respond(a.ok ? "200 OK" : "503 Service Unavailable", "text/plain; charset=utf-8", a.body + "\n");
-    } else if (target == "/") {
+    } else if (path == "/") {
       Respond("200 OK", "text/html; charset=utf-8",
               "<html><body><a href=\"/metrics\">kvtierd metrics</a></body></html>\n");
     } else {

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "protocol/base/text.h"
+
 namespace kvtier {
 
 size_t DTypeBytes(DType dtype) {
@@ -66,6 +68,11 @@ uint64_t ModelLayout::NaturalBlockBytes() const { return KvBytesPerToken() * tok
 Status ModelLayout::Validate() const {
   if (model_id.empty() || model_id.size() > 256) {
     return InvalidArgument("layout.model_id must be 1..256 bytes");
+  }
+  // It names the model in logs, kvctl and event topics ("...@model" is split there).
+  if (HasControlCharacters(model_id) || model_id.find('@') != std::string::npos) {
+    return InvalidArgument("layout.model_id '" + EscapeControlCharacters(model_id) +
+                           "' holds a control character or '@'");
   }
   if (num_layers == 0 || num_layers > 4096) return InvalidArgument("layout.num_layers must be 1..4096");
   if (kv_heads == 0 || kv_heads > 4096) return InvalidArgument("layout.kv_heads must be 1..4096");

@@ -58,6 +58,10 @@ TEST(Health, ReadyzIs503UntilTheNvmeIndexIsLoadedAnd200After) {
   EXPECT_EQ(KvctlHealth(d), 3);
   EXPECT_TRUE(WaitUntil([&] { return Get(base, "/readyz").code == 200; }, std::chrono::seconds(15))) << d.Log();
   EXPECT_EQ(Get(base, "/readyz").body, "ready");
+  // A query string (some probes add one) names the same resource; other paths are 404.
+  EXPECT_EQ(Get(base, "/healthz?x").code, 200);
+  EXPECT_EQ(Get(base, "/readyz?probe=kubelet").body, "ready");
+  EXPECT_EQ(Get(base, "/healthzz").code, 404);
   EXPECT_EQ(KvctlHealth(d), 0);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }

@@ -270,6 +270,29 @@ TEST(Kvtierd, SecondDaemonOnTheSameSocketIsRefused) {
   EXPECT_EQ(first.Stop(), 0);
 }
 
+// An engine name is the peer's text: a control character in it (a terminal escape, a
+// newline that would forge a log line) reaches kvtierd's log and kvctl's tables escaped.
+TEST(Kvctl, APeersControlCharactersAreShownEscapedNeverRaw) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  auto c = Client::Connect(EngineOptions(daemon.socket_path(), "evil\x1b[2J\n<3>kvtierd: forged"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (const char* args : {" sessions", " top --iterations 1", " --json sessions"}) {
+    CmdResult r = Sh(BinaryPath("kvctl") + args + " -s " + daemon.socket_path());
+    ASSERT_EQ(r.code, 0) << args << r.out;
+    const size_t at = r.out.find("evil");
+    ASSERT_NE(at, std::string::npos) << args << r.out;
+    const std::string shown = r.out.substr(at, 12);
+    EXPECT_EQ(shown.find('\x1b'), std::string::npos) << args << ": the escape reached the terminal";
+    EXPECT_NE(shown.find("x1b"), std::string::npos) << args << ": " << shown;
+  }
+  const std::string log = daemon.Log();
+  EXPECT_EQ(log.find("\n<3>kvtierd: forged"), std::string::npos) << "a forged log line";
+  EXPECT_NE(log.find("evil\\x1b[2J\\x0a<3>kvtierd: forged"), std::string::npos) << log;
+  c->reset();
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
 TEST(Kvctl, StatusJsonHasTheDocumentedFields) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();

@@ -6,6 +6,7 @@
 #include "protocol/base/layout.h"
 #include "protocol/base/model_presets.h"
 #include "protocol/base/status.h"
+#include "protocol/base/text.h"
 #include "protocol/base/units.h"
 
 namespace kvtier {
@@ -109,6 +110,32 @@ TEST(Layout, ValidateNamesTheBadField) {
   Status s = l.Validate();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("kv_heads"), std::string::npos);
+}
+
+// A model id names the model in logs, kvctl and event topics, where '@' separates fields
+// and a control character would forge a line or drive a terminal.
+TEST(Layout, AModelIdWithAControlCharacterOrAnAtIsRefused) {
+  ModelLayout l = FindModelPreset("mistral-7b")->Layout(DType::kBFloat16, 16);
+  for (const std::string& bad : {std::string("a@b"), std::string("evil\x1b]52;c;Zm9v\x07"), std::string("line\nforged"),
+                                 std::string("c1\xc2\x9b")}) {
+    l.model_id = bad;
+    Status s = l.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(s.message().find('\x1b'), std::string::npos) << "the refusal repeats the escape raw";
+  }
+  l.model_id = "meta-llama/Llama-3.1-8B|kv_first|tp0of2|pp0of1 mod\xc3\xa8le";  // UTF-8 is fine
+  EXPECT_TRUE(l.Validate().ok());
+}
+
+TEST(Text, ControlCharactersAreEscapedAndNothingElse) {
+  EXPECT_EQ(EscapeControlCharacters("plain name/1.0"), "plain name/1.0");
+  EXPECT_EQ(EscapeControlCharacters("a\x1b[2Jb"), "a\\x1b[2Jb");
+  EXPECT_EQ(EscapeControlCharacters("x\ny\x7f"), "x\\x0ay\\x7f");
+  EXPECT_EQ(EscapeControlCharacters("c1\xc2\x9b!"), "c1\\xc2\\x9b!");
+  EXPECT_EQ(EscapeControlCharacters("back\\slash"), "back\\\\slash");
+  EXPECT_EQ(EscapeControlCharacters("\xc3\xa8"), "\xc3\xa8");  // a letter, not a control
+  EXPECT_FALSE(HasControlCharacters("\xc3\xa8 ok"));
+  EXPECT_TRUE(HasControlCharacters("tab\there"));
 }
 
 TEST(Units, ParsesBinaryAndDecimalSuffixes) {
