@@ -11,6 +11,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 
 #include "daemon/cache/cache_manager.h"
@@ -76,6 +77,8 @@ class Daemon {
   boost::asio::signal_set reload_signal_;  // SIGHUP
   std::string config_path_;
   std::string start_text_;  // config_path_'s text when reloads were enabled
+  // Digests of the secret files read at start, by config key: a reload says when one changed.
+  std::map<std::string, uint64_t> secret_digests_;
   int lock_fd_ = -1;
   DaemonInfo info_;
   MetricsRegistry metrics_;

@@ -95,6 +95,35 @@ TEST(Reload, AConfigPathThatIsADirectoryIsRefusedAtCheckStartAndReload) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// The remote tier's secret and password live in files of their own, read at start: a
+// reload that finds one changed says it waits for a restart (it used to be silent).
+TEST(Reload, AChangedSecretFileIsNamedAsWaitingForARestart) {
+  TempDir dir;
+  auto secret = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir.File(name);
+    std::ofstream(path) << text;
+    ::chmod(path.c_str(), 0600);
+    return path;
+  };
+  DaemonProcess::Options o;
+  o.log_level = "info";
+  o.remote_nodes = {"127.0.0.1:1"};  // nobody there: the tier misses, the daemon serves
+  o.remote_yaml = "    secret_file: " + secret("fleet.secret", std::string(44, 'a')) + "\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_EQ(::kill(d.pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("SIGHUP: reloaded") != std::string::npos; })) << d.Log();
+  EXPECT_EQ(d.Log().find("secret_file (its file's contents)"), std::string::npos) << "nothing changed yet";
+  secret("fleet.secret", std::string(44, 'b'));
+  ASSERT_EQ(::kill(d.pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("secret_file (its file's contents)") != std::string::npos; }))
+      << d.Log();
+  EXPECT_NE(d.Log().find("applied at the next restart: tiers.remote.secret_file (its file's contents)"),
+            std::string::npos)
+      << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 // SIGHUP's default action ends a process: kvtierd holds it from its first instruction until
 // its handler is in place, so signals sent while it starts (systemctl reload racing a
 // restart) are a reload, never a death.
