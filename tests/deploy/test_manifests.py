@@ -210,3 +210,7 @@ def test_the_containerfile_builds_with_deps_sh_and_runs_slim_as_non_root():
     assert lines["ENTRYPOINT"] == '["/usr/bin/kvtierd"]'
     assert "/run/kvtier" in lines["VOLUME"] and "/var/lib/kvtier" in lines["VOLUME"]
     assert lines["EXPOSE"] == "9490"
+    # The carried config is the package's: metrics on loopback unless a mounted one says
+    # otherwise (nothing rewrites metrics.listen into the image).
+    with open(os.path.join(ROOT, "Containerfile")) as f:
+        assert "listen:" not in f.read()
