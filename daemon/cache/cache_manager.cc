@@ -431,7 +431,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
     std::vector<BlockTable::Use>& touched = scratch_uses_;
     touched.clear();
     r.tiers.reserve(hashes.size());
-    // In-memory blocks first; the rest of the chain from the NVMe index in one batch.
+    // In-memory blocks first; then the rest of the chain from the NVMe index, in chunks.
     std::vector<BlockId>& ids = scratch_ids_;
     ids.resize(hashes.size());
     const size_t found = blocks_->FindPrefix(s.ns_, hashes, ids.data());
@@ -455,22 +455,35 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
     blocks_->Touch(touched);
     if (i < hashes.size() && mover_) {
       NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
-      auto recs = mover_->FindMany(s.ns_, hashes.subspan(i));
-      for (size_t j = i; recs.ok() && j < hashes.size(); ++j) {
-        const BlockId id = blocks_->Find(s.ns_, hashes[j]);
-        if (id != kNoBlock) {
-          const Block& b = blocks_->block(id);
-          auto tier = blocks_->ReadableTier(b);
-          if (!tier && !b.promoting()) break;
-          r.tiers.push_back(tier ? *tier : PromotingFrom(id));
-          continue;
-        }
-        const auto& rec = (*recs)[j - i];
-        if (!rec) break;
-        r.tiers.push_back(TierKind::kNvme);
-        mover_->nvme().Touch(rec->slot);
-        if (options_.prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false).id != kNoBlock) {
-          ++counters_.prefetches;
+      // The index is read in growing chunks, stopping at the first miss: a long cold chain
+      // costs one small read, not one read of every hash (on the control thread).
+      bool prefix = true;
+      for (size_t j = i, chunk = kFirstIndexProbe; prefix && j < hashes.size(); chunk *= 4) {
+        const size_t n = std::min(chunk, hashes.size() - j);
+        auto recs = mover_->FindMany(s.ns_, hashes.subspan(j, n));
+        if (!recs.ok()) break;
+        for (size_t k = 0; k < n; ++k, ++j) {
+          const BlockId id = blocks_->Find(s.ns_, hashes[j]);
+          if (id != kNoBlock) {
+            const Block& b = blocks_->block(id);
+            auto tier = blocks_->ReadableTier(b);
+            if (!tier && !b.promoting()) {
+              prefix = false;
+              break;
+            }
+            r.tiers.push_back(tier ? *tier : PromotingFrom(id));
+            continue;
+          }
+          const auto& rec = (*recs)[k];
+          if (!rec) {
+            prefix = false;
+            break;
+          }
+          r.tiers.push_back(TierKind::kNvme);
+          mover_->nvme().Touch(rec->slot);
+          if (options_.prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false).id != kNoBlock) {
+            ++counters_.prefetches;
+          }
         }
       }
     }

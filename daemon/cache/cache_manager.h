@@ -201,6 +201,9 @@ class CacheManager {
   // there.
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
                                   std::span<const BlockHash> hashes);
+  // Hashes of a chain read from the NVMe index at first by Lookup; each further read asks
+  // for four times as many, and none follows a miss.
+  static constexpr size_t kFirstIndexProbe = 16;
   // Longest present prefix of the chain in the session's namespace, on any tier. When
   // the local tiers end the prefix early and a lower tier can be asked, the answer
   // comes later through `done` (nullopt now; not at all if the session detaches first);

@@ -7,6 +7,7 @@
 #include "daemon/cache/cache_manager.h"
 #include "engine/tools/block_pattern.h"
 #include "tests/support/control_loop.h"
+#include "tests/support/counting_block_index_store.h"
 #include "tests/support/fake_clock.h"
 #include "tests/support/test_util.h"
 
@@ -116,6 +117,37 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<SessionCache> session_;
   SessionId next_id_ = 1;
 };
+
+// A long chain whose tail nobody stored: the index is read in growing chunks from where
+// the host tier's prefix ends and not past the first miss, so a cold 4,000-block lookup
+// reads 16 keys of the index, not 4,000 (every one a read on the control thread).
+TEST_P(CacheNvmeTest, ALongColdChainReadsTheIndexOnlyToItsFirstMiss) {
+  std::atomic<uint64_t> keys_read{0};
+  store_ = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read);
+  Open(/*host_pages=*/16, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
+  auto chain = HashChain(77, 4000);
+  Store(*session_, std::vector<BlockHash>(chain.begin(), chain.begin() + 4));
+  Settle();  // on NVMe too (write-through)
+  keys_read = 0;
+  EXPECT_EQ(cm_->Lookup(*session_, chain).matched, 4u);
+  EXPECT_LE(keys_read.load(), CacheManager::kFirstIndexProbe) << "read past the first miss";
+  // Evicted from host, the stored prefix is found on NVMe with few reads: a prefix longer
+  // than one probe takes the next, larger one.
+  auto warm = HashChain(78, 40);
+  for (size_t at = 0; at < warm.size(); at += 8) {
+    Store(*session_, std::vector<BlockHash>(warm.begin() + at, warm.begin() + at + 8));
+    Settle();
+  }
+  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
+  Settle();
+  std::vector<BlockHash> long_chain = warm;
+  long_chain.insert(long_chain.end(), chain.begin() + 100, chain.end());
+  keys_read = 0;
+  const CacheLookup l = cm_->Lookup(*session_, long_chain);
+  EXPECT_EQ(l.matched, warm.size());
+  EXPECT_LE(keys_read.load(), CacheManager::kFirstIndexProbe * 5) << "16 then 64 at most";
+  ExpectConsistent();
+}
 
 TEST_P(CacheNvmeTest, ColdBlocksAreDemotedAndPromotedBackWithTheirBytes) {
   Open(8, 0.5, 0.25);
