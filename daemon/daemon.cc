@@ -258,12 +258,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     ro.cluster.max_value_bytes = config.host.page_bytes + RemoteCodec::kMaxHeaderBytes;
     if (!rc.password_file.empty()) {
       KVTIER_ASSIGN_OR_RETURN(ro.cluster.password, ReadSecretFile("tiers.remote.password_file", rc.password_file));
-      d->secret_digests_["tiers.remote.password_file"] =
-          XXH3_64bits(ro.cluster.password.data(), ro.cluster.password.size());
+      d->secrets_.push_back({"tiers.remote.password_file", rc.password_file,
+                             XXH3_64bits(ro.cluster.password.data(), ro.cluster.password.size())});
     }
     if (!rc.secret_file.empty()) {
       KVTIER_ASSIGN_OR_RETURN(ro.secret, ReadSecretFile("tiers.remote.secret_file", rc.secret_file));
-      d->secret_digests_["tiers.remote.secret_file"] = XXH3_64bits(ro.secret.data(), ro.secret.size());
+      d->secrets_.push_back(
+          {"tiers.remote.secret_file", rc.secret_file, XXH3_64bits(ro.secret.data(), ro.secret.size())});
     }
     // Latency of every cluster request, by operation, observed on the control thread.
     std::unordered_map<std::string, Histogram*> latency;
@@ -429,13 +430,10 @@ void Daemon::Reload() {
                                          return a.quota.nvme == b.quota.nvme && a.reserve.nvme == b.reserve.nvme;
                                        });
   // Secrets live in files of their own: a changed one is read at the next start only.
-  for (const auto& [key, digest] : secret_digests_) {
-    const std::string& path = key == "tiers.remote.secret_file" ? next->remote.secret_file : next->remote.password_file;
-    const std::string& was =
-        key == "tiers.remote.secret_file" ? config_.remote.secret_file : config_.remote.password_file;
-    if (path != was) continue;  // the config changed: named below
-    auto now = ReadSecretFile(key, path);
-    if (!now.ok() || XXH3_64bits(now->data(), now->size()) != digest) later.push_back(key + " (its file's contents)");
+  for (const SecretFile& f : secrets_) {
+    auto now = ReadSecretFile(f.key, f.path);
+    if (!now.ok() || XXH3_64bits(now->data(), now->size()) != f.digest)
+      later.push_back(f.key + " (its file's contents)");
   }
   std::string msg = "SIGHUP: reloaded " + config_path_ + ": log_level and tenants applied";
   if (nvme_limits) msg += "; tenants' NVMe quotas and reserves apply at the next restart";

@@ -11,8 +11,9 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <functional>
-#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "daemon/cache/cache_manager.h"
 #include "daemon/config.h"
@@ -77,8 +78,12 @@ class Daemon {
   boost::asio::signal_set reload_signal_;  // SIGHUP
   std::string config_path_;
   std::string start_text_;  // config_path_'s text when reloads were enabled
-  // Digests of the secret files read at start, by config key: a reload says when one changed.
-  std::map<std::string, uint64_t> secret_digests_;
+  // The secret files read at start: a reload says when one's contents changed.
+  struct SecretFile {
+    std::string key, path;
+    uint64_t digest;
+  };
+  std::vector<SecretFile> secrets_;
   int lock_fd_ = -1;
   DaemonInfo info_;
   MetricsRegistry metrics_;

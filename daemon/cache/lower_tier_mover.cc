@@ -1,8 +1,5 @@
 #include "daemon/cache/lower_tier_mover.h"
 
-#include <limits.h>
-#include <unistd.h>
-
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 
@@ -15,18 +12,13 @@ LowerTierMover::LowerTierMover(std::unique_ptr<LowerTier> tier, size_t index, co
       options_(options),
       blocks_(blocks),
       namespaces_(namespaces),
-      hooks_(std::move(hooks)) {
-  char name[HOST_NAME_MAX + 1] = {};
-  host_ = !options.node_name.empty()                   ? options.node_name
-          : ::gethostname(name, sizeof(name) - 1) == 0 ? name
-                                                       : "unknown-host";
-}
+      hooks_(std::move(hooks)) {}
 
 std::string LowerTierMover::LowerBlockKey(NamespaceId ns, const BlockHash& hash) const {
   const NamespaceTable::Namespace& n = namespaces_->Get(ns);
   // '=' only appears in the names of unknown tenants (TenantResolver).
   if (n.tenant.find('=') == std::string::npos) return namespaces_->BlockKey(ns, hash);
-  return EncodeBlockKey(EncodeNamespace(n.tenant + "@" + host_, n.fingerprint), hash);
+  return EncodeBlockKey(EncodeNamespace(n.tenant + "@" + options_.node_name, n.fingerprint), hash);
 }
 
 LowerTierMover::~LowerTierMover() { tier_.reset(); }

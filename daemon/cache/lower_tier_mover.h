@@ -63,8 +63,8 @@ class LowerTierMover {
     WritePolicy write_policy = WritePolicy::kWriteThrough;
     uint32_t max_puts_in_flight = 32;
     uint32_t max_queued_puts = 65536;
-    // Names this node in unknown tenants' keys ("uid=U@node_name"): the daemon sets it
-    // from the config's node_name. Empty: the host name.
+    // Names this node in unknown tenants' keys ("uid=U@node_name"): the daemon gives
+    // NodeName(config), the config's node_name or the host name.
     std::string node_name;
     bool operator==(const Options&) const = default;
   };
@@ -141,7 +141,6 @@ class LowerTierMover {
   std::unique_ptr<LowerTier> tier_;
   size_t index_;
   Options options_;
-  std::string host_;  // this node's name, for unknown tenants' keys
   BlockTable* blocks_;
   NamespaceTable* namespaces_;
   Counters counters_;

@@ -128,7 +128,8 @@ class Node:
         return next(t for t in self.kvctl("tiers")["tiers"] if t["name"] == name)
 
     def logs(self, container):
-        return podman("logs", container, check=False).stdout + podman("logs", container, check=False).stderr
+        r = podman("logs", container, check=False)
+        return r.stdout + r.stderr
 
     def engine_result(self):
         wait_for("the engine pod's kvtier-load to finish",

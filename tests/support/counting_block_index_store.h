@@ -28,9 +28,7 @@ class CountingBlockIndexStore final : public BlockIndexStore {
   }
   Result<std::optional<std::string>> KeyOfSlot(uint32_t slot) override { return inner_->KeyOfSlot(slot); }
   Status Apply(std::span<const IndexMutation> batch, bool sync) override { return inner_->Apply(batch, sync); }
-  Status Scan(const std::function<bool(std::string_view, const BlockRecord&)>& fn) override {
-    return inner_->Scan(fn);
-  }
+  Status Scan(const std::function<bool(std::string_view, const BlockRecord&)>& fn) override { return inner_->Scan(fn); }
   Result<std::optional<std::string>> GetMeta(std::string_view name) override { return inner_->GetMeta(name); }
   Status PutMeta(std::string_view name, std::string_view value) override { return inner_->PutMeta(name, value); }
   Status Clear() override { return inner_->Clear(); }
