@@ -10,14 +10,21 @@
 #include "protocol/base/logging.h"
 
 namespace kvtier {
+namespace {
+
+volatile sig_atomic_t g_early_sighup = 0;
+
+}  // namespace
 
 int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
-  // SIGHUP's default kills: held pending from here until the daemon's handler is in place
-  // (Daemon::Open), where it is a reload.
-  sigset_t hup;
-  sigemptyset(&hup);
-  sigaddset(&hup, SIGHUP);
-  ::sigprocmask(SIG_BLOCK, &hup, nullptr);
+  // SIGHUP's default kills. Until the daemon's reload handler is in place (Daemon::Open), a
+  // SIGHUP is remembered here and raised again once it is. A disposition, not a signal
+  // mask: a mask is per thread, and threads that began before main (a sanitizer runtime's)
+  // would still take the default action.
+  struct sigaction early {};
+  early.sa_handler = [](int) { g_early_sighup = 1; };
+  sigemptyset(&early.sa_mask);
+  ::sigaction(SIGHUP, &early, nullptr);
   CLI::App app{"kvtierd: node-local KV-cache tiering daemon for LLM inference hosts"};
   std::string config_path, node_name;
   bool print_default = false, version = false, check = false;
@@ -75,7 +82,7 @@ int DaemonMain(int argc, char** argv, Daemon::TestHooks hooks) {
     return 1;
   }
   if (!config_path.empty()) (*daemon)->EnableReload(config_path, std::move(*text));
-  ::sigprocmask(SIG_UNBLOCK, &hup, nullptr);  // one that came meanwhile is now a reload
+  if (g_early_sighup) ::raise(SIGHUP);  // one that came meanwhile is now a reload
   Status st = (*daemon)->Run();
   return st.ok() ? 0 : 1;
 }
