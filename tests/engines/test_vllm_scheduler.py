@@ -50,7 +50,10 @@ def test_vllm_loads_kvtier_as_its_own_connector(model_dir, daemon):
     try:
         assert isinstance(e.connector, kvtier.vllm.KvtierConnector)
         assert isinstance(e.worker, kvtier.vllm.KvtierConnector)
-        layout = e.worker.get_handshake_metadata()
+        handshake = e.worker.get_handshake_metadata()
+        assert isinstance(handshake, kvtier.vllm.KvtierHandshake) and len(handshake.groups) == 1
+        layout = handshake.groups[0]
+        assert layout.kind == "full_attention" and layout.group == 0
         assert layout.layers == 2 and layout.kv_heads == 2 and layout.head_dim == 16 and layout.tokens_per_block == 16
         assert "|HNC|tp0of1|pp0of1" in layout.model and layout.kv_layout == "paged"
         assert e.connector.requires_kv_delivery is False
@@ -263,7 +266,7 @@ def test_block_hashes_are_stored_as_vllm_makes_them(model_dir, daemon, algo, siz
         assert {len(h) for h in req.block_hashes} == {size}
         b.run()
         assert b.connector_stats["loaded_blocks"] == 6
-        with kvtier.Client(a.worker.get_handshake_metadata().kvtier_layout(), daemon.socket, hash_bytes=size,
+        with kvtier.Client(a.worker.get_handshake_metadata().groups[0].kvtier_layout(), daemon.socket, hash_bytes=size,
                            device="host-emulated") as c:
             assert c.lookup([bytes(h) for h in req.block_hashes[:6]]).matched == 6
     finally:
@@ -280,7 +283,7 @@ def test_fp8_caches_are_stored_and_loaded_byte_exact(model_dir, daemon):
     a = Engine(cfg, 64)
     b = Engine(vllm_config(model_dir, daemon.socket, cache_dtype="fp8"), 64)
     try:
-        assert a.worker.get_handshake_metadata().dtype == "fp8_e4m3"
+        assert a.worker.get_handshake_metadata().groups[0].dtype == "fp8_e4m3"
         want = serve(a, [("x", p, 3)])
         assert serve(b, [("x", p, 3)]) == want
         assert b.connector_stats["loaded_blocks"] == 12

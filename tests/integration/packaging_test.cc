@@ -40,7 +40,7 @@ const char* const kLayout[] = {
 // The Python package, where this build has one (not in sanitizer builds).
 const std::vector<std::string> kPythonLayout =
     KVTIER_HAVE_PYTHON ? std::vector<std::string>{"/usr/lib/python3/dist-packages/kvtier/__init__.py",
-                                                  "/usr/lib/python3/dist-packages/kvtier/vllm.py",
+                                                  "/usr/lib/python3/dist-packages/kvtier/vllm/__init__.py",
                                                   "/usr/lib/python3/dist-packages/kvtier/sglang.py"}
                        : std::vector<std::string>{};
 

@@ -64,13 +64,13 @@ def test_kill9_and_restart_of_kvtierd_in_the_middle_of_a_run_ends_with_the_same_
             time.sleep(0.02)
         d.kill9()
         d.start()  # the same engine process goes on; its connectors reconnect by themselves
-        for c in (e.loop.scheduler._client, e.loop.worker._client):
+        for c in (*e.loop.scheduler.clients, *e.loop.worker.clients):
             wait_until(c.available, "the engine's connectors reach the restarted kvtierd")
         loaded, tokens, logits, _ = e.serve(b, 4)
         want_tokens, want_logits, _ = e.recompute(b, 4)
         assert loaded == 224, "hits come back from the warm NVMe index after the restart"
         assert tokens == want_tokens and te.compare(logits, want_logits) <= 1e-4
-        assert e.loop.scheduler._client.reconnects >= 1 and e.loop.worker._client.reconnects >= 1
+        assert all(c.reconnects >= 1 for c in (*e.loop.scheduler.clients, *e.loop.worker.clients))
         e.close()
     finally:
         d.close()

@@ -152,7 +152,7 @@ class Engine:
         self.worker.register_kv_caches(dict(zip(self.layer_names, layers)))
         # What vLLM's engine core does once the workers registered their caches.
         self.scheduler.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
-        self.free = list(range(num_blocks - 1, -1, -1))
+        self.free = list(range(num_blocks - 1, 0, -1))  # block 0 is vLLM's null block
 
     def allocate(self, n: int) -> list:
         if n > len(self.free):

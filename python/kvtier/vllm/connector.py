@@ -1,0 +1,111 @@
+"""``KvtierConnector``: the class vLLM loads, one per role, delegating to the scheduler
+side (kvtier.vllm.scheduler) or the worker side (kvtier.vllm.worker)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from kvtier.vllm._base import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
+from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats
+from kvtier.vllm.scheduler import Scheduler
+from kvtier.vllm.settings import Settings
+from kvtier.vllm.worker import Worker
+
+
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._settings = Settings.read(vllm_config, self._kv_transfer_config, kv_cache_config)
+        self._stats = KvtierConnectorStats()
+        self._scheduler: Optional[Scheduler] = None
+        self._worker: Optional[Worker] = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = Scheduler(self._settings, self._stats)
+        else:
+            self._worker = Worker(self._settings, vllm_config, kv_cache_config, self._stats)
+
+    @property
+    def stats(self) -> dict:
+        return self._stats.data
+
+    @property
+    def clients(self) -> list:
+        """This side's clients, one per KV cache group (empty until the layouts are known)."""
+        side = self._scheduler if self._scheduler is not None else self._worker
+        return list(side.clients)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped store is a later miss
+
+    # ==== worker side ====
+    def register_kv_caches(self, kv_caches: dict):
+        self._worker.register_kv_caches(kv_caches)
+
+    def get_handshake_metadata(self):
+        return self._worker.handshake if self._worker is not None else None
+
+    def start_load_kv(self, forward_context, **kwargs):
+        self._worker.start_load_kv(self._get_connector_metadata())
+
+    def wait_for_layer_load(self, layer_name: str):
+        return  # every layer was loaded in start_load_kv
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs):
+        return  # all layers are stored together in wait_for_save (one gather a chunk)
+
+    def wait_for_save(self):
+        self._worker.wait_for_save(self._get_connector_metadata())
+
+    def get_finished(self, finished_req_ids):
+        if self._worker is not None:
+            self._worker.get_finished(finished_req_ids)
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set:
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def get_kv_connector_stats(self):
+        if self._stats.is_empty():
+            return None
+        out, self._stats = self._stats, KvtierConnectorStats()
+        for side in (self._scheduler, self._worker):
+            if side is not None:
+                side.stats = self._stats
+        return out
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict] = None):
+        return KvtierConnectorStats(data=dict(data or {}))
+
+    def shutdown(self):
+        for side in (self._scheduler, self._worker):
+            if side is not None:
+                side.close()
+
+    # ==== scheduler side ====
+    def set_xfer_handshake_metadata(self, metadata) -> None:
+        self._scheduler.set_handshake(metadata)
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata) -> None:
+        self._scheduler.set_handshake(metadata)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int, *args):
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        return
+
+    def request_finished(self, request, block_ids):
+        self._scheduler.request_finished(request)
+        return False, None  # stores are done within the step: the blocks may be freed now
+
+    def request_finished_all_groups(self, request, block_ids):
+        self._scheduler.request_finished(request)
+        return False, None

@@ -1,0 +1,59 @@
+"""What the scheduler-side connector sends its workers each step, and the counters the
+workers send back (vLLM sums them across workers and logs them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtier.vllm._base import KVConnectorMetadata, KVConnectorStats
+
+
+@dataclass
+class LoadSpec:
+    req_id: str
+    group: int
+    hashes: list     # the blocks to load, in chain order
+    block_ids: list  # the engine blocks (of this group) they go to
+
+
+@dataclass
+class StoreSpec:
+    req_id: str
+    group: int
+    hashes: list
+    parents: list
+    block_ids: list
+    token_ids: list  # the tokens of each block (kvtierd announces them with its KV events)
+
+
+@dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    loads: list = field(default_factory=list)
+    stores: list = field(default_factory=list)
+
+
+COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
+            "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored")
+
+
+@dataclass
+class KvtierConnectorStats(KVConnectorStats):
+    """Counters since the last report."""
+
+    def __post_init__(self):
+        for k in COUNTERS:
+            self.data.setdefault(k, 0)
+
+    def reset(self):
+        self.data = {k: 0 for k in COUNTERS}
+
+    def aggregate(self, other: "KVConnectorStats") -> "KVConnectorStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())

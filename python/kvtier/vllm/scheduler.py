@@ -1,0 +1,305 @@
+"""The scheduler side: finds how far a request's prefix can be loaded from kvtier for
+every KV cache group at once, and plans each step's loads and stores.
+
+A hit ends at a token position P (a multiple of every group's block size, never past
+the block holding the last known token) where every group can be restored:
+
+- prefix groups (full attention, MLA): every block before P is stored;
+- window groups (sliding window, chunked local attention): the ``window_blocks`` blocks
+  before P are stored (vLLM holds only those; the blocks below are its null block);
+- state groups (Mamba, GDN): the state saved at P is stored.
+
+The search runs on a background thread (the scheduler hears "not yet", ``None``, while
+it runs): the prefix groups give the longest prefix, then the candidates P are that end
+and the checkpoints below it (``Settings.checkpoint_tokens`` apart), at most
+``MAX_CANDIDATES`` of them, each checked against the window and state groups.
+
+What is stored: prefix groups every block a step fills; window groups the window run
+before each checkpoint and before the prompt's last full block (the places a later
+hit can end); state groups the states vLLM hands off at its boundaries
+(``KVConnectorBlockState.boundary_state_offloads``, in the step it offers them).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import kvtier
+from kvtier.vllm.layout import PREFIX, STATE, WINDOW, KvtierHandshake, KvtierLayout
+from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec, StoreSpec
+from kvtier.vllm.settings import Settings
+
+log = logging.getLogger("kvtier.vllm")
+
+# Hashes per Lookup call: well under the daemon's per-request entry limit (15,405).
+LOOKUP_CHUNK = 4096
+# Hit positions checked against the window and state groups per lookup.
+MAX_CANDIDATES = 8
+
+
+@dataclass
+class _Request:
+    request: Any
+    tables: list = field(default_factory=list)      # per group: the request's block ids
+    done: int = 0                                   # tokens whose blocks are stored or were there at start
+    prefix_done: list = field(default_factory=list)  # per group: blocks [0, n) stored (prefix groups)
+    window_done: list = field(default_factory=list)  # per group: block indices stored (window groups)
+    load: Optional[tuple] = None                    # (first token, end token) to load
+    hit: int = 0                                    # the token the last lookup's hit ends at
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, stats: KvtierConnectorStats):
+        self._s = settings
+        self.stats = stats
+        self.clients: list = []
+        self._layouts: tuple = ()
+        self._requests: dict = {}
+        self._lookups: dict = {}  # request id -> (key, Future of the hit end)
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
+        self._hash_size_warned = False
+
+    # ---- the workers' layouts ----
+    def set_handshake(self, metadata) -> None:
+        """The workers' layouts, keyed by rank: the scheduler looks up what rank 0 of the
+        first pipeline stage stores."""
+        if isinstance(metadata, dict):  # by (pp rank, tp rank), or by tp rank
+            first = metadata.get((0, 0), metadata.get(0)) or next(iter(metadata.values()), None)
+        else:
+            first = metadata
+        if isinstance(first, KvtierLayout):
+            first = KvtierHandshake((first,))
+        if not isinstance(first, KvtierHandshake) or first.groups == self._layouts:
+            return
+        if len(first.groups) != len(self._s.plans):
+            raise kvtier.InvalidArgumentError(f"a worker described {len(first.groups)} KV cache groups; the "
+                                              f"scheduler has {len(self._s.plans)}")
+        for c in self.clients:
+            c.close()
+        self._layouts = first.groups
+        self.clients = self._s.connect(list(first.groups), "host-emulated", "scheduler")
+        for l in first.groups:
+            log.info("kvtier.vllm scheduler: group %d (%s), namespace model %s", l.group, l.kind, l.model)
+
+    # ---- the search ----
+    def _matched(self, group: int, keys: list) -> int:
+        """How many leading keys the group's namespace holds."""
+        matched = 0
+        for i in range(0, len(keys), LOOKUP_CHUNK):
+            part = keys[i:i + LOOKUP_CHUNK]
+            got = self.clients[group].call(lambda c: c.lookup(part).matched)
+            matched += got
+            if got < len(part):
+                break
+        return matched
+
+    def _restorable_at(self, plan, hashes: list, start: int, end: int) -> bool:
+        """Whether a window or state group can be restored for a hit [start, end)."""
+        last = end // plan.block_size  # blocks [.., last) end at the hit
+        if plan.role == WINDOW:
+            lo = max(start // plan.block_size, last - plan.window_blocks)
+            keys = [hashes[plan.block_key_index(b)] for b in range(lo, last)]
+        else:
+            keys = [hashes[plan.block_key_index(last - 1)]]
+        return not keys or self._matched(plan.index, keys) == len(keys)
+
+    def _search(self, hashes: list, start: int, limit: int) -> int:
+        """The end of the longest hit in (start, limit] every group can restore, or 0."""
+        unit = self._s.unit
+        for plan in self._s.plans:
+            if plan.role != PREFIX:
+                continue
+            keys = [hashes[plan.block_key_index(b)] for b in range(limit // plan.block_size)]
+            limit = min(limit, self._matched(plan.index, keys) * plan.block_size) // unit * unit
+        if self._s.drop_last_hit:
+            limit -= unit
+        if limit <= start:
+            return 0
+        others = [p for p in self._s.plans if p.role != PREFIX]
+        if not others:
+            return limit
+        candidates = [limit]
+        step = self._s.checkpoint_tokens
+        if step:
+            c = limit // step * step
+            while c > start and len(candidates) < MAX_CANDIDATES:
+                if c != limit:
+                    candidates.append(c)
+                c -= step
+        for end in candidates:
+            if all(self._restorable_at(p, hashes, start, end) for p in others):
+                return end
+        return 0
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        if not self.clients:
+            return 0, False  # no worker has said what its cache is yet
+        hashes = request.block_hashes
+        unit = self._s.unit
+        # vLLM computes at least the last known token: never load the block holding it.
+        limit = min((int(request.num_tokens) - 1) // unit * unit, len(hashes) * self._s.hash_block_size // unit * unit)
+        if limit <= num_computed_tokens:
+            self._requests.pop(request.request_id, None)
+            return 0, False
+        key = (limit, num_computed_tokens)
+        pending = self._lookups.get(request.request_id)
+        if pending is None or pending[0] != key:
+            if len(hashes[0]) != self._s.hash_bytes:
+                if not self._hash_size_warned:
+                    self._hash_size_warned = True
+                    log.warning("vLLM block hashes of %d bytes (want %d): no kvtier lookups", len(hashes[0]),
+                                self._s.hash_bytes)
+                return 0, False
+            pending = (key, self._pool.submit(self._search, [bytes(h) for h in hashes], num_computed_tokens, limit))
+            self._lookups[request.request_id] = pending
+        try:
+            end = pending[1].result(timeout=self._s.lookup_wait_s)
+        except concurrent.futures.TimeoutError:
+            self.stats.data["lookups_not_ready"] += 1
+            return None, False
+        except Exception as e:  # noqa: BLE001 - a failed lookup is a miss, never the scheduler's crash
+            log.debug("lookup failed (%s): a miss", e)
+            end = 0
+        del self._lookups[request.request_id]
+        self.stats.data["lookups"] += 1
+        self.stats.data["hit_blocks"] += end // unit
+        state = self._requests.setdefault(request.request_id, _Request(request))
+        state.request, state.hit, state.load = request, end, None
+        if end <= num_computed_tokens:
+            return 0, False
+        return end - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        state = self._requests.setdefault(request.request_id, _Request(request))
+        state.request = request
+        state.load = (state.hit - num_external_tokens, state.hit) if num_external_tokens > 0 else None
+
+    # ---- each step's plan ----
+    def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
+        meta = KvtierConnectorMetadata()
+        scheduled = scheduler_output.num_scheduled_tokens
+        block_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        for new in scheduler_output.scheduled_new_reqs:
+            state = self._requests.get(new.req_id)
+            if state is not None:
+                self._start(meta, state, new.req_id, new.block_ids, new.num_computed_tokens)
+                self._plan_store(meta, state, new.req_id, new.num_computed_tokens + scheduled.get(new.req_id, 0),
+                                 block_state)
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", set()) or set()
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in resumed:
+                # Back from preemption: its blocks are new, its old ones gone.
+                self._start(meta, state, req_id, new_ids or (), cached.num_computed_tokens[i])
+            elif new_ids is not None:
+                for table, ids in zip(state.tables, new_ids):
+                    table.extend(ids)
+            self._plan_store(meta, state, req_id, cached.num_computed_tokens[i] + scheduled.get(req_id, 0),
+                             block_state)
+        if block_state is not None:
+            self._plan_states(meta, block_state.boundary_state_offloads or {})
+        return meta
+
+    def _start(self, meta, state: _Request, req_id: str, tables, num_computed_tokens: int) -> None:
+        """A request (new or resumed) gets its block tables; its planned load is emitted,
+        and what it starts with (vLLM's own hits and the load) is not stored again."""
+        plans = self._s.plans
+        state.tables = [list(tables[g]) if g < len(tables) else [] for g in range(len(plans))]
+        state.done = num_computed_tokens
+        state.prefix_done = [num_computed_tokens // p.block_size for p in plans]
+        state.window_done = [set() for _ in plans]
+        if state.load is None:
+            return
+        first, end = state.load
+        state.load = None
+        hashes = state.request.block_hashes
+        for plan, table in zip(plans, state.tables):
+            # Every non-null block of the hit: vLLM gives the blocks outside a window, and
+            # the recurrent blocks without a state, its null block (id 0).
+            idx = [b for b in range(first // plan.block_size, end // plan.block_size) if b < len(table) and table[b]]
+            if idx:
+                meta.loads.append(LoadSpec(req_id, plan.index, [bytes(hashes[plan.block_key_index(b)]) for b in idx],
+                                           [table[b] for b in idx]))
+
+    def _store_points(self, state: _Request, end: int) -> list:
+        """Hit ends in (state.done, end] a window group stores the run before."""
+        step, unit = self._s.checkpoint_tokens, self._s.unit
+        points = set(range((state.done // step + 1) * step, end + 1, step)) if step else set()
+        r = state.request
+        prompt_end = int(getattr(r, "num_prompt_tokens", None) or len(r.prompt_token_ids)) // unit * unit
+        if state.done < prompt_end <= end:
+            points.add(prompt_end)
+        return sorted(points)
+
+    def _plan_store(self, meta, state: _Request, req_id: str, tokens_after_step: int, block_state) -> None:
+        request = state.request
+        hashes = request.block_hashes
+        end = min(tokens_after_step, len(hashes) * self._s.hash_block_size)
+        if end <= state.done:
+            return
+        tables = state.tables
+        if block_state is not None:  # vLLM's tables as they are now (nulls where it freed blocks)
+            tables = block_state.get_block_ids(req_id) or tables
+        points = None
+        for plan in self._s.plans:
+            g = plan.index
+            table = tables[g] if g < len(tables) else []
+            if plan.role == PREFIX:
+                lo, hi = state.prefix_done[g], min(end // plan.block_size, len(table))
+                blocks = range(lo, hi)
+                state.prefix_done[g] = max(lo, hi)
+            elif plan.role == WINDOW:
+                points = self._store_points(state, end) if points is None else points
+                want = set()
+                for p in points:
+                    want.update(range(max(0, p // plan.block_size - plan.window_blocks), p // plan.block_size))
+                blocks = sorted(want - state.window_done[g])
+                state.window_done[g].update(blocks)
+            else:
+                continue  # states come from vLLM's boundary hand-offs
+            self._emit_store(meta, req_id, plan, request, [b for b in blocks if b < len(table) and table[b]], table)
+        state.done = end
+
+    def _plan_states(self, meta, offers: dict) -> None:
+        """Mamba states vLLM hands off this step: (group, block id, boundary tokens)."""
+        for req_id, entries in offers.items():
+            state = self._requests.get(req_id)
+            if state is None:
+                continue
+            for group, block_id, boundary in entries:
+                if group >= len(self._s.plans):
+                    continue
+                plan = self._s.plans[group]
+                if (plan.role != STATE or block_id == 0 or boundary <= 0 or boundary % plan.block_size
+                        or plan.block_key_index(boundary // plan.block_size - 1) >= len(state.request.block_hashes)):
+                    continue  # attention groups, the null block, sub-block tails, unhashed boundaries
+                b = boundary // plan.block_size - 1
+                self._emit_store(meta, req_id, plan, state.request, [b], {b: block_id})
+
+    def _emit_store(self, meta, req_id: str, plan, request, blocks: list, table) -> None:
+        if not blocks:
+            return
+        hashes, bs = request.block_hashes, plan.block_size
+        tokens = request.all_token_ids
+        keys = [bytes(hashes[plan.block_key_index(b)]) for b in blocks]
+        parents = [bytes(hashes[plan.block_key_index(b - 1)]) if b > 0 else b"" for b in blocks]
+        token_ids = [t for b in blocks for t in tokens[b * bs:(b + 1) * bs]]
+        meta.stores.append(StoreSpec(req_id, plan.index, keys, parents, [table[b] for b in blocks], token_ids))
+
+    def request_finished(self, request) -> None:
+        self._requests.pop(request.request_id, None)
+        pending = self._lookups.pop(request.request_id, None)
+        if pending is not None:
+            pending[1].cancel()
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,97 @@
+"""The connector's settings, read once from vLLM's config (``kv_connector_extra_config``
+and the engine's own cache and parallel configs), shared by both roles."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import kvtier
+from kvtier.resilient import ResilientClient
+from kvtier.vllm.layout import WINDOW, KvtierLayout, group_plans, hash_bytes_for, rank_facts
+
+log = logging.getLogger("kvtier.vllm")
+
+
+@dataclass(frozen=True)
+class Settings:
+    socket: str
+    timeout_ms: int
+    lookup_wait_s: float
+    chunk: int                # blocks per store or load call
+    device: Optional[str]
+    routable_id: str          # where routers send this server's requests (llm-d's pod id)
+    dp_rank: int              # -1 without data parallelism
+    model_id: str
+    hash_bytes: int
+    hash_block_size: int      # tokens per vLLM block hash
+    unit: int                 # tokens: a hit ends on a multiple (every group's block boundary)
+    checkpoint_tokens: int    # tokens: where sliding-window runs are stored, and hits searched (0: none)
+    drop_last_hit: bool       # EAGLE/MTP: vLLM recomputes the last hit block
+    ranks: dict
+    plans: tuple              # layout.GroupPlan per KV cache group
+
+    @staticmethod
+    def read(vllm_config, kv_transfer_config, kv_cache_config) -> "Settings":
+        def extra(key, default):
+            cfg = kv_transfer_config
+            if hasattr(cfg, "get_from_extra_config"):
+                return cfg.get_from_extra_config(key, default)
+            return (getattr(cfg, "kv_connector_extra_config", None) or {}).get(key, default)
+
+        cc = vllm_config.cache_config
+        block_size = int(cc.block_size)
+        if kv_cache_config is None:
+            raise kvtier.InvalidArgumentError("kvtier.vllm needs vLLM's KV cache config (vLLM >= 0.30)")
+        hash_bs = int(getattr(kv_cache_config, "hash_block_size", 0) or block_size)
+        plans = group_plans(kv_cache_config, hash_bs)
+        unit = math.lcm(*(p.block_size for p in plans))
+        ranks = rank_facts(vllm_config)
+        if ranks["dcp"] > 1 or ranks["pcp"] > 1:
+            # vLLM hashes block_size x dcp x pcp tokens per hash there, while each rank
+            # holds a shard of a block: not a layout kvtier can name yet.
+            raise kvtier.InvalidArgumentError("kvtier.vllm does not support decode/prefill context parallelism "
+                                              f"(dcp {ranks['dcp']}, pcp {ranks['pcp']})")
+        checkpoint = int(extra("checkpoint_tokens", 0) or 0)
+        if checkpoint <= 0:
+            checkpoint = int(getattr(cc, "prefix_cache_retention_interval", 0) or 0)
+        if checkpoint <= 0 and any(p.role == WINDOW for p in plans):
+            checkpoint = 4 * max(p.window_blocks * p.block_size for p in plans if p.role == WINDOW)
+        if checkpoint > 0:
+            checkpoint = -(-checkpoint // unit) * unit
+        pc = vllm_config.parallel_config
+        dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
+        # EAGLE/MTP drafters need the hidden states of the last cached block: vLLM
+        # recomputes it after its own prefix-cache hits, and so after a kvtier hit.
+        spec = getattr(vllm_config, "speculative_config", None)
+        drop = getattr(spec, "use_eagle_block_drop", None) or getattr(spec, "use_eagle", None)
+        return Settings(
+            socket=str(extra("socket", os.environ.get("KVTIER_SOCKET", ""))),
+            timeout_ms=int(extra("timeout_ms", 5000)),
+            lookup_wait_s=float(extra("lookup_wait_ms", 2)) / 1000.0,
+            chunk=max(1, int(extra("store_chunk_blocks", 64))),
+            device=extra("device", None),
+            routable_id=str(extra("routable_id", os.environ.get("KVTIER_ROUTABLE_ID", ""))),
+            dp_rank=int(getattr(pc, "data_parallel_rank", 0) or 0) if dp_size > 1 else -1,
+            model_id=str(extra("model_id", None) or getattr(vllm_config.model_config, "model", "model")),
+            hash_bytes=hash_bytes_for(getattr(cc, "prefix_caching_hash_algo", None)),
+            hash_block_size=hash_bs, unit=unit, checkpoint_tokens=checkpoint,
+            drop_last_hit=bool(drop is not None and drop()), ranks=ranks, plans=plans)
+
+    def connect(self, layouts: list, device: str, role: str) -> list:
+        """One self-reconnecting client per group's namespace."""
+        out = []
+        for layout in layouts:
+            out.append(ResilientClient(self._connector(layout, device, role), name=f"kvtier.vllm {role} g{layout.group}"))
+        return out
+
+    def _connector(self, layout: KvtierLayout, device: str, role: str) -> Callable:
+        def connect():
+            return kvtier.Client(layout.kvtier_layout(), self.socket, name=f"vllm-{role}", hash_bytes=self.hash_bytes,
+                                 timeout_ms=self.timeout_ms, device=device, routable_id=self.routable_id,
+                                 data_parallel_rank=self.dp_rank)
+
+        return connect
