@@ -13,6 +13,7 @@ try:  # vLLM present: subclass the real interface.
         KVConnectorHandshakeMetadata,
         KVConnectorMetadata,
         KVConnectorRole,
+        KVConnectorTransferResults,
         SupportsHMA,
     )
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # type: ignore
@@ -33,6 +34,12 @@ except Exception:  # noqa: BLE001 - any import failure means "no vLLM here"
 
     class SupportsHMA:  # type: ignore[no-redef]
         pass
+
+    @dataclass
+    class KVConnectorTransferResults:  # type: ignore[no-redef]
+        finished_sending: set = field(default_factory=set)
+        finished_recving: set = field(default_factory=set)
+        failed_recving: set = field(default_factory=set)
 
     @dataclass
     class KVConnectorStats:  # type: ignore[no-redef]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvtier.vllm._base import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
+from kvtier.vllm._base import KVConnectorBase_V1, KVConnectorRole, KVConnectorTransferResults, SupportsHMA
 from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats
 from kvtier.vllm.scheduler import Scheduler
 from kvtier.vllm.settings import Settings
@@ -58,9 +58,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker.wait_for_save(self._get_connector_metadata())
 
     def get_finished(self, finished_req_ids):
-        if self._worker is not None:
-            self._worker.get_finished(finished_req_ids)
-        return None, None
+        if self._worker is None:
+            return None, None
+        done, _ = self._worker.get_finished(finished_req_ids)
+        return None, (done or None)
+
+    def get_transfer_results(self, finished_req_ids):
+        """Asynchronous loads that ran, and those that failed (vLLM recomputes a hybrid
+        model's request whole: its block ids do not name one group)."""
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        done, failed = self._worker.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_recving=set(done), failed_recving=set(failed))
 
     def get_block_ids_with_load_errors(self) -> set:
         return self._worker.take_load_errors() if self._worker is not None else set()

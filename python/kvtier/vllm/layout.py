@@ -195,6 +195,18 @@ def rank_facts(vllm_config) -> dict:
     return facts
 
 
+_MAX_HEAD_DIM, _MAX_HEADS = 16384, 4096  # protocol/base/layout.cc
+
+
+def _heads_and_dim(n: int) -> tuple:
+    """Factors an opaque run of 2 x n bytes a token into kvtier's (heads, head_dim)."""
+    for heads in range(-(-n // _MAX_HEAD_DIM), _MAX_HEADS + 1):
+        if n % heads == 0:
+            return heads, n // heads
+    raise kvtier.InvalidArgumentError(f"a KV block run of {2 * n} bytes a token cannot be named as kvtier heads "
+                                      f"(at most {_MAX_HEADS}) x head size (at most {_MAX_HEAD_DIM})")
+
+
 def _digest(*facts) -> str:
     return hashlib.sha256(repr(facts).encode()).hexdigest()[:12]
 
@@ -238,6 +250,7 @@ def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model
         raise kvtier.InvalidArgumentError(f"KV cache group {plan.index} ({plan.kind}) has blocks of {run} bytes "
                                           "a layer: kvtier moves runs of an even size")
     tokens = bs if run % (2 * bs) == 0 else 1
+    heads, dim = _heads_and_dim(run // (2 * tokens))
     if plan.role == STATE:
         facts = _digest(tuple(map(tuple, getattr(spec, "shapes", ()))), tuple(map(str, getattr(spec, "dtypes", ()))),
                         str(getattr(spec, "mamba_type", "")))
@@ -246,6 +259,6 @@ def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model
         elem = kv_dtype_name(first.dtype, cache_dtype)
     model = (f"{model_id}|g{plan.index}of{groups}:{plan.kind}:w{plan.sliding_window}|{elem}|bs{bs}|{order}|"
              f"{tp_part}|pp{pp}of{pps}")
-    return KvtierLayout(model, layers=len(raw), kv_heads=1, head_dim=run // (2 * tokens), dtype="int8",
+    return KvtierLayout(model, layers=len(raw), kv_heads=heads, head_dim=dim, dtype="int8",
                         tokens_per_block=tokens, kv_layout="paged", group=plan.index, kind=plan.kind,
                         stores=not replicated or tp == 0), raw

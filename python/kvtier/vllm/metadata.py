@@ -14,6 +14,7 @@ class LoadSpec:
     group: int
     hashes: list     # the blocks to load, in chain order
     block_ids: list  # the engine blocks (of this group) they go to
+    is_async: bool = False  # the request waits for it (WAITING_FOR_REMOTE_KVS), is not computed in this step
 
 
 @dataclass

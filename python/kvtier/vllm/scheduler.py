@@ -59,6 +59,12 @@ class Scheduler:
         self._layouts: tuple = ()
         self._requests: dict = {}
         self._lookups: dict = {}  # request id -> (key, Future of the hit end)
+        # A model of several KV cache groups loads asynchronously: the request waits a step
+        # (WAITING_FOR_REMOTE_KVS) before it computes, because vLLM copies Mamba states
+        # into the running block before the forward (and so before a step's own loads),
+        # and accepts only per-request load failures for such models.
+        self._async = len(settings.plans) > 1
+        self._pending_loads: list = []  # LoadSpecs planned at allocation, sent in the next metadata
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         self._hash_size_warned = False
 
@@ -170,16 +176,22 @@ class Scheduler:
         state.request, state.hit, state.load = request, end, None
         if end <= num_computed_tokens:
             return 0, False
-        return end - num_computed_tokens, False
+        return end - num_computed_tokens, self._async
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         state = self._requests.setdefault(request.request_id, _Request(request))
         state.request = request
         state.load = (state.hit - num_external_tokens, state.hit) if num_external_tokens > 0 else None
+        if state.load is not None and self._async:
+            first, end = state.load
+            state.load = None
+            self._pending_loads += self._load_specs(request.request_id, request, blocks.get_block_ids(), first, end,
+                                                    is_async=True)
 
     # ---- each step's plan ----
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
-        meta = KvtierConnectorMetadata()
+        meta = KvtierConnectorMetadata(loads=self._pending_loads)
+        self._pending_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
         for new in scheduler_output.scheduled_new_reqs:
@@ -219,14 +231,19 @@ class Scheduler:
             return
         first, end = state.load
         state.load = None
-        hashes = state.request.block_hashes
-        for plan, table in zip(plans, state.tables):
-            # Every non-null block of the hit: vLLM gives the blocks outside a window, and
-            # the recurrent blocks without a state, its null block (id 0).
+        meta.loads += self._load_specs(req_id, state.request, state.tables, first, end, is_async=False)
+
+    def _load_specs(self, req_id: str, request, tables, first: int, end: int, *, is_async: bool) -> list:
+        """Loads of tokens [first, end) into each group's non-null blocks: vLLM gives the
+        blocks outside a window, and recurrent blocks that hold no state, its null block."""
+        hashes, out = request.block_hashes, []
+        for plan in self._s.plans:
+            table = tables[plan.index] if plan.index < len(tables) else []
             idx = [b for b in range(first // plan.block_size, end // plan.block_size) if b < len(table) and table[b]]
             if idx:
-                meta.loads.append(LoadSpec(req_id, plan.index, [bytes(hashes[plan.block_key_index(b)]) for b in idx],
-                                           [table[b] for b in idx]))
+                out.append(LoadSpec(req_id, plan.index, [bytes(hashes[plan.block_key_index(b)]) for b in idx],
+                                    [table[b] for b in idx], is_async))
+        return out
 
     def _store_points(self, state: _Request, end: int) -> list:
         """Hit ends in (state.done, end] a window group stores the run before."""
@@ -295,6 +312,7 @@ class Scheduler:
 
     def request_finished(self, request) -> None:
         self._requests.pop(request.request_id, None)
+        self._pending_loads = [l for l in self._pending_loads if l.req_id != request.request_id]
         pending = self._lookups.pop(request.request_id, None)
         if pending is not None:
             pending[1].cancel()

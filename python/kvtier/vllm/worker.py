@@ -27,6 +27,8 @@ class Worker:
         self._views: list = []
         self._load_errors: set = set()
         self._poisoned: set = set()  # requests whose load failed: never stored
+        self._recv_done: set = set()    # requests whose asynchronous load ran (ok or not)
+        self._recv_failed: set = set()  # ... and failed
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         cfg = self._kv_cache_config
@@ -63,10 +65,15 @@ class Worker:
         for load in meta.loads:
             n = self._load(load)
             self.stats.data["loaded_blocks"] += n
+            if load.is_async:
+                self._recv_done.add(load.req_id)
             if n < len(load.block_ids):
                 self.stats.data["load_failed_blocks"] += len(load.block_ids) - n
-                self._load_errors.update(load.block_ids[n:])
                 self._poisoned.add(load.req_id)
+                if load.is_async:  # a hybrid model's failure is the request's (vLLM recomputes it whole)
+                    self._recv_failed.add(load.req_id)
+                else:
+                    self._load_errors.update(load.block_ids[n:])
 
     def _load(self, load: LoadSpec) -> int:
         client, view, chunk = self.clients[load.group], self._views[load.group], self._s.chunk
@@ -119,8 +126,13 @@ class Worker:
             log.warning("kvtierd stored %d of %d blocks of group %d for %s (%s)", ok, len(results), store.group,
                         store.req_id, next(r.status for r in results if not r.ok))
 
-    def get_finished(self, finished_req_ids) -> None:
+    def get_finished(self, finished_req_ids) -> tuple:
+        """(requests finished sending: none, requests whose asynchronous load ran, those
+        of them whose load failed)."""
         self._poisoned.difference_update(finished_req_ids)
+        done, failed = self._recv_done, self._recv_failed
+        self._recv_done, self._recv_failed = set(), set()
+        return done, failed
 
     def take_load_errors(self) -> set:
         errors, self._load_errors = self._load_errors, set()

@@ -1,7 +1,11 @@
 """vLLM serving with kvtier, end to end: real `vllm serve` processes (the OpenAI server of
 the installed vLLM) over a tiny local model, against a real kvtierd.
 
-    build-engines/venv/bin/python -m kvtier_testing.vllm_e2e --json [geometry flags]
+    build-engines/venv/bin/python -m kvtier_testing.vllm_e2e --json [--family F] [geometry flags]
+
+`--family` picks the architecture (kvtier_testing.tiny_model: dense Llama, Gemma 3 sliding
+window, Qwen3-Next GDN hybrid, DeepSeek-V2 MLA) with vLLM's hybrid KV cache manager on;
+`hma_enabled` and `kv_cache_groups` are read from the running server's log.
 
 Three servers run side by side: A and B with the kvtier connector (same kvtierd, same
 namespace), C without it. Each request i has its own prefix P_i of
@@ -287,6 +291,24 @@ class LMCacheService:
 
 SERVICES = {"kvtier": KvtierService, "lmcache": LMCacheService}
 
+# What each family needs from vLLM beyond the common flags (docs/integrations.md).
+FAMILY_DTYPES = {"mamba": "bfloat16"}  # vLLM's CPU GDN kernels want bf16
+FAMILY_ARGS = {"mamba": ["--mamba-cache-mode", "align"]}
+
+
+def engine_facts(log: str) -> dict:
+    """What the running server says of its KV cache at start: whether vLLM turned its
+    hybrid KV cache manager off (it warns when a connector lacks SupportsHMA, and for
+    chunked local attention), and how many KV cache groups it made (it logs their block
+    sizes when there are several)."""
+    off = ("Turning off hybrid kv cache manager" in log
+           or "chunked local attention with the hybrid KV cache manager. Disabling" in log)
+    groups = 1
+    for line in log.splitlines():
+        if "kv cache group sizes (" in line:
+            groups = line.split("kv cache group sizes (", 1)[1].split(")", 1)[0].count(",") + 1
+    return {"hma_enabled": not off, "kv_cache_groups": groups}
+
 
 def _tail(path: str, n: int = 1500) -> str:
     try:
@@ -305,6 +327,7 @@ def vllm_version() -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m kvtier_testing.vllm_e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--family", choices=tiny_model.FAMILIES, default="dense")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
@@ -335,20 +358,23 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run(a: argparse.Namespace, work: str) -> dict:
     rng = random.Random(a.seed)
     vocab = 512
-    model_dir = tiny_model.make(os.path.join(work, "model"), layers=a.layers, hidden=a.hidden, heads=a.heads,
-                                kv_heads=a.kv_heads, vocab_size=vocab, seed=a.seed)
+    model_dir = tiny_model.make(os.path.join(work, "model"), family=a.family, layers=a.layers, hidden=a.hidden,
+                                heads=a.heads, kv_heads=a.kv_heads, vocab_size=vocab, seed=a.seed)
     bs = a.block_size
     head_dim = a.hidden // a.heads
-    block_bytes = 2 * a.layers * a.kv_heads * head_dim * 4 * bs
+    dtype = FAMILY_DTYPES.get(a.family, "float32")
+    # The largest block of one KV cache group (a page of kvtierd holds one): hybrid
+    # models' groups are sized by vLLM (Mamba states set every group's page size).
+    block_bytes = 2 * a.layers * a.kv_heads * head_dim * 4 * bs if a.family == "dense" else 1 << 20
     prompt_blocks = -(-a.prompt_tokens // bs)
     # Room for every block of every phase (two prompt sets, A's and B's suffixes).
     service = SERVICES[a.connector](block_bytes, max(256, 8 * a.requests * (prompt_blocks + 2)), work, rng)
     servers = []
     try:
         max_len = -(-(a.prompt_tokens + a.max_tokens) // bs) * bs
-        common = ["--max-model-len", str(max_len), "--block-size", str(bs), "--dtype", "float32", "--enforce-eager",
+        common = ["--max-model-len", str(max_len), "--block-size", str(bs), "--dtype", dtype, "--enforce-eager",
                   "--max-num-seqs", "4", "--max-num-batched-tokens", str(max(max_len, 2048)), "--seed", "0",
-                  "--disable-uvicorn-access-log"]
+                  "--disable-uvicorn-access-log"] + FAMILY_ARGS.get(a.family, [])
         env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
                    VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false")
         cached_env = dict(env, **service.env)
@@ -358,15 +384,17 @@ def run(a: argparse.Namespace, work: str) -> dict:
         # two requests in one scheduler step: it happens whenever the second arrives before
         # the first's last token (with one block fewer, a request arriving a step late
         # waits instead, and a busy machine saw no preemption at all).
-        a_blocks = 2 * prompt_blocks + 2
-        srv_a = Server("A", model_dir, common + service.connector_args() +
-                       ["--num-gpu-blocks-override", str(a_blocks)], cached_env, work, rng)
+        # A hybrid model's groups share the blocks in proportions vLLM decides: its A runs
+        # on vLLM's own sizing (VLLM_CPU_KVCACHE_SPACE), preemption is not forced there.
+        a_blocks = ["--num-gpu-blocks-override", str(2 * prompt_blocks + 2)] if a.family == "dense" else []
+        srv_a = Server("A", model_dir, common + service.connector_args() + a_blocks, cached_env, work, rng)
         srv_b = Server("B", model_dir, common + service.connector_args(), cached_env, work, rng)
         srv_c = Server("C", model_dir, list(common), env, work, rng)
         servers = [srv_a, srv_b, srv_c]
         t0 = time.monotonic()
         start_all(servers, a.start_timeout)
         start_s = time.monotonic() - t0
+        facts = engine_facts(srv_b.log_tail(1 << 22))
 
         def prompt_set(n: int) -> list:
             """(prefix, A's prompt, B's prompt) per request: distinct prefixes, two suffixes."""
@@ -412,6 +440,8 @@ def run(a: argparse.Namespace, work: str) -> dict:
 
         # Phase 1: A stores P_i + suffix_a, all requests at once on too few blocks.
         set1 = prompt_set(a.requests)
+        with open(os.path.join(work, "prompts.json"), "w") as f:  # kept with --keep, beside the logs
+            json.dump(set1, f)
         a_out = concurrently(srv_a, [pa for pa, _ in set1])
 
         # Phase 2: C then B (alternating who goes first), one request at a time.
@@ -464,9 +494,12 @@ def run(a: argparse.Namespace, work: str) -> dict:
         return {
             "vllm_version": vllm_version(),
             "mode": "serve",
+            "family": a.family,
+            "hma_enabled": facts["hma_enabled"],
+            "kv_cache_groups": facts["kv_cache_groups"],
             "connector": a.connector,
             "model": {"layers": a.layers, "hidden": a.hidden, "heads": a.heads, "kv_heads": a.kv_heads,
-                      "head_dim": head_dim, "dtype": "float32", "block_size": bs, "block_bytes": block_bytes},
+                      "head_dim": head_dim, "dtype": dtype, "block_size": bs, "block_bytes": block_bytes},
             "prompt_tokens": a.prompt_tokens,
             "shared_prefix_tokens": a.shared_prefix_tokens,
             "requests": a.requests,

@@ -151,7 +151,7 @@ class Engine:
                 self.tables[rid].extend(ids[0])
         if before_worker is not None:
             before_worker(out)
-        invalid, stats = set(), None
+        invalid, stats, results = set(), None, None
         w = self.worker
         if w is not None:
             w.bind_connector_metadata(out.kv_connector_metadata)
@@ -166,14 +166,18 @@ class Engine:
                 sampled[i] = [tok]
         if w is not None:
             w.wait_for_save()
+            # What vLLM's KVConnectorModelRunnerMixin collects after every step.
+            results = w.get_transfer_results(out.finished_req_ids)
             invalid = w.get_block_ids_with_load_errors()
-            w.get_finished(out.finished_req_ids)
             stats = w.get_kv_connector_stats()
             w.clear_connector_metadata()
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled,
-                                kv_connector_output=KVConnectorOutput(invalid_block_ids=invalid,
-                                                                      kv_connector_stats=stats))
+                                kv_connector_output=KVConnectorOutput(
+                                    invalid_block_ids=invalid, kv_connector_stats=stats,
+                                    finished_sending=results.finished_sending if results else None,
+                                    finished_recving=results.finished_recving if results else None,
+                                    failed_recving=results.failed_recving if results else set()))
         finished = []
         for eco in self.scheduler.update_from_output(out, mro).values():
             s = getattr(eco, "scheduler_stats", None)
