@@ -349,7 +349,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0 < a.shared_prefix_tokens < a.prompt_tokens:
         p.error("--shared-prefix-tokens must be in (0, --prompt-tokens)")
     if a.block_size % 32:
-        p.error("--block-size must be a multiple of 32 (vLLM's CPU attention)")
+        p.error("--block-size must be a multiple of 32 (vLLM's CPU attention; the CPU MLA backend picks its own)")
     if a.hidden % a.heads or a.heads % a.kv_heads:
         p.error("--hidden must divide by --heads, and --heads by --kv-heads")
     return a
