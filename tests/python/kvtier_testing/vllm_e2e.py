@@ -376,7 +376,10 @@ def run(a: argparse.Namespace, work: str) -> dict:
                   "--max-num-seqs", "4", "--max-num-batched-tokens", str(max(max_len, 2048)), "--seed", "0",
                   "--disable-uvicorn-access-log"] + FAMILY_ARGS.get(a.family, [])
         env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-                   VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false")
+                   VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false",
+                   # Three servers share this machine's cores: an idle one must not spin its OpenMP
+                   # threads (the default waits actively) while another measures its TTFT.
+                   OMP_WAIT_POLICY="PASSIVE")
         cached_env = dict(env, **service.env)
         # A's cache holds vLLM's null block, two prompts and one decode block. A second
         # request is admitted while the first still decodes (its prompt fits beside the
@@ -510,6 +513,8 @@ def run(a: argparse.Namespace, work: str) -> dict:
             "ttft_ms_b": round(med_b * 1e3, 1),
             "ttft_ms_c": round(med_c * 1e3, 1),
             "ttft_ratio": round(med_b / med_c, 3) if ttft_c else None,
+            "ttft_ms_b_each": [round(t * 1e3, 1) for t in ttft_b],
+            "ttft_ms_c_each": [round(t * 1e3, 1) for t in ttft_c],
             "outputs_equal": compared > 0 and mismatched == 0,
             "outputs_compared": compared,
             "outputs_mismatched": mismatched,
