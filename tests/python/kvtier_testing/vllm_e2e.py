@@ -222,6 +222,18 @@ class KvtierService:
                "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"socket": self.daemon.socket}}
         return ["--kv-transfer-config", json.dumps(cfg)]
 
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Until no write to NVMe is in flight: what was committed so far is what a
+        restart keeps (A's running request stores nothing while it decodes)."""
+        import kvtier
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            nvme = kvtier.ControlClient(self.daemon.socket).stats()["tiers"].get("nvme", {})
+            if nvme.get("ready") and nvme.get("inflight_pages", 1) == 0:
+                return
+            time.sleep(0.005)
+
     def kill9(self) -> None:
         self.daemon.kill9()
 
@@ -276,6 +288,9 @@ class LMCacheService:
                "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1",
                                              "lmcache.mp.port": self.leases[0].port}}
         return ["--kv-transfer-config", json.dumps(cfg)]
+
+    def settle(self) -> None:
+        return  # its own persistence is not what the run measures
 
     def kill9(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -371,7 +386,7 @@ def run(a: argparse.Namespace, work: str) -> dict:
     service = SERVICES[a.connector](block_bytes, max(256, 8 * a.requests * (prompt_blocks + 2)), work, rng)
     servers = []
     try:
-        max_len = -(-(a.prompt_tokens + a.max_tokens) // bs) * bs
+        max_len = -(-(a.prompt_tokens + 8 * a.max_tokens) // bs) * bs  # A decodes 8 x longer around the kill
         common = ["--max-model-len", str(max_len), "--block-size", str(bs), "--dtype", dtype, "--enforce-eager",
                   "--max-num-seqs", "4", "--max-num-batched-tokens", str(max(max_len, 2048)), "--seed", "0",
                   "--disable-uvicorn-access-log"] + FAMILY_ARGS.get(a.family, [])
@@ -425,8 +440,11 @@ def run(a: argparse.Namespace, work: str) -> dict:
                 mismatched += 1
                 errors_detail.append(f"{what}: {res.tokens} != {want.tokens}")
 
-        def ask(server: Server, prompt: list) -> Result:
-            return server.complete(prompt, a.max_tokens, a.request_timeout)
+        def ask(server: Server, prompt: list, max_tokens: int = 0) -> Result:
+            return server.complete(prompt, max_tokens or a.max_tokens, a.request_timeout)
+
+        # A's requests around the kill decode longer, so the kill lands inside one.
+        long_tokens = 8 * a.max_tokens
 
         def concurrently(server: Server, prompts: list) -> list:
             results = [Result() for _ in prompts]
@@ -471,12 +489,13 @@ def run(a: argparse.Namespace, work: str) -> dict:
 
             def a_run() -> None:
                 for i, (pa, _) in enumerate(set2):
-                    a2_out[i] = ask(srv_a, pa)
+                    a2_out[i] = ask(srv_a, pa, long_tokens)
                     first_done.set()
 
             runner = threading.Thread(target=a_run)
             runner.start()
             first_done.wait(a.request_timeout)  # the kill lands while the second request runs
+            service.settle()  # the first request's blocks written through: B may hit them after the restart
             service.kill9()
             killed_during_run = runner.is_alive()
             time.sleep(1.0)
@@ -484,7 +503,7 @@ def run(a: argparse.Namespace, work: str) -> dict:
             runner.join()
             hits1 = settled_counter(srv_b, "vllm:external_prefix_cache_hits_total")
             for i, (pa, pb) in enumerate(set2):
-                check(a2_out[i], ask(srv_c, pa), f"after restart: A vs C, prompt {i}")
+                check(a2_out[i], ask(srv_c, pa, long_tokens), f"after restart: A vs C, prompt {i}")
                 check(ask(srv_b, pb), ask(srv_c, pb), f"after restart: B vs C, prompt {i}")
             hits_after = settled_counter(srv_b, "vllm:external_prefix_cache_hits_total") - hits1
 
