@@ -65,39 +65,17 @@ def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompu
                       device_config=DeviceConfig("cpu"))
 
 
-class Engine:
-    """One vLLM instance: its scheduler, and a worker with real KV views in `layout`."""
+class EngineLoop:
+    """vLLM's engine-core step around a scheduler and a worker-side connector: schedule,
+    the worker's loads, the forward pass (the subclass's `forward`), the worker's stores and
+    transfer results, `update_from_output`. Subclasses set scheduler, connector, worker,
+    hasher and implement `on_scheduled` (their block tables) and `forward`."""
 
-    def __init__(self, config: VllmConfig, num_blocks: int, layout: KVCacheLayout = KVCacheLayout.LBHNC):
-        self.config = config
-        mc = config.model_config
-        self.layers = mc.get_num_layers(config.parallel_config)
-        heads, dim = mc.get_num_kv_heads(config.parallel_config), mc.get_head_size()
-        dtype = torch.uint8 if str(config.cache_config.cache_dtype).startswith("fp8") else torch.float32
-        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=dim, dtype=dtype)
-        names = [f"model.layers.{i}.self_attn.attn" for i in range(self.layers)]
-        page = spec.page_size_bytes
-        strides = compute_layout_strides(spec, num_blocks, self.layers, layout)  # bytes, [L, B, H, N, C]
-        tensor = KVCacheTensor(size=page * num_blocks * self.layers, layers=names, layer_stride=strides[0],
-                               block_stride=strides[1])
-        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
-                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
-        self.raw = torch.zeros(tensor.size, dtype=torch.int8)
-        self.views = create_kv_cache_views(self.raw, spec, num_blocks, layout, tensor)
-        self.fp8 = dtype == torch.uint8
-        config.cache_config.num_gpu_blocks = num_blocks  # as the engine core sets it after profiling
-        self.scheduler = Scheduler(config, self.kv_cache_config, StructuredOutputManager(config), block_size=BLOCK,
-                                   log_stats=True)
-        self.connector = self.scheduler.connector
-        self.worker = None
-        if config.kv_transfer_config is not None:
-            self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, self.kv_cache_config)
-            self.worker.register_kv_caches(dict(zip(names, self.views)))
-            # What vLLM's engine core does once every worker registered its caches.
-            self.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
-        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
-        init_none_hash(hash_fn)
-        self.hasher = get_request_block_hasher(BLOCK, hash_fn)
+    scheduler: Scheduler
+    connector = None
+    worker = None
+
+    def __init__(self) -> None:
         self.tables: dict = {}
         self.outputs: dict = {}
         self.finished: dict = {}
@@ -112,43 +90,15 @@ class Engine:
         self.outputs[req_id] = []
         return req
 
-    # ---- the model runner's part ----
-    def _value(self, layer: int, block: int, off: int) -> float:
-        t = self.views[layer]
-        cell = t[block, 0, off, 0]
-        return float(cell) if not self.fp8 else float(int(cell))
-
-    def _write(self, block: int, off: int, v: float) -> None:
-        for layer, t in enumerate(self.views):
-            if self.fp8:
-                t[block, :, off, :] = (int(v) + layer) % 256
-            else:
-                t[block, :, off, :] = v + layer
+    def on_scheduled(self, out) -> None:
+        raise NotImplementedError
 
     def forward(self, req_id: str, start: int, count: int) -> Optional[int]:
-        tokens = self.scheduler.requests[req_id].all_token_ids
-        table = self.tables[req_id]
-        mod = 256 if self.fp8 else MOD
-        v = 0.0
-        for p in range(start, start + count):
-            prev = self._value(0, table[(p - 1) // BLOCK], (p - 1) % BLOCK) if p > 0 else 0.0
-            v = (prev * 31 + tokens[p] * 7 + 1) % mod
-            self._write(table[p // BLOCK], p % BLOCK, v)
-        if start + count == len(tokens):
-            return int(v) % 500 + 3
-        return None
+        raise NotImplementedError
 
     def step(self, before_worker: Optional[Callable] = None) -> list:
         out = self.scheduler.schedule()
-        for new in out.scheduled_new_reqs:
-            self.tables[new.req_id] = list(new.block_ids[0])
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            ids = cached.new_block_ids[i]
-            if rid in cached.resumed_req_ids:
-                self.tables[rid] = list(ids[0])
-            elif ids is not None:
-                self.tables[rid].extend(ids[0])
+        self.on_scheduled(out)
         if before_worker is not None:
             before_worker(out)
         invalid, stats, results = set(), None, None
@@ -156,6 +106,7 @@ class Engine:
         if w is not None:
             w.bind_connector_metadata(out.kv_connector_metadata)
             w.start_load_kv(None)
+        cached = out.scheduled_cached_reqs
         computed = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
         computed.update(zip(cached.req_ids, cached.num_computed_tokens))
         req_ids = list(out.num_scheduled_tokens)
@@ -205,12 +156,85 @@ class Engine:
                     self.preempted.add(r.request_id)
         raise TimeoutError(f"requests unfinished after {max_steps} steps / {seconds} s")
 
-    def block_bytes(self, req_id: str, index: int) -> bytes:
-        """The bytes of block `index` of a request's table, every layer."""
-        b = self.tables[req_id][index]
-        return b"".join(t[b].contiguous().view(torch.int8).numpy().tobytes() for t in self.views)
-
     def close(self) -> None:
         for c in (self.connector, self.worker):
             if c is not None:
                 c.shutdown()
+
+
+class Engine(EngineLoop):
+    """One vLLM instance: its scheduler, and a worker with real KV views in `layout`."""
+
+    def __init__(self, config: VllmConfig, num_blocks: int, layout: KVCacheLayout = KVCacheLayout.LBHNC):
+        super().__init__()
+        self.config = config
+        mc = config.model_config
+        self.layers = mc.get_num_layers(config.parallel_config)
+        heads, dim = mc.get_num_kv_heads(config.parallel_config), mc.get_head_size()
+        dtype = torch.uint8 if str(config.cache_config.cache_dtype).startswith("fp8") else torch.float32
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=dim, dtype=dtype)
+        names = [f"model.layers.{i}.self_attn.attn" for i in range(self.layers)]
+        page = spec.page_size_bytes
+        strides = compute_layout_strides(spec, num_blocks, self.layers, layout)  # bytes, [L, B, H, N, C]
+        tensor = KVCacheTensor(size=page * num_blocks * self.layers, layers=names, layer_stride=strides[0],
+                               block_stride=strides[1])
+        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        self.raw = torch.zeros(tensor.size, dtype=torch.int8)
+        self.views = create_kv_cache_views(self.raw, spec, num_blocks, layout, tensor)
+        self.fp8 = dtype == torch.uint8
+        config.cache_config.num_gpu_blocks = num_blocks  # as the engine core sets it after profiling
+        self.scheduler = Scheduler(config, self.kv_cache_config, StructuredOutputManager(config), block_size=BLOCK,
+                                   log_stats=True)
+        self.connector = self.scheduler.connector
+        self.worker = None
+        if config.kv_transfer_config is not None:
+            self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, self.kv_cache_config)
+            self.worker.register_kv_caches(dict(zip(names, self.views)))
+            # What vLLM's engine core does once every worker registered its caches.
+            self.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
+        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(BLOCK, hash_fn)
+
+    # ---- the model runner's part ----
+    def _value(self, layer: int, block: int, off: int) -> float:
+        t = self.views[layer]
+        cell = t[block, 0, off, 0]
+        return float(cell) if not self.fp8 else float(int(cell))
+
+    def _write(self, block: int, off: int, v: float) -> None:
+        for layer, t in enumerate(self.views):
+            if self.fp8:
+                t[block, :, off, :] = (int(v) + layer) % 256
+            else:
+                t[block, :, off, :] = v + layer
+
+    def forward(self, req_id: str, start: int, count: int) -> Optional[int]:
+        tokens = self.scheduler.requests[req_id].all_token_ids
+        table = self.tables[req_id]
+        mod = 256 if self.fp8 else MOD
+        v = 0.0
+        for p in range(start, start + count):
+            prev = self._value(0, table[(p - 1) // BLOCK], (p - 1) % BLOCK) if p > 0 else 0.0
+            v = (prev * 31 + tokens[p] * 7 + 1) % mod
+            self._write(table[p // BLOCK], p % BLOCK, v)
+        if start + count == len(tokens):
+            return int(v) % 500 + 3
+        return None
+
+    def on_scheduled(self, out) -> None:
+        for new in out.scheduled_new_reqs:
+            self.tables[new.req_id] = list(new.block_ids[0])
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            ids = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                self.tables[rid] = list(ids[0])
+            elif ids is not None:
+                self.tables[rid].extend(ids[0])
+
+    def block_bytes(self, req_id: str, index: int) -> bytes:
+        """The bytes of block `index` of a request's table, every layer."""
+        b = self.tables[req_id][index]
+        return b"".join(t[b].contiguous().view(torch.int8).numpy().tobytes() for t in self.views)

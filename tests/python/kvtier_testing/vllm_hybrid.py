@@ -23,15 +23,13 @@ mixes every group's value, so a group restored wrong changes the output.
 
 from __future__ import annotations
 
-import time
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (
     get_kv_cache_configs,
@@ -42,9 +40,9 @@ from vllm.v1.core.kv_cache_utils import (
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+from kvtier_testing.vllm_engine import EngineLoop
 from vllm.v1.worker.utils import allocate_kv_cache
 
 MOD = 9973.0
@@ -106,11 +104,12 @@ def vllm_config(model_dir: str, family: str, socket: Optional[str], *, block_siz
                       device_config=DeviceConfig("cpu"))
 
 
-class HybridEngine:
+class HybridEngine(EngineLoop):
     """One vLLM instance of a hybrid family: its scheduler, and a worker over caches
     allocated as vLLM's model runner allocates them."""
 
     def __init__(self, config: VllmConfig, family: str, layers: int, num_blocks: int):
+        super().__init__()
         self.config, self.family = config, family
         specs, _, _ = layer_specs(family, layers)
         page = max(s.page_size_bytes for s in specs.values())
@@ -134,19 +133,6 @@ class HybridEngine:
         hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(hash_bs, hash_fn)
-        self.tables: dict = {}
-        self.states: dict = {}  # request -> the block index its Mamba state was last written to
-        self.outputs: dict = {}
-        self.connector_stats: dict = {}
-        self.preempted: set = set()
-
-    # ---- requests ----
-    def add(self, req_id: str, prompt: list, max_tokens: int) -> Request:
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        req = Request(req_id, list(prompt), sp, None, block_hasher=self.hasher)
-        self.scheduler.add_request(req)
-        self.outputs[req_id] = []
-        return req
 
     # ---- the model runner's part ----
     def _cell(self, group: int, block: int, off: int) -> torch.Tensor:
@@ -222,82 +208,17 @@ class HybridEngine:
                     for name in group.layer_names:
                         self.kv[name][table[curr]].copy_(self.kv[name][table[prev]])
 
-    def step(self, before_worker: Optional[Callable] = None) -> list:
-        out = self.scheduler.schedule()
-        for new in out.scheduled_new_reqs:
-            self.tables[new.req_id] = [list(ids) for ids in new.block_ids]
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            ids = cached.new_block_ids[i]
-            if rid in cached.resumed_req_ids:
-                self.tables[rid] = [list(x) for x in ids]
-            elif ids is not None:
-                for table, more in zip(self.tables[rid], ids):
-                    table.extend(more)
+    def on_scheduled(self, out) -> None:
         # vLLM's tables as they are now (sliding-window blocks it freed are its null block).
+        for new in out.scheduled_new_reqs:
+            self.tables[new.req_id] = None
         for rid in list(self.tables):
             if rid in self.scheduler.requests:
                 self.tables[rid] = [list(x) for x in self.scheduler.kv_cache_manager.get_block_ids(rid)]
         self.copy_mamba_states(out)
-        if before_worker is not None:
-            before_worker(out)
-        stats, results, invalid = None, None, set()
-        w = self.worker
-        if w is not None:
-            w.bind_connector_metadata(out.kv_connector_metadata)
-            w.start_load_kv(None)
-        computed = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
-        req_ids = list(out.num_scheduled_tokens)
-        sampled = [[] for _ in req_ids]
-        for i, rid in enumerate(req_ids):
-            tok = self.forward(rid, computed[rid], out.num_scheduled_tokens[rid])
-            if tok is not None:
-                sampled[i] = [tok]
-        if w is not None:
-            w.wait_for_save()
-            results = w.get_transfer_results(out.finished_req_ids)
-            invalid = w.get_block_ids_with_load_errors()
-            stats = w.get_kv_connector_stats()
-            w.clear_connector_metadata()
-        kco = KVConnectorOutput(invalid_block_ids=invalid, kv_connector_stats=stats,
-                                finished_recving=results.finished_recving if results else None,
-                                failed_recving=results.failed_recving if results else set())
-        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=sampled, kv_connector_output=kco)
-        finished = []
-        for eco in self.scheduler.update_from_output(out, mro).values():
-            s = getattr(eco, "scheduler_stats", None)
-            if s is not None and getattr(s, "kv_connector_stats", None):
-                for k, v in s.kv_connector_stats.items():
-                    if isinstance(v, (int, float)):
-                        self.connector_stats[k] = self.connector_stats.get(k, 0) + v
-            for o in eco.outputs:
-                self.outputs[o.request_id].extend(o.new_token_ids)
-                if o.finish_reason is not None:
-                    finished.append(o.request_id)
-        return finished
-
-    def run(self, *, max_steps: int = 5000, seconds: float = 120.0, before_worker: Optional[Callable] = None) -> None:
-        deadline = time.monotonic() + seconds
-        for _ in range(max_steps):
-            if not self.scheduler.has_unfinished_requests():
-                return
-            if time.monotonic() > deadline:
-                break
-            self.step(before_worker)
-            for r in self.scheduler.requests.values():
-                if r.num_preemptions:
-                    self.preempted.add(r.request_id)
-        raise TimeoutError(f"requests unfinished after {max_steps} steps / {seconds} s")
 
     def group_block_bytes(self, group: int, block: int) -> bytes:
         """The bytes of one block of a group, every layer of the group (the content vLLM's
         views cover)."""
         return b"".join(self.kv[n][block].contiguous().view(torch.int8).numpy().tobytes()
                         for n in self.groups[group].layer_names)
-
-    def close(self) -> None:
-        for c in (self.connector, self.worker):
-            if c is not None:
-                c.shutdown()
