@@ -311,7 +311,6 @@ FAMILY_DTYPES = {"mamba": "bfloat16"}  # vLLM's CPU GDN kernels want bf16
 FAMILY_ARGS = {"mamba": ["--mamba-cache-mode", "align"]}
 
 
-
 def engine_facts(log: str) -> dict:
     """What the running server says of its KV cache at start: whether vLLM turned its
     hybrid KV cache manager off (it warns when a connector lacks SupportsHMA, and for
