@@ -463,7 +463,10 @@ def run(a: argparse.Namespace, work: str) -> dict:
         set1 = prompt_set(a.requests)
         with open(os.path.join(work, "prompts.json"), "w") as f:  # kept with --keep, beside the logs
             json.dump(set1, f)
-        a_out = concurrently(srv_a, [pa for pa, _ in set1])
+        # (A hybrid model's A runs them one at a time: its preemption is not forced, and a
+        # random MoE model's greedy tokens depend on the batch they are computed in.)
+        a_out = (concurrently(srv_a, [pa for pa, _ in set1]) if a.family == "dense"
+                 else [ask(srv_a, pa) for pa, _ in set1])
 
         # Phase 2: C then B (alternating who goes first), one request at a time.
         hits0 = settled_counter(srv_b, "vllm:external_prefix_cache_hits_total")
