@@ -44,6 +44,7 @@ MAX_CANDIDATES = 8
 class _Request:
     request: Any
     tables: list = field(default_factory=list)      # per group: the request's block ids
+    start: int = 0                                  # tokens it started with (vLLM's own hits and the load)
     done: int = 0                                   # tokens whose blocks are stored or were there at start
     prefix_done: list = field(default_factory=list)  # per group: blocks [0, n) stored (prefix groups)
     window_done: list = field(default_factory=list)  # per group: block indices stored (window groups)
@@ -159,7 +160,9 @@ class Scheduler:
                     log.warning("vLLM block hashes of %d bytes (want %d): no kvtier lookups", len(hashes[0]),
                                 self._s.hash_bytes)
                 return 0, False
-            pending = (key, self._pool.submit(self._search, [bytes(h) for h in hashes], num_computed_tokens, limit))
+            # Only the hashes a hit ending at `limit` can name, copied on this thread.
+            wanted = [bytes(h) for h in hashes[:limit // self._s.hash_block_size]]
+            pending = (key, self._pool.submit(self._search, wanted, num_computed_tokens, limit))
             self._lookups[request.request_id] = pending
         try:
             end = pending[1].result(timeout=self._s.lookup_wait_s)
@@ -224,7 +227,7 @@ class Scheduler:
         and what it starts with (vLLM's own hits and the load) is not stored again."""
         plans = self._s.plans
         state.tables = [list(tables[g]) if g < len(tables) else [] for g in range(len(plans))]
-        state.done = num_computed_tokens
+        state.start = state.done = num_computed_tokens
         state.prefix_done = [num_computed_tokens // p.block_size for p in plans]
         state.window_done = [set() for _ in plans]
         if state.load is None:
@@ -294,9 +297,11 @@ class Scheduler:
                 if group >= len(self._s.plans):
                     continue
                 plan = self._s.plans[group]
-                if (plan.role != STATE or block_id == 0 or boundary <= 0 or boundary % plan.block_size
+                if (plan.role != STATE or block_id == 0 or boundary <= state.start or boundary % plan.block_size
                         or plan.block_key_index(boundary // plan.block_size - 1) >= len(state.request.block_hashes)):
-                    continue  # attention groups, the null block, sub-block tails, unhashed boundaries
+                    # attention groups, the null block, states the request started with (just
+                    # loaded, or vLLM's own), sub-block tails, unhashed boundaries
+                    continue
                 b = boundary // plan.block_size - 1
                 self._emit_store(meta, req_id, plan, state.request, [b], {b: block_id})
 
