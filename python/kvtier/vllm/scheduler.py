@@ -18,6 +18,13 @@ What is stored: prefix groups every block a step fills; window groups the window
 before each checkpoint and before the prompt's last full block (the places a later
 hit can end); state groups the states vLLM hands off at its boundaries
 (``KVConnectorBlockState.boundary_state_offloads``, in the step it offers them).
+
+vLLM keeps a Mamba state only where a prefill chunk ends (align mode), so for a model
+with state groups the scheduler names the next place a chunk must end through
+``request.shared_prefix_boundary``, the field vLLM's own prefix cache sets to keep the
+state at a junction: the next checkpoint, and the junction where this request's prefix
+groups hit deeper than any saved state (so the next request sharing that prefix finds
+a state there).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class _Request:
     window_done: list = field(default_factory=list)  # per group: block indices stored (window groups)
     load: Optional[tuple] = None                    # (first token, end token) to load
     hit: int = 0                                    # the token the last lookup's hit ends at
+    junction: int = 0                               # state models: where the prefix groups' hit ends
+    own_junction: int = 0                           # vLLM's own shared_prefix_boundary at the lookup
 
 
 class Scheduler:
@@ -65,6 +74,7 @@ class Scheduler:
         # into the running block before the forward (and so before a step's own loads),
         # and accepts only per-request load failures for such models.
         self._async = len(settings.plans) > 1
+        self._states = any(p.role == STATE for p in settings.plans)
         self._pending_loads: list = []  # LoadSpecs planned at allocation, sent in the next metadata
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         self._hash_size_warned = False
@@ -113,8 +123,9 @@ class Scheduler:
             keys = [hashes[plan.block_key_index(last - 1)]]
         return not keys or self._matched(plan.index, keys) == len(keys)
 
-    def _search(self, hashes: list, start: int, limit: int) -> int:
-        """The end of the longest hit in (start, limit] every group can restore, or 0."""
+    def _search(self, hashes: list, start: int, limit: int) -> tuple:
+        """(end, prefix end): the end of the longest hit in (start, limit] every group can
+        restore (0 if none), and where the prefix groups alone would hit."""
         unit = self._s.unit
         for plan in self._s.plans:
             if plan.role != PREFIX:
@@ -124,10 +135,10 @@ class Scheduler:
         if self._s.drop_last_hit:
             limit -= unit
         if limit <= start:
-            return 0
+            return 0, 0
         others = [p for p in self._s.plans if p.role != PREFIX]
         if not others:
-            return limit
+            return limit, limit
         candidates = [limit]
         step = self._s.checkpoint_tokens
         if step:
@@ -138,8 +149,8 @@ class Scheduler:
                 c -= step
         for end in candidates:
             if all(self._restorable_at(p, hashes, start, end) for p in others):
-                return end
-        return 0
+                return end, limit
+        return 0, limit
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         if not self.clients:
@@ -165,18 +176,22 @@ class Scheduler:
             pending = (key, self._pool.submit(self._search, wanted, num_computed_tokens, limit))
             self._lookups[request.request_id] = pending
         try:
-            end = pending[1].result(timeout=self._s.lookup_wait_s)
+            end, prefix_end = pending[1].result(timeout=self._s.lookup_wait_s)
         except concurrent.futures.TimeoutError:
             self.stats.data["lookups_not_ready"] += 1
             return None, False
         except Exception as e:  # noqa: BLE001 - a failed lookup is a miss, never the scheduler's crash
             log.debug("lookup failed (%s): a miss", e)
-            end = 0
+            end = prefix_end = 0
         del self._lookups[request.request_id]
         self.stats.data["lookups"] += 1
         self.stats.data["hit_blocks"] += end // unit
         state = self._requests.setdefault(request.request_id, _Request(request))
         state.request, state.hit, state.load = request, end, None
+        if self._states:
+            state.junction = prefix_end if prefix_end > end else 0
+            state.own_junction = int(getattr(request, "shared_prefix_boundary", 0) or 0)
+            self._ask_state_stop(state, max(end, num_computed_tokens))
         if end <= num_computed_tokens:
             return 0, False
         return end - num_computed_tokens, self._async
@@ -200,9 +215,10 @@ class Scheduler:
         for new in scheduler_output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
             if state is not None:
+                after = new.num_computed_tokens + scheduled.get(new.req_id, 0)
                 self._start(meta, state, new.req_id, new.block_ids, new.num_computed_tokens)
-                self._plan_store(meta, state, new.req_id, new.num_computed_tokens + scheduled.get(new.req_id, 0),
-                                 block_state)
+                self._plan_store(meta, state, new.req_id, after, block_state)
+                self._ask_state_stop(state, after)
         cached = scheduler_output.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", set()) or set()
         for i, req_id in enumerate(cached.req_ids):
@@ -216,8 +232,9 @@ class Scheduler:
             elif new_ids is not None:
                 for table, ids in zip(state.tables, new_ids):
                     table.extend(ids)
-            self._plan_store(meta, state, req_id, cached.num_computed_tokens[i] + scheduled.get(req_id, 0),
-                             block_state)
+            after = cached.num_computed_tokens[i] + scheduled.get(req_id, 0)
+            self._plan_store(meta, state, req_id, after, block_state)
+            self._ask_state_stop(state, after)
         if block_state is not None:
             self._plan_states(meta, block_state.boundary_state_offloads or {})
         return meta
@@ -286,6 +303,20 @@ class Scheduler:
                 continue  # states come from vLLM's boundary hand-offs
             self._emit_store(meta, req_id, plan, request, [b for b in blocks if b < len(table) and table[b]], table)
         state.done = end
+
+    def _ask_state_stop(self, state: _Request, after: int) -> None:
+        """State models: ask vLLM to end a prefill chunk at the first checkpoint or
+        junction past token `after` (where the next chunk starts), so that it saves and
+        hands off the state there; vLLM's own junction is kept among them."""
+        if not self._states:
+            return
+        r = state.request
+        prompt = int(getattr(r, "num_prompt_tokens", None) or len(r.prompt_token_ids))
+        stops = [s for s in (state.junction, state.own_junction) if after < s < prompt]
+        step = self._s.checkpoint_tokens
+        if step and (after // step + 1) * step < prompt:
+            stops.append((after // step + 1) * step)
+        r.shared_prefix_boundary = min(stops) if stops else state.own_junction
 
     def _plan_states(self, meta, offers: dict) -> None:
         """Mamba states vLLM hands off this step: (group, block id, boundary tokens)."""

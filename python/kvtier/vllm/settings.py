@@ -11,9 +11,15 @@ from typing import Callable, Optional
 
 import kvtier
 from kvtier.resilient import ResilientClient
-from kvtier.vllm.layout import WINDOW, KvtierLayout, group_plans, hash_bytes_for, rank_facts
+from kvtier.vllm.layout import STATE, WINDOW, KvtierLayout, group_plans, hash_bytes_for, rank_facts
 
 log = logging.getLogger("kvtier.vllm")
+
+# Mamba/GDN models: vLLM keeps a state only where a prefill chunk ends, so the scheduler
+# asks it to end one at every checkpoint (rounded up to the block). Each costs one more
+# forward pass in prefill and one state a Mamba layer stored; SGLang tracks a Mamba state
+# every 256 tokens by default (--mamba-track-interval) too.
+STATE_CHECKPOINT_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class Settings:
     hash_bytes: int
     hash_block_size: int      # tokens per vLLM block hash
     unit: int                 # tokens: a hit ends on a multiple (every group's block boundary)
-    checkpoint_tokens: int    # tokens: where sliding-window runs are stored, and hits searched (0: none)
+    checkpoint_tokens: int    # tokens: where window runs and Mamba states are stored, and hits searched (0: none)
     drop_last_hit: bool       # EAGLE/MTP: vLLM recomputes the last hit block
     ranks: dict
     plans: tuple              # layout.GroupPlan per KV cache group
@@ -60,6 +66,8 @@ class Settings:
             checkpoint = int(getattr(cc, "prefix_cache_retention_interval", 0) or 0)
         if checkpoint <= 0 and any(p.role == WINDOW for p in plans):
             checkpoint = 4 * max(p.window_blocks * p.block_size for p in plans if p.role == WINDOW)
+        if checkpoint <= 0 and any(p.role == STATE for p in plans):
+            checkpoint = STATE_CHECKPOINT_TOKENS
         if checkpoint > 0:
             checkpoint = -(-checkpoint // unit) * unit
         pc = vllm_config.parallel_config

@@ -86,7 +86,8 @@ def layer_specs(family: str, layers: int) -> tuple:
 
 
 def vllm_config(model_dir: str, family: str, socket: Optional[str], *, block_size: int, max_num_seqs: int = 8,
-                batched_tokens: int = 2048, policy: str = "recompute", max_model_len: int = 1536) -> VllmConfig:
+                batched_tokens: int = 2048, policy: str = "recompute", max_model_len: int = 1536,
+                extra: Optional[dict] = None) -> VllmConfig:
     dtype = "bfloat16" if family == "mamba" else "float32"
     mc = ModelConfig(model=model_dir, tokenizer=model_dir, dtype=dtype, seed=0, max_model_len=max_model_len,
                      skip_tokenizer_init=True)
@@ -99,7 +100,7 @@ def vllm_config(model_dir: str, family: str, socket: Optional[str], *, block_siz
     if socket is not None:
         kt = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
                               kv_role="kv_both", kv_load_failure_policy=policy,
-                              kv_connector_extra_config={"socket": socket, "timeout_ms": 3000})
+                              kv_connector_extra_config={"socket": socket, "timeout_ms": 3000, **(extra or {})})
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=kt,
                       device_config=DeviceConfig("cpu"))
 
