@@ -256,9 +256,17 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
     if (m.data_parallel_rank() < -1) return InvalidArgument("data_parallel_rank must be -1 (none) or a rank");
     const std::optional<EventHashForm> hashes = EventHashesFromWire(m.event_hashes());
     if (!hashes) return InvalidArgument("event_hashes must be Vllm, Sglang or None");
-    KVTIER_RETURN_IF_ERROR(
-        cache_->Attach(ctx.cache, ctx.tenant, ctx.layout,
-                       EventSource{.routable_id = routable, .dp_rank = m.data_parallel_rank(), .hashes = *hashes}));
+    if (m.event_group() < -1) return InvalidArgument("event_group must be -1 (none) or a group index");
+    EventGroup group{
+        .index = m.event_group(), .sliding_window = m.event_sliding_window(), .block_tokens = m.event_block_tokens()};
+    if (m.event_spec_kind() && m.event_spec_kind()->size() > 0) {
+      const std::optional<std::string_view> kind = EventSpecKind(m.event_spec_kind()->string_view());
+      if (!kind) return InvalidArgument("event_spec_kind is not a vLLM KVCacheSpecKind value");
+      group.kind = *kind;
+    }
+    KVTIER_RETURN_IF_ERROR(cache_->Attach(
+        ctx.cache, ctx.tenant, ctx.layout,
+        EventSource{.routable_id = routable, .dp_rank = m.data_parallel_rank(), .hashes = *hashes, .group = group}));
   }
   ctx.hello_done = true;
   KVTIER_LOG(INFO) << "session " << ctx.id << " hello: pid " << ctx.pid << " uid " << ctx.uid << " engine '"

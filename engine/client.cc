@@ -31,6 +31,11 @@ Client::~Client() {
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
   if (!BlockHash::ValidSize(options.hash_bytes)) return InvalidArgument("hash_bytes must be 16 or 32");
+  const EventGroup& group = options.event_group;
+  if (group.index < -1) return InvalidArgument("event_group.index must be -1 (none) or a group index");
+  if (!group.kind.empty() && !EventSpecKind(group.kind)) {
+    return InvalidArgument("event_group.kind '" + std::string(group.kind) + "' is not a vLLM KVCacheSpecKind value");
+  }
   std::unique_ptr<Client> c(new Client(
       options, std::make_unique<SegmentMap>(options.device, options.cuda_device, options.protect_committed_pages)));
   SegmentMap* segments = c->segments_.get();
@@ -40,6 +45,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   hello.routable_id = options.routable_id;
   hello.data_parallel_rank = options.data_parallel_rank;
   hello.event_hashes = options.event_hashes;
+  hello.event_group = options.event_group;
   hello.layout = &c->options_.layout;
   hello.hash_bytes = options.hash_bytes;
   auto on_welcome = [segments](const fb::Welcome& w) {

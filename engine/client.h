@@ -62,6 +62,9 @@ struct ClientOptions {
   // How the engine's own KV events name a block: kvtierd announces this session's
   // blocks alike (kNone: not at all).
   EventHashForm event_hashes = EventHashForm::kVllm;
+  // Which of the engine's KV cache groups this namespace holds (vLLM's group index and
+  // spec kind; kind views kEventSpecKinds): kvtierd's KV events carry it. Default: none.
+  EventGroup event_group;
   // The engine's model layout: the namespace its blocks live in. Required.
   ModelLayout layout;
   // Size of every block hash this session sends: 16 or 32.

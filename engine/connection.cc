@@ -54,6 +54,8 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
       args.routable_id.empty() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(args.routable_id);
   flatbuffers::Offset<fb::Layout> layout;
   if (args.layout) layout = LayoutToWire(b, *args.layout);
+  const auto kind = args.event_group.kind.empty() ? flatbuffers::Offset<flatbuffers::String>()
+                                                  : b.CreateString(args.event_group.kind);
   fb::HelloBuilder h(b);
   h.add_major(kProtocolMajor);
   h.add_minor(kProtocolMinor);
@@ -62,6 +64,10 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
   if (!args.routable_id.empty()) h.add_routable_id(routable);
   h.add_data_parallel_rank(args.data_parallel_rank);
   h.add_event_hashes(EventHashesToWire(args.event_hashes));
+  h.add_event_group(args.event_group.index);
+  if (!args.event_group.kind.empty()) h.add_event_spec_kind(kind);
+  h.add_event_sliding_window(args.event_group.sliding_window);
+  h.add_event_block_tokens(args.event_group.block_tokens);
   if (args.layout) h.add_layout(layout);
   h.add_hash_bytes(static_cast<uint8_t>(args.hash_bytes));
   h.add_pid(static_cast<int32_t>(::getpid()));

@@ -45,6 +45,7 @@ class Connection {
     std::string routable_id;                            // engines only; may be empty
     int data_parallel_rank = -1;                        // engines only; -1: none
     EventHashForm event_hashes = EventHashForm::kVllm;  // engines only
+    EventGroup event_group;                             // engines only
     const ModelLayout* layout = nullptr;                // engines only
     size_t hash_bytes = 16;
   };

@@ -131,8 +131,17 @@ struct Page {
 
 Handle Connect(const py::dict& layout, const std::string& socket, const std::string& name, size_t hash_bytes,
                int timeout_ms, const std::string& device, int cuda_device, const std::string& routable_id,
-               int data_parallel_rank, const std::string& event_hashes) {
+               int data_parallel_rank, const std::string& event_hashes, int event_group,
+               const std::string& event_spec_kind, uint32_t event_sliding_window, uint32_t event_block_tokens) {
   ClientOptions o;
+  o.event_group.index = event_group;
+  o.event_group.sliding_window = event_sliding_window;
+  o.event_group.block_tokens = event_block_tokens;
+  if (!event_spec_kind.empty()) {
+    const std::optional<std::string_view> kind = EventSpecKind(event_spec_kind);
+    if (!kind) Raise(InvalidArgument("event_spec_kind '" + event_spec_kind + "' is not a vLLM KVCacheSpecKind value"));
+    o.event_group.kind = *kind;
+  }
   if (event_hashes == "vllm") {
     o.event_hashes = EventHashForm::kVllm;
   } else if (event_hashes == "sglang") {
@@ -338,7 +347,8 @@ PYBIND11_MODULE(_kvtier, m) {
       .def(py::init(&Connect), py::arg("layout"), py::arg("socket") = "", py::arg("name") = "python",
            py::arg("hash_bytes") = 16, py::arg("timeout_ms") = 60000, py::arg("device") = "auto",
            py::arg("cuda_device") = 0, py::arg("routable_id") = "", py::arg("data_parallel_rank") = -1,
-           py::arg("event_hashes") = "vllm")
+           py::arg("event_hashes") = "vllm", py::arg("event_group") = -1, py::arg("event_spec_kind") = "",
+           py::arg("event_sliding_window") = 0, py::arg("event_block_tokens") = 0)
       .def("close", [](const Handle& h) { Call(h, [](Client& c) { c.Close(); }); })
       // Every accessor under the client's lock: close() on another thread changes what they read.
       .def_property_readonly("closed", [](const Handle& h) { return Call(h, [](Client& c) { return c.closed(); }); })

@@ -77,7 +77,11 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
     if (tagged) PackStr(pk, name);
   };
   const bool stored = e.kind == KvEvent::Kind::kStored;
-  const uint32_t n = stored ? 8 : 3;
+  // The group fields: tagged only, each when said.
+  const bool group = tagged && e.group.index >= 0;
+  const bool kind = tagged && stored && !e.group.kind.empty();
+  const bool window = tagged && stored && e.group.sliding_window > 0;
+  const uint32_t n = (stored ? 8 : 3) + group + kind + window;
   if (tagged) {
     pk.pack_map(n);
   } else {
@@ -107,6 +111,18 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
   if (stored) {
     field("lora_name");
     pk.pack_nil();
+  }
+  if (group) {
+    field("group_idx");
+    pk.pack_int32(e.group.index);
+  }
+  if (kind) {
+    field("kv_cache_spec_kind");
+    PackStr(pk, e.group.kind);
+  }
+  if (window) {
+    field("kv_cache_spec_sliding_window");
+    pk.pack_uint32(e.group.sliding_window);
   }
 }
 
@@ -363,23 +379,28 @@ void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant
     t = topics_.back().get();
     t->name = name;
     t->dp_rank = rank;
-    t->block_size = tokens_per_block;
   }
   auto it = by_namespace_.find(encoded_ns);
-  if (it == by_namespace_.end())
-    it = by_namespace_.emplace(std::string(encoded_ns), Announced{source.hashes, {}}).first;
+  if (it == by_namespace_.end()) {
+    const uint32_t block_size = source.group.block_tokens ? source.group.block_tokens : tokens_per_block;
+    it = by_namespace_.emplace(std::string(encoded_ns), Announced{source.hashes, block_size, source.group, {}}).first;
+  }
   std::vector<Topic*>& topics = it->second.topics;
   if (std::find(topics.begin(), topics.end(), t) == topics.end()) topics.push_back(t);
 }
 
-KvEvent* KvEvents::Append(Topic& t, KvEvent::Kind kind, TierKind tier) {
+KvEvent* KvEvents::Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier) {
   if (queued_ >= options_.queue_events) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
   if (t.pending.empty()) order_.push_back(&t);
   ++queued_;
-  t.pending.push_back(KvEvent{kind, {}, std::nullopt, t.block_size, {}, tier});
+  t.pending.push_back(KvEvent{.kind = kind,
+                              .block_size = ns.block_size,
+                              .tier = tier,
+                              .signed_hashes = ns.hashes == EventHashForm::kSglang,
+                              .group = ns.group});
   return &t.pending.back();
 }
 
@@ -388,20 +409,23 @@ void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tie
   MutexLock lock(&mu_);
   auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) return;
-  const EventHashForm form = it->second.hashes;
-  const uint64_t h = EventHash(hash, form);
-  const std::optional<uint64_t> p = parent && !parent->empty() ? std::optional(EventHash(*parent, form)) : std::nullopt;
-  for (Topic* t : it->second.topics) AddTo(*t, kind, tier, form == EventHashForm::kSglang, h, p, tokens);
+  const Announced& ns = it->second;
+  const uint64_t h = EventHash(hash, ns.hashes);
+  const std::optional<uint64_t> p =
+      parent && !parent->empty() ? std::optional(EventHash(*parent, ns.hashes)) : std::nullopt;
+  for (Topic* t : ns.topics) AddTo(*t, ns, kind, tier, h, p, tokens);
 }
 
-void KvEvents::AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, bool signed_hashes, uint64_t h,
+void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t h,
                      std::optional<uint64_t> p, std::span<const uint32_t> tokens) {
-  if (tokens.size() != t.block_size) tokens = {};
+  if (tokens.size() != ns.block_size) tokens = {};
+  const bool signed_hashes = ns.hashes == EventHashForm::kSglang;
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored
   // joins the previous BlockStored (vLLM's form) when both have tokens or neither has.
   if (!t.pending.empty()) {
     KvEvent& last = t.pending.back();
     const bool joins = last.kind == kind && last.tier == tier && last.signed_hashes == signed_hashes &&
+                       last.group == ns.group && last.block_size == ns.block_size &&
                        last.hashes.size() < options_.batch_size &&
                        (kind == KvEvent::Kind::kRemoved ||
                         (p && last.hashes.back() == *p && last.token_ids.empty() == tokens.empty()));
@@ -416,9 +440,8 @@ void KvEvents::AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, bool signed_ha
       return;
     }
   }
-  KvEvent* e = Append(t, kind, tier);
+  KvEvent* e = Append(t, ns, kind, tier);
   if (e == nullptr) return;
-  e->signed_hashes = signed_hashes;
   e->hashes.push_back(h);
   if (kind == KvEvent::Kind::kStored) {
     e->parent = p;

@@ -12,11 +12,19 @@
 //   tagged (default;   {"type": "BlockStored", "block_hashes": [hash, ...],
 //   vLLM since PR       "parent_block_hash": hash or nil, "token_ids": [token, ...],
 //   #42892)             "block_size": tokens, "lora_id": nil, "medium": medium,
-//                       "lora_name": nil}
-//                      {"type": "BlockRemoved", "block_hashes": [...], "medium": medium}
+//                       "lora_name": nil[, "group_idx": index,
+//                       "kv_cache_spec_kind": kind, "kv_cache_spec_sliding_window": tokens]}
+//                      {"type": "BlockRemoved", "block_hashes": [...], "medium": medium
+//                       [, "group_idx": index]}
 //   positional         ["BlockStored", [hash, ...], parent or nil, [token, ...], block_size, nil,
 //   (older vLLM)        medium, nil]
 //                      ["BlockRemoved", [hash, ...], medium]
+//
+// The group fields are sent for a namespace whose engine named its KV cache group at Hello
+// (Hello.event_group; a hybrid model has one namespace per group), each only when said,
+// as vLLM 0.32's own BlockStored/BlockRemoved carry them; the positional form never has
+// them (the older vLLM it serves has no such fields). block_size is the namespace's (the
+// group's, Hello.event_block_tokens, where the engine said it).
 //
 // token_ids: block_size tokens per hash, as the engine sent them with its Commit, or none
 // (an engine that sent none; a block announced again on another tier, since kvtierd keeps
@@ -108,6 +116,7 @@ struct EventSource {
   std::string_view routable_id;
   int dp_rank = -1;
   EventHashForm hashes = EventHashForm::kVllm;
+  EventGroup group;  // the engine's KV cache group the namespace holds (index -1: none)
 };
 
 struct KvEventsOptions {
@@ -138,6 +147,7 @@ struct KvEvent {
   std::vector<uint32_t> token_ids;  // kStored: block_size per hash, or none
   TierKind tier = TierKind::kHost;
   bool signed_hashes = false;  // hashes (and parent) are int64 bit patterns (SGLang's form)
+  EventGroup group;            // the namespace's KV cache group (tagged encoding only)
 };
 
 // A block hash as announced in `form` (not kNone): the 64 bits to send.
@@ -197,8 +207,8 @@ class KvEvents {
 
   // A namespace events may name, attached by the engine `source` names: the topic it adds
   // and the block size its BlockStored carry. Idempotent for a namespace and topic. The
-  // first engine to attach sets the namespace's hash form; one with form kNone adds
-  // nothing.
+  // first engine to attach sets the namespace's hash form, block size and group; one with
+  // form kNone adds nothing.
   void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
                     uint32_t tokens_per_block, const EventSource& source = {});
   // A block became findable in `tier` (with its tokens when known: exactly the
@@ -222,16 +232,23 @@ class KvEvents {
   struct Topic {
     std::string name;
     std::optional<uint32_t> dp_rank;
-    uint32_t block_size = 0;
     std::vector<KvEvent> pending;
+  };
+  // A namespace's hash form, block size, group and topics (one per engine identity that
+  // attached to it).
+  struct Announced {
+    EventHashForm hashes = EventHashForm::kVllm;
+    uint32_t block_size = 0;
+    EventGroup group;
+    std::vector<Topic*> topics;
   };
   explicit KvEvents(const KvEventsOptions& options);
   // REQUIRES: mu_ held. The topic's batch to append to, or nullptr when full.
-  KvEvent* Append(Topic& t, KvEvent::Kind kind, TierKind tier) KVTIER_REQUIRES(mu_);
+  KvEvent* Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier) KVTIER_REQUIRES(mu_);
   void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
            const BlockHash* parent, std::span<const uint32_t> tokens);
   // REQUIRES: mu_ held.
-  void AddTo(Topic& t, KvEvent::Kind kind, TierKind tier, bool signed_hashes, uint64_t hash,
+  void AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t hash,
              std::optional<uint64_t> parent, std::span<const uint32_t> tokens) KVTIER_REQUIRES(mu_);
   void Run();
   void PublishPending();
@@ -258,11 +275,6 @@ class KvEvents {
   struct NameHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
-  // A namespace's hash form and topics, one per engine identity that attached to it.
-  struct Announced {
-    EventHashForm hashes = EventHashForm::kVllm;
-    std::vector<Topic*> topics;
   };
   std::unordered_map<std::string, Announced, NameHash, std::equal_to<>> by_namespace_ KVTIER_GUARDED_BY(mu_);
   // Name, dp rank.

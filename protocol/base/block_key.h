@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,6 +23,30 @@ inline constexpr size_t kMaxHashBytes = 32;
 // (daemon/events/kv_events.h): vLLM's (the hash's last 8 bytes, big-endian, unsigned),
 // SGLang's (its first 8 bytes as a signed 64-bit integer), or not announced at all.
 enum class EventHashForm : uint8_t { kVllm, kSglang, kNone };
+
+// Which of the engine's KV cache groups a namespace holds, as vLLM's KV events name it
+// (BlockStored.group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window; a hybrid
+// model has one group per attention kind). index -1: not said (events carry no group).
+struct EventGroup {
+  int32_t index = -1;
+  std::string_view kind;        // one of kEventSpecKinds, or empty (not said)
+  uint32_t sliding_window = 0;  // tokens; 0: none
+  uint32_t block_tokens = 0;    // the group's block size in events; 0: the layout's tokens_per_block
+  bool operator==(const EventGroup&) const = default;
+};
+// vLLM's KVCacheSpecKind values (vllm/v1/kv_cache_interface.py): the kinds a group may be
+// announced as. EventGroup::kind views one of these.
+inline constexpr std::string_view kEventSpecKinds[] = {
+    "full_attention",          "mla_attention",          "sliding_window", "sliding_window_mla", "mamba",
+    "chunked_local_attention", "sink_full_attention",    "encoder_only_attention", "cross_attention",
+    "unknown"};
+// The entry of kEventSpecKinds equal to `kind` (a view that outlives `kind`), or nullopt.
+inline std::optional<std::string_view> EventSpecKind(std::string_view kind) {
+  for (std::string_view k : kEventSpecKinds) {
+    if (k == kind) return k;
+  }
+  return std::nullopt;
+}
 
 // Copies `n` bytes of a hash: the two sizes engines use as fixed-size copies (inlined
 // moves, not a call per hash: a long chain is 8,192 of them), any other size as it is.

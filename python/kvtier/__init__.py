@@ -136,13 +136,18 @@ class Client:
     requests) and ``data_parallel_rank`` (-1: none) name the engine in kvtierd's KV event
     topics; ``event_hashes`` is how the engine's own events name a block, so kvtierd's
     announcements of this session's blocks match them: "vllm" (last 8 bytes, unsigned),
-    "sglang" (first 8 bytes, signed) or "none" (not announced). Thread-safe: calls from
+    "sglang" (first 8 bytes, signed) or "none" (not announced). ``event_group``,
+    ``event_spec_kind``, ``event_sliding_window`` and ``event_block_tokens`` say which of
+    the engine's KV cache groups the namespace holds (vLLM's group index, its
+    KVCacheSpecKind value, its window and its block size in tokens; 0: the layout's):
+    kvtierd's KV events carry them as vLLM's own do. Thread-safe: calls from
     several threads are serialized.
     """
 
     def __init__(self, layout: Layout, socket: Optional[str] = None, *, name: str = "python", hash_bytes: int = 16,
                  timeout_ms: int = 60000, device: str = "auto", cuda_device: int = 0, routable_id: str = "",
-                 data_parallel_rank: int = -1, event_hashes: str = "vllm"):
+                 data_parallel_rank: int = -1, event_hashes: str = "vllm", event_group: int = -1,
+                 event_spec_kind: str = "", event_sliding_window: int = 0, event_block_tokens: int = 0):
         self.layout = layout
         self._device = None
         if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or not 0 < timeout_ms < 1 << 31:
@@ -150,7 +155,8 @@ class Client:
         if hash_bytes not in (16, 32):
             raise InvalidArgumentError(f"hash_bytes must be 16 or 32, not {hash_bytes!r}")
         self._c = _kvtier.Client(layout.as_dict(), socket or "", name, hash_bytes, timeout_ms, device, cuda_device,
-                                 routable_id, data_parallel_rank, event_hashes)
+                                 routable_id, data_parallel_rank, event_hashes, event_group, event_spec_kind,
+                                 event_sliding_window, event_block_tokens)
 
     # ---- session ----
     def __enter__(self) -> "Client":

@@ -115,6 +115,45 @@ TEST(KvEvents, PositionalEventsAreArraysAsOlderVllmWritesThem) {
   EXPECT_EQ(removed[2].as<std::string>(), "GPU");
 }
 
+// A namespace whose engine named its KV cache group (a hybrid model's sliding-window
+// group): BlockStored carries group_idx, kv_cache_spec_kind and the window, BlockRemoved
+// group_idx, as vLLM 0.32's own; the positional form (older vLLM) never has them.
+TEST(KvEvents, TaggedEventsOfANamedGroupCarryItAsVllmDoes) {
+  std::vector<KvEvent> events = TwoEvents();
+  for (KvEvent& e : events) e.group = EventGroup{.index = 2, .kind = "sliding_window", .sliding_window = 128};
+  const std::string payload = EncodeEventBatch(1700000000.25, events, KvEventEncoding::kTagged);
+  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& list = EventList(oh.get());
+  ASSERT_EQ(list.via.array.size, 2u);
+  std::map<std::string, msgpack::object> stored, removed;
+  list.via.array.ptr[0].convert(stored);
+  list.via.array.ptr[1].convert(removed);
+  EXPECT_EQ(stored.size(), 11u);
+  EXPECT_EQ(stored["group_idx"].as<int>(), 2);
+  EXPECT_EQ(stored["kv_cache_spec_kind"].as<std::string>(), "sliding_window");
+  EXPECT_EQ(stored["kv_cache_spec_sliding_window"].as<uint32_t>(), 128u);
+  EXPECT_EQ(removed.size(), 4u);
+  EXPECT_EQ(removed["group_idx"].as<int>(), 2);
+  // A group without a window or kind: only what was said.
+  events[0].group = EventGroup{.index = 0};
+  const std::string plain = EncodeEventBatch(1700000000.25, events, KvEventEncoding::kTagged);
+  oh = msgpack::unpack(plain.data(), plain.size());
+  std::map<std::string, msgpack::object> full;
+  EventList(oh.get()).via.array.ptr[0].convert(full);
+  EXPECT_EQ(full.size(), 9u);
+  EXPECT_EQ(full["group_idx"].as<int>(), 0);
+  const std::string positional = EncodeEventBatch(1700000000.25, events, KvEventEncoding::kPositional);
+  oh = msgpack::unpack(positional.data(), positional.size());
+  EXPECT_EQ(EventList(oh.get()).via.array.ptr[0].via.array.size, 8u);
+  EXPECT_EQ(EventList(oh.get()).via.array.ptr[1].via.array.size, 3u);
+}
+
+TEST(KvEvents, OnlyVllmsSpecKindsAreAccepted) {
+  for (std::string_view k : kEventSpecKinds) EXPECT_EQ(EventSpecKind(std::string(k)), k);
+  EXPECT_FALSE(EventSpecKind("Sliding_Window"));
+  EXPECT_FALSE(EventSpecKind(""));
+}
+
 struct Message {
   std::string topic;
   uint64_t seq = 0;

@@ -7,13 +7,17 @@ the bytes each group loads are compared with the bytes another instance stored f
 position."""
 
 import random
+import time
 
 import pytest
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 
 import kvtier
 import kvtier.vllm
 from kvtier_testing import tiny_model
 from kvtier_testing.daemon import Daemon, wait_until
+from kvtier_testing.vllm_events import Subscriber, u64
 from kvtier_testing.vllm_hybrid import HybridEngine, layer_specs, vllm_config
 
 # family: (layers, prompt tokens, shared prefix tokens, max model len) so that a hit spans
@@ -201,6 +205,40 @@ def test_hits_survive_a_kvtierd_restart(family, hdaemon):
         assert b.connector_stats["loaded_blocks"] > 0
     finally:
         b.close()
+
+
+def test_kvtierds_events_name_each_group_as_vllms_own_events_do(family, tmp_path):
+    endpoint = f"ipc://{tmp_path}/events.sock"
+    n = FAMILIES[family[0]][1]
+    with Daemon(page_bytes=256 << 10, pages=512,
+                extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms}}\n") as d:
+        sub = Subscriber(endpoint)
+        time.sleep(0.5)  # the subscription lands before the first namespace attaches
+        e = engine(family, d.socket)
+        rec = Recorder(e)
+        try:
+            serve(e, [("a", prompt(n, 31), 6)])
+            want = {(g, u64(h)) for g, h in rec.stored}
+
+            def announced():
+                return {(ev.group_idx, h) for _, b in sub.messages for ev in b.events if isinstance(ev, BlockStored)
+                        for h in ev.block_hashes}
+
+            wait_until(lambda: announced() >= want, "kvtierd announces every block the connector stored")
+        finally:
+            e.close()
+            sub.close()
+    assert sub.failures == []
+    assert announced() == want, "each block under the group that stored it"
+    for ev in (ev for _, b in sub.messages for ev in b.events):
+        spec = e.groups[ev.group_idx].kv_cache_spec
+        if isinstance(ev, BlockStored):
+            assert ev.kv_cache_spec_kind == get_kv_cache_spec_kind(spec).value
+            assert ev.kv_cache_spec_sliding_window == get_kv_cache_spec_sliding_window(spec)
+            assert ev.block_size == spec.block_size
+        else:
+            assert isinstance(ev, BlockRemoved)
+    assert {g for g, _ in want} == set(range(len(e.groups)))
 
 
 # ---- Mamba / GDN: where states exist ----

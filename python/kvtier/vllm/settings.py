@@ -97,9 +97,15 @@ class Settings:
         return out
 
     def _connector(self, layout: KvtierLayout, device: str, role: str) -> Callable:
+        # kvtierd's KV events name the group as vLLM's own do (the window: sliding-window kinds only).
+        plan = self.plans[layout.group]
+        window = plan.sliding_window if plan.kind in ("sliding_window", "sliding_window_mla") else 0
+
         def connect():
             return kvtier.Client(layout.kvtier_layout(), self.socket, name=f"vllm-{role}", hash_bytes=self.hash_bytes,
                                  timeout_ms=self.timeout_ms, device=device, routable_id=self.routable_id,
-                                 data_parallel_rank=self.dp_rank)
+                                 data_parallel_rank=self.dp_rank, event_group=layout.group,
+                                 event_spec_kind=layout.kind, event_sliding_window=window,
+                                 event_block_tokens=plan.block_size)
 
         return connect
