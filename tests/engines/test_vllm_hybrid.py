@@ -243,8 +243,7 @@ def test_kvtierds_events_name_each_group_as_vllms_own_events_do(family, tmp_path
 
 # ---- Mamba / GDN: where states exist ----
 # vLLM saves a Mamba state only where a prefill chunk ends. The connector asks it to end
-# one at every checkpoint (here `checkpoint_tokens` 576, every second 288-token block) and
-# at the junction where a request's attention prefix hit runs past the last saved state.
+# one at every checkpoint (here `checkpoint_tokens` 576, every second 288-token block).
 
 MAMBA_BLOCK = 288
 
@@ -261,28 +260,22 @@ def attention_hit_tokens(e: HybridEngine, rec: Recorder) -> int:
     return sum(1 for g, _ in rec.loaded if g == full[0]) * MAMBA_BLOCK
 
 
-def test_a_mamba_prompt_that_parts_before_the_last_state_hits_at_a_checkpoint_and_stores_the_junction(mamba, hdaemon):
-    # p's last full block ends at 1,152; q and r share p's first 900 tokens (3 blocks: 864).
+def test_a_mamba_prompt_that_parts_before_the_last_full_block_hits_at_a_checkpoint(mamba, hdaemon):
+    # p's last full block ends at 1,152; q shares p's first 900 tokens (3 blocks: 864).
     p = prompt(1400, 21)
     q = p[:900] + prompt(500, 22)
-    r = p[:900] + prompt(500, 23)
-    want = reference(mamba, [("a", p, 6), ("b", q, 6), ("c", r, 6)])
-    engines = [engine(mamba, hdaemon.socket, extra={"checkpoint_tokens": 576}) for _ in range(3)]
-    recs = [Recorder(e) for e in engines]
-    a, b, c = engines
+    want = reference(mamba, [("a", p, 6), ("b", q, 6)])
+    a, b = (engine(mamba, hdaemon.socket, extra={"checkpoint_tokens": 576}) for _ in range(2))
+    ra, rb = Recorder(a), Recorder(b)
     try:
         assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
-        # A saved states at its checkpoints (576) besides its last full block (1,152).
-        assert a.connector_stats["states_stored"] >= 2 * 3
+        # A saved the states at its checkpoint (576) besides its last full block (1,152).
+        assert a.connector_stats["states_stored"] == 2 * 3
         assert serve(b, [("b", q, 6)]) == {"b": want["b"]}
-        assert attention_hit_tokens(b, recs[1]) == 576, "B resumes at A's checkpoint below where they part"
-        # B ended a chunk where its attention prefix hit ended (864) and stored the state there.
-        assert serve(c, [("c", r, 6)]) == {"c": want["c"]}
-        assert attention_hit_tokens(c, recs[2]) == 864, "C resumes at the junction B saved"
-        for rec, stored in ((recs[1], recs[0].stored), (recs[2], {**recs[0].stored, **recs[1].stored})):
-            for key, got in rec.loaded.items():
-                assert got == stored[key], f"group {key[0]}"
-        assert all(e.connector_stats.get("load_failed_blocks", 0) == 0 for e in engines)
+        assert attention_hit_tokens(b, rb) == 576, "B resumes at A's checkpoint below where they part"
+        for key, got in rb.loaded.items():
+            assert got == ra.stored[key], f"group {key[0]}"
+        assert b.connector_stats.get("load_failed_blocks", 0) == 0
     finally:
-        for e in engines:
-            e.close()
+        a.close()
+        b.close()

@@ -30,7 +30,8 @@ HYBRID = {
     # was stored: every 512 tokens (4 x the window) and at the end of a prompt.
     "swa": (["--layers", "4"], 4, 512),
     # 3 GDN layers and a full one; vLLM makes 288-token blocks (a state fills a page):
-    # the state saved at 864.
+    # the state saved at the checkpoint at 864 (256 tokens rounded up to a block: every
+    # block). Outputs are compared with vLLM alone in chunks ending at the same places.
     "mamba": (["--layers", "4"], 4, 864),
     # one MLA group, every layer: the whole shared prefix.
     "mla": (["--layers", "3", "--kv-heads", "4"], 1, 896),

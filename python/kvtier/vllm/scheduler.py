@@ -20,11 +20,9 @@ hit can end); state groups the states vLLM hands off at its boundaries
 (``KVConnectorBlockState.boundary_state_offloads``, in the step it offers them).
 
 vLLM keeps a Mamba state only where a prefill chunk ends (align mode), so for a model
-with state groups the scheduler names the next place a chunk must end through
-``request.shared_prefix_boundary``, the field vLLM's own prefix cache sets to keep the
-state at a junction: the next checkpoint, and the junction where this request's prefix
-groups hit deeper than any saved state (so the next request sharing that prefix finds
-a state there).
+with state groups the scheduler names the next checkpoint as the place a chunk must end,
+through ``request.shared_prefix_boundary`` (the field vLLM's own prefix cache sets to
+keep the state at a junction it found; that junction stays among the stops).
 """
 
 from __future__ import annotations
@@ -57,7 +55,6 @@ class _Request:
     window_done: list = field(default_factory=list)  # per group: block indices stored (window groups)
     load: Optional[tuple] = None                    # (first token, end token) to load
     hit: int = 0                                    # the token the last lookup's hit ends at
-    junction: int = 0                               # state models: where the prefix groups' hit ends
     own_junction: int = 0                           # vLLM's own shared_prefix_boundary at the lookup
 
 
@@ -123,9 +120,8 @@ class Scheduler:
             keys = [hashes[plan.block_key_index(last - 1)]]
         return not keys or self._matched(plan.index, keys) == len(keys)
 
-    def _search(self, hashes: list, start: int, limit: int) -> tuple:
-        """(end, prefix end): the end of the longest hit in (start, limit] every group can
-        restore (0 if none), and where the prefix groups alone would hit."""
+    def _search(self, hashes: list, start: int, limit: int) -> int:
+        """The end of the longest hit in (start, limit] every group can restore, or 0."""
         unit = self._s.unit
         for plan in self._s.plans:
             if plan.role != PREFIX:
@@ -135,10 +131,10 @@ class Scheduler:
         if self._s.drop_last_hit:
             limit -= unit
         if limit <= start:
-            return 0, 0
+            return 0
         others = [p for p in self._s.plans if p.role != PREFIX]
         if not others:
-            return limit, limit
+            return limit
         candidates = [limit]
         step = self._s.checkpoint_tokens
         if step:
@@ -149,8 +145,8 @@ class Scheduler:
                 c -= step
         for end in candidates:
             if all(self._restorable_at(p, hashes, start, end) for p in others):
-                return end, limit
-        return 0, limit
+                return end
+        return 0
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         if not self.clients:
@@ -176,20 +172,19 @@ class Scheduler:
             pending = (key, self._pool.submit(self._search, wanted, num_computed_tokens, limit))
             self._lookups[request.request_id] = pending
         try:
-            end, prefix_end = pending[1].result(timeout=self._s.lookup_wait_s)
+            end = pending[1].result(timeout=self._s.lookup_wait_s)
         except concurrent.futures.TimeoutError:
             self.stats.data["lookups_not_ready"] += 1
             return None, False
         except Exception as e:  # noqa: BLE001 - a failed lookup is a miss, never the scheduler's crash
             log.debug("lookup failed (%s): a miss", e)
-            end = prefix_end = 0
+            end = 0
         del self._lookups[request.request_id]
         self.stats.data["lookups"] += 1
         self.stats.data["hit_blocks"] += end // unit
         state = self._requests.setdefault(request.request_id, _Request(request))
         state.request, state.hit, state.load = request, end, None
         if self._states:
-            state.junction = prefix_end if prefix_end > end else 0
             state.own_junction = int(getattr(request, "shared_prefix_boundary", 0) or 0)
             self._ask_state_stop(state, max(end, num_computed_tokens))
         if end <= num_computed_tokens:
@@ -305,14 +300,14 @@ class Scheduler:
         state.done = end
 
     def _ask_state_stop(self, state: _Request, after: int) -> None:
-        """State models: ask vLLM to end a prefill chunk at the first checkpoint or
-        junction past token `after` (where the next chunk starts), so that it saves and
-        hands off the state there; vLLM's own junction is kept among them."""
+        """State models: ask vLLM to end a prefill chunk at the first checkpoint past token
+        `after` (where the next chunk starts), so that it saves and hands off the state
+        there; vLLM's own junction is kept among the stops."""
         if not self._states:
             return
         r = state.request
         prompt = int(getattr(r, "num_prompt_tokens", None) or len(r.prompt_token_ids))
-        stops = [s for s in (state.junction, state.own_junction) if after < s < prompt]
+        stops = [state.own_junction] if after < state.own_junction < prompt else []
         step = self._s.checkpoint_tokens
         if step and (after // step + 1) * step < prompt:
             stops.append((after // step + 1) * step)

