@@ -541,7 +541,7 @@ Dispatcher::Reply Dispatcher::OnExplain(SessionContext& ctx, const fb::Request& 
   const fb::Explain& m = *req.op_as_Explain();
   KVTIER_ASSIGN_OR_RETURN(auto hashes, Hashes(ctx, m.hashes()));
   const std::string ns = m.namespace_id() ? m.namespace_id()->str() : std::string();
-  const auto entries = cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant);
+  KVTIER_ASSIGN_OR_RETURN(const auto entries, cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant));
   std::vector<flatbuffers::Offset<fb::Explanation>> out;
   for (const BlockExplanation& e : entries) {
     out.push_back(fb::CreateExplanation(builder_, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme, e.writing,

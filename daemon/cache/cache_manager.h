@@ -228,9 +228,12 @@ class CacheManager {
 
   // ---- operator operations (kvctl; cache_manager_admin.cc) ----
   // `tenant`: only that tenant's namespaces are visible; null: every namespace (admins).
-  // `ns_hex`: one namespace (NamespaceHex), or empty for every visible one.
-  std::vector<BlockExplanation> Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
-                                        const std::string* tenant);
+  // `ns_hex`: one namespace (NamespaceHex), or empty for every visible one. Probed a
+  // namespace at a time (one batched read of the NVMe index each); a tenant's request is
+  // refused (kInvalidArgument) when hashes x its namespaces exceeds kMaxExplainProbes.
+  static constexpr uint64_t kMaxExplainProbes = 1 << 20;
+  Result<std::vector<BlockExplanation>> Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
+                                                const std::string* tenant);
   enum class BlockOrder { kHits, kRecent };
   using BlocksDone = std::function<void(std::vector<BlockInfo>)>;
   // The top `limit` blocks of a tier (nullopt: the GPU and host tiers) by hits or recency.

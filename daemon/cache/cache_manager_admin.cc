@@ -29,34 +29,77 @@ bool CacheManager::Visible(NamespaceId ns, std::string_view ns_hex, const std::s
   return ns_hex.empty() || NamespaceHex(ns) == ns_hex;
 }
 
-std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
-                                                    const std::string* tenant) {
-  std::vector<BlockExplanation> out;
-  const int64_t now = clock_->NowNanos();
-  for (const BlockHash& h : hashes) {
-    BlockExplanation e;
-    auto found_in = [&](NamespaceId ns) {
-      e.namespace_id = NamespaceHex(ns);
-      e.tenant = namespaces_.Get(ns).tenant;
-      e.model = namespaces_.Get(ns).model;
-    };
-    // 1. Cached (or on its way up) in an asked namespace.
-    for (NamespaceId ns = 0; ns < namespaces_.id_limit() && e.state == BlockExplanation::State::kNeverStored; ++ns) {
-      if (!Visible(ns, ns_hex, tenant)) continue;
-      const BlockId id = blocks_->Find(ns, h);
-      std::optional<BlockRecord> rec;
-      if (id == kNoBlock && mover_) {
-        auto r = mover_->Find(ns, h);
-        if (r.ok() && r->has_value()) rec = **r;
+Result<std::vector<BlockExplanation>> CacheManager::Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
+                                                            const std::string* tenant) {
+  // The namespaces asked about, and the caller's others (step 3).
+  std::vector<NamespaceId> asked, others;
+  for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
+    if (Visible(ns, ns_hex, tenant)) {
+      asked.push_back(ns);
+    } else if (namespaces_.live(ns) && (!tenant || namespaces_.Get(ns).tenant == *tenant)) {
+      others.push_back(ns);
+    }
+  }
+  const uint64_t probes = static_cast<uint64_t>(hashes.size()) * (asked.size() + others.size());
+  if (tenant && probes > kMaxExplainProbes) {
+    return InvalidArgument("explain of " + std::to_string(hashes.size()) + " hashes over " +
+                           std::to_string(asked.size() + others.size()) + " namespaces is " + std::to_string(probes) +
+                           " index probes, over the " + std::to_string(kMaxExplainProbes) +
+                           " a request may make: name a namespace or ask fewer hashes");
+  }
+  std::vector<BlockExplanation> out(hashes.size());
+  std::vector<size_t> open(hashes.size());  // indices not yet explained
+  for (size_t i = 0; i < open.size(); ++i) open[i] = i;
+  auto found_in = [&](BlockExplanation& e, NamespaceId ns) {
+    e.namespace_id = NamespaceHex(ns);
+    e.tenant = namespaces_.Get(ns).tenant;
+    e.model = namespaces_.Get(ns).model;
+  };
+  // Where each open hash is in `ns` (host/GPU block or NVMe index record), a namespace at a
+  // time: one probe of the block table and one batched read of the index for all of them.
+  std::vector<BlockHash> batch;
+  std::vector<BlockId> ids;
+  auto probe = [&](NamespaceId ns, auto&& on_found) {
+    batch.clear();
+    for (size_t i : open) batch.push_back(hashes[i]);
+    ids.assign(batch.size(), kNoBlock);
+    blocks_->FindMany(ns, batch, ids.data());
+    std::vector<std::optional<BlockRecord>> recs(batch.size());
+    if (mover_) {
+      std::vector<BlockHash> missing;
+      for (size_t k = 0; k < batch.size(); ++k) {
+        if (ids[k] == kNoBlock) missing.push_back(batch[k]);
       }
-      if (id == kNoBlock && !rec) continue;
-      found_in(ns);
+      if (!missing.empty()) {
+        auto r = mover_->FindMany(ns, missing);
+        if (r.ok()) {
+          for (size_t k = 0, m = 0; k < batch.size(); ++k) {
+            if (ids[k] == kNoBlock) recs[k] = std::move((*r)[m++]);
+          }
+        }
+      }
+    }
+    std::vector<size_t> still;
+    for (size_t k = 0; k < batch.size(); ++k) {
+      if (ids[k] == kNoBlock && !recs[k]) {
+        still.push_back(open[k]);
+      } else {
+        on_found(out[open[k]], ns, ids[k]);
+      }
+    }
+    open.swap(still);
+  };
+  // 1. Cached (or on its way up) in an asked namespace.
+  for (NamespaceId ns : asked) {
+    if (open.empty()) break;
+    probe(ns, [&](BlockExplanation& e, NamespaceId at, BlockId id) {
+      found_in(e, at);
       if (id != kNoBlock && blocks_->block(id).promoting()) {
         e.state = BlockExplanation::State::kInFlight;
         e.tier = TierKind::kHost;
         e.on_nvme = true;
         e.detail = "in flight: being read from NVMe into a host page; an Acquire now waits for it";
-        continue;
+        return;
       }
       e.state = BlockExplanation::State::kCached;
       if (id != kNoBlock) {
@@ -71,17 +114,17 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
       e.detail = "a hit: cached in the " + std::string(TierKindName(e.tier)) + " tier" +
                  (e.tier != TierKind::kNvme && e.on_nvme ? " (and on NVMe)" : "") +
                  (e.writing ? "; its NVMe copy is being written" : "");
-    }
-    if (e.state != BlockExplanation::State::kNeverStored) {
-      out.push_back(std::move(e));
-      continue;
-    }
-    // 2. Evicted from an asked namespace, while the history remembers it.
-    for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
-      if (!Visible(ns, ns_hex, tenant)) continue;
-      const EvictionHistory::Record* rec = history_.Find(namespaces_.BlockKey(ns, h));
+    });
+  }
+  // 2. Evicted from an asked namespace, while the history remembers it.
+  const int64_t now = clock_->NowNanos();
+  std::vector<size_t> still;
+  for (size_t i : open) {
+    BlockExplanation& e = out[i];
+    for (NamespaceId ns : asked) {
+      const EvictionHistory::Record* rec = history_.Find(namespaces_.BlockKey(ns, hashes[i]));
       if (rec == nullptr) continue;
-      found_in(ns);
+      found_in(e, ns);
       e.state = BlockExplanation::State::kEvicted;
       e.tier = rec->tier;
       e.seconds_ago = static_cast<double>(now - rec->at_ns) * 1e-9;
@@ -92,34 +135,25 @@ std::vector<BlockExplanation> CacheManager::Explain(std::span<const BlockHash> h
                                             : " (no NVMe tier to demote it to)");
       break;
     }
-    if (e.state != BlockExplanation::State::kNeverStored) {
-      out.push_back(std::move(e));
-      continue;
-    }
-    // 3. Stored under another namespace the caller may see: another model or layout (its
-    // fingerprint differs), or another tenant (admins only see those).
-    for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
-      if (!namespaces_.live(ns) || (tenant && namespaces_.Get(ns).tenant != *tenant)) continue;
-      if (Visible(ns, ns_hex, tenant)) continue;  // asked already
-      bool there = blocks_->Find(ns, h) != kNoBlock;
-      if (!there && mover_) {
-        auto r = mover_->Find(ns, h);
-        there = r.ok() && r->has_value();
-      }
-      if (!there) continue;
-      found_in(ns);
+    if (e.state == BlockExplanation::State::kNeverStored) still.push_back(i);
+  }
+  open.swap(still);
+  // 3. Stored under another namespace the caller may see: another model or layout (its
+  // fingerprint differs), or another tenant (admins only see those).
+  for (NamespaceId ns : others) {
+    if (open.empty()) break;
+    probe(ns, [&](BlockExplanation& e, NamespaceId at, BlockId) {
+      found_in(e, at);
       e.state = BlockExplanation::State::kOtherNamespace;
       e.detail = "not in the namespace asked about, but stored under tenant '" + e.tenant + "' model '" + e.model +
                  "' (namespace " + e.namespace_id +
                  "): engines see only blocks of their own tenant and exact layout (model, heads, dtype, "
                  "tokens per block, block bytes)";
-      break;
-    }
-    if (e.state == BlockExplanation::State::kNeverStored) {
-      e.detail = "never stored (or evicted more than " + std::to_string(EvictionHistory::kCapacity) +
-                 " evictions ago): no engine committed it, or it went before the history remembers";
-    }
-    out.push_back(std::move(e));
+    });
+  }
+  for (size_t i : open) {
+    out[i].detail = "never stored (or evicted more than " + std::to_string(EvictionHistory::kCapacity) +
+                    " evictions ago): no engine committed it, or it went before the history remembers";
   }
   return out;
 }

@@ -37,9 +37,8 @@ struct EventGroup {
 // vLLM's KVCacheSpecKind values (vllm/v1/kv_cache_interface.py): the kinds a group may be
 // announced as. EventGroup::kind views one of these.
 inline constexpr std::string_view kEventSpecKinds[] = {
-    "full_attention",          "mla_attention",          "sliding_window", "sliding_window_mla", "mamba",
-    "chunked_local_attention", "sink_full_attention",    "encoder_only_attention", "cross_attention",
-    "unknown"};
+    "full_attention",          "mla_attention",       "sliding_window",         "sliding_window_mla", "mamba",
+    "chunked_local_attention", "sink_full_attention", "encoder_only_attention", "cross_attention",    "unknown"};
 // The entry of kEventSpecKinds equal to `kind` (a view that outlives `kind`), or nullopt.
 inline std::optional<std::string_view> EventSpecKind(std::string_view kind) {
   for (std::string_view k : kEventSpecKinds) {

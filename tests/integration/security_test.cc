@@ -17,6 +17,7 @@
 #include <cstring>
 #include <thread>
 
+#include "engine/control_client.h"
 #include "engine/tools/block_pattern.h"
 #include "tests/integration/engine_process.h"
 #include "tests/support/redis_cluster_process.h"
@@ -366,6 +367,58 @@ TEST_F(MultiUser, ALeaseShareHoldsPerTenantNotPerSession) {
   EXPECT_EQ(b.verified, 16u) << "another user could not lease beside the greedy one";
   done.Signal();
   EXPECT_EQ(a.Join(), 0) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A tenant's kvctl explain walks every namespace it made (one Hello per model id makes
+// one), each hash probed in each: a request of more than CacheManager::kMaxExplainProbes
+// probes is refused before any work, so one user cannot hold the control loop for
+// seconds; within the cap it answers, and an admin's is not capped.
+TEST_F(MultiUser, ATenantsExplainOverManyNamespacesIsRefusedPastItsProbeCap) {
+  DaemonProcess d(Options("  allow_unknown: true\n"));
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  constexpr int kNamespaces = 80;
+  // Just past the cap over kNamespaces (and within a request's 15,405 entries).
+  constexpr size_t kMany = (1 << 20) / kNamespaces + 1;
+  const auto stored = HashChain(31, 1);
+  std::vector<BlockHash> many = HashChain(32, kMany);
+  many[0] = stored[0];
+  EngineProcess a([&]() -> int {
+    if (!BecomeUser(kUserA)) return 20;
+    std::vector<std::unique_ptr<Client>> sessions;
+    for (int i = 0; i < kNamespaces; ++i) {
+      ClientOptions o = EngineOptions(d.socket_path(), "ns-maker");
+      o.layout.model_id = "model-" + std::to_string(i);
+      auto c = Client::Connect(o);
+      if (!c.ok()) return 21;
+      sessions.push_back(std::move(*c));
+    }
+    if (!Store(*sessions[0], TierKind::kHost, stored, kUserA).ok()) return 22;
+    ControlClientOptions co;
+    co.socket_path = d.socket_path();
+    auto cc = ControlClient::Connect(co);
+    if (!cc.ok()) return 23;
+    auto refused = (*cc)->Explain(many);
+    if (refused.ok() || refused.status().code() != StatusCode::kInvalidArgument) return 24;
+    if (refused.status().message().find("index probes") == std::string::npos) return 25;
+    // Within the cap: the answer, block by block.
+    auto fits = (*cc)->Explain(std::span<const BlockHash>(many.data(), kMany - 1));
+    if (!fits.ok() || fits->size() != kMany - 1) return 26;
+    if ((*fits)[0].state != BlockExplanation::State::kCached ||
+        (*fits)[1].state != BlockExplanation::State::kNeverStored)
+      return 27;
+    return 0;
+  });
+  EXPECT_EQ(a.Join(), 0) << d.Log();
+  // Root is an admin: not capped.
+  ControlClientOptions co;
+  co.socket_path = d.socket_path();
+  auto cc = ControlClient::Connect(co);
+  ASSERT_TRUE(cc.ok());
+  auto all = (*cc)->Explain(many);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->size(), many.size());
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
