@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <msgpack.hpp>
 #include <optional>
 #include <thread>
@@ -70,14 +71,26 @@ const msgpack::object& EventList(const msgpack::object& batch) {
   return batch.via.array.ptr[1];
 }
 
+// A tagged batch's events as maps by field name (payload and handle keep their memory).
+struct TaggedEvents {
+  std::string payload;
+  msgpack::object_handle oh;
+  std::vector<std::map<std::string, msgpack::object>> maps;
+};
+std::unique_ptr<TaggedEvents> DecodeTagged(const std::vector<KvEvent>& events) {
+  auto t = std::make_unique<TaggedEvents>();
+  t->payload = EncodeEventBatch(1700000000.25, events, KvEventEncoding::kTagged);
+  t->oh = msgpack::unpack(t->payload.data(), t->payload.size());
+  const msgpack::object& list = EventList(t->oh.get());
+  for (uint32_t i = 0; i < list.via.array.size; ++i) list.via.array.ptr[i].convert(t->maps.emplace_back());
+  return t;
+}
+
 TEST(KvEvents, TaggedEventsAreMapsNamedByFieldAsCurrentVllmWritesThem) {
-  const std::string payload = EncodeEventBatch(1700000000.25, TwoEvents(), KvEventEncoding::kTagged);
-  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
-  const msgpack::object& list = EventList(oh.get());
-  ASSERT_EQ(list.via.array.size, 2u);
-  std::map<std::string, msgpack::object> stored, removed;
-  list.via.array.ptr[0].convert(stored);
-  list.via.array.ptr[1].convert(removed);
+  auto t = DecodeTagged(TwoEvents());
+  ASSERT_EQ(t->maps.size(), 2u);
+  auto& stored = t->maps[0];
+  auto& removed = t->maps[1];
   EXPECT_EQ(stored.size(), 8u);
   EXPECT_EQ(stored["type"].as<std::string>(), "BlockStored");
   EXPECT_EQ(stored["block_hashes"].as<std::vector<uint64_t>>(), (std::vector<uint64_t>{1, 0xfedcba9876543210ull}));
@@ -121,13 +134,10 @@ TEST(KvEvents, PositionalEventsAreArraysAsOlderVllmWritesThem) {
 TEST(KvEvents, TaggedEventsOfANamedGroupCarryItAsVllmDoes) {
   std::vector<KvEvent> events = TwoEvents();
   for (KvEvent& e : events) e.group = EventGroup{.index = 2, .kind = "sliding_window", .sliding_window = 128};
-  const std::string payload = EncodeEventBatch(1700000000.25, events, KvEventEncoding::kTagged);
-  msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
-  const msgpack::object& list = EventList(oh.get());
-  ASSERT_EQ(list.via.array.size, 2u);
-  std::map<std::string, msgpack::object> stored, removed;
-  list.via.array.ptr[0].convert(stored);
-  list.via.array.ptr[1].convert(removed);
+  auto t = DecodeTagged(events);
+  ASSERT_EQ(t->maps.size(), 2u);
+  auto& stored = t->maps[0];
+  auto& removed = t->maps[1];
   EXPECT_EQ(stored.size(), 11u);
   EXPECT_EQ(stored["group_idx"].as<int>(), 2);
   EXPECT_EQ(stored["kv_cache_spec_kind"].as<std::string>(), "sliding_window");
@@ -136,14 +146,11 @@ TEST(KvEvents, TaggedEventsOfANamedGroupCarryItAsVllmDoes) {
   EXPECT_EQ(removed["group_idx"].as<int>(), 2);
   // A group without a window or kind: only what was said.
   events[0].group = EventGroup{.index = 0};
-  const std::string plain = EncodeEventBatch(1700000000.25, events, KvEventEncoding::kTagged);
-  oh = msgpack::unpack(plain.data(), plain.size());
-  std::map<std::string, msgpack::object> full;
-  EventList(oh.get()).via.array.ptr[0].convert(full);
-  EXPECT_EQ(full.size(), 9u);
-  EXPECT_EQ(full["group_idx"].as<int>(), 0);
+  auto plain = DecodeTagged(events);
+  EXPECT_EQ(plain->maps[0].size(), 9u);
+  EXPECT_EQ(plain->maps[0]["group_idx"].as<int>(), 0);
   const std::string positional = EncodeEventBatch(1700000000.25, events, KvEventEncoding::kPositional);
-  oh = msgpack::unpack(positional.data(), positional.size());
+  msgpack::object_handle oh = msgpack::unpack(positional.data(), positional.size());
   EXPECT_EQ(EventList(oh.get()).via.array.ptr[0].via.array.size, 8u);
   EXPECT_EQ(EventList(oh.get()).via.array.ptr[1].via.array.size, 3u);
 }
