@@ -75,6 +75,9 @@ void Daemon::RegisterMetrics() {
   m.AddGaugeFn("kvtier_start_time_seconds", "Unix time kvtierd started.", {},
                [started_wall] { return static_cast<double>(started_wall); });
   RegisterProcessMetrics(m, started_wall);
+  m.AddCounterFn("kvtier_metrics_renders_total",
+                 "Renders of /metrics on the control loop; scrapes within 250 ms of one share it.", {},
+                 [&m] { return static_cast<double>(m.renders()); });
   const char* hits_help =
       "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
       "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.";

@@ -112,6 +112,7 @@ void MetricsRegistry::AddGaugeFn(const std::string& name, const std::string& hel
 }
 
 std::string MetricsRegistry::Render() {
+  ++renders_;
   std::vector<prometheus::MetricFamily> families = readings_->Collect();
   std::vector<prometheus::MetricFamily> own = registry_->Collect();
   families.insert(families.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));

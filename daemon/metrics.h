@@ -62,6 +62,8 @@ class MetricsRegistry {
 
   // The text exposition format.
   std::string Render();
+  // Render() calls so far.
+  uint64_t renders() const { return renders_; }
 
  private:
   enum class Type { kCounter, kGauge, kHistogram, kCounterFn, kGaugeFn };
@@ -72,6 +74,7 @@ class MetricsRegistry {
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<Readings> readings_;
   std::map<std::string, Type> types_;
+  uint64_t renders_ = 0;
 };
 
 }  // namespace kvtier

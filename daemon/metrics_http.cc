@@ -1,5 +1,9 @@
 #include "daemon/metrics_http.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -16,7 +20,10 @@ using tcp = asio::ip::tcp;
 
 namespace {
 constexpr size_t kMaxRequestBytes = 8192;
-constexpr int kMaxConnections = 32;
+constexpr int kMaxScrapes = 32;                                   // connections answering or awaiting /metrics
+constexpr int kMaxConnections = kMaxScrapes + 32;                 // the rest only for the probes
+constexpr auto kRenderInterval = std::chrono::milliseconds(250);  // between render starts, at least
+constexpr int kServerNice = 10;
 constexpr auto kHeaderDeadline = std::chrono::seconds(2);
 constexpr auto kDeadline = std::chrono::seconds(10);
 // How long /metrics waits for the control thread to render it.
@@ -28,13 +35,17 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
   HttpConnection(MetricsHttpServer* server, tcp::socket socket, uint64_t id)
       : server_(server),
         open_(server->open_connections_),
+        scrapes_(server->scrapes_),
         socket_(std::move(socket)),
         buf_(kMaxRequestBytes),
         timer_(socket_.get_executor()),
         id_(id) {
     ++*open_;
   }
-  ~HttpConnection() { --*open_; }
+  ~HttpConnection() {
+    --*open_;
+    if (scraping_) --*scrapes_;
+  }
 
   void Start() {
     server_->reading_[id_] = weak_from_this();
@@ -80,6 +91,12 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
     // The path alone names the resource: a query string (probes add one) changes nothing.
     const std::string path = target.substr(0, target.find('?'));
     if (path == "/metrics") {
+      if (*scrapes_ >= kMaxScrapes) {
+        Respond("503 Service Unavailable", "text/plain", "too many scrapes at once; try again\n");
+        return;
+      }
+      scraping_ = true;
+      ++*scrapes_;
       AwaitRender();
     } else if (health && (path == "/healthz" || path == "/readyz")) {
       const Health::Answer a = path == "/healthz" ? health->Live() : health->Ready();
@@ -92,26 +109,21 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
     }
   }
 
-  // /metrics: rendered on the control thread, answered here; 503 if that takes too long
-  // (the control loop is stuck or swamped). The control thread holds only a weak
-  // reference, so a connection never outlives the server through it.
+  // /metrics: the server's last render or its next one; 503 if that takes too long (the
+  // control loop is stuck or swamped).
   void AwaitRender() {
     server_->reading_.erase(id_);
     timer_.expires_after(kRenderDeadline);
     timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (!ec) self->Respond("503 Service Unavailable", "text/plain", "the control loop did not render in time\n");
     });
-    asio::post(server_->control_, [w = weak_from_this(), render = server_->render_] {
-      std::shared_ptr<HttpConnection> self = w.lock();
-      if (!self) return;
-      std::string body = render();
-      auto executor = self->socket_.get_executor();
-      asio::post(executor, [self = std::move(self), body = std::move(body)]() mutable {
-        self->Respond("200 OK", "text/plain; version=0.0.4; charset=utf-8", std::move(body));
-      });
-    });
+    server_->Scrape(shared_from_this());
   }
 
+ public:
+  void Rendered(const std::string& body) { Respond("200 OK", "text/plain; version=0.0.4; charset=utf-8", body); }
+
+ private:
   void Respond(const std::string& status, const std::string& type, std::string body) {
     if (responding_) return;
     responding_ = true;
@@ -137,15 +149,61 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
   }
 
   MetricsHttpServer* server_;  // only used from handlers, which run while it lives
-  std::shared_ptr<int> open_;
+  std::shared_ptr<int> open_, scrapes_;
   tcp::socket socket_;
   asio::streambuf buf_;
   asio::steady_timer timer_;
   std::string response_;
   bool head_only_ = false;
   bool responding_ = false;
+  bool scraping_ = false;  // counted in scrapes_
   uint64_t id_;
 };
+
+void MetricsHttpServer::Scrape(const std::shared_ptr<HttpConnection>& c) {
+  waiting_.push_back(c);
+  ScheduleRender();
+}
+
+void MetricsHttpServer::ScheduleRender() {
+  if (rendering_ || render_timed_ || waiting_.empty()) return;
+  const auto due = render_started_ + kRenderInterval;
+  if (std::chrono::steady_clock::now() >= due) {
+    StartRender();
+    return;
+  }
+  render_timed_ = true;
+  if (!render_timer_) render_timer_ = std::make_unique<asio::steady_timer>(io_);
+  render_timer_->expires_at(due);
+  render_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    render_timed_ = false;
+    StartRender();
+  });
+}
+
+void MetricsHttpServer::StartRender() {
+  rendering_ = true;
+  render_started_ = std::chrono::steady_clock::now();
+  answering_.swap(waiting_);
+  waiting_.clear();
+  // The control thread owns (and destroys) this server, so `alive` tells it the server
+  // and its io_context are still there when the render is done.
+  asio::post(control_, [this, alive = std::weak_ptr<char>(alive_), render = render_] {
+    if (alive.expired()) return;
+    asio::post(io_, [this, body = render()]() mutable { Rendered(std::move(body)); });
+  });
+}
+
+void MetricsHttpServer::Rendered(std::string body) {
+  rendering_ = false;
+  std::vector<std::weak_ptr<HttpConnection>> answering;
+  answering.swap(answering_);
+  for (auto& w : answering) {
+    if (auto c = w.lock()) c->Rendered(body);
+  }
+  ScheduleRender();  // the scrapes that came during this render
+}
 
 MetricsHttpServer::MetricsHttpServer(asio::io_context& control, std::function<std::string()> render,
                                      const Health* health)
@@ -183,7 +241,13 @@ std::string MetricsHttpServer::url() const {
 void MetricsHttpServer::Start() {
   if (thread_.joinable() || stopped_) return;
   Accept();
-  thread_ = std::thread([this] { io_.run(); });
+  thread_ = std::thread([this] {
+    // Below the control loop: a flood of requests is answered with the cores it leaves.
+    if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kServerNice) != 0) {
+      KVTIER_LOG(WARNING) << "metrics server thread: setpriority failed; it runs at the daemon's priority";
+    }
+    io_.run();
+  });
 }
 
 void MetricsHttpServer::Accept() {
