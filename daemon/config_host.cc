@@ -231,7 +231,19 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
     }
   }
   // Event endpoints another process holds, or that publish to every interface.
-  if (c.events.enabled) KVTIER_RETURN_IF_ERROR(CheckEventEndpoints(c.events.options, warnings));
+  if (c.events.enabled) {
+    const KvEventsOptions events = ResolveEventEndpoints(c.events.options, c.data_dir);
+    KVTIER_RETURN_IF_ERROR(CheckEventEndpoints(events, warnings));
+    // Several tenants on this host: a TCP endpoint (loopback too) lets every local user
+    // read their block hashes and tokens.
+    if (warnings && events.publish.rfind("tcp://", 0) == 0 &&
+        (c.security.allow_unknown || c.security.tenants.size() > 1)) {
+      warnings->push_back("events.publish '" + events.publish +
+                          "' is TCP and this host has several tenants: every local user can subscribe and read "
+                          "their block hashes and tokens (the default, an ipc:// socket in data_dir, admits only "
+                          "the daemon's user and the socket group)");
+    }
+  }
   // NVMe files: each once, in a directory that exists.
   const auto& files = c.nvme.files;
   std::error_code ec;

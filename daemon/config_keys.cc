@@ -615,12 +615,15 @@ const std::vector<ConfigKey>& ConfigKeys() {
          c->events.enabled_given = true;
          return Status::Ok();
        }},
-      {"events.publish", "tcp://127.0.0.1:5590",
-       "Endpoint the PUB socket binds (tcp://HOST:PORT, ipc://PATH). Loopback by default: "
-       "name another address to publish to other hosts. Not 5557, where vLLM publishes.",
+      {"events.publish", "\"\"",
+       "Endpoint the PUB socket binds (tcp://HOST:PORT, ipc://PATH). Empty (the default): "
+       "ipc://DATA_DIR/kv-events.sock, mode 0660 in the socket's group, so only the daemon's "
+       "user and the engines' group read the events; name a TCP address to publish to routers "
+       "elsewhere (every local user can then subscribe). Not 5557, where vLLM publishes.",
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         if (n.IsNull()) return Status::Ok();
          KVTIER_ASSIGN_OR_RETURN(c->events.options.publish, Scalar(key, n));
-         return CheckEndpoint(key, c->events.options.publish);
+         return c->events.options.publish.empty() ? Status::Ok() : CheckEndpoint(key, c->events.options.publish);
        }},
       {"events.encoding", "tagged",
        "tagged: each event a map with its type (vLLM since PR #42892, what its current "

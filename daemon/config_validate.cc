@@ -24,7 +24,8 @@ Status ValidateConfig(const DaemonConfig& c) {
   // Checked whether or not events are on: a section switched off is still the operator's
   // text, and its mistakes should show now rather than when it is switched on.
   // (Two "port *" endpoints are two ports the system picks.)
-  if (c.events.options.publish == c.events.options.replay && c.events.options.publish.find('*') == std::string::npos) {
+  if (!c.events.options.publish.empty() && c.events.options.publish == c.events.options.replay &&
+      c.events.options.publish.find('*') == std::string::npos) {
     return ConfigKeyError("events.replay", "must differ from events.publish");
   }
   if (c.events.options.topic.empty()) return ConfigKeyError("events.topic", "must not be empty");

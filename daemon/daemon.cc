@@ -288,8 +288,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     lower.push_back(std::move(spec));
   }
   if (config.events.enabled) {
-    KvEventsOptions eo = config.events.options;
+    KvEventsOptions eo = ResolveEventEndpoints(config.events.options, config.data_dir);
     eo.state_path = config.data_dir + "/events-announced.json";
+    if (!config.socket_group.empty()) {
+      KVTIER_ASSIGN_OR_RETURN(const gid_t gid, ResolveGroup(config.socket_group));
+      eo.ipc_gid = gid;
+    }
     KVTIER_ASSIGN_OR_RETURN(d->events_, KvEvents::Open(eo));
     co.events = d->events_.get();
   }

@@ -3,9 +3,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +143,18 @@ Status CheckIpcFree(std::string_view key, const std::string& endpoint) {
   if (listening) {
     return FailedPrecondition(std::string(key) + " '" + endpoint +
                               "': another process publishes there (a second kvtierd?); give each its own path");
+  }
+  return Status::Ok();
+}
+
+// An ipc endpoint's socket file: mode 0660, group `gid` (-1: the daemon's), so only the
+// daemon's user and that group subscribe (ZMQ made it with the umask's mode).
+Status RestrictIpc(std::string_view key, const std::string& endpoint, int64_t gid) {
+  if (endpoint.rfind("ipc://", 0) != 0) return Status::Ok();
+  const std::string path = endpoint.substr(6);
+  if ((gid >= 0 && ::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) ||
+      ::chmod(path.c_str(), 0660) != 0) {
+    return Internal(std::string(key) + " '" + endpoint + "': cannot restrict its socket file: " + std::strerror(errno));
   }
   return Status::Ok();
 }
@@ -295,6 +309,15 @@ struct KvEvents::Sockets {
   int64_t last_refusal_log_ns = 0;
 };
 
+KvEventsOptions ResolveEventEndpoints(KvEventsOptions options, const std::string& data_dir) {
+  if (options.publish.empty()) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::absolute(data_dir, ec).lexically_normal();
+    options.publish = "ipc://" + (dir / kDefaultPublishFile).string();
+  }
+  return options;
+}
+
 Status CheckEventEndpoints(const KvEventsOptions& options, std::vector<std::string>* warnings) {
   KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.publish", options.publish));
   if (!options.replay.empty()) KVTIER_RETURN_IF_ERROR(CheckIpcFree("events.replay", options.replay));
@@ -326,6 +349,7 @@ Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options)
     s.pub.set(zmq::sockopt::linger, 200);
     s.pub.bind(options.publish);
     e->publish_endpoint_ = s.pub.get(zmq::sockopt::last_endpoint);
+    KVTIER_RETURN_IF_ERROR(RestrictIpc("events.publish", e->publish_endpoint_, options.ipc_gid));
     s.pub_monitor.emplace(Monitor(s.ctx, s.pub, "kvtier-events-pub"));
   } catch (const zmq::error_t& err) {
     return InvalidArgument("events.publish '" + options.publish + "': cannot bind: " + err.what());
@@ -338,6 +362,7 @@ Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options)
                     std::max<int>(options.send_hwm, static_cast<int>(options.replay_batches) + 1));
       s.replay->bind(options.replay);
       e->replay_endpoint_ = s.replay->get(zmq::sockopt::last_endpoint);
+      KVTIER_RETURN_IF_ERROR(RestrictIpc("events.replay", e->replay_endpoint_, options.ipc_gid));
       s.replay_monitor.emplace(Monitor(s.ctx, *s.replay, "kvtier-events-replay"));
     } catch (const zmq::error_t& err) {
       return InvalidArgument("events.replay '" + options.replay + "': cannot bind: " + err.what());

@@ -120,8 +120,9 @@ struct EventSource {
 };
 
 struct KvEventsOptions {
-  // Bound. Not vLLM's default (tcp://*:5557), which an engine on the same host binds.
-  std::string publish = "tcp://127.0.0.1:5590";
+  // Bound. Empty: kDefaultPublish in the data directory (ResolveEventEndpoints). Not
+  // vLLM's default (tcp://*:5557), which an engine on the same host binds.
+  std::string publish;
   KvEventEncoding encoding = KvEventEncoding::kTagged;
   std::string replay;  // ROUTER endpoint; empty: no replay socket
   std::string topic = "kv@{engine}@{model}";
@@ -134,8 +135,15 @@ struct KvEventsOptions {
   uint32_t max_subscribers = 64;  // connections to the PUB socket
   uint32_t max_replay_peers = 8;  // connections to the replay socket
   std::string state_path;         // what was announced, for the next start; empty: none
+  // An ipc:// endpoint's socket file is made mode 0660, group ipc_gid (-1: the daemon's):
+  // only the daemon's user and that group (the engine socket's) may subscribe.
+  int64_t ipc_gid = -1;
   bool operator==(const KvEventsOptions&) const = default;
 };
+// The default publish endpoint's file, in the data directory.
+inline constexpr std::string_view kDefaultPublishFile = "kv-events.sock";
+// `options` with an empty publish endpoint made ipc://DATA_DIR/kv-events.sock (absolute).
+KvEventsOptions ResolveEventEndpoints(KvEventsOptions options, const std::string& data_dir);
 
 // One event before encoding.
 struct KvEvent {

@@ -138,7 +138,7 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       {"tiers:\n  nvme:\n    files: [{path: /x, capacity: 1GiB, preallocate: sometimes}]\n",
        "tiers.nvme.files[0].preallocate"},
       {"events: {publish: 'localhost:5557'}\n", "events.publish"},
-      {"events: {replay: 'tcp://127.0.0.1:5590'}\n", "events.replay"},  // the publish default
+      {"events: {publish: 'tcp://127.0.0.1:5590', replay: 'tcp://127.0.0.1:5590'}\n", "events.replay"},
       {"events: {encoding: msgpack}\n", "events.encoding"},
       {"events: {flush_interval: 0}\n", "events.flush_interval"},
       {"events: {batch_size: 0}\n", "events.batch_size"},
@@ -149,7 +149,7 @@ TEST(Config, BadValuesNameTheKeyAndSayWhy) {
       // A section switched off is still checked: switching it on later must not be when
       // its mistakes show.
       {"events: {enabled: false, topic: ''}\n", "events.topic"},
-      {"events: {enabled: false, replay: 'tcp://127.0.0.1:5590'}\n", "events.replay"},
+      {"events: {enabled: false, publish: 'tcp://127.0.0.1:5590', replay: 'tcp://127.0.0.1:5590'}\n", "events.replay"},
       {"events: {enabled: false, publish: 'tcp://127.0.0.1:99999'}\n", "events.publish"},
       {"metrics:\n  stall_timeout: 10ms\n", "metrics.stall_timeout"},
       {"tiers: {remote: {nodes: ['127.0.0.1:1'], key_prefix: '{kv}:'}}\n", "tiers.remote.key_prefix"},
@@ -377,6 +377,8 @@ TEST(ConfigOnHost, EventEndpointsInUseAreRefusedAndWildcardsWarned) {
   EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
   c.events.enabled = true;
   c.events.options.replay = "";
+  c.security.allow_unknown = false;  // one tenant, none unknown: only the wildcards warn
+  c.security.tenants = {TenantConfig{.name = "only", .uids = {1000}}};
   for (const std::string wildcard : {"tcp://*:5590", "tcp://0.0.0.0:5590", "tcp://[::]:5590"}) {
     c.events.options.publish = wildcard;
     warnings.clear();
@@ -389,6 +391,17 @@ TEST(ConfigOnHost, EventEndpointsInUseAreRefusedAndWildcardsWarned) {
   warnings.clear();
   EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
   EXPECT_TRUE(warnings.empty());
+  // Several tenants (unknown users are tenants of their own): any TCP endpoint warns, the
+  // default (an ipc socket in data_dir, the socket group's) does not.
+  c.security.allow_unknown = true;
+  ASSERT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("several tenants"), std::string::npos) << warnings[0];
+  c.events.options.publish = "";
+  c.data_dir = dir.path();
+  warnings.clear();
+  EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
 }
 
 TEST(ConfigOnHost, ReadsAMemoryLimitOnThisMachine) {

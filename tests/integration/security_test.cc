@@ -278,6 +278,41 @@ TEST_F(MultiUser, UnknownUsersAreRefusedAndTheSocketIsTheGroupsOnly) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// KV events on their default endpoint: an ipc socket in data_dir, mode 0660 in the
+// engine socket's group, so a local user outside that group cannot subscribe and read
+// the tenants' block hashes and tokens.
+TEST_F(MultiUser, TheDefaultEventEndpointIsTheSocketGroupsOnly) {
+  DaemonProcess::Options o = Options(kTwoTenants);
+  o.extra_yaml += "events: {enabled: true}\n";
+  DaemonProcess d(o);
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string path = d.data_dir() + "/kv-events.sock";
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("events: publishing on ipc://" + path) != std::string::npos; }))
+      << d.Log();
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, kEngines);
+  auto connects = [&](bool in_group) {
+    EngineProcess p([&]() -> int {
+      if (!BecomeUser(kUserA, in_group)) return 20;
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+      const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+      const int err = errno;
+      ::close(fd);
+      return rc == 0 ? 0 : (err == EACCES ? 1 : 2);
+    });
+    return p.Join();
+  };
+  EXPECT_EQ(connects(true), 0) << "a member of the socket group subscribes";
+  EXPECT_EQ(connects(false), 1) << "a user outside the group is refused (EACCES)";
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) {
   DaemonProcess d(
       Options("  tenants: [{name: org_a, uids: [41001], quota: {host: 1MiB}},\n"
