@@ -287,22 +287,20 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     spec.options.node_name = NodeName(config);
     lower.push_back(std::move(spec));
   }
+  // The engine socket's group, resolved once: the events' ipc socket is that group's too.
+  Server::Options so = config.server;
+  if (!config.socket_group.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(so.socket_gid, ResolveGroup(config.socket_group));
+  }
   if (config.events.enabled) {
     KvEventsOptions eo = ResolveEventEndpoints(config.events.options, config.data_dir);
     eo.state_path = config.data_dir + "/events-announced.json";
-    if (!config.socket_group.empty()) {
-      KVTIER_ASSIGN_OR_RETURN(const gid_t gid, ResolveGroup(config.socket_group));
-      eo.ipc_gid = gid;
-    }
+    if (!config.socket_group.empty()) eo.ipc_gid = so.socket_gid;
     KVTIER_ASSIGN_OR_RETURN(d->events_, KvEvents::Open(eo));
     co.events = d->events_.get();
   }
   KVTIER_ASSIGN_OR_RETURN(d->cache_, CacheManager::Open(co, std::move(nvme), SystemClock::Default(), std::move(lower)));
 
-  Server::Options so = config.server;
-  if (!config.socket_group.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(so.socket_gid, ResolveGroup(config.socket_group));
-  }
   KVTIER_ASSIGN_OR_RETURN(d->server_,
                           Server::Open(
                               d->io_, so, [tenants = d->tenants_.get()](uid_t uid) { return tenants->IsAdmin(uid); },

@@ -76,8 +76,9 @@ void Daemon::RegisterMetrics() {
                [started_wall] { return static_cast<double>(started_wall); });
   RegisterProcessMetrics(m, started_wall);
   m.AddCounterFn("kvtier_metrics_renders_total",
-                 "Renders of /metrics on the control loop; scrapes within 250 ms of one share it.", {},
-                 [&m] { return static_cast<double>(m.renders()); });
+                 "Renders of /metrics on the control loop (at most one each 250 ms; the scrapes waiting when one "
+                 "starts share it).",
+                 {}, [&m] { return static_cast<double>(m.renders()); });
   const char* hits_help =
       "Blocks matched by lookups, by the tier they were found in. Hit ratio = "
       "sum(kvtier_block_hits_total) / kvtier_lookup_blocks_total.";

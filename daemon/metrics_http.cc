@@ -109,8 +109,8 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
     }
   }
 
-  // /metrics: the server's last render or its next one; 503 if that takes too long (the
-  // control loop is stuck or swamped).
+  // /metrics: answered by the server's next render (MetricsHttpServer::Scrape); 503 if
+  // that takes too long (the control loop is stuck or swamped).
   void AwaitRender() {
     server_->reading_.erase(id_);
     timer_.expires_after(kRenderDeadline);
@@ -173,9 +173,8 @@ void MetricsHttpServer::ScheduleRender() {
     return;
   }
   render_timed_ = true;
-  if (!render_timer_) render_timer_ = std::make_unique<asio::steady_timer>(io_);
-  render_timer_->expires_at(due);
-  render_timer_->async_wait([this](const boost::system::error_code& ec) {
+  render_timer_.expires_at(due);
+  render_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     render_timed_ = false;
     StartRender();
@@ -185,8 +184,7 @@ void MetricsHttpServer::ScheduleRender() {
 void MetricsHttpServer::StartRender() {
   rendering_ = true;
   render_started_ = std::chrono::steady_clock::now();
-  answering_.swap(waiting_);
-  waiting_.clear();
+  answering_.swap(waiting_);  // answering_ was empty: no render was in progress
   // The control thread owns (and destroys) this server, so `alive` tells it the server
   // and its io_context are still there when the render is done.
   asio::post(control_, [this, alive = std::weak_ptr<char>(alive_), render = render_] {
@@ -207,7 +205,7 @@ void MetricsHttpServer::Rendered(std::string body) {
 
 MetricsHttpServer::MetricsHttpServer(asio::io_context& control, std::function<std::string()> render,
                                      const Health* health)
-    : control_(control), acceptor_(io_), render_(std::move(render)), health_(health) {}
+    : control_(control), acceptor_(io_), render_(std::move(render)), health_(health), render_timer_(io_) {}
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 

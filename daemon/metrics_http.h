@@ -83,7 +83,7 @@ class MetricsHttpServer {
   std::vector<std::weak_ptr<HttpConnection>> waiting_, answering_;
   std::chrono::steady_clock::time_point render_started_;
   bool rendering_ = false, render_timed_ = false;
-  std::unique_ptr<boost::asio::steady_timer> render_timer_;
+  boost::asio::steady_timer render_timer_;
   // Connections answering or awaiting /metrics (shared like open_connections_).
   std::shared_ptr<int> scrapes_ = std::make_shared<int>(0);
   std::shared_ptr<char> alive_ = std::make_shared<char>();  // last member: reset first

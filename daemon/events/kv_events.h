@@ -120,7 +120,7 @@ struct EventSource {
 };
 
 struct KvEventsOptions {
-  // Bound. Empty: kDefaultPublish in the data directory (ResolveEventEndpoints). Not
+  // Bound. Empty: kDefaultPublishFile in the data directory (ResolveEventEndpoints). Not
   // vLLM's default (tcp://*:5557), which an engine on the same host binds.
   std::string publish;
   KvEventEncoding encoding = KvEventEncoding::kTagged;

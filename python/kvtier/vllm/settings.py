@@ -22,6 +22,11 @@ log = logging.getLogger("kvtier.vllm")
 STATE_CHECKPOINT_TOKENS = 256
 
 
+def round_to_unit(tokens: int, unit: int) -> int:
+    """`tokens` rounded up to a multiple of `unit` (where every group's block ends)."""
+    return -(-tokens // unit) * unit
+
+
 @dataclass(frozen=True)
 class Settings:
     socket: str
@@ -69,7 +74,7 @@ class Settings:
         if checkpoint <= 0 and any(p.role == STATE for p in plans):
             checkpoint = STATE_CHECKPOINT_TOKENS
         if checkpoint > 0:
-            checkpoint = -(-checkpoint // unit) * unit
+            checkpoint = round_to_unit(checkpoint, unit)
         pc = vllm_config.parallel_config
         dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
         # EAGLE/MTP drafters need the hidden states of the last cached block: vLLM

@@ -48,7 +48,7 @@ from typing import Optional
 from kvtier_testing import tiny_model
 from kvtier_testing.daemon import Daemon
 from kvtier_testing.ports import PortLease
-from kvtier.vllm.settings import STATE_CHECKPOINT_TOKENS
+from kvtier.vllm.settings import STATE_CHECKPOINT_TOKENS, round_to_unit
 
 @dataclass
 class Result:
@@ -426,8 +426,7 @@ def run(a: argparse.Namespace, work: str) -> dict:
         # C, in one pass, stays the TTFT baseline, and its differences are counted apart.
         ref = srv_c
         if a.family == "mamba":
-            unit = facts["block_size"] or bs
-            chunk = -(-STATE_CHECKPOINT_TOKENS // unit) * unit
+            chunk = round_to_unit(STATE_CHECKPOINT_TOKENS, facts["block_size"] or bs)
             ref = Server("D", model_dir, common + ["--max-num-batched-tokens", str(chunk)], env, work, rng)
             servers.append(ref)
             start_all([ref], a.start_timeout)
