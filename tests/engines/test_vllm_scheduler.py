@@ -191,6 +191,48 @@ def test_a_stalled_daemon_never_stalls_the_scheduler(model_dir, daemon):
         e.close()
 
 
+def test_a_request_that_finishes_while_its_blocks_are_copied_keeps_them_until_the_copy_is_done(model_dir, daemon):
+    p = prompt(300, 11)  # 18 full blocks
+    q = p[:290] + prompt(30, 12)  # shares them all
+    want = reference(model_dir, [("a", p, 1), ("b", q, 4)])
+    a = Engine(vllm_config(model_dir, daemon.socket), 64)
+    b = Engine(vllm_config(model_dir, daemon.socket), 64)
+    pool = a.scheduler.kv_cache_manager.block_pool
+    free = pool.get_num_free_blocks()
+    try:
+        a.add("a", p, 1)  # one step: the prompt and its one token
+        stopped = []
+
+        def stop_kvtierd(out):  # after the scheduler's lookup, before the worker's step
+            if "a" in out.num_scheduled_tokens and not stopped:
+                daemon.signal(signal.SIGSTOP)
+                stopped.append(time.monotonic())
+
+        try:
+            for _ in range(100):
+                if a.step(stop_kvtierd) == ["a"]:
+                    break
+            assert stopped and a.outputs["a"] == want["a"]
+            for _ in range(3):  # steps go on (the step did not wait for the copy) ...
+                a.step()
+            # ... and vLLM keeps the finished request's blocks while its stores are copied
+            assert "a" in a.scheduler.requests and pool.get_num_free_blocks() < free
+            assert time.monotonic() - stopped[0] < 2.0, "within the client's 3 s timeout"
+        finally:
+            daemon.signal(signal.SIGCONT)
+        a.run()  # the copy ends, the worker reports it sent, vLLM frees the blocks
+        assert "a" not in a.scheduler.requests and pool.get_num_free_blocks() == free
+        assert a.connector_stats["stored_blocks"] == 18 and a.connector_stats["store_refused_blocks"] == 0
+        assert 0 < a.connector_stats["blocking_s"] < a.connector_stats["step_s"]
+        assert serve(b, [("b", q, 4)]) == {"b": want["b"]}
+        assert b.connector_stats["loaded_blocks"] == 18
+        for i in range(18):  # what was copied after the request finished is what it computed
+            assert b.block_bytes("b", i) == a.block_bytes("a", i)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_long_prompts_are_stored_in_chunks_the_lease_cap_allows(model_dir):
     # A host tier of 160 pages with the default lease cap of half of it (80): a 100-block
     # prompt cannot be leased at once, but is stored 8 blocks a call.

@@ -39,9 +39,13 @@ def prompt(n, seed):
     return torch.randint(0, 1000, (n,), generator=g).tolist()
 
 
-def run(engine, layers, tokens, rid):
+def run(engine, layers, tokens, rid, finish=True):
+    """Prefills a request; finished (its stores done before its blocks are freed) unless
+    `finish` is False."""
     req = h.Request(rid, list(tokens), BS)
     step, ids = engine.prefill(req, lambda start, table: fill(layers, table, req.all_token_ids, start))
+    if finish:
+        engine.finish(req, ids)
     return req, step, ids
 
 
@@ -69,12 +73,14 @@ def test_a_prefix_stored_by_one_instance_is_loaded_exactly_by_another(daemon):
 
 def test_decode_steps_store_the_blocks_they_fill(daemon):
     a, la = make_engine(daemon.socket)
-    req, step, ids = run(a, la, prompt(40, 3), "d1")  # 2 full blocks + 8 tokens
+    req, step, ids = run(a, la, prompt(40, 3), "d1", finish=False)  # 2 full blocks + 8 tokens
+    a.flush()
     stored = a.worker.stats["stored_blocks"]
     assert stored == 2
     for i in range(8):  # 8 more tokens fill block 2
         req.output_token_ids.append(5 + i)
         a.decode_step(req, ids, lambda: fill(la, ids, req.all_token_ids, req.num_tokens - 1))
+    assert a.finish(req, ids)  # held: it had stores
     assert a.worker.stats["stored_blocks"] == 3
     b, lb = make_engine(daemon.socket)
     assert run(b, lb, req.all_token_ids + [1, 2], "d2")[1].external_tokens == 48

@@ -3,6 +3,8 @@ side (kvtier.vllm.scheduler) or the worker side (kvtier.vllm.worker)."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import Optional
 
 from kvtier.vllm._base import KVConnectorBase_V1, KVConnectorRole, KVConnectorTransferResults, SupportsHMA
@@ -39,37 +41,59 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return False  # a best-effort cache: a dropped store is a later miss
 
     # ==== worker side ====
+    @contextlib.contextmanager
+    def _hook(self):
+        """A worker hook on the step's path: its time is the connector's blocking time."""
+        self._worker.begin_step()
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self._stats.data["blocking_s"] += time.monotonic() - t0
+
     def register_kv_caches(self, kv_caches: dict):
         self._worker.register_kv_caches(kv_caches)
 
     def get_handshake_metadata(self):
         return self._worker.handshake if self._worker is not None else None
 
+    def handle_preemptions(self, kv_connector_metadata):
+        """vLLM calls this before the step touches its blocks: copies still reading blocks
+        the step writes are waited for here."""
+        with self._hook():
+            self._worker.fence(kv_connector_metadata)
+
     def start_load_kv(self, forward_context, **kwargs):
-        self._worker.start_load_kv(self._get_connector_metadata())
+        with self._hook():
+            self._worker.start_load_kv(self._get_connector_metadata())
 
     def wait_for_layer_load(self, layer_name: str):
         return  # every layer was loaded in start_load_kv
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs):
-        return  # all layers are stored together in wait_for_save (one gather a chunk)
+        return  # all layers are stored together after the step (one gather a chunk)
 
     def wait_for_save(self):
-        self._worker.wait_for_save(self._get_connector_metadata())
+        with self._hook():
+            self._worker.wait_for_save(self._get_connector_metadata())
 
     def get_finished(self, finished_req_ids):
         if self._worker is None:
             return None, None
-        done, _ = self._worker.get_finished(finished_req_ids)
-        return None, (done or None)
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
 
     def get_transfer_results(self, finished_req_ids):
-        """Asynchronous loads that ran, and those that failed (vLLM recomputes a hybrid
-        model's request whole: its block ids do not name one group)."""
+        """Held requests whose stores are done; asynchronous loads that ran, and those
+        that failed (vLLM recomputes a hybrid model's request whole: its block ids do not
+        name one group). Ends the step's timing."""
         if self._worker is None:
             return KVConnectorTransferResults()
-        done, failed = self._worker.get_finished(finished_req_ids)
-        return KVConnectorTransferResults(finished_recving=set(done), failed_recving=set(failed))
+        with self._hook():
+            sent, done, failed = self._worker.get_finished(finished_req_ids)
+        self._worker.end_step()
+        return KVConnectorTransferResults(finished_sending=set(sent), finished_recving=set(done),
+                                          failed_recving=set(failed))
 
     def get_block_ids_with_load_errors(self) -> set:
         return self._worker.take_load_errors() if self._worker is not None else set()
@@ -112,9 +136,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def request_finished(self, request, block_ids):
-        self._scheduler.request_finished(request)
-        return False, None  # stores are done within the step: the blocks may be freed now
+        return self._scheduler.request_finished(request), None
 
     def request_finished_all_groups(self, request, block_ids):
-        self._scheduler.request_finished(request)
-        return False, None
+        return self._scheduler.request_finished(request), None

@@ -31,10 +31,14 @@ class StoreSpec:
 class KvtierConnectorMetadata(KVConnectorMetadata):
     loads: list = field(default_factory=list)
     stores: list = field(default_factory=list)
+    # Block ids vLLM handed to requests this step (written by this step; vLLM's block pool
+    # is one for every group): no store may still be copying from them.
+    fresh_blocks: list = field(default_factory=list)
 
 
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
-            "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored")
+            "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored", "store_fence_waits",
+            "blocking_s", "step_s", "steps")
 
 
 @dataclass
@@ -54,7 +58,11 @@ class KvtierConnectorStats(KVConnectorStats):
         return self
 
     def reduce(self) -> dict:
-        return dict(self.data)
+        """The counters, and the share of the steps' time spent in the connector's hooks."""
+        out = dict(self.data)
+        if out.get("step_s"):
+            out["blocking_share"] = round(out.get("blocking_s", 0.0) / out["step_s"], 4)
+        return out
 
     def is_empty(self) -> bool:
         return not any(self.data.values())

@@ -73,6 +73,9 @@ class Scheduler:
         self._async = len(settings.plans) > 1
         self._states = any(p.role == STATE for p in settings.plans)
         self._pending_loads: list = []  # LoadSpecs planned at allocation, sent in the next metadata
+        # Requests a store was planned for: held at finish until the workers report their
+        # copies done (get_finished's finished-sending set).
+        self._held: set = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         self._hash_size_warned = False
 
@@ -207,7 +210,10 @@ class Scheduler:
         self._pending_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        fresh = meta.fresh_blocks
         for new in scheduler_output.scheduled_new_reqs:
+            for ids in new.block_ids:
+                fresh.extend(ids)
             state = self._requests.get(new.req_id)
             if state is not None:
                 after = new.num_computed_tokens + scheduled.get(new.req_id, 0)
@@ -217,10 +223,12 @@ class Scheduler:
         cached = scheduler_output.scheduled_cached_reqs
         resumed = getattr(cached, "resumed_req_ids", set()) or set()
         for i, req_id in enumerate(cached.req_ids):
+            new_ids = cached.new_block_ids[i]
+            for ids in new_ids or ():
+                fresh.extend(ids)
             state = self._requests.get(req_id)
             if state is None:
                 continue
-            new_ids = cached.new_block_ids[i]
             if req_id in resumed:
                 # Back from preemption: its blocks are new, its old ones gone.
                 self._start(meta, state, req_id, new_ids or (), cached.num_computed_tokens[i])
@@ -340,13 +348,19 @@ class Scheduler:
         parents = [bytes(hashes[plan.block_key_index(b - 1)]) if b > 0 else b"" for b in blocks]
         token_ids = [t for b in blocks for t in tokens[b * bs:(b + 1) * bs]]
         meta.stores.append(StoreSpec(req_id, plan.index, keys, parents, [table[b] for b in blocks], token_ids))
+        self._held.add(req_id)
 
-    def request_finished(self, request) -> None:
+    def request_finished(self, request) -> bool:
+        """Whether vLLM must keep the request's blocks until the workers report its
+        stores done."""
+        held = request.request_id in self._held
+        self._held.discard(request.request_id)
         self._requests.pop(request.request_id, None)
         self._pending_loads = [l for l in self._pending_loads if l.req_id != request.request_id]
         pending = self._lookups.pop(request.request_id, None)
         if pending is not None:
             pending[1].cancel()
+        return held
 
     def close(self) -> None:
         for c in self.clients:

@@ -1,17 +1,31 @@
 """The worker side: loads the blocks the scheduler planned into the engine's paged KV
-before the forward pass, and stores the blocks (and Mamba states) that the step made
-after it, group by group, each group through its own namespace."""
+before the forward pass, and queues the stores of the blocks (and Mamba states) that the
+step made after it (kvtier.vllm.stores copies and commits them off the step), group by
+group, each group through its own namespace.
+
+A request with stores queued when it finishes is held: the scheduler returned True from
+``request_finished`` for every request it planned a store for, and the worker reports it
+in ``get_finished``'s finished-sending set once its copies are done (every worker reports
+every such request, whether its rank stores or not). Before a step writes a block (one
+vLLM handed out again, the target of a load) the worker waits for the copies that read
+it; a Mamba state's copy ends before the next step starts.
+
+The time the step spends in the connector's hooks (``blocking_s``) and the time from the
+step's first hook to its last (``step_s``, ``steps``) are in the connector's stats."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from typing import Optional
 
 import kvtier
 from kvtier.kv import kv_args
 from kvtier.vllm.layout import STATE, KvtierHandshake, group_layout
-from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec, StoreSpec
+from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec
 from kvtier.vllm.settings import Settings
+from kvtier.vllm.stores import StoreQueue, side_stream
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -29,6 +43,11 @@ class Worker:
         self._poisoned: set = set()  # requests whose load failed: never stored
         self._recv_done: set = set()    # requests whose asynchronous load ran (ok or not)
         self._recv_failed: set = set()  # ... and failed
+        self._stores: Optional[StoreQueue] = None
+        self._held: set = set()       # requests the scheduler planned a store for (it holds them at finish)
+        self._finishing: set = set()  # ... that finished: reported when their copies are done
+        self._fenced = None           # the metadata whose block writes were fenced
+        self._step_start = 0.0        # when this step's first hook ran (0: between steps)
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         cfg = self._kv_cache_config
@@ -56,12 +75,42 @@ class Worker:
         # Checked once here (a layout kvtier cannot copy fails the engine's start, by name);
         # every load and store then copies through these views.
         self._views = [kv_args(l.kvtier_layout(), device, t, l.kv_layout) for l, t in zip(layouts, tensors_by_group)]
+        stream = side_stream(self._views[0])
+        store_views = self._views if stream is None else [dataclasses.replace(v, stream=stream.cuda_stream)
+                                                          for v in self._views]
+        self._stores = StoreQueue(self._s.connect(layouts, device, "worker-store"), store_views, stream)
         self.handshake = KvtierHandshake(tuple(layouts))
         for l in layouts:
             log.info("kvtier.vllm worker: group %d (%s), %d layers, %s, namespace model %s", l.group, l.kind,
                      l.layers, l.kv_layout, l.model)
 
+    # ---- a step ----
+    def begin_step(self) -> None:
+        if not self._step_start:
+            self._step_start = time.monotonic()
+
+    def end_step(self) -> None:
+        if self._step_start:
+            self.stats.data["step_s"] += time.monotonic() - self._step_start
+            self.stats.data["steps"] += 1
+            self._step_start = 0.0
+
+    def fence(self, meta: KvtierConnectorMetadata) -> None:
+        """Before the step writes anything: no copy in flight reads a block it writes
+        (blocks vLLM handed out this step, load targets) or a Mamba state."""
+        if self._fenced is meta or self._stores is None:
+            return
+        self._fenced = meta
+        waited = self._stores.wait_states()
+        writes = set(meta.fresh_blocks)
+        for load in meta.loads:
+            writes.update(load.block_ids)
+        if writes and self._stores.wait_blocks(writes):
+            waited = True
+        self.stats.data["store_fence_waits"] += waited
+
     def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
+        self.fence(meta)
         for load in meta.loads:
             n = self._load(load)
             self.stats.data["loaded_blocks"] += n
@@ -93,51 +142,44 @@ class Worker:
     def wait_for_save(self, meta: KvtierConnectorMetadata) -> None:
         failed_step = bool(self._load_errors)
         for store in meta.stores:
+            self._held.add(store.req_id)
             if failed_step or store.req_id in self._poisoned:
                 # Tokens of this step may attend over blocks that were never loaded.
                 self.stats.data["stores_skipped_after_failed_load"] += len(store.hashes)
                 continue
             if not self.handshake.groups[store.group].stores:
                 continue  # another rank stores this replicated group
+            per_block = len(store.token_ids) // max(1, len(store.hashes))
+            geometry = per_block == self.handshake.groups[store.group].tokens_per_block
+            state = self._s.plans[store.group].role == STATE
             for i in range(0, len(store.hashes), self._s.chunk):
-                self._store(store, slice(i, i + self._s.chunk))
-
-    def _store(self, store: StoreSpec, part: slice) -> None:
-        hashes = store.hashes[part]
-        per_block = len(store.token_ids) // max(1, len(store.hashes))
-        tokens = store.token_ids[part.start * per_block:part.stop * per_block]
-        if per_block != self.handshake.groups[store.group].tokens_per_block:
-            tokens = []  # an opaque run of other geometry: its events carry no tokens
-        view = self._views[store.group]
-        try:
-            results = self.clients[store.group].call(
-                lambda c: c.store_kv(view, store.block_ids[part], hashes, store.parents[part], token_ids=tokens))
-        except kvtier.Error as e:
-            self.stats.data["store_refused_blocks"] += len(hashes)
-            log.warning("kvtierd refused a store of %d blocks of group %d for %s: %s", len(hashes), store.group,
-                        store.req_id, e)
-            return
-        ok = sum(1 for r in results if r.ok)
-        self.stats.data["stored_blocks"] += ok
-        if self._s.plans[store.group].role == STATE:
-            self.stats.data["states_stored"] += ok
-        if ok < len(results):
-            self.stats.data["store_refused_blocks"] += len(results) - ok
-            log.warning("kvtierd stored %d of %d blocks of group %d for %s (%s)", ok, len(results), store.group,
-                        store.req_id, next(r.status for r in results if not r.ok))
+                part = slice(i, i + self._s.chunk)
+                # an opaque run of other geometry: its events carry no tokens
+                tokens = store.token_ids[i * per_block:part.stop * per_block] if geometry else []
+                self._stores.submit(store, part, tokens, state)
 
     def get_finished(self, finished_req_ids) -> tuple:
-        """(requests finished sending: none, requests whose asynchronous load ran, those
-        of them whose load failed)."""
+        """(requests finished sending: held ones whose copies are done, requests whose
+        asynchronous load ran, those of them whose load failed)."""
         self._poisoned.difference_update(finished_req_ids)
+        finished = self._held.intersection(finished_req_ids)
+        self._held -= finished
+        self._finishing |= finished
+        sent = {r for r in self._finishing if self._stores is None or not self._stores.in_flight(r)}
+        self._finishing -= sent
+        if self._stores is not None:
+            for k, v in self._stores.take_counts().items():
+                self.stats.data[k] += v
         done, failed = self._recv_done, self._recv_failed
         self._recv_done, self._recv_failed = set(), set()
-        return done, failed
+        return sent, done, failed
 
     def take_load_errors(self) -> set:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def close(self) -> None:
+        if self._stores is not None:
+            self._stores.close()
         for c in self.clients:
             c.close()

@@ -104,6 +104,7 @@ class EngineLoop:
         invalid, stats, results = set(), None, None
         w = self.worker
         if w is not None:
+            w.handle_preemptions(out.kv_connector_metadata)  # before the step writes a block
             w.bind_connector_metadata(out.kv_connector_metadata)
             w.start_load_kv(None)
         cached = out.scheduled_cached_reqs
@@ -146,10 +147,14 @@ class EngineLoop:
     def run(self, *, max_steps: int = 5000, seconds: float = 120.0, before_worker: Optional[Callable] = None) -> None:
         deadline = time.monotonic() + seconds
         for _ in range(max_steps):
-            if not self.scheduler.has_unfinished_requests():
+            # As vLLM's engine core: finished requests the connector holds (stores still
+            # copying) keep it stepping until their blocks are freed.
+            if not self.scheduler.has_requests():
                 return
             if time.monotonic() > deadline:
                 break
+            if not self.scheduler.has_unfinished_requests():
+                time.sleep(0.001)  # only held requests: empty steps until the copies are done
             self.step(before_worker)
             for r in self.scheduler.requests.values():
                 if r.num_preemptions:

@@ -8,10 +8,12 @@ calls the scheduler-side and worker-side connectors in vLLM v1's order:
 
   scheduler: get_num_new_matched_tokens -> (allocate blocks) -> update_state_after_alloc
              -> build_connector_meta
-  worker:    bind_connector_metadata -> start_load_kv -> per layer: wait_for_layer_load,
-             (attention), save_kv_layer -> wait_for_save -> get_block_ids_with_load_errors
-             -> get_finished -> clear_connector_metadata
-  scheduler: request_finished when the request ends.
+  worker:    handle_preemptions -> bind_connector_metadata -> start_load_kv -> per layer:
+             wait_for_layer_load, (attention), save_kv_layer -> wait_for_save
+             -> get_block_ids_with_load_errors -> get_finished -> clear_connector_metadata
+  scheduler: request_finished when the request ends; a request it holds (stores still
+             copying) keeps its blocks until the worker's get_finished names it (the
+             engine keeps stepping, empty steps if need be).
 
 Decode steps are scheduled as cached requests, with a new block id when a block fills.
 The reference engine (kvtier_testing.torch_engine) and the tests drive real torch KV
@@ -20,6 +22,7 @@ tensors through it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable, Optional
@@ -161,6 +164,7 @@ class Engine:
 
     def _run_worker(self, meta, compute: Callable[[int], None], start: int) -> int:
         w = self.worker
+        w.handle_preemptions(meta)
         w.bind_connector_metadata(meta)
         w.start_load_kv(SimpleNamespace(attn_metadata=None, no_compile_layers={}))
         errors = w.get_block_ids_with_load_errors()
@@ -209,9 +213,35 @@ class Engine:
         meta = self.scheduler.build_connector_meta(SchedulerOutput([], cached, {request.request_id: 1}))
         self._run_worker(meta, lambda start: compute(), num_computed)
 
-    def finish(self, request: Request, block_ids: list) -> None:
-        self.scheduler.request_finished(request, block_ids)
+    def flush(self) -> None:
+        """Waits for the worker's queued stores (later steps of a running engine see them
+        done) and collects their counts into the worker's stats."""
+        self.worker._worker._stores.drain()
+        self.worker.get_finished(set())
+
+    def finish(self, request: Request, block_ids: list, timeout_s: float = 30.0) -> bool:
+        """Ends the request; its blocks are freed once the worker's stores are done (empty
+        steps until get_finished names it, as vLLM's engine loop steps). Returns whether
+        the connector held it."""
+        held, _ = self.scheduler.request_finished(request, block_ids)
+        finished, deadline = {request.request_id}, time.monotonic() + timeout_s
+        while held:
+            w = self.worker
+            meta = self.scheduler.build_connector_meta(SchedulerOutput([], CachedRequestData(), {}))
+            w.handle_preemptions(meta)
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(SimpleNamespace(attn_metadata=None, no_compile_layers={}))
+            w.wait_for_save()
+            sent, _ = w.get_finished(finished)
+            w.clear_connector_metadata()
+            finished = set()
+            if request.request_id in (sent or ()):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"request {request.request_id} held past {timeout_s} s")
+            time.sleep(0.001)
         self.free.extend(reversed(block_ids))
+        return held
 
     def close(self) -> None:
         self.scheduler.shutdown()
