@@ -423,15 +423,34 @@ Dispatcher::Reply Dispatcher::AcquireReply(Builder& b, SessionContext& ctx, cons
 }
 
 Dispatcher::Reply Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& req) {
-  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, req.op_as_Acquire()->hashes()));
+  const fb::Acquire* m = req.op_as_Acquire();
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockHash> hashes, Hashes(ctx, m->hashes()));
   SessionContext* c = &ctx;
   const uint64_t id = req.id();
   const int64_t start = frame_start_ns_;
-  auto now = cache_->Acquire(ctx.cache, hashes, [this, c, id, start](std::vector<CacheResult> results) {
-    SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b) { return AcquireReply(b, *c, results); });
-  });
+  if (m->prefix()) {
+    // A chain: its present prefix first (a lower tier may answer later), then only that.
+    auto chain = std::make_shared<std::vector<BlockHash>>(std::move(hashes));
+    auto found = cache_->Lookup(ctx.cache, *chain, [this, c, id, start, chain](CacheLookup r) {
+      chain->resize(r.matched);
+      auto now = StartAcquire(*c, *chain, id, start);
+      if (now) SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b) { return AcquireReply(b, *c, *now); });
+    });
+    if (!found) return Reply::Later();
+    hashes = std::move(*chain);
+    hashes.resize(found->matched);
+  }
+  auto now = StartAcquire(ctx, hashes, id, start);
   if (!now) return Reply::Later();
   return AcquireReply(builder_, ctx, *now);
+}
+
+std::optional<std::vector<CacheResult>> Dispatcher::StartAcquire(SessionContext& ctx, std::span<const BlockHash> hashes,
+                                                                 uint64_t id, int64_t start) {
+  SessionContext* c = &ctx;
+  return cache_->Acquire(ctx.cache, hashes, [this, c, id, start](std::vector<CacheResult> results) {
+    SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b) { return AcquireReply(b, *c, results); });
+  });
 }
 
 Dispatcher::Reply Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req) {

@@ -173,6 +173,10 @@ class Dispatcher {
   Reply AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages);
   static Reply LookupReply(Builder& b, const CacheLookup& r);
   Reply AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results);
+  // Acquires `hashes` for request `id`: the results now, or nullopt when they are sent
+  // later (promotions).
+  std::optional<std::vector<CacheResult>> StartAcquire(SessionContext& ctx, std::span<const BlockHash> hashes,
+                                                       uint64_t id, int64_t start);
 
   Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx, const flatbuffers::Vector<uint8_t>* v) const;
   static flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Segments(

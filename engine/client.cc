@@ -213,6 +213,13 @@ Result<std::vector<Status>> Client::Release(TierKind tier, std::span<const PageI
   return WaitRelease(t);
 }
 
+Status Client::ReleaseUnwaited(std::span<const BlockHash> hashes) {
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, StartRelease(TierKind::kHost, {}, hashes));
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
+  conn->Forget(t);
+  return Status::Ok();
+}
+
 // ---- Lookup ----
 Result<Ticket> Client::StartLookup(std::span<const BlockHash> chain) {
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
@@ -262,12 +269,12 @@ Result<LookupResult> Client::Lookup(std::span<const BlockHash> chain) {
 }
 
 // ---- Acquire ----
-Result<Ticket> Client::StartAcquire(std::span<const BlockHash> hashes) {
+Result<Ticket> Client::StartAcquire(std::span<const BlockHash> hashes, bool prefix) {
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   KVTIER_RETURN_IF_ERROR(CheckHashes(hashes));
   auto& b = conn->builder();
   auto hv = HashesToWire(b, hashes);
-  return conn->Send(fb::Op::Acquire, fb::CreateAcquire(b, hv).Union());
+  return conn->Send(fb::Op::Acquire, fb::CreateAcquire(b, hv, prefix).Union());
 }
 
 Result<std::vector<BlockResult>> Client::WaitAcquire(Ticket t) {
@@ -282,6 +289,11 @@ Result<std::vector<BlockResult>> Client::WaitAcquire(Ticket t) {
 
 Result<std::vector<BlockResult>> Client::Acquire(std::span<const BlockHash> hashes) {
   KVTIER_ASSIGN_OR_RETURN(Ticket t, StartAcquire(hashes));
+  return WaitAcquire(t);
+}
+
+Result<std::vector<BlockResult>> Client::AcquirePrefix(std::span<const BlockHash> chain) {
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, StartAcquire(chain, /*prefix=*/true));
   return WaitAcquire(t);
 }
 
@@ -387,14 +399,12 @@ Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash>
   }
   KVTIER_RETURN_IF_ERROR(segments_->EnsureDevice());
   KVTIER_ASSIGN_OR_RETURN(KvTransfer t, TransferFor(options_.layout, kv));
-  KVTIER_ASSIGN_OR_RETURN(LookupResult l, Lookup(chain));
-  if (l.matched == 0) return size_t{0};
-  std::span<const BlockHash> prefix = chain.first(l.matched);
-  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockResult> got, Acquire(prefix));
+  KVTIER_ASSIGN_OR_RETURN(std::vector<BlockResult> got, AcquirePrefix(chain));
+  std::span<const BlockHash> prefix = chain.first(std::min(got.size(), chain.size()));
   size_t n = 0;
   std::vector<uint8_t*> addrs;
   std::vector<BlockHash> held;
-  for (size_t i = 0; i < got.size(); ++i) {
+  for (size_t i = 0; i < prefix.size(); ++i) {
     if (!got[i].status.ok()) continue;
     held.push_back(prefix[i]);
     if (n == i) {  // the loaded prefix stops at the first block not acquired
@@ -413,7 +423,7 @@ Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash>
     st = device->Scatter(t, kv.stream);
     if (st.ok()) st = device->Synchronize(kv.stream);
   }
-  (void)Release(TierKind::kHost, {}, held);
+  if (!held.empty()) (void)ReleaseUnwaited(held);
   KVTIER_RETURN_IF_ERROR(st);
   return n;
 }

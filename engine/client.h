@@ -152,6 +152,10 @@ class Client {
   // cached), kDataLoss (its NVMe copy failed its checksum: a miss), kResourceExhausted (no
   // host page freed up in time), kUnavailable (retry).
   Result<std::vector<BlockResult>> Acquire(std::span<const BlockHash> hashes);
+  // Acquire of a hash chain's longest present prefix only (what Lookup would find, promoted
+  // where it must be): one entry per block of that prefix, as Acquire's. A daemon older
+  // than protocol minor 5 answers for every hash (kNotFound past the prefix).
+  Result<std::vector<BlockResult>> AcquirePrefix(std::span<const BlockHash> chain);
   // Round trip with `payload_bytes` of payload each way.
   Status Ping(size_t payload_bytes = 0);
   // Ends the session now: the daemon returns its leased pages and drops its references.
@@ -178,8 +182,11 @@ class Client {
   // call and nothing is sent.
   Result<std::vector<Ticket>> StartLookups(std::span<const std::vector<BlockHash>> chains);
   Result<LookupResult> WaitLookup(Ticket t);
-  Result<Ticket> StartAcquire(std::span<const BlockHash> hashes);
+  Result<Ticket> StartAcquire(std::span<const BlockHash> hashes, bool prefix = false);
   Result<std::vector<BlockResult>> WaitAcquire(Ticket t);
+  // Sends a Release of references (hashes) whose reply is never waited for: it is read and
+  // dropped with a later response. Errors: those found before sending.
+  Status ReleaseUnwaited(std::span<const BlockHash> hashes);
   // Blocks until the response to one of `tickets` has arrived and returns that ticket; its
   // WaitX() then returns at once. For keeping a fixed number of requests in flight when
   // they complete out of order (NVMe fetches do).
@@ -194,10 +201,10 @@ class Client {
                                                std::span<const BlockHash> hashes,
                                                std::span<const BlockHash> parents = {},
                                                std::span<const uint32_t> token_ids = {});
-  // Load: looks up the chain, acquires the cached prefix (NVMe blocks are promoted first),
-  // scatters it into engine blocks engine_blocks[0..n), waits, releases. Returns n, the
-  // number of leading blocks loaded (0 on a miss). REQUIRES: engine_blocks.size() >=
-  // chain.size().
+  // Load: acquires the chain's cached prefix (AcquirePrefix: NVMe blocks are promoted
+  // first), scatters it into engine blocks engine_blocks[0..n), waits, and releases it
+  // without waiting for the reply: one round trip. Returns n, the number of leading
+  // blocks loaded (0 on a miss). REQUIRES: engine_blocks.size() >= chain.size().
   Result<size_t> LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,
                             std::span<const uint32_t> engine_blocks);
 

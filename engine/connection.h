@@ -93,6 +93,12 @@ class Connection {
   // Blocks until one of `tickets` has its response; returns that ticket (its Wait then
   // returns at once). kInvalidArgument for an empty list or a ticket not outstanding.
   Result<Ticket> WaitAny(std::span<const Ticket> tickets);
+  // Gives up on `t`'s response: it is read and dropped with a later one (a reply whose
+  // request is not outstanding is never kept).
+  void Forget(Ticket t) {
+    outstanding_.erase(t);
+    stash_.erase(t);
+  }
 
   // Round trip with `payload_bytes` of payload each way (any session may Ping).
   Status Ping(size_t payload_bytes);

@@ -435,11 +435,13 @@ PYBIND11_MODULE(_kvtier, m) {
              for (TierKind t : r.tiers) tiers.append(std::string(TierKindName(t)));
              return py::make_tuple(r.matched, tiers);
            })
-      .def("acquire",
-           [](const Handle& h, const std::vector<py::bytes>& hashes) {
-             const auto hs = HashesOf(hashes);
-             return Results(Unwrap(Call(h, [&](Client& c) { return c.Acquire(hs); })));
-           })
+      .def(
+          "acquire",
+          [](const Handle& h, const std::vector<py::bytes>& hashes, bool prefix) {
+            const auto hs = HashesOf(hashes);
+            return Results(Unwrap(Call(h, [&](Client& c) { return prefix ? c.AcquirePrefix(hs) : c.Acquire(hs); })));
+          },
+          py::arg("hashes"), py::arg("prefix") = false)
       .def("start_lookup",
            [](const Handle& h, const std::vector<py::bytes>& chain) {
              const auto hs = HashesOf(chain);
@@ -452,11 +454,13 @@ PYBIND11_MODULE(_kvtier, m) {
              for (TierKind k : r.tiers) tiers.append(std::string(TierKindName(k)));
              return py::make_tuple(r.matched, tiers);
            })
-      .def("start_acquire",
-           [](const Handle& h, const std::vector<py::bytes>& hashes) {
-             const auto hs = HashesOf(hashes);
-             return Unwrap(Call(h, [&](Client& c) { return c.StartAcquire(hs); }));
-           })
+      .def(
+          "start_acquire",
+          [](const Handle& h, const std::vector<py::bytes>& hashes, bool prefix) {
+            const auto hs = HashesOf(hashes);
+            return Unwrap(Call(h, [&](Client& c) { return c.StartAcquire(hs, prefix); }));
+          },
+          py::arg("hashes"), py::arg("prefix") = false)
       .def("wait_acquire",
            [](const Handle& h, Ticket t) {
              return Results(Unwrap(Call(h, [&](Client& c) { return c.WaitAcquire(t); })));

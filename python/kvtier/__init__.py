@@ -233,9 +233,12 @@ class Client:
         """The longest cached prefix of a hash chain, with each matched block's tier."""
         return LookupResult(*self._c.lookup(list(chain)))
 
-    def acquire(self, hashes: Sequence[bytes]) -> list:
-        """References cached blocks until release (NVMe blocks are read back first)."""
-        return _results(self._c.acquire(list(hashes)))
+    def acquire(self, hashes: Sequence[bytes], *, prefix: bool = False) -> list:
+        """References cached blocks until release (NVMe blocks are read back first). With
+        ``prefix``, the hashes are a chain and only its longest cached prefix is acquired:
+        one result per block of that prefix (a daemon before protocol minor 5 answers for
+        every hash)."""
+        return _results(self._c.acquire(list(hashes), prefix))
 
     def start_lookup(self, chain: Sequence[bytes]) -> int:
         return self._c.start_lookup(list(chain))
@@ -243,8 +246,8 @@ class Client:
     def wait_lookup(self, ticket: int) -> LookupResult:
         return LookupResult(*self._c.wait_lookup(ticket))
 
-    def start_acquire(self, hashes: Sequence[bytes]) -> int:
-        return self._c.start_acquire(list(hashes))
+    def start_acquire(self, hashes: Sequence[bytes], *, prefix: bool = False) -> int:
+        return self._c.start_acquire(list(hashes), prefix)
 
     def wait_acquire(self, ticket: int) -> list:
         return _results(self._c.wait_acquire(ticket))

@@ -296,6 +296,53 @@ TEST(Errors, PerBlockErrorsAreTypedAndTheSessionGoesOn) {
 namespace kvtier::testing {
 namespace {
 
+TEST(Client, APrefixAcquireTakesOnlyTheChainsPresentPrefixAndAPlainOneEveryHash) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();
+  auto c = Client::Connect(EngineOptions(daemon.socket_path()));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const auto chain = HashChain(11, 6);
+  const std::vector<size_t> cached = {0, 1, 2, 4, 5};  // block 3 is not
+  auto pages = (*c)->Allocate(TierKind::kHost, static_cast<uint32_t>(cached.size()));
+  ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+  std::vector<CommitEntry> entries;
+  std::vector<BlockHash> present;
+  for (size_t k = 0; k < cached.size(); ++k) {
+    const size_t i = cached[k];
+    entries.push_back({(*pages)[k], chain[i], i ? chain[i - 1] : BlockHash()});
+    present.push_back(chain[i]);
+  }
+  ASSERT_TRUE((*c)->Commit(TierKind::kHost, entries).ok());
+  // A plain Acquire (as clients before protocol minor 5 send it): an entry per hash.
+  auto all = (*c)->Acquire(chain);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) {
+    EXPECT_EQ((*all)[i].status.code(), i == 3 ? StatusCode::kNotFound : StatusCode::kOk) << i;
+  }
+  ASSERT_TRUE((*c)->Release(TierKind::kHost, {}, present).ok());
+  // A prefix Acquire: the leading run only, nothing past the first miss referenced.
+  auto prefix = (*c)->AcquirePrefix(chain);
+  ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+  ASSERT_EQ(prefix->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE((*prefix)[i].status.ok()) << i;
+    EXPECT_EQ((*prefix)[i].page, (*all)[i].page) << i;
+  }
+  EXPECT_EQ(Host(MustStats(daemon.socket_path())).referenced_pages, 3u);
+  // Released without waiting: a later request of the session comes after it.
+  ASSERT_TRUE((*c)->ReleaseUnwaited(std::span<const BlockHash>(chain).first(3)).ok());
+  auto l = (*c)->Lookup(chain);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->matched, 3u);
+  EXPECT_EQ(Host(MustStats(daemon.socket_path())).referenced_pages, 0u);
+  // A chain whose head is not cached: nothing.
+  auto none = (*c)->AcquirePrefix(HashChain(99, 3));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
 TEST(Client, WaitingOnATicketNotOutstandingFailsAtOnce) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.Start().ok()) << daemon.Log();

@@ -154,9 +154,21 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
     auto b = Client::Connect(GpuEngine(d, "load"));
     ASSERT_TRUE(b.ok());
     const std::vector<uint32_t> to = {0, 7, 3};
+    auto before = StatsOf(d.socket_path());
+    ASSERT_TRUE(before.ok());
+    auto ops = [&](const char* op) {
+      return Metric(before->metrics_url, std::string("kvtier_rpc_duration_seconds_count{op=\"") + op + "\"}");
+    };
+    const double lookups = ops("lookup"), acquires = ops("acquire"), releases = ops("release");
     auto loaded = (*b)->LoadBlocks(b_kv, chain, to);
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     EXPECT_EQ(*loaded, 3u);
+    // The Release is not waited for: a later request on the session comes after it.
+    ASSERT_TRUE((*b)->Ping().ok());
+    // One Acquire of the chain's present prefix (no Lookup first), one Release.
+    EXPECT_EQ(ops("lookup"), lookups);
+    EXPECT_EQ(ops("acquire"), acquires + 1);
+    EXPECT_EQ(ops("release"), releases + 1);
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
       for (size_t i = 0; i < 3; ++i) {
         for (uint32_t c = 0; c < 2; ++c) {

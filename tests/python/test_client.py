@@ -98,6 +98,7 @@ def test_each_status_code_raises_its_own_error_with_the_daemons_message(daemon, 
         [p] = c.allocate(1)
         assert c.commit([p + 1], hashes(1, size=16))[0].status == "FAILED_PRECONDITION"
         assert c.acquire(hashes(1, seed=5, size=16))[0].status == "NOT_FOUND"
+        assert c.acquire(hashes(3, seed=5, size=16), prefix=True) == []  # a chain's cached prefix only
     with pytest.raises(kvtier.InvalidArgumentError):
         kvtier.Layout("m", layers=1, kv_heads=1, head_dim=1, dtype="fp99", tokens_per_block=1).natural_block_bytes
 
