@@ -6,6 +6,7 @@ model). Every run is compared token for token with the same vLLM scheduler witho
 
 import random
 import signal
+import threading
 import time
 
 import pytest
@@ -155,6 +156,37 @@ def test_a_failed_load_is_recomputed_and_nothing_computed_over_it_is_stored(mode
             e.close()
 
 
+def test_a_store_skipped_for_a_neighbours_failed_load_is_planned_again(model_dir, daemon):
+    # B's step has two requests: "b" loads a prefix A stored (its load fails: kvtierd
+    # restarted empty before the worker loads) and "n" computes a prompt of its own. The
+    # step stores nothing; "n" is not recomputed, so its blocks are stored from its next
+    # step on, and C finds them.
+    p, q = prompt(320, 14), prompt(320, 15)  # 20 full blocks each
+    want = reference(model_dir, [("a", p, 6), ("b", p, 6), ("n", q, 6), ("c", q, 6)])
+    a = Engine(vllm_config(model_dir, daemon.socket), 128)
+    # Lookups answered within the scheduler's call: both requests start in B's first step.
+    b = Engine(vllm_config(model_dir, daemon.socket, extra={"lookup_wait_ms": 2000}), 128)
+    c = Engine(vllm_config(model_dir, daemon.socket), 128)
+    try:
+        assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
+        hook, fired = _restart_daemon_before_the_load(daemon, b, "b")
+
+        def both_in_one_step(out):
+            if not fired and "b" in out.num_scheduled_tokens:
+                assert "n" in out.num_scheduled_tokens, "the test needs b and n in one step"
+            hook(out)
+
+        got = serve(b, [("b", p, 6), ("n", q, 6)], before_worker=both_in_one_step)
+        assert fired and got == {"b": want["b"], "n": want["n"]}
+        assert b.connector_stats["stores_skipped_after_failed_load"] >= 20
+        assert b.connector_stats["stores_replanned"] == 20  # n's; b is recomputed and never stored
+        assert serve(c, [("c", q, 6)]) == {"c": want["c"]}
+        assert c.connector_stats["loaded_blocks"] == 19  # all but the block holding the last token
+    finally:
+        for e in (a, b, c):
+            e.close()
+
+
 def test_under_vllms_fail_policy_a_failed_load_fails_the_request_and_stores_nothing(model_dir, daemon):
     p = prompt(320, 5)
     a = Engine(vllm_config(model_dir, daemon.socket), 128)
@@ -231,6 +263,49 @@ def test_a_request_that_finishes_while_its_blocks_are_copied_keeps_them_until_th
     finally:
         a.close()
         b.close()
+
+
+def test_blocks_vllm_hands_out_again_wait_for_the_copies_still_reading_them(model_dir, daemon):
+    # As in the preemption test: 3 requests in 40 blocks. kvtierd is stopped from the first
+    # step on, so every store stays queued; when vLLM preempts a request, its blocks go to
+    # another in the same step, and the step must wait for their copies before it writes.
+    reqs = [(f"r{i}", prompt(160, 30 + i), 120) for i in range(3)]
+    ref = Engine(vllm_config(model_dir, None), 256)
+    for rid, p, n in reqs:
+        ref.add(rid, p, n)
+    ref.run()
+    a = Engine(vllm_config(model_dir, daemon.socket), 40)
+    b = Engine(vllm_config(model_dir, daemon.socket), 256)
+    timers = []
+
+    def hook(out):
+        if not timers and out.num_scheduled_tokens:
+            daemon.signal(signal.SIGSTOP)
+            timers.append(None)
+        elif len(timers) == 1 and out.preempted_req_ids:
+            timers.append(threading.Timer(0.5, daemon.signal, (signal.SIGCONT,)))  # within the 3 s timeout
+            timers[-1].start()
+
+    try:
+        try:
+            got = serve(a, reqs, before_worker=hook)
+        finally:
+            for t in timers[1:]:
+                t.join()
+            daemon.signal(signal.SIGCONT)
+        assert a.preempted and len(timers) == 2
+        assert got == {rid: ref.outputs[rid] for rid, _, _ in reqs}
+        assert a.connector_stats["store_fence_waits"] >= 1
+        assert a.connector_stats["store_refused_blocks"] == 0
+        # What was copied is what the requests computed: B loads it (9 blocks a prompt).
+        assert serve(b, [(rid, p, 1) for rid, p, _ in reqs]) == {rid: ref.outputs[rid][:1] for rid, _, _ in reqs}
+        assert b.connector_stats["loaded_blocks"] == 27
+        for rid, _, _ in reqs:
+            for i in range(9):
+                assert b.block_bytes(rid, i) == ref.block_bytes(rid, i), f"{rid} block {i}"
+    finally:
+        for e in (a, b, ref):
+            e.close()
 
 
 def test_long_prompts_are_stored_in_chunks_the_lease_cap_allows(model_dir):

@@ -14,6 +14,7 @@ try:  # vLLM present: subclass the real interface.
         KVConnectorMetadata,
         KVConnectorRole,
         KVConnectorTransferResults,
+        KVConnectorWorkerMetadata,
         SupportsHMA,
     )
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # type: ignore
@@ -34,6 +35,10 @@ except Exception:  # noqa: BLE001 - any import failure means "no vLLM here"
 
     class SupportsHMA:  # type: ignore[no-redef]
         pass
+
+    class KVConnectorWorkerMetadata:  # type: ignore[no-redef]
+        def aggregate(self, other):
+            raise NotImplementedError
 
     @dataclass
     class KVConnectorTransferResults:  # type: ignore[no-redef]

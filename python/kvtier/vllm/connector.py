@@ -95,6 +95,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return KVConnectorTransferResults(finished_sending=set(sent), finished_recving=set(done),
                                           failed_recving=set(failed))
 
+    def build_connector_worker_meta(self):
+        return self._worker.take_worker_metadata() if self._worker is not None else None
+
     def get_block_ids_with_load_errors(self) -> set:
         return self._worker.take_load_errors() if self._worker is not None else set()
 
@@ -133,7 +136,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return self._scheduler.build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output):
-        return
+        self._scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request, block_ids):
         return self._scheduler.request_finished(request), None

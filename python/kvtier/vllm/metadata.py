@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtier.vllm._base import KVConnectorMetadata, KVConnectorStats
+from kvtier.vllm._base import KVConnectorMetadata, KVConnectorStats, KVConnectorWorkerMetadata
 
 
 @dataclass
@@ -25,6 +25,7 @@ class StoreSpec:
     parents: list
     block_ids: list
     token_ids: list  # the tokens of each block (kvtierd announces them with its KV events)
+    indices: list = field(default_factory=list)  # each block's index in the request's table of the group
 
 
 @dataclass
@@ -36,8 +37,24 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     fresh_blocks: list = field(default_factory=list)
 
 
+@dataclass
+class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
+    """What the workers tell the scheduler after a step: the stores they skipped only
+    because another request's load failed in the step, {request: {group: block indices}}
+    (the scheduler plans them again if vLLM does not recompute the request)."""
+
+    skipped: dict = field(default_factory=dict)
+
+    def aggregate(self, other: "KvtierWorkerMetadata") -> "KvtierWorkerMetadata":
+        for req, groups in getattr(other, "skipped", {}).items():
+            mine = self.skipped.setdefault(req, {})
+            for g, idx in groups.items():
+                mine.setdefault(g, set()).update(idx)
+        return self
+
+
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
-            "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored", "store_fence_waits",
+            "store_refused_blocks", "stores_skipped_after_failed_load", "stores_replanned", "states_stored", "store_fence_waits",
             "blocking_s", "step_s", "steps")
 
 

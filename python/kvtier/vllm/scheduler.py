@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import kvtier
 from kvtier.vllm.layout import PREFIX, STATE, WINDOW, KvtierHandshake, KvtierLayout
-from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec, StoreSpec
+from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, KvtierWorkerMetadata, LoadSpec, StoreSpec
 from kvtier.vllm.settings import Settings
 
 log = logging.getLogger("kvtier.vllm")
@@ -347,8 +347,34 @@ class Scheduler:
         keys = [bytes(hashes[plan.block_key_index(b)]) for b in blocks]
         parents = [bytes(hashes[plan.block_key_index(b - 1)]) if b > 0 else b"" for b in blocks]
         token_ids = [t for b in blocks for t in tokens[b * bs:(b + 1) * bs]]
-        meta.stores.append(StoreSpec(req_id, plan.index, keys, parents, [table[b] for b in blocks], token_ids))
+        meta.stores.append(StoreSpec(req_id, plan.index, keys, parents, [table[b] for b in blocks], token_ids,
+                                     list(blocks)))
         self._held.add(req_id)
+
+    def update_connector_output(self, connector_output) -> None:
+        """Stores the workers skipped only because another request's load failed in the
+        step are planned again from the request's next step, unless vLLM recomputes the
+        request (a block of its table failed to load). Mamba states are not: vLLM hands
+        each off once."""
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if not isinstance(meta, KvtierWorkerMetadata) or not meta.skipped:
+            return
+        invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        for req_id, groups in meta.skipped.items():
+            state = self._requests.get(req_id)
+            if state is None or any(b in invalid for table in state.tables for b in table):
+                continue
+            for g, indices in groups.items():
+                plan = self._s.plans[g]
+                first = min(indices)
+                if plan.role == PREFIX:
+                    state.prefix_done[g] = min(state.prefix_done[g], first)
+                elif plan.role == WINDOW:
+                    state.window_done[g] -= set(indices)
+                else:
+                    continue
+                state.done = min(state.done, first * plan.block_size)
+                self.stats.data["stores_replanned"] += len(indices)
 
     def request_finished(self, request) -> bool:
         """Whether vLLM must keep the request's blocks until the workers report its

@@ -23,7 +23,7 @@ from typing import Optional
 import kvtier
 from kvtier.kv import kv_args
 from kvtier.vllm.layout import STATE, KvtierHandshake, group_layout
-from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec
+from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, KvtierWorkerMetadata, LoadSpec
 from kvtier.vllm.settings import Settings
 from kvtier.vllm.stores import StoreQueue, side_stream
 
@@ -48,6 +48,7 @@ class Worker:
         self._finishing: set = set()  # ... that finished: reported when their copies are done
         self._fenced = None           # the metadata whose block writes were fenced
         self._step_start = 0.0        # when this step's first hook ran (0: between steps)
+        self._skipped: dict = {}      # stores skipped for a neighbour's failed load: {req: {group: indices}}
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         cfg = self._kv_cache_config
@@ -146,6 +147,10 @@ class Worker:
             if failed_step or store.req_id in self._poisoned:
                 # Tokens of this step may attend over blocks that were never loaded.
                 self.stats.data["stores_skipped_after_failed_load"] += len(store.hashes)
+                if store.req_id not in self._poisoned and store.indices:
+                    # Only a neighbour's load failed: the scheduler plans these again
+                    # unless vLLM recomputes the request (its blocks hold a failed one).
+                    self._skipped.setdefault(store.req_id, {}).setdefault(store.group, set()).update(store.indices)
                 continue
             if not self.handshake.groups[store.group].stores:
                 continue  # another rank stores this replicated group
@@ -173,6 +178,12 @@ class Worker:
         done, failed = self._recv_done, self._recv_failed
         self._recv_done, self._recv_failed = set(), set()
         return sent, done, failed
+
+    def take_worker_metadata(self) -> Optional[KvtierWorkerMetadata]:
+        if not self._skipped:
+            return None
+        out, self._skipped = KvtierWorkerMetadata(self._skipped), {}
+        return out
 
     def take_load_errors(self) -> set:
         errors, self._load_errors = self._load_errors, set()

@@ -22,13 +22,13 @@ Workloads, each a ``vllm.benchmarks.serve`` run (greedy, ``--ignore-eos``):
 | prefix c4  | the same prompts, concurrency 4                                             |
 | random     | ``random``, no reuse, concurrency 4: throughput and TPOT                     |
 
-The prefix prompts come from vLLM's own generator (``PrefixRepetitionRandomDataset``, two
-prompts per prefix, ``--prefix-tokens`` + ``--suffix-tokens``), sent as a ``custom``
-dataset: a warm pass (not measured) sends the first prompt of every prefix, the measured
-passes the second, so a measured prompt shares its prefix, not its suffix, with a prompt
-sent ``--prompts`` prompts earlier: more than vLLM's own KV cache holds
-(``--num-gpu-blocks-override`` sized for ``--cache-prompts`` prompts), less than kvtierd's
-host tier. vLLM alone recomputes the prefix; a cache connector loads it.
+The prefix prompts come from vLLM's own generator (``PrefixRepetitionRandomDataset``,
+unshuffled, three prompts per prefix of ``--prefix-tokens`` + ``--suffix-tokens``), sent as
+``custom`` datasets: a warm pass (not measured) sends the first prompt of every prefix,
+the c1 pass the second, the c4 pass the third. A measured prompt so shares its prefix, not
+its suffix, with a prompt sent ``--prompts`` prompts earlier: more than vLLM's own KV
+cache holds (``--num-gpu-blocks-override`` sized for ``--cache-prompts`` prompts), less
+than kvtierd's host tier. vLLM alone recomputes the prefix; a cache connector loads it.
 
 Per configuration and workload: TTFT p50/p99, TPOT p50, request and output-token
 throughput, failed requests, the server's external prefix-cache hits, the connector's
@@ -142,19 +142,19 @@ def run_client(server: Server, model_dir: str, work: str, tag: str, args: list) 
 
 
 def prefix_prompts(a: argparse.Namespace, model_dir: str, work: str) -> tuple:
-    """(warm, measured) JSONL files: vLLM's prefix_repetition prompts, two per prefix, the
-    first of each prefix to warm, the second to measure."""
+    """(warm, c1, c4) JSONL files: vLLM's prefix_repetition prompts, three per prefix in
+    the generator's order (prefix by prefix), one of each prefix in each file."""
     from vllm.benchmarks.datasets import PrefixRepetitionRandomDataset
     from vllm.tokenizers import get_tokenizer
 
-    samples = PrefixRepetitionRandomDataset(random_seed=a.seed + 1).sample(
-        get_tokenizer(model_dir), num_requests=2 * a.prompts, prefix_len=a.prefix_tokens,
+    samples = PrefixRepetitionRandomDataset(random_seed=a.seed + 1, disable_shuffle=True).sample(
+        get_tokenizer(model_dir), num_requests=3 * a.prompts, prefix_len=a.prefix_tokens,
         suffix_len=a.suffix_tokens, num_prefixes=a.prompts, output_len=a.output_tokens)
     paths = []
-    for half in (0, 1):
-        path = os.path.join(work, f"prefix-prompts-{half}.jsonl")
+    for part in range(3):
+        path = os.path.join(work, f"prefix-prompts-{part}.jsonl")
         with open(path, "w") as f:
-            for sample in samples[half::2]:
+            for sample in samples[part::3]:
                 f.write(json.dumps({"prompt": sample.prompt, "output_tokens": a.output_tokens}) + "\n")
         paths.append(path)
     return tuple(paths)
@@ -186,14 +186,15 @@ def session(a: argparse.Namespace, config: str, model_dir: str, work: str, rnd: 
         server = Server(f"{config}-r{rnd}", model_dir, args, dict(env, **(service.env if service else {})), work, rng)
         start_all([server], a.start_timeout)
         out: dict = {"load_avg_before": load_average()}
-        warm, measured = prompt_files
-        prefix = ["--dataset-name", "custom", "--dataset-path", measured, "--skip-chat-template",
-                  "--num-prompts", str(a.prompts), "--custom-output-len", str(a.output_tokens)]
-        run_client(server, model_dir, work, f"{config}-r{rnd}-warm",
-                   ["--dataset-name", "custom", "--dataset-path", warm, "--skip-chat-template", "--num-prompts",
-                    str(a.prompts), "--custom-output-len", str(a.output_tokens), "--max-concurrency", "4"])
-        runs = [("prefix_c1", prefix + ["--max-concurrency", "1"]),
-                ("prefix_c4", prefix + ["--max-concurrency", "4"]),
+        def prompts(path: str, concurrency: int) -> list:
+            return ["--dataset-name", "custom", "--dataset-path", path, "--skip-chat-template", "--num-prompts",
+                    str(a.prompts), "--custom-output-len", str(a.output_tokens), "--max-concurrency",
+                    str(concurrency)]
+
+        warm, c1, c4 = prompt_files
+        run_client(server, model_dir, work, f"{config}-r{rnd}-warm", prompts(warm, 4))
+        runs = [("prefix_c1", prompts(c1, 1)),
+                ("prefix_c4", prompts(c4, 4)),
                 ("random", ["--dataset-name", "random", "--num-prompts", str(a.random_prompts),
                             "--random-input-len", str(a.random_input), "--random-output-len", str(a.random_output),
                             "--max-concurrency", "4", "--seed", str(a.seed + 2 + rnd)])]

@@ -101,7 +101,7 @@ class EngineLoop:
         self.on_scheduled(out)
         if before_worker is not None:
             before_worker(out)
-        invalid, stats, results = set(), None, None
+        invalid, stats, results, worker_meta = set(), None, None, None
         w = self.worker
         if w is not None:
             w.handle_preemptions(out.kv_connector_metadata)  # before the step writes a block
@@ -122,6 +122,7 @@ class EngineLoop:
             results = w.get_transfer_results(out.finished_req_ids)
             invalid = w.get_block_ids_with_load_errors()
             stats = w.get_kv_connector_stats()
+            worker_meta = w.build_connector_worker_meta()
             w.clear_connector_metadata()
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled,
@@ -129,7 +130,8 @@ class EngineLoop:
                                     invalid_block_ids=invalid, kv_connector_stats=stats,
                                     finished_sending=results.finished_sending if results else None,
                                     finished_recving=results.finished_recving if results else None,
-                                    failed_recving=results.failed_recving if results else set()))
+                                    failed_recving=results.failed_recving if results else set(),
+                                    kv_connector_worker_meta=worker_meta))
         finished = []
         for eco in self.scheduler.update_from_output(out, mro).values():
             s = getattr(eco, "scheduler_stats", None)
