@@ -16,7 +16,7 @@ B can only find P_i in kvtier (its own prefix cache never saw it) and C must com
 |---|---|
 | A, all at once, few blocks | A stores its prompts while vLLM preempts (`preempted_requests`) |
 | C then B, one at a time | B's external hits (vLLM's `vllm:external_prefix_cache_hits`), its TTFT against C's (streaming client) |
-| kill -9 of kvtierd as A's second request starts, restart, then B | requests still answer (`errors`), B's hits resume without restarting vLLM |
+| kill -9 of kvtierd 0.3 s into A's second request (after the first's blocks are written through), restart, then B | requests still answer (`errors`), B's hits resume without restarting vLLM |
 
 Every output (greedy, `ignore_eos`) of A and B is compared token for token with C's for
 the same prompt (`outputs_equal`); for the mamba family with D's, a fourth server without
@@ -507,17 +507,23 @@ def run(a: argparse.Namespace, work: str) -> dict:
         if a.restart:
             set2 = prompt_set(a.requests)
             a2_out = [Result() for _ in set2]
-            first_done = threading.Event()
+            first_done, go_on = threading.Event(), threading.Event()
 
             def a_run() -> None:
                 for i, (pa, _) in enumerate(set2):
+                    if i == 1:
+                        go_on.wait(a.request_timeout)
                     a2_out[i] = ask(srv_a, pa, long_tokens)
                     first_done.set()
 
             runner = threading.Thread(target=a_run)
             runner.start()
-            first_done.wait(a.request_timeout)  # the kill lands while the second request runs
-            service.settle()  # the first request's blocks written through: B may hit them after the restart
+            first_done.wait(a.request_timeout)
+            # The first request's blocks written through while nothing else runs (B may hit
+            # them after the restart); then the kill lands while the second request runs.
+            service.settle()
+            go_on.set()
+            time.sleep(0.3)
             service.kill9()
             killed_during_run = runner.is_alive()
             time.sleep(1.0)
