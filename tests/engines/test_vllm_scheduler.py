@@ -247,13 +247,16 @@ def test_a_request_that_finishes_while_its_blocks_are_copied_keeps_them_until_th
             assert stopped and a.outputs["a"] == want["a"]
             for _ in range(3):  # steps go on (the step did not wait for the copy) ...
                 a.step()
-            # ... and vLLM keeps the finished request's blocks while its stores are copied
+            # ... and vLLM keeps the finished request's blocks while its stores are copied (a
+            # pending free: vLLM waits for it rather than preempt)
             assert "a" in a.scheduler.requests and pool.get_num_free_blocks() < free
+            assert a.connector.has_pending_block_frees()
             assert time.monotonic() - stopped[0] < 2.0, "within the client's 3 s timeout"
         finally:
             daemon.signal(signal.SIGCONT)
         a.run()  # the copy ends, the worker reports it sent, vLLM frees the blocks
         assert "a" not in a.scheduler.requests and pool.get_num_free_blocks() == free
+        assert not a.connector.has_pending_block_frees()
         assert a.connector_stats["stored_blocks"] == 18 and a.connector_stats["store_refused_blocks"] == 0
         assert 0 < a.connector_stats["blocking_s"] < a.connector_stats["step_s"]
         assert serve(b, [("b", q, 4)]) == {"b": want["b"]}

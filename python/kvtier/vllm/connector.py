@@ -135,6 +135,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
         return self._scheduler.build_connector_meta(scheduler_output)
 
+    def has_pending_block_frees(self) -> bool:
+        return self._scheduler is not None and self._scheduler.has_pending_block_frees()
+
     def update_connector_output(self, connector_output):
         self._scheduler.update_connector_output(connector_output)
 

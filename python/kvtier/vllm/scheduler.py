@@ -76,6 +76,7 @@ class Scheduler:
         # Requests a store was planned for: held at finish until the workers report their
         # copies done (get_finished's finished-sending set).
         self._held: set = set()
+        self._freeing: set = set()  # finished requests held until their finished_sending
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         self._hash_size_warned = False
 
@@ -351,11 +352,17 @@ class Scheduler:
                                      list(blocks)))
         self._held.add(req_id)
 
+    def has_pending_block_frees(self) -> bool:
+        """Whether finished requests' blocks are about to be freed (their copies end within
+        a step or a few): vLLM then waits instead of preempting a running request."""
+        return bool(self._freeing)
+
     def update_connector_output(self, connector_output) -> None:
-        """Stores the workers skipped only because another request's load failed in the
-        step are planned again from the request's next step, unless vLLM recomputes the
-        request (a block of its table failed to load). Mamba states are not: vLLM hands
-        each off once."""
+        """Held requests the workers are done with are no longer pending frees. Stores the
+        workers skipped only because another request's load failed in the step are planned
+        again from the request's next step, unless vLLM recomputes the request (a block of
+        its table failed to load). Mamba states are not: vLLM hands each off once."""
+        self._freeing.difference_update(getattr(connector_output, "finished_sending", None) or ())
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if not isinstance(meta, KvtierWorkerMetadata) or not meta.skipped:
             return
@@ -381,6 +388,8 @@ class Scheduler:
         stores done."""
         held = request.request_id in self._held
         self._held.discard(request.request_id)
+        if held:
+            self._freeing.add(request.request_id)
         self._requests.pop(request.request_id, None)
         self._pending_loads = [l for l in self._pending_loads if l.req_id != request.request_id]
         pending = self._lookups.pop(request.request_id, None)
