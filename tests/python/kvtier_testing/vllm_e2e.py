@@ -16,7 +16,7 @@ B can only find P_i in kvtier (its own prefix cache never saw it) and C must com
 |---|---|
 | A, all at once, few blocks | A stores its prompts while vLLM preempts (`preempted_requests`) |
 | C then B, one at a time | B's external hits (vLLM's `vllm:external_prefix_cache_hits`), its TTFT against C's (streaming client) |
-| kill -9 of kvtierd 0.3 s into A's second request (after the first's blocks are written through), restart, then B | requests still answer (`errors`), B's hits resume without restarting vLLM |
+| kill -9 of kvtierd at A's second request's first token (after the first's blocks are written through), restart, then B | requests still answer (`errors`), B's hits resume without restarting vLLM |
 
 Every output (greedy, `ignore_eos`) of A and B is compared token for token with C's for
 the same prompt (`outputs_equal`); for the mamba family with D's, a fourth server without
@@ -113,10 +113,12 @@ class Server:
         finally:
             c.close()
 
-    def complete(self, prompt: list, max_tokens: int, timeout: float) -> Result:
+    def complete(self, prompt: list, max_tokens: int, timeout: float,
+                 first_token: Optional[threading.Event] = None) -> Result:
         """A streamed greedy completion of the token ids `prompt`: its tokens and the time
-        from sending to the first token. After one request timed out, later ones fail at
-        once (a server that stopped answering is reported, not waited for again)."""
+        from sending to the first token (`first_token` is set then). After one request
+        timed out, later ones fail at once (a server that stopped answering is reported,
+        not waited for again)."""
         if self.hung:
             return Result(error=f"{self.name}: not sent, the server stopped answering ({self.hung})")
         body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
@@ -145,6 +147,8 @@ class Server:
                     ids = choice.get("token_ids") or []
                     if ids and not res.tokens:
                         res.ttft_s = time.monotonic() - t0
+                        if first_token is not None:
+                            first_token.set()
                     res.tokens.extend(ids)
             if len(res.tokens) != max_tokens:
                 res.error = f"{self.name}: {len(res.tokens)} tokens, asked for {max_tokens}"
@@ -458,8 +462,8 @@ def run(a: argparse.Namespace, work: str) -> dict:
                 mismatched += 1
                 errors_detail.append(f"{what}: {res.tokens} != {want.tokens}")
 
-        def ask(server: Server, prompt: list, max_tokens: int = 0) -> Result:
-            return server.complete(prompt, max_tokens or a.max_tokens, a.request_timeout)
+        def ask(server: Server, prompt: list, max_tokens: int = 0, first_token=None) -> Result:
+            return server.complete(prompt, max_tokens or a.max_tokens, a.request_timeout, first_token)
 
         # A's requests around the kill decode longer, so the kill lands inside one.
         long_tokens = 8 * a.max_tokens
@@ -507,27 +511,33 @@ def run(a: argparse.Namespace, work: str) -> dict:
         if a.restart:
             set2 = prompt_set(a.requests)
             a2_out = [Result() for _ in set2]
-            first_done, go_on = threading.Event(), threading.Event()
+            first_done, go_on, decoding, restarted = (threading.Event() for _ in range(4))
 
             def a_run() -> None:
                 for i, (pa, _) in enumerate(set2):
                     if i == 1:
                         go_on.wait(a.request_timeout)
-                    a2_out[i] = ask(srv_a, pa, long_tokens)
+                    if i == 2:
+                        # After the restart and past the connector's longest reconnect back-off
+                        # (ResilientClient, 5 s): this request's blocks are stored again.
+                        restarted.wait(a.request_timeout)
+                        time.sleep(5.5)
+                    a2_out[i] = ask(srv_a, pa, long_tokens, decoding if i == 1 else None)
                     first_done.set()
 
             runner = threading.Thread(target=a_run)
             runner.start()
             first_done.wait(a.request_timeout)
             # The first request's blocks written through while nothing else runs (B may hit
-            # them after the restart); then the kill lands while the second request runs.
+            # them after the restart); then the kill lands while the second request decodes.
             service.settle()
             go_on.set()
-            time.sleep(0.3)
+            decoding.wait(a.request_timeout)
             service.kill9()
             killed_during_run = runner.is_alive()
             time.sleep(1.0)
             service.restart()
+            restarted.set()
             runner.join()
             hits1 = settled_counter(srv_b, "vllm:external_prefix_cache_hits_total")
             for i, (pa, pb) in enumerate(set2):
