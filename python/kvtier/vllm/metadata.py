@@ -54,8 +54,8 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
 
 
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
-            "store_refused_blocks", "stores_skipped_after_failed_load", "stores_replanned", "states_stored", "store_fence_waits",
-            "blocking_s", "step_s", "steps")
+            "store_refused_blocks", "stores_skipped_after_failed_load", "stores_replanned", "states_stored",
+            "store_fence_waits", "blocking_s", "step_s", "steps")
 
 
 @dataclass

@@ -34,7 +34,8 @@ from typing import Any, Optional
 
 import kvtier
 from kvtier.vllm.layout import PREFIX, STATE, WINDOW, KvtierHandshake, KvtierLayout
-from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, KvtierWorkerMetadata, LoadSpec, StoreSpec
+from kvtier.vllm.metadata import (KvtierConnectorMetadata, KvtierConnectorStats, KvtierWorkerMetadata, LoadSpec,
+                                  StoreSpec)
 from kvtier.vllm.settings import Settings
 
 log = logging.getLogger("kvtier.vllm")

@@ -126,8 +126,10 @@ class StoreQueue:
                 self._by_req[store.req_id] -= 1
                 if not self._by_req[store.req_id]:
                     del self._by_req[store.req_id]
-                self._by_block.subtract(store.block_ids[chunk.part])
-                self._by_block += collections.Counter()  # drops the zeros
+                for b in store.block_ids[chunk.part]:
+                    self._by_block[b] -= 1
+                    if not self._by_block[b]:
+                        del self._by_block[b]
                 self._states -= chunk.state
                 self._counts.update(counts)
                 self._cv.notify_all()

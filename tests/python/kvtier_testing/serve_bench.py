@@ -165,7 +165,7 @@ def session(a: argparse.Namespace, config: str, model_dir: str, work: str, rnd: 
     """One server of `config`: the warm pass, the prefix runs, the random run."""
     bs = a.block_size
     prompt_blocks = -(-(a.prefix_tokens + a.suffix_tokens + a.output_tokens) // bs) + 1
-    max_len = prompt_blocks * bs + max(a.random_input + a.random_output, 0)
+    max_len = prompt_blocks * bs + a.random_input + a.random_output
     blocks = a.cache_prompts * prompt_blocks + 4
     common = ["--max-model-len", str(max_len), "--block-size", str(bs), "--dtype", "float32", "--enforce-eager",
               "--max-num-seqs", "4", "--max-num-batched-tokens", str(max(max_len, 2048)), "--seed", "0",
@@ -186,6 +186,7 @@ def session(a: argparse.Namespace, config: str, model_dir: str, work: str, rnd: 
         server = Server(f"{config}-r{rnd}", model_dir, args, dict(env, **(service.env if service else {})), work, rng)
         start_all([server], a.start_timeout)
         out: dict = {"load_avg_before": load_average()}
+
         def prompts(path: str, concurrency: int) -> list:
             return ["--dataset-name", "custom", "--dataset-path", path, "--skip-chat-template", "--num-prompts",
                     str(a.prompts), "--custom-output-len", str(a.output_tokens), "--max-concurrency",
@@ -200,10 +201,12 @@ def session(a: argparse.Namespace, config: str, model_dir: str, work: str, rnd: 
                             "--max-concurrency", "4", "--seed", str(a.seed + 2 + rnd)])]
         for name, cli in runs:
             hits0 = settled_counter(server, "vllm:external_prefix_cache_hits_total")
-            log0 = len(_tail(server.log_path, 1 << 30))
+            log0 = os.path.getsize(server.log_path)
             r = run_client(server, model_dir, work, f"{config}-r{rnd}-{name}", cli)
             time.sleep(11)  # vLLM logs connector stats every 10 s
-            xfer = transfer_metrics(_tail(server.log_path, 1 << 30)[log0:])
+            with open(server.log_path, "rb") as f:
+                f.seek(log0)
+                xfer = transfer_metrics(f.read().decode(errors="replace"))
             out[name] = {
                 "ttft_p50_ms": r["median_ttft_ms"], "ttft_p99_ms": r["p99_ttft_ms"], "tpot_p50_ms": r["median_tpot_ms"],
                 "request_throughput": r["request_throughput"], "output_throughput": r["output_throughput"],
