@@ -666,6 +666,19 @@ const std::vector<ConfigKey>& ConfigKeys() {
        KVTIER_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_subscribers)},
       {"events.max_replay_peers", "8", "Most connections to the replay socket; one past it is shut down when accepted.",
        KVTIER_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_replay_peers)},
+      {"events.token_ids", "false",
+       "BlockStored carries each block's token ids, as the engine committed them. Off by "
+       "default: every subscriber (on a shared host, every tenant's engines) would read every "
+       "tenant's prompts. Routers that index by tokens (Dynamo's) need it on.",
+       KVTIER_SET(Boolean(key, n), events.options.token_ids)},
+      {"events.max_topics_per_tenant", "64",
+       "Most topics one tenant's engines hold (a topic per routable id, data-parallel rank and "
+       "model; lingering ones count); a Hello past it is refused (ResourceExhausted).",
+       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), events.options.max_topics_per_tenant)},
+      {"events.topic_linger", "30s",
+       "How long a topic lives after its last engine detaches (an engine restarting within it "
+       "keeps its announcements); then what it announced is removed (BlockRemoved) and it ends.",
+       KVTIER_SET((Duration(key, n, 0, 86'400'000'000'000, true, "in [0, 24h]")), events.options.topic_linger_ns)},
   };
   return keys;
 }

@@ -211,6 +211,16 @@ void Daemon::RegisterMetrics() {
     m.AddCounterFn("kvtier_events_retracted_total",
                    "Block hashes the last run announced, removed (BlockRemoved) after this start.", {},
                    [events] { return events->counters().retracted; });
+    m.AddGaugeFn("kvtier_events_topics", "KV event topics, lingering ones (no engine attached) among them.", {},
+                 [events] { return static_cast<double>(events->counters().topics); });
+    m.AddCounterFn("kvtier_events_topics_removed_total",
+                   "KV event topics ended events.topic_linger after their last engine detached (what they "
+                   "announced removed).",
+                   {}, [events] { return events->counters().topics_removed; });
+    m.AddCounterFn("kvtier_events_topics_refused_total",
+                   "Hellos refused for events: a tenant at events.max_topics_per_tenant, or a routable id "
+                   "another tenant's engine holds.",
+                   {}, [events] { return events->counters().topics_refused; });
   }
   RegisterRemoteMetrics();
   const NvmeTier* nvme = cache_->nvme();

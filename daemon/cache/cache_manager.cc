@@ -135,6 +135,13 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
     }
   }
   const std::string fingerprint = layout.Fingerprint();
+  const std::string encoded = EncodeNamespace(tenant, fingerprint);
+  // Events first: the one step here that may refuse (a tenant's topic cap, a routable id
+  // another tenant holds).
+  if (options_.events) {
+    KVTIER_ASSIGN_OR_RETURN(s.event_link_, options_.events->AddNamespace(encoded, tenant, layout.model_id,
+                                                                         layout.tokens_per_block, source));
+  }
   s.tenant_ = namespaces_.InternTenant(tenant);
   // Blocks the kernels can quantize: the canonical page ([layer][k,v][token][head][dim]) of
   // 2-byte floats, rows a multiple of 4 bytes of codes.
@@ -150,14 +157,9 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
     g.elem_bytes = 2;
     if (g.Validate().ok()) kv = g;
   }
-  s.ns_ =
-      namespaces_.Acquire(EncodeNamespace(tenant, fingerprint), fingerprint, layout.block_bytes, tenant,
-                          layout.model_id, kv, layout.dtype == DType::kFloat16 ? FloatKind::kFp16 : FloatKind::kBf16,
-                          namespaces_.limits(s.tenant_).kv_quantization);
-  if (options_.events) {
-    options_.events->AddNamespace(namespaces_.Get(s.ns_).encoded, tenant, layout.model_id, layout.tokens_per_block,
-                                  source);
-  }
+  s.ns_ = namespaces_.Acquire(encoded, fingerprint, layout.block_bytes, tenant, layout.model_id, kv,
+                              layout.dtype == DType::kFloat16 ? FloatKind::kFp16 : FloatKind::kBf16,
+                              namespaces_.limits(s.tenant_).kv_quantization);
   s.attached_ = true;
   sessions_[s.id_] = &s;
   return Status::Ok();
@@ -193,6 +195,8 @@ uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
     for (uint32_t i = 0; i < n; ++i) Unref(s, id);
   }
   namespaces_.Release(s.ns_);
+  if (options_.events) options_.events->RemoveNamespace(s.event_link_);
+  s.event_link_ = 0;
   s.attached_ = false;
   ServePendingAllocates();
   return quarantine;

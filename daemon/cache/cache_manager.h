@@ -101,6 +101,7 @@ class SessionCache {
   std::array<std::unordered_set<PageId>, kTierCount> leased_;
   std::unordered_map<BlockId, uint32_t> refs_;              // block -> references held
   uint64_t pending_ = 0;                                    // deferred requests
+  uint64_t event_link_ = 0;                                 // its engine's KvEvents link (0: none)
   std::array<std::vector<uint32_t>, kTierCount> sent_gen_;  // segment -> generation sent
 };
 

@@ -389,38 +389,154 @@ KvEvents::~KvEvents() {
   if (thread_.joinable()) thread_.join();
 }
 
-void KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                            uint32_t tokens_per_block, const EventSource& source) {
-  if (source.hashes == EventHashForm::kNone) return;
+Result<uint64_t> KvEvents::AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
+                                        uint32_t tokens_per_block, const EventSource& source) {
+  if (source.hashes == EventHashForm::kNone) return uint64_t{0};
   const std::string_view served = model.substr(0, model.find('|'));
   const std::string name = ExpandTopic(
       options_.topic, source.routable_id.empty() ? std::string_view(host_) : source.routable_id, host_, served, tenant);
   const std::optional<uint32_t> rank =
       source.dp_rank >= 0 ? std::optional(static_cast<uint32_t>(source.dp_rank)) : std::nullopt;
   MutexLock lock(&mu_);
-  Topic*& t = by_name_[{name, rank}];
+  // Refused before anything changes.
+  if (!source.routable_id.empty()) {
+    auto held = routable_.find(source.routable_id);
+    if (held != routable_.end() && held->second.first != tenant) {
+      topics_refused_.fetch_add(1, std::memory_order_relaxed);
+      return PermissionDenied("routable_id '" + std::string(source.routable_id) +
+                              "' is declared by another tenant's engine; each engine declares its own address");
+    }
+  }
+  auto found = by_name_.find({name, rank});
+  Topic* t = found == by_name_.end() ? nullptr : found->second;
+  TenantState& ts = tenants_[std::string(tenant)];
+  const bool charged = t != nullptr && t->tenants.count(tenant) > 0;
+  if (!charged && ts.topics >= options_.max_topics_per_tenant) {
+    topics_refused_.fetch_add(1, std::memory_order_relaxed);
+    if (ts.topics == 0 && ts.namespaces == 0) tenants_.erase(tenants_.find(tenant));
+    return ResourceExhausted("tenant '" + std::string(tenant) + "' holds events.max_topics_per_tenant (" +
+                             std::to_string(options_.max_topics_per_tenant) +
+                             ") KV event topics, lingering ones among them (events.topic_linger after their last "
+                             "engine detaches)");
+  }
   if (t == nullptr) {
     topics_.push_back(std::make_unique<Topic>());
     t = topics_.back().get();
-    t->name = name;
-    t->dp_rank = rank;
+    t->key = {name, rank};
+    by_name_[t->key] = t;
+    topic_count_.store(static_cast<uint32_t>(topics_.size()), std::memory_order_relaxed);
+  }
+  if (t->links == 0) {
+    // Revived, or new: tenants left charged at 0 while it lingered are released.
+    for (auto it = t->tenants.begin(); it != t->tenants.end();) {
+      if (it->first != tenant) {
+        Uncharge(it->first);
+        it = t->tenants.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (t->tenants.emplace(std::string(tenant), 0).second) ++ts.topics;
+  ++t->tenants.find(tenant)->second;
+  ++t->links;
+  if (!source.routable_id.empty() &&
+      std::find(t->routable_ids.begin(), t->routable_ids.end(), source.routable_id) == t->routable_ids.end()) {
+    t->routable_ids.emplace_back(source.routable_id);
+    auto& [holder, topics] = routable_[std::string(source.routable_id)];
+    holder = tenant;
+    ++topics;
   }
   auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) {
     const uint32_t block_size = source.group.block_tokens ? source.group.block_tokens : tokens_per_block;
-    it = by_namespace_.emplace(std::string(encoded_ns), Announced{source.hashes, block_size, source.group, {}}).first;
+    it = by_namespace_
+             .emplace(std::string(encoded_ns),
+                      Announced{source.hashes, block_size, source.group, std::string(tenant), &ts, {}})
+             .first;
+    ++ts.namespaces;
   }
   std::vector<Topic*>& topics = it->second.topics;
-  if (std::find(topics.begin(), topics.end(), t) == topics.end()) topics.push_back(t);
+  if (std::find(topics.begin(), topics.end(), t) == topics.end()) {
+    topics.push_back(t);
+    t->namespaces.emplace_back(encoded_ns);
+  }
+  const uint64_t link = next_link_++;
+  links_.emplace(link, Link{t, std::string(tenant)});
+  return link;
+}
+
+void KvEvents::RemoveNamespace(uint64_t link) {
+  MutexLock lock(&mu_);
+  auto it = links_.find(link);
+  if (it == links_.end()) return;
+  Topic* t = it->second.topic;
+  auto charged = t->tenants.find(it->second.tenant);
+  --charged->second;
+  --t->links;
+  if (charged->second == 0 && t->links > 0) {
+    Uncharge(charged->first);
+    t->tenants.erase(charged);
+  }
+  if (t->links == 0) t->idle_since_ns = SystemClock::Default()->NowNanos();
+  links_.erase(it);
+}
+
+void KvEvents::Uncharge(const std::string& tenant) {
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) return;
+  --it->second.topics;
+  if (it->second.topics == 0 && it->second.namespaces == 0) tenants_.erase(it);
+}
+
+std::vector<KvEvents::TopicKey> KvEvents::EndIdleTopics(int64_t now_ns) {
+  std::vector<TopicKey> ended;
+  for (auto it = topics_.begin(); it != topics_.end();) {
+    Topic* t = it->get();
+    if (t->links > 0 || now_ns - t->idle_since_ns < options_.topic_linger_ns) {
+      ++it;
+      continue;
+    }
+    for (const std::string& ns : t->namespaces) {
+      auto a = by_namespace_.find(ns);
+      if (a == by_namespace_.end()) continue;
+      std::erase(a->second.topics, t);
+      if (a->second.topics.empty()) {
+        auto owner = tenants_.find(a->second.owner);
+        by_namespace_.erase(a);
+        if (owner != tenants_.end() && --owner->second.namespaces == 0 && owner->second.topics == 0) {
+          tenants_.erase(owner);
+        }
+      }
+    }
+    for (const auto& [tenant, links] : t->tenants) Uncharge(tenant);
+    for (const std::string& id : t->routable_ids) {
+      auto r = routable_.find(id);
+      if (r != routable_.end() && --r->second.second == 0) routable_.erase(r);
+    }
+    by_name_.erase(t->key);
+    ended.push_back(t->key);
+    it = topics_.erase(it);
+  }
+  if (!ended.empty()) topic_count_.store(static_cast<uint32_t>(topics_.size()), std::memory_order_relaxed);
+  return ended;
+}
+
+bool KvEvents::Admit(TenantState* tenant) {
+  // An equal share of the buffer for each tenant with namespaces, and the buffer's bound.
+  const uint64_t share = std::max<uint64_t>(1, options_.queue_events / std::max<size_t>(1, tenants_.size()));
+  if (queued_ >= options_.queue_events || tenant->queued >= share) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  ++queued_;
+  ++tenant->queued;
+  return true;
 }
 
 KvEvent* KvEvents::Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier) {
-  if (queued_ >= options_.queue_events) {
-    dropped_.fetch_add(1, std::memory_order_relaxed);
-    return nullptr;
-  }
+  if (!Admit(ns.tenant)) return nullptr;
   if (t.pending.empty()) order_.push_back(&t);
-  ++queued_;
   t.pending.push_back(KvEvent{.kind = kind,
                               .block_size = ns.block_size,
                               .tier = tier,
@@ -443,7 +559,7 @@ void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tie
 
 void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t h,
                      std::optional<uint64_t> p, std::span<const uint32_t> tokens) {
-  if (tokens.size() != ns.block_size) tokens = {};
+  if (!options_.token_ids || tokens.size() != ns.block_size) tokens = {};
   const bool signed_hashes = ns.hashes == EventHashForm::kSglang;
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored
   // joins the previous BlockStored (vLLM's form) when both have tokens or neither has.
@@ -455,11 +571,7 @@ void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind
                        (kind == KvEvent::Kind::kRemoved ||
                         (p && last.hashes.back() == *p && last.token_ids.empty() == tokens.empty()));
     if (joins) {
-      if (queued_ >= options_.queue_events) {
-        dropped_.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
-      ++queued_;
+      if (!Admit(ns.tenant)) return;
       last.hashes.push_back(h);
       last.token_ids.insert(last.token_ids.end(), tokens.begin(), tokens.end());
       return;
@@ -482,6 +594,9 @@ KvEvents::Counters KvEvents::counters() const {
   c.replays = replays_.load(std::memory_order_relaxed);
   c.refused = refused_.load(std::memory_order_relaxed);
   c.retracted = retracted_.load(std::memory_order_relaxed);
+  c.topics_removed = topics_removed_.load(std::memory_order_relaxed);
+  c.topics_refused = topics_refused_.load(std::memory_order_relaxed);
+  c.topics = topic_count_.load(std::memory_order_relaxed);
   c.subscribers = subscribers_.load(std::memory_order_relaxed);
   c.replay_peers = replay_peers_.load(std::memory_order_relaxed);
   c.first_sequence = first_seq_;
@@ -581,12 +696,17 @@ void KvEvents::PublishPending() {
     std::vector<KvEvent> events;
   };
   std::vector<Batch> batches;
+  std::vector<TopicKey> ended;
   {
     MutexLock lock(&mu_);
-    for (Topic* t : order_) batches.push_back(Batch{t->name, t->dp_rank, std::move(t->pending)});
+    for (Topic* t : order_) batches.push_back(Batch{t->key.first, t->key.second, std::move(t->pending)});
     for (Topic* t : order_) t->pending.clear();
     order_.clear();
     queued_ = 0;
+    for (auto& [name, tenant] : tenants_) tenant.queued = 0;
+    // After their last batches are taken: a topic revived later is a new one, whose events
+    // go out after this retraction.
+    ended = EndIdleTopics(SystemClock::Default()->NowNanos());
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (auto& [topic, dp_rank, events] : batches) {
@@ -616,6 +736,36 @@ void KvEvents::PublishPending() {
       at = end;
     }
   }
+  for (const TopicKey& key : ended) RetractTopic(key);
+}
+
+void KvEvents::PublishRemoved(const TopicKey& key, const KvEvent& removed, double timestamp) {
+  for (size_t at = 0; at < removed.hashes.size(); at += options_.batch_size) {
+    KvEvent part = removed;
+    part.hashes.assign(
+        removed.hashes.begin() + static_cast<long>(at),
+        removed.hashes.begin() + static_cast<long>(std::min(removed.hashes.size(), at + options_.batch_size)));
+    Publish(key.first, EncodeEventBatch(timestamp, std::span<const KvEvent>(&part, 1), options_.encoding, key.second));
+  }
+}
+
+void KvEvents::RetractTopic(const TopicKey& key) {
+  auto it = announced_.find(key);
+  uint64_t n = 0;
+  if (it != announced_.end()) {
+    const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    for (const auto& [tier, set] : it->second.hashes) {
+      KvEvent e{.kind = KvEvent::Kind::kRemoved, .tier = tier, .signed_hashes = it->second.signed_hashes};
+      e.hashes.assign(set.begin(), set.end());
+      n += e.hashes.size();
+      PublishRemoved(key, e, ts);
+    }
+    announced_.erase(it);
+    state_dirty_ = true;
+  }
+  events_.fetch_add(n, std::memory_order_relaxed);
+  topics_removed_.fetch_add(1, std::memory_order_relaxed);
+  KVTIER_LOG(INFO) << "events: topic " << key.first << " ended (" << n << " block hashes removed)";
 }
 
 void KvEvents::Publish(const std::string& topic, const std::string& payload) {
@@ -727,7 +877,7 @@ void KvEvents::SaveState() {
 }
 
 void KvEvents::Retract() {
-  std::vector<std::pair<std::pair<std::string, std::optional<uint32_t>>, KvEvent>> removals;
+  std::vector<std::pair<TopicKey, KvEvent>> removals;
   uint64_t n = 0;
   for (auto& [key, a] : earlier_) {
     const auto now = announced_.find(key);
@@ -750,14 +900,7 @@ void KvEvents::Retract() {
   }
   earlier_.clear();
   const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  for (auto& [key, e] : removals) {
-    for (size_t at = 0; at < e.hashes.size(); at += options_.batch_size) {
-      KvEvent part = e;
-      part.hashes.assign(e.hashes.begin() + static_cast<long>(at),
-                         e.hashes.begin() + static_cast<long>(std::min(e.hashes.size(), at + options_.batch_size)));
-      Publish(key.first, EncodeEventBatch(ts, std::span<const KvEvent>(&part, 1), options_.encoding, key.second));
-    }
-  }
+  for (auto& [key, e] : removals) PublishRemoved(key, e, ts);
   retracted_.fetch_add(n, std::memory_order_relaxed);
   events_.fetch_add(n, std::memory_order_relaxed);
   state_dirty_ = true;  // the earlier run's file is replaced by this run's

@@ -26,9 +26,11 @@
 // them (the older vLLM it serves has no such fields). block_size is the namespace's (the
 // group's, Hello.event_block_tokens, where the engine said it).
 //
-// token_ids: block_size tokens per hash, as the engine sent them with its Commit, or none
-// (an engine that sent none; a block announced again on another tier, since kvtierd keeps
-// no tokens). A BlockStored's blocks all have tokens or none do.
+// token_ids: none unless events.token_ids is on (every subscriber, every tenant's engines
+// among them on a shared host, would read every tenant's prompts); then block_size tokens
+// per hash, as the engine sent them with its Commit, or none (an engine that sent none; a
+// block announced again on another tier, since kvtierd keeps no tokens). A BlockStored's
+// blocks all have tokens or none do.
 //
 // A block hash is announced in the form of the engine that attached to its namespace
 // (Hello.event_hashes): vLLM's, an unsigned 64-bit integer of its last 8 bytes read
@@ -49,7 +51,22 @@
 // its own batches); {model} the layout's model id up to its first '|' (the connectors
 // append layout and rank facts after one). A namespace's blocks go to the topic of every
 // engine that attached to it, since each of them can load them: a router then counts them
-// for every engine on the node. One sequence numbers every message on the socket, so a
+// for every engine on the node.
+//
+// Topics have owners and an end. A topic lives while an engine is attached through it and
+// topic_linger after the last one detaches (an engine restarting within it finds its
+// announcements as they were); then it leaves every namespace it was linked to and the
+// publisher thread retracts what it announced (BlockRemoved, as after a restart), so a
+// router stops sending requests for those blocks to an engine that is gone. A tenant holds
+// at most max_topics_per_tenant topics (lingering ones count): past it a Hello is refused,
+// so one tenant's sessions cannot make every commit fan out to thousands of topics. A
+// routable id belongs to the tenant whose engine declared it first, for as long as a topic
+// it named lives: another tenant's engine declaring it is refused, so nobody announces
+// blocks as another engine. Of the buffer's queue_events, a tenant's events take at most
+// an equal share among the tenants with namespaces here; past it its events are dropped
+// (and counted), not everyone's.
+//
+// One sequence numbers every message on the socket, so a
 // subscriber to every topic sees consecutive numbers; one subscribed to a single topic
 // sees them increase. Sequence numbers start at the daemon's start time in microseconds
 // since the Unix epoch, so they keep increasing across restarts: a subscriber that sees
@@ -138,6 +155,9 @@ struct KvEventsOptions {
   // An ipc:// endpoint's socket file is made mode 0660, group ipc_gid (-1: the daemon's):
   // only the daemon's user and that group (the engine socket's) may subscribe.
   int64_t ipc_gid = -1;
+  bool token_ids = false;                    // BlockStored carries the blocks' tokens
+  uint32_t max_topics_per_tenant = 64;       // topics a tenant's engines may hold (lingering ones count)
+  int64_t topic_linger_ns = 30'000'000'000;  // a topic's life after its last engine detaches
   bool operator==(const KvEventsOptions&) const = default;
 };
 // The default publish endpoint's file, in the data directory.
@@ -199,6 +219,9 @@ class KvEvents {
     uint64_t replays = 0;                        // replay requests answered
     uint64_t refused = 0;                        // peers shut down past max_subscribers / max_replay_peers
     uint64_t retracted = 0;                      // hashes of an earlier run removed at start
+    uint64_t topics_removed = 0;                 // topics ended (topic_linger after the last engine)
+    uint64_t topics_refused = 0;                 // Hellos refused: topic cap or another tenant's routable id
+    uint32_t topics = 0;                         // topics now, lingering ones among them
     uint32_t subscribers = 0, replay_peers = 0;  // connected now
     uint64_t first_sequence = 0;                 // this run's first message's
   };
@@ -213,12 +236,16 @@ class KvEvents {
   KvEvents(const KvEvents&) = delete;
   KvEvents& operator=(const KvEvents&) = delete;
 
-  // A namespace events may name, attached by the engine `source` names: the topic it adds
-  // and the block size its BlockStored carry. Idempotent for a namespace and topic. The
-  // first engine to attach sets the namespace's hash form, block size and group; one with
-  // form kNone adds nothing.
-  void AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
-                    uint32_t tokens_per_block, const EventSource& source = {});
+  // A namespace events may name, attached by an engine of `tenant` that `source` names: the
+  // topic it adds (or keeps alive) and the block size its BlockStored carry. The first
+  // engine to attach sets the namespace's hash form, block size and group. Returns the
+  // link to give RemoveNamespace when that engine detaches; 0 for form kNone (nothing is
+  // added). kResourceExhausted past max_topics_per_tenant; kPermissionDenied for a
+  // routable id another tenant's engine holds.
+  Result<uint64_t> AddNamespace(std::string_view encoded_ns, std::string_view tenant, std::string_view model,
+                                uint32_t tokens_per_block, const EventSource& source = {});
+  // The engine of `link` detached: its topic lingers if it was the topic's last (0: none).
+  void RemoveNamespace(uint64_t link);
   // A block became findable in `tier` (with its tokens when known: exactly the
   // namespace's block size, else none are sent) / stopped being findable there. Events of
   // a namespace never added are not published (their topic is unknown).
@@ -237,18 +264,36 @@ class KvEvents {
 
  private:
   struct Sockets;
-  struct Topic {
-    std::string name;
-    std::optional<uint32_t> dp_rank;
-    std::vector<KvEvent> pending;
+  // A tenant's topics (those it is charged for) and its events waiting now.
+  struct TenantState {
+    uint32_t topics = 0;
+    uint32_t namespaces = 0;  // linked to a topic
+    uint64_t queued = 0;
   };
-  // A namespace's hash form, block size, group and topics (one per engine identity that
-  // attached to it).
+  using TopicKey = std::pair<std::string, std::optional<uint32_t>>;  // name, dp rank
+  struct Topic {
+    TopicKey key;
+    std::vector<KvEvent> pending;
+    uint32_t links = 0;  // engines attached through it
+    // Tenants charged for it, with their links; one at 0 stays charged while it lingers.
+    std::map<std::string, uint32_t, std::less<>> tenants;
+    std::vector<std::string> routable_ids;  // declared by its engines, held while it lives
+    std::vector<std::string> namespaces;    // linked to it
+    int64_t idle_since_ns = 0;              // when links fell to 0
+  };
+  // A namespace's hash form, block size, group, tenant and topics (one per engine identity
+  // that attached to it).
   struct Announced {
     EventHashForm hashes = EventHashForm::kVllm;
     uint32_t block_size = 0;
     EventGroup group;
+    std::string owner;              // its tenant
+    TenantState* tenant = nullptr;  // tenants_[owner]
     std::vector<Topic*> topics;
+  };
+  struct Link {
+    Topic* topic;
+    std::string tenant;
   };
   explicit KvEvents(const KvEventsOptions& options);
   // REQUIRES: mu_ held. The topic's batch to append to, or nullptr when full.
@@ -258,8 +303,19 @@ class KvEvents {
   // REQUIRES: mu_ held.
   void AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t hash,
              std::optional<uint64_t> parent, std::span<const uint32_t> tokens) KVTIER_REQUIRES(mu_);
+  // REQUIRES: mu_ held. Ends the topics that lingered past topic_linger (unlinked, their
+  // charges and routable ids released) and returns them for their retraction.
+  std::vector<TopicKey> EndIdleTopics(int64_t now_ns) KVTIER_REQUIRES(mu_);
+  // REQUIRES: mu_ held. Releases `tenant`'s charge for one topic.
+  void Uncharge(const std::string& tenant) KVTIER_REQUIRES(mu_);
+  // REQUIRES: mu_ held. Whether `tenant` may queue one more event (its fair share).
+  bool Admit(TenantState* tenant) KVTIER_REQUIRES(mu_);
   void Run();
   void PublishPending();
+  // Publishes BlockRemoved for everything a topic announced in this run, and forgets it.
+  void RetractTopic(const TopicKey& key);
+  // Publishes `removed` (a BlockRemoved) on a topic, batch_size hashes a message.
+  void PublishRemoved(const TopicKey& key, const KvEvent& removed, double timestamp);
   // Numbers and sends one message (and keeps it for the replay socket).
   void Publish(const std::string& topic, const std::string& payload);
   void ServeReplay();
@@ -285,12 +341,18 @@ class KvEvents {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   std::unordered_map<std::string, Announced, NameHash, std::equal_to<>> by_namespace_ KVTIER_GUARDED_BY(mu_);
-  // Name, dp rank.
-  std::map<std::pair<std::string, std::optional<uint32_t>>, Topic*> by_name_ KVTIER_GUARDED_BY(mu_);
+  std::map<TopicKey, Topic*> by_name_ KVTIER_GUARDED_BY(mu_);
+  std::map<std::string, TenantState, std::less<>> tenants_ KVTIER_GUARDED_BY(mu_);
+  // Routable id -> the tenant holding it and the live topics that hold it.
+  std::map<std::string, std::pair<std::string, uint32_t>, std::less<>> routable_ KVTIER_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, Link> links_ KVTIER_GUARDED_BY(mu_);
+  uint64_t next_link_ KVTIER_GUARDED_BY(mu_) = 1;
   std::vector<Topic*> order_ KVTIER_GUARDED_BY(mu_);  // topics with pending events, first-come
   uint64_t queued_ KVTIER_GUARDED_BY(mu_) = 0;        // events pending
 
-  std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0}, refused_{0}, retracted_{0};
+  std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0}, refused_{0}, retracted_{0},
+      topics_removed_{0}, topics_refused_{0};
+  std::atomic<uint32_t> topic_count_{0};
   std::atomic<uint32_t> subscribers_{0}, replay_peers_{0};
   uint64_t first_seq_ = 0;
   uint64_t next_seq_ = 0;  // publisher thread

@@ -22,6 +22,14 @@ namespace {
 
 using testing::HashChain;
 
+// AddNamespace, expected to succeed; its link.
+uint64_t Attach(KvEvents& events, std::string_view ns, std::string_view tenant, std::string_view model,
+                uint32_t tokens_per_block, const EventSource& source = {}) {
+  auto link = events.AddNamespace(ns, tenant, model, tokens_per_block, source);
+  EXPECT_TRUE(link.ok()) << link.status().ToString();
+  return link.ok() ? *link : 0;
+}
+
 uint64_t BigEndian(const uint8_t* b) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v = (v << 8) | b[i];
@@ -251,7 +259,7 @@ void Join(KvEvents& events, zmq::socket_t& sub) {
   const BlockHash probe = HashChain(77, 1)[0];
   for (int i = 0; i < 200; ++i) {
     const std::string ns = "probe" + std::to_string(i);
-    events.AddNamespace(ns, "t", ns, 16);
+    Attach(events, ns, "probe-tenant", "probe", 16);  // one topic, however many tries
     events.Stored(ns, TierKind::kHost, probe, BlockHash());
     bool joined = false;
     (void)Receive(sub, 1, std::chrono::milliseconds(50), &joined);
@@ -267,8 +275,8 @@ struct Subscribed {
   zmq::socket_t sub{ctx, zmq::socket_type::sub};
 };
 
-std::unique_ptr<Subscribed> Subscribe() {
-  auto events = KvEvents::Open(LoopbackOptions());
+std::unique_ptr<Subscribed> Subscribe(const KvEventsOptions& options = LoopbackOptions()) {
+  auto events = KvEvents::Open(options);
   EXPECT_TRUE(events.ok()) << events.status().ToString();
   if (!events.ok()) return nullptr;
   auto s = std::make_unique<Subscribed>();
@@ -285,7 +293,7 @@ TEST(KvEvents, AChainIsOneBlockStoredAndSequencesAreConsecutive) {
   KvEvents* events = s->events.get();
   zmq::socket_t& sub = s->sub;
   const auto chain = HashChain(3, 4);
-  events->AddNamespace("ns", "t", "llama3-8b", 16);
+  Attach(*events, "ns", "t", "llama3-8b", 16);
   events->Stored("ns", TierKind::kHost, chain[0], BlockHash());
   for (size_t i = 1; i < chain.size(); ++i) events->Stored("ns", TierKind::kHost, chain[i], chain[i - 1]);
   events->Removed("ns", TierKind::kHost, chain[3]);
@@ -328,7 +336,7 @@ TEST(KvEvents, SequencesStartAtTheStartTimeSoTheyIncreaseAcrossRestarts) {
   const uint64_t first = s->events->counters().first_sequence;
   EXPECT_GE(first, before);
   EXPECT_LE(first, now_us());
-  s->events->AddNamespace("ns", "t", "m", 16);
+  Attach(*s->events, "ns", "t", "m", 16);
   s->events->Stored("ns", TierKind::kHost, HashChain(1, 1)[0], BlockHash());
   auto got = Receive(s->sub, 1);
   ASSERT_FALSE(got.empty());
@@ -349,7 +357,7 @@ TEST(KvEvents, TheNextRunRemovesWhatTheLastAnnounced) {
   {
     auto e = KvEvents::Open(o);
     ASSERT_TRUE(e.ok());
-    (*e)->AddNamespace("ns", "t", "llama", 16, EventSource{"10.0.0.1:8000", 2});
+    Attach(**e, "ns", "t", "llama", 16, EventSource{"10.0.0.1:8000", 2});
     (*e)->Stored("ns", TierKind::kHost, chain[0], BlockHash());
     for (size_t i = 1; i < chain.size(); ++i) (*e)->Stored("ns", TierKind::kHost, chain[i], chain[i - 1]);
     (*e)->Stored("ns", TierKind::kNvme, chain[0], BlockHash());
@@ -363,7 +371,7 @@ TEST(KvEvents, TheNextRunRemovesWhatTheLastAnnounced) {
   sub.set(zmq::sockopt::subscribe, "kv@10.0.0.1:8000@llama");
   sub.connect((*e)->publish_endpoint());
   // The new run announces chain[1] in host again before the retraction is due.
-  (*e)->AddNamespace("ns", "t", "llama", 16, EventSource{"10.0.0.1:8000", 2});
+  Attach(**e, "ns", "t", "llama", 16, EventSource{"10.0.0.1:8000", 2});
   (*e)->Stored("ns", TierKind::kHost, chain[1], chain[0]);
   std::map<std::pair<std::string, std::string>, std::vector<uint64_t>> seen;  // (type, medium)
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -420,11 +428,11 @@ TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
   const auto chain = HashChain(5, 2);
   // Two engines serving one model on this node, one that declared no identity, and
   // another model: the connectors' model ids carry layout facts after a '|'.
-  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.5:8000"});
-  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.6:8000"});
-  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.6:8000"});  // again: no change
-  events->AddNamespace("ns", "t", "llama|HNC|tp0of1|pp0of1", 16);
-  events->AddNamespace("other", "t", "qwen", 16, {.routable_id = "10.0.0.7:8000"});
+  Attach(*events, "ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.5:8000"});
+  Attach(*events, "ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.6:8000"});
+  Attach(*events, "ns", "t", "llama|HNC|tp0of1|pp0of1", 16, {.routable_id = "10.0.0.6:8000"});  // again: no change
+  Attach(*events, "ns", "t", "llama|HNC|tp0of1|pp0of1", 16);
+  Attach(*events, "other", "t", "qwen", 16, {.routable_id = "10.0.0.7:8000"});
   events->Stored("ns", TierKind::kHost, chain[0], BlockHash());
   events->Removed("ns", TierKind::kHost, chain[0]);
   events->Stored("other", TierKind::kHost, chain[1], BlockHash());
@@ -444,8 +452,8 @@ TEST(KvEvents, AnEnginesDataParallelRankRidesOnItsTopicsBatches) {
   ASSERT_NE(s, nullptr);
   const auto chain = HashChain(6, 2);
   // Two DP ranks behind one API server: one topic name, a batch per rank.
-  s->events->AddNamespace("rank0", "t", "m", 16, {.routable_id = "10.0.0.8:8000", .dp_rank = 0});
-  s->events->AddNamespace("rank1", "t", "m", 16, {.routable_id = "10.0.0.8:8000", .dp_rank = 1});
+  Attach(*s->events, "rank0", "t", "m", 16, {.routable_id = "10.0.0.8:8000", .dp_rank = 0});
+  Attach(*s->events, "rank1", "t", "m", 16, {.routable_id = "10.0.0.8:8000", .dp_rank = 1});
   s->events->Stored("rank0", TierKind::kHost, chain[0], BlockHash());
   s->events->Stored("rank1", TierKind::kHost, chain[1], BlockHash());
   std::map<uint32_t, std::pair<std::string, uint64_t>> by_rank;  // rank -> topic, hash
@@ -466,11 +474,10 @@ TEST(KvEvents, ANamespacesHashFormIsTheFirstAttachersAndNoneAnnouncesNothing) {
   std::array<uint8_t, 32> top{};
   top.fill(0xf1);  // the top bit set: a negative int64 in SGLang's form
   const BlockHash page(top), next = HashChain(9, 1, 32)[0];
-  s->events->AddNamespace("kv", "t", "sglang:qwen", 16,
-                          {.routable_id = "10.0.0.9:30000", .hashes = EventHashForm::kSglang});
-  s->events->AddNamespace("kv", "t", "sglang:qwen", 16, {.routable_id = "10.0.0.10:30000"});  // form stays SGLang's
-  s->events->AddNamespace("draft", "t", "sglang:qwen", 16,
-                          {.routable_id = "10.0.0.9:30000", .hashes = EventHashForm::kNone});
+  Attach(*s->events, "kv", "t", "sglang:qwen", 16, {.routable_id = "10.0.0.9:30000", .hashes = EventHashForm::kSglang});
+  Attach(*s->events, "kv", "t", "sglang:qwen", 16, {.routable_id = "10.0.0.10:30000"});  // form stays SGLang's
+  Attach(*s->events, "draft", "t", "sglang:qwen", 16,
+         {.routable_id = "10.0.0.9:30000", .hashes = EventHashForm::kNone});
   s->events->Stored("draft", TierKind::kHost, next, BlockHash());
   s->events->Stored("kv", TierKind::kHost, page, BlockHash());
   s->events->Stored("kv", TierKind::kHost, next, page);
@@ -488,14 +495,31 @@ TEST(KvEvents, ANamespacesHashFormIsTheFirstAttachersAndNoneAnnouncesNothing) {
   EXPECT_TRUE(negative) << "a hash with its top bit set must go as a negative integer, as SGLang sends it";
 }
 
-TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
+// Tokens are a tenant's prompt: sent only when events.token_ids says so.
+TEST(KvEvents, WithoutTokenIdsOnABlockStoredCarriesNoTokens) {
   auto s = Subscribe();
+  ASSERT_NE(s, nullptr);
+  const auto chain = HashChain(4, 2);
+  Attach(*s->events, "ns", "t", "m", 4);
+  s->events->Stored("ns", TierKind::kHost, chain[0], BlockHash(), std::vector<uint32_t>{1, 2, 3, 4});
+  s->events->Stored("ns", TierKind::kHost, chain[1], chain[0], std::vector<uint32_t>{5, 6, 7, 8});
+  std::vector<Message> got = Receive(s->sub, 1);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].events.size(), 1u);
+  EXPECT_EQ(got[0].events[0].second.size(), 2u);
+  EXPECT_TRUE(got[0].tokens[0].empty());
+}
+
+TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
+  KvEventsOptions o = LoopbackOptions();
+  o.token_ids = true;
+  auto s = Subscribe(o);
   ASSERT_NE(s, nullptr);
   KvEvents* events = s->events.get();
   zmq::socket_t& sub = s->sub;
   const auto chain = HashChain(4, 4);
   const std::vector<uint32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8}, short_one = {9, 9};
-  events->AddNamespace("ns", "t", "m", 4);
+  Attach(*events, "ns", "t", "m", 4);
   events->Stored("ns", TierKind::kHost, chain[0], BlockHash(), t0);
   events->Stored("ns", TierKind::kHost, chain[1], chain[0], t1);         // joins: both have tokens
   events->Stored("ns", TierKind::kHost, chain[2], chain[1]);             // none: its own event
@@ -514,7 +538,7 @@ TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {
   ASSERT_TRUE(events.ok()) << events.status().ToString();
   const auto hashes = HashChain(5, 5);
   for (int i = 0; i < 5; ++i) {
-    (*events)->AddNamespace("ns" + std::to_string(i), "t", "m" + std::to_string(i), 16);
+    Attach(**events, "ns" + std::to_string(i), "t", "m" + std::to_string(i), 16);
     (*events)->Stored("ns" + std::to_string(i), TierKind::kHost, hashes[i], BlockHash());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // one message each
   }
@@ -557,7 +581,7 @@ TEST(KvEvents, ABoundedQueueDropsAndCountsInsteadOfGrowing) {
   o.flush_interval_ns = 10'000'000'000;  // nothing leaves while the test fills the queue
   auto events = KvEvents::Open(o);
   ASSERT_TRUE(events.ok());
-  (*events)->AddNamespace("ns", "t", "m", 16);
+  Attach(**events, "ns", "t", "m", 16);
   const auto hashes = HashChain(9, 100);
   for (const BlockHash& h : hashes) (*events)->Removed("ns", TierKind::kNvme, h);
   EXPECT_EQ((*events)->counters().dropped, 90u);
@@ -595,6 +619,116 @@ TEST(KvEvents, AnIpcPathAnotherPublisherHoldsIsRefusedAndAStaleOneReused) {
   ASSERT_TRUE(std::filesystem::exists(dir.File("events.sock"))) << "ZMQ leaves the file; nobody listens on it";
   auto again = KvEvents::Open(o);
   EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A topic outlives its last engine by topic_linger; then what it announced is removed and
+// the namespace's blocks go nowhere (no engine can load them through it).
+TEST(KvEvents, ATopicEndsAfterItsLastEngineAndRetractsWhatItAnnounced) {
+  KvEventsOptions o = LoopbackOptions();
+  o.topic_linger_ns = 300'000'000;
+  auto s = Subscribe(o);
+  ASSERT_NE(s, nullptr);
+  KvEvents& events = *s->events;
+  const auto chain = HashChain(12, 3);
+  const EventSource engine{.routable_id = "10.0.0.20:8000"};
+  const uint64_t first = Attach(events, "ns", "t", "m", 16, engine);
+  const uint64_t second = Attach(events, "ns", "t", "m", 16, engine);  // a second worker, same topic
+  ASSERT_NE(first, second);
+  events.Stored("ns", TierKind::kHost, chain[0], BlockHash());
+  for (size_t i = 1; i < chain.size(); ++i) events.Stored("ns", TierKind::kHost, chain[i], chain[i - 1]);
+  ASSERT_EQ(Receive(s->sub, chain.size()).size(), 1u);
+  const uint32_t topics = events.counters().topics;  // the probes' and this one
+  events.RemoveNamespace(first);
+  events.RemoveNamespace(second);
+  // Back within the linger: nothing is retracted, the topic goes on.
+  const uint64_t again = Attach(events, "ns", "t", "m", 16, engine);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(events.counters().topics_removed, 0u);
+  EXPECT_TRUE(Receive(s->sub, 1, std::chrono::milliseconds(100)).empty());
+  events.RemoveNamespace(again);
+  ASSERT_TRUE(testing::WaitUntil([&] { return events.counters().topics_removed == 1; }));
+  EXPECT_EQ(events.counters().topics, topics - 1);
+  std::vector<uint64_t> removed;
+  for (const Message& m : Receive(s->sub, chain.size())) {
+    EXPECT_EQ(m.topic, "kv@10.0.0.20:8000@m");
+    for (const auto& [tag, hashes] : m.events) {
+      EXPECT_EQ(tag, "BlockRemoved");
+      removed.insert(removed.end(), hashes.begin(), hashes.end());
+    }
+  }
+  std::sort(removed.begin(), removed.end());
+  std::vector<uint64_t> want;
+  for (const BlockHash& h : chain) want.push_back(EventHash(h));
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(removed, want);
+  // The namespace has no topic left: its blocks are announced to nobody.
+  events.Stored("ns", TierKind::kHost, HashChain(13, 1)[0], BlockHash());
+  EXPECT_TRUE(Receive(s->sub, 1, std::chrono::milliseconds(200)).empty());
+}
+
+// One tenant's engines hold at most max_topics_per_tenant topics, lingering ones counted;
+// other tenants are not affected, and an ended topic frees its place.
+TEST(KvEvents, ATenantsTopicsAreCappedAndAnEndedTopicFreesItsPlace) {
+  KvEventsOptions o = LoopbackOptions();
+  o.max_topics_per_tenant = 3;
+  o.topic_linger_ns = 0;
+  auto events = KvEvents::Open(o);
+  ASSERT_TRUE(events.ok());
+  KvEvents& e = **events;
+  std::vector<uint64_t> links;
+  for (int i = 0; i < 3; ++i) {
+    const std::string id = "10.0.1." + std::to_string(i) + ":8000";
+    links.push_back(Attach(e, "ns", "a", "m", 16, EventSource{.routable_id = id}));
+  }
+  Attach(e, "ns", "a", "m", 16, EventSource{.routable_id = "10.0.1.0:8000"});  // a topic it holds: no new one
+  auto over = e.AddNamespace("ns", "a", "m", 16, EventSource{.routable_id = "10.0.1.9:8000"});
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("max_topics_per_tenant"), std::string::npos);
+  EXPECT_EQ(e.counters().topics_refused, 1u);
+  Attach(e, "nsb", "b", "m", 16, EventSource{.routable_id = "10.0.2.0:8000"});  // another tenant
+  e.RemoveNamespace(links[2]);
+  ASSERT_TRUE(testing::WaitUntil([&] { return e.counters().topics_removed == 1; }));
+  Attach(e, "ns", "a", "m", 16, EventSource{.routable_id = "10.0.1.9:8000"});
+  EXPECT_EQ(e.counters().topics, 4u);
+}
+
+// An engine's routable id is its tenant's while a topic it named lives: another tenant
+// cannot announce blocks as that engine.
+TEST(KvEvents, ARoutableIdBelongsToTheTenantThatDeclaredIt) {
+  KvEventsOptions o = LoopbackOptions();
+  o.topic_linger_ns = 0;
+  auto events = KvEvents::Open(o);
+  ASSERT_TRUE(events.ok());
+  KvEvents& e = **events;
+  const EventSource engine{.routable_id = "10.0.3.1:8000"};
+  const uint64_t a = Attach(e, "ns-a", "a", "m", 16, engine);
+  Attach(e, "ns-a2", "a", "other-model", 16, engine);  // its own tenant may, for any model
+  auto b = e.AddNamespace("ns-b", "b", "x", 16, engine);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(b.status().message().find("10.0.3.1:8000"), std::string::npos);
+  Attach(e, "ns-b", "b", "x", 16);  // no routable id: the host's topic
+  e.RemoveNamespace(a);
+  EXPECT_FALSE(e.AddNamespace("ns-b", "b", "x", 16, engine).ok());  // the other-model topic still holds it
+}
+
+// Of the buffer, a tenant's events take at most an equal share among the tenants with
+// namespaces: one tenant's flood drops its own events, not another's.
+TEST(KvEvents, ATenantsEventsTakeAtMostItsShareOfTheBuffer) {
+  KvEventsOptions o = LoopbackOptions();
+  o.queue_events = 100;
+  o.flush_interval_ns = 60'000'000'000;  // nothing is sent during the test
+  auto events = KvEvents::Open(o);
+  ASSERT_TRUE(events.ok());
+  KvEvents& e = **events;
+  Attach(e, "ns-a", "a", "m", 16);
+  Attach(e, "ns-b", "b", "m", 16);
+  const auto flood = HashChain(14, 200);
+  for (const BlockHash& h : flood) e.Removed("ns-a", TierKind::kHost, h);
+  EXPECT_EQ(e.counters().dropped, 150u);  // a's share: 100 / 2 tenants
+  for (const BlockHash& h : HashChain(15, 40)) e.Removed("ns-b", TierKind::kHost, h);
+  EXPECT_EQ(e.counters().dropped, 150u);
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ def test_vllms_own_event_classes_decode_every_message_of_kvtierd_under_load(mode
     endpoint = f"ipc://{tmp_path}/events.sock"
     # 96 pages of one block each: the prompts below need more, so blocks are evicted too.
     with Daemon(page_bytes=64 << 10, pages=96,
-                extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms}}\n") as d:
+                extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms, token_ids: true}}\n") as d:
         sub = Subscriber(endpoint)
         time.sleep(0.5)  # the subscription lands before the first namespace attaches
         engine = Engine(vllm_config(model_dir, d.socket, extra={"routable_id": "10.1.2.3:8000"}), 256)
@@ -86,7 +86,7 @@ def test_dynamos_indexer_finds_the_prefix_an_engine_stored_through_kvtier(model_
     lease = PortLease(random.Random())
     log = open(tmp_path / "indexer.log", "w")
     with Daemon(page_bytes=64 << 10, pages=256,
-                extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms}}\n") as d:
+                extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms, token_ids: true}}\n") as d:
         indexer = subprocess.Popen([sys.executable, "-m", "dynamo.indexer", "--port", str(lease.port), "--threads", "1",
                                     "--block-size", str(BLOCK), "--workers", f"1={endpoint}"],
                                    stdout=log, stderr=subprocess.STDOUT)

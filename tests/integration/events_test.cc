@@ -88,7 +88,8 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
       ASSERT_TRUE(pages.ok()) << pages.status().ToString() << d.Log();
       FillBlockPattern(chain[i], (*c)->PageBytes(TierKind::kHost, (*pages)[0]).first(layout.block_bytes));
       const std::vector<CommitEntry> e = {{(*pages)[0], chain[i], i ? chain[i - 1] : BlockHash()}};
-      auto r = (*c)->Commit(TierKind::kHost, e);
+      const std::vector<uint32_t> tokens(layout.tokens_per_block, static_cast<uint32_t>(7000 + i));  // a prompt
+      auto r = (*c)->Commit(TierKind::kHost, e, /*retain=*/false, tokens);
       ASSERT_TRUE(r.ok() && (*r)[0].status.ok()) << (r.ok() ? (*r)[0].status : r.status()).ToString() << d.Log();
       if (i % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // several messages
     }
@@ -115,6 +116,8 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
   EXPECT_GE(j["replayed"].get<int>(), 2) << j.dump();
   EXPECT_EQ(j["gaps"], 0) << j.dump();
   EXPECT_EQ(j["block_sizes"], nlohmann::json::array({16})) << j.dump();
+  // The engine's tokens are not published: events.token_ids is off by default.
+  EXPECT_EQ(j["token_ids"], 0) << j.dump();
 
   std::set<uint64_t> want;
   for (const BlockHash& h : chain) want.insert(EventHashOf(h));

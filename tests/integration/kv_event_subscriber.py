@@ -52,7 +52,7 @@ def decode(payload, bad):
             medium = (ev[6] if len(ev) > 6 and ev[6] is not None else "gpu").lower()
             parent = None if ev[2] is None else as_u64(ev[2])
             out.append({"tag": tag, "hashes": [as_u64(h) for h in ev[1]], "parent": parent,
-                        "block_size": ev[4], "medium": medium})
+                        "block_size": ev[4], "medium": medium, "tokens": len(ev[3] or [])})
         elif tag == "BlockRemoved":
             medium = (ev[2] if len(ev) > 2 and ev[2] is not None else "gpu").lower()
             out.append({"tag": tag, "hashes": [as_u64(h) for h in ev[1]], "medium": medium})
@@ -151,6 +151,7 @@ def main():
                "replayed": replayed, "messages": len(seqs), "gaps": gaps, "bad": bad[:5],
                "block_sizes": sorted({e.get("block_size") for s in seqs for e in messages[s][1]
                                       if e["tag"] == "BlockStored"}),
+               "token_ids": sum(e.get("tokens", 0) for s in seqs for e in messages[s][1]),
                "events": by}, sys.stdout)
 
 

@@ -457,6 +457,77 @@ TEST_F(MultiUser, ATenantsExplainOverManyNamespacesIsRefusedPastItsProbeCap) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// KV event topics have owners and an end: one tenant's engines hold at most
+// events.max_topics_per_tenant topics (a session past it is refused, not fanned out to);
+// a routable id is the tenant's that declared it, so another tenant cannot announce blocks
+// as that engine; a topic whose engines are gone ends after events.topic_linger, what it
+// announced removed, and its routable id is free again.
+TEST_F(MultiUser, EventTopicsHaveAnOwnerACapAndAnEnd) {
+  DaemonProcess::Options o = Options("  allow_unknown: true\n");
+  o.extra_yaml += "events: {max_topics_per_tenant: 4, topic_linger: 200ms, flush_interval: 10ms}\n";
+  DaemonProcess d(o);
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  auto engine = [&](const std::string& id) {
+    ClientOptions c = EngineOptions(d.socket_path(), "engine " + id);
+    c.routable_id = id;
+    return Client::Connect(c);
+  };
+  Pipe a_ready, a_go;
+  // A: four engines, each its own address; a fifth address is refused; one block stored.
+  EngineProcess a([&]() -> int {
+    std::vector<std::unique_ptr<Client>> held;  // open until a_go
+    const int rc = [&] {
+      if (!BecomeUser(kUserA)) return 20;
+      for (int i = 0; i < 4; ++i) {
+        auto c = engine("10.9.0." + std::to_string(i) + ":8000");
+        if (!c.ok()) return 21;
+        held.push_back(std::move(*c));
+      }
+      auto fifth = engine("10.9.0.9:8000");
+      if (fifth.ok() || fifth.status().code() != StatusCode::kResourceExhausted) return 22;
+      if (fifth.status().message().find("max_topics_per_tenant") == std::string::npos) return 23;
+      return Store(*held[0], TierKind::kHost, HashChain(41, 3), kUserA).ok() ? 0 : 24;
+    }();
+    a_ready.Signal();
+    a_go.Wait();
+    return rc;
+  });
+  ASSERT_TRUE(a_ready.Wait()) << d.Log();
+  EXPECT_EQ(Metric(url, "kvtier_events_topics"), 4.0);
+  // B, while A's engines live: A's address is refused, its own is not.
+  int rc = -1;
+  EngineProcess b1([&]() -> int {
+    if (!BecomeUser(kUserB)) return 20;
+    auto taken = engine("10.9.0.0:8000");
+    if (taken.ok() || taken.status().code() != StatusCode::kPermissionDenied) return 21;
+    auto own = engine("10.9.1.0:8000");
+    return own.ok() ? 0 : 22;
+  });
+  rc = b1.Join();
+  EXPECT_EQ(rc, 0) << d.Log();
+  EXPECT_EQ(Metric(url, "kvtier_events_topics_refused_total"), 2.0);
+  // A's engines go: after the linger its topics end (B's too: its engine left), and what
+  // A announced is removed.
+  // A's 3 blocks, on host and (written through) on NVMe, each to A's 4 topics (its engines
+  // share one namespace).
+  constexpr double kAnnounced = 3 * 2 * 4;
+  EXPECT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_events_published_total") == kAnnounced; })) << d.Log();
+  a_go.Signal();
+  EXPECT_EQ(a.Join(), 0) << d.Log();
+  EXPECT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_events_topics_removed_total") == 5.0; })) << d.Log();
+  EXPECT_EQ(Metric(url, "kvtier_events_topics"), 0.0);
+  EXPECT_EQ(Metric(url, "kvtier_events_published_total"), 2 * kAnnounced);  // each removed
+  // The address is free again.
+  EngineProcess b2([&]() -> int {
+    if (!BecomeUser(kUserB)) return 20;
+    return engine("10.9.0.0:8000").ok() ? 0 : 21;
+  });
+  EXPECT_EQ(b2.Join(), 0) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 TEST_F(MultiUser, NvmeQuotasAndReservesHoldAgainstAFloodingTenant) {
   // 64 host pages, 256 NVMe slots (64 KiB); a may keep 32 slots on NVMe, b is sure of 32.
   DaemonProcess::Options o = Options(
