@@ -560,15 +560,24 @@ Dispatcher::Reply Dispatcher::OnExplain(SessionContext& ctx, const fb::Request& 
   const fb::Explain& m = *req.op_as_Explain();
   KVTIER_ASSIGN_OR_RETURN(auto hashes, Hashes(ctx, m.hashes()));
   const std::string ns = m.namespace_id() ? m.namespace_id()->str() : std::string();
-  KVTIER_ASSIGN_OR_RETURN(const auto entries, cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant));
-  std::vector<flatbuffers::Offset<fb::Explanation>> out;
-  for (const BlockExplanation& e : entries) {
-    out.push_back(fb::CreateExplanation(builder_, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme, e.writing,
-                                        builder_.CreateString(e.namespace_id), builder_.CreateString(e.tenant),
-                                        builder_.CreateString(e.model), e.seconds_ago,
-                                        builder_.CreateString(e.detail)));
-  }
-  return {fb::Reply::ExplainReply, fb::CreateExplainReply(builder_, builder_.CreateVector(out)).Union()};
+  std::weak_ptr<ReplySink> c = ctx.async_sink;  // answered in slices: the session may be gone
+  const uint64_t id = req.id();
+  const int64_t start = clock_->NowNanos();
+  cache_->Explain(
+      hashes, ns, ctx.admin ? nullptr : &ctx.tenant,
+      [this, c, id, start](Result<std::vector<BlockExplanation>> entries) {
+        SendLater(c, id, fb::Op::Explain, start, [&](Builder& b) -> Reply {
+          if (!entries.ok()) return entries.status();
+          std::vector<flatbuffers::Offset<fb::Explanation>> out;
+          for (const BlockExplanation& e : *entries) {
+            out.push_back(fb::CreateExplanation(b, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme, e.writing,
+                                                b.CreateString(e.namespace_id), b.CreateString(e.tenant),
+                                                b.CreateString(e.model), e.seconds_ago, b.CreateString(e.detail)));
+          }
+          return {fb::Reply::ExplainReply, fb::CreateExplainReply(b, b.CreateVector(out)).Union()};
+        });
+      });
+  return Reply::Later();
 }
 
 Dispatcher::Reply Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& req) {

@@ -230,11 +230,15 @@ class CacheManager {
   // ---- operator operations (kvctl; cache_manager_admin.cc) ----
   // `tenant`: only that tenant's namespaces are visible; null: every namespace (admins).
   // `ns_hex`: one namespace (NamespaceHex), or empty for every visible one. Probed a
-  // namespace at a time (one batched read of the NVMe index each); a tenant's request is
-  // refused (kInvalidArgument) when hashes x its namespaces exceeds kMaxExplainProbes.
+  // namespace at a time (one batched read of the NVMe index each), in slices of about
+  // kExplainSliceProbes probes, each in a loop turn of its own (posted; all at once
+  // without `post`), so one request holds the control thread for a slice at a time; `done`
+  // on the control thread. A tenant's request is refused (kInvalidArgument) when hashes x
+  // its namespaces exceeds kMaxExplainProbes.
   static constexpr uint64_t kMaxExplainProbes = 1 << 20;
-  Result<std::vector<BlockExplanation>> Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
-                                                const std::string* tenant);
+  static constexpr size_t kExplainSliceProbes = 2048;
+  using ExplainDone = std::function<void(Result<std::vector<BlockExplanation>>)>;
+  void Explain(std::span<const BlockHash> hashes, std::string_view ns_hex, const std::string* tenant, ExplainDone done);
   enum class BlockOrder { kHits, kRecent };
   using BlocksDone = std::function<void(std::vector<BlockInfo>)>;
   // The top `limit` blocks of a tier (nullopt: the GPU and host tiers) by hits or recency.
@@ -427,6 +431,13 @@ class CacheManager {
   void DrainStep();
   BlockInfo InfoOf(BlockId id) const;
   bool Visible(NamespaceId ns, std::string_view ns_hex, const std::string* tenant) const;
+  // Explain's namespaces: those asked about, and the caller's others.
+  void ExplainScope(std::string_view ns_hex, const std::string* tenant, std::vector<NamespaceId>* asked,
+                    std::vector<NamespaceId>* others) const;
+  struct ExplainJob;
+  void ExplainStep(std::shared_ptr<ExplainJob> job);
+  std::vector<BlockExplanation> ExplainSlice(std::span<const BlockHash> hashes, std::string_view ns_hex,
+                                             const std::string* tenant);
 
   Options options_;
   const Clock* clock_ = nullptr;

@@ -29,24 +29,66 @@ bool CacheManager::Visible(NamespaceId ns, std::string_view ns_hex, const std::s
   return ns_hex.empty() || NamespaceHex(ns) == ns_hex;
 }
 
-Result<std::vector<BlockExplanation>> CacheManager::Explain(std::span<const BlockHash> hashes, std::string_view ns_hex,
-                                                            const std::string* tenant) {
-  // The namespaces asked about, and the caller's others (step 3).
-  std::vector<NamespaceId> asked, others;
+void CacheManager::ExplainScope(std::string_view ns_hex, const std::string* tenant, std::vector<NamespaceId>* asked,
+                                std::vector<NamespaceId>* others) const {
   for (NamespaceId ns = 0; ns < namespaces_.id_limit(); ++ns) {
     if (Visible(ns, ns_hex, tenant)) {
-      asked.push_back(ns);
+      asked->push_back(ns);
     } else if (namespaces_.live(ns) && (!tenant || namespaces_.Get(ns).tenant == *tenant)) {
-      others.push_back(ns);
+      others->push_back(ns);
     }
   }
-  const uint64_t probes = static_cast<uint64_t>(hashes.size()) * (asked.size() + others.size());
+}
+
+struct CacheManager::ExplainJob {
+  std::vector<BlockHash> hashes;
+  std::string ns_hex;
+  std::optional<std::string> tenant;
+  size_t slice = 1;  // hashes per loop turn
+  std::vector<BlockExplanation> out;
+  ExplainDone done;
+};
+
+void CacheManager::Explain(std::span<const BlockHash> hashes, std::string_view ns_hex, const std::string* tenant,
+                           ExplainDone done) {
+  std::vector<NamespaceId> asked, others;
+  ExplainScope(ns_hex, tenant, &asked, &others);
+  const size_t spaces = asked.size() + others.size();
+  const uint64_t probes = static_cast<uint64_t>(hashes.size()) * spaces;
   if (tenant && probes > kMaxExplainProbes) {
-    return InvalidArgument("explain of " + std::to_string(hashes.size()) + " hashes over " +
-                           std::to_string(asked.size() + others.size()) + " namespaces is " + std::to_string(probes) +
-                           " index probes, over the " + std::to_string(kMaxExplainProbes) +
-                           " a request may make: name a namespace or ask fewer hashes");
+    return done(InvalidArgument("explain of " + std::to_string(hashes.size()) + " hashes over " +
+                                std::to_string(spaces) + " namespaces is " + std::to_string(probes) +
+                                " index probes, over the " + std::to_string(kMaxExplainProbes) +
+                                " a request may make: name a namespace or ask fewer hashes"));
   }
+  auto job = std::make_shared<ExplainJob>();
+  job->hashes.assign(hashes.begin(), hashes.end());
+  job->ns_hex = ns_hex;
+  if (tenant) job->tenant = *tenant;
+  job->slice = std::max<size_t>(1, kExplainSliceProbes / std::max<size_t>(1, spaces));
+  job->out.reserve(hashes.size());
+  job->done = std::move(done);
+  ExplainStep(std::move(job));
+}
+
+void CacheManager::ExplainStep(std::shared_ptr<ExplainJob> job) {
+  // A slice at a time, each in a loop turn of its own: other sessions are served between
+  // them. The scope is computed again per slice, so a namespace ended (and its id reused)
+  // meanwhile is never probed for a caller who may not see it.
+  const size_t at = job->out.size();
+  const size_t n = options_.post ? std::min(job->slice, job->hashes.size() - at) : job->hashes.size() - at;
+  std::vector<BlockExplanation> part = ExplainSlice(std::span<const BlockHash>(job->hashes).subspan(at, n), job->ns_hex,
+                                                    job->tenant ? &*job->tenant : nullptr);
+  std::move(part.begin(), part.end(), std::back_inserter(job->out));
+  if (job->out.size() == job->hashes.size()) return job->done(std::move(job->out));
+  options_.post([this, job = std::move(job)]() mutable { ExplainStep(std::move(job)); });
+}
+
+std::vector<BlockExplanation> CacheManager::ExplainSlice(std::span<const BlockHash> hashes, std::string_view ns_hex,
+                                                         const std::string* tenant) {
+  // The namespaces asked about, and the caller's others (step 3).
+  std::vector<NamespaceId> asked, others;
+  ExplainScope(ns_hex, tenant, &asked, &others);
   std::vector<BlockExplanation> out(hashes.size());
   std::vector<size_t> open(hashes.size());  // indices not yet explained
   for (size_t i = 0; i < open.size(); ++i) open[i] = i;

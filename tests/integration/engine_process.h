@@ -3,6 +3,9 @@
 // its own kvtier::Client) and exits with its return value; pipes let the parent and the
 // child step in lockstep.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -140,6 +143,39 @@ inline double Metric(const std::string& url, const std::string& name) {
     if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
   }
   return -1;
+}
+
+// A TCP connection to loopback:`port`; -1 on failure.
+inline int TcpConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The status line of GET `path` (empty: no answer, or the connection reset).
+inline std::string HttpStatus(int port, const std::string& path) {
+  const int fd = TcpConnect(port);
+  if (fd < 0) return "";
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::string got;
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+    char buf[4096];
+    pollfd p{fd, POLLIN, 0};
+    while (got.find("\r\n") == std::string::npos && ::poll(&p, 1, 5000) == 1) {
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return got.substr(0, got.find("\r\n"));
 }
 
 // A bare connection to the daemon's socket (for tests that speak raw frames); -1 on failure.

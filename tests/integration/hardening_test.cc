@@ -352,38 +352,6 @@ TEST(Hardening, AFullDaemonRefusesWithAnErrorFrameNotASilentClose) {
 
 // ---- 5. scrapes cannot be blocked -----------------------------------------------------
 
-int TcpConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// The status line of GET `path` (empty: no answer, or the connection reset).
-std::string HttpStatus(int port, const std::string& path) {
-  const int fd = TcpConnect(port);
-  if (fd < 0) return "";
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
-  std::string got;
-  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-    char buf[4096];
-    pollfd p{fd, POLLIN, 0};
-    while (got.find("\r\n") == std::string::npos && ::poll(&p, 1, 5000) == 1) {
-      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      got.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  return got.substr(0, got.find("\r\n"));
-}
-
 // 24 threads scrape /metrics as fast as they can: the control loop renders at most once a
 // 250 ms (the scrapes between share it), and /healthz keeps its own connections.
 TEST(Hardening, AScrapeFloodSharesRendersAndLeavesTheProbesAnswered) {
