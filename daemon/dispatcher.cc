@@ -556,27 +556,40 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
   return {fb::Reply::StatsReply, body};
 }
 
+Dispatcher::Reply Dispatcher::ExplainReply(Builder& b, const Result<std::vector<BlockExplanation>>& entries) {
+  if (!entries.ok()) return entries.status();
+  std::vector<flatbuffers::Offset<fb::Explanation>> out;
+  for (const BlockExplanation& e : *entries) {
+    out.push_back(fb::CreateExplanation(b, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme, e.writing,
+                                        b.CreateString(e.namespace_id), b.CreateString(e.tenant),
+                                        b.CreateString(e.model), e.seconds_ago, b.CreateString(e.detail)));
+  }
+  return {fb::Reply::ExplainReply, fb::CreateExplainReply(b, b.CreateVector(out)).Union()};
+}
+
 Dispatcher::Reply Dispatcher::OnExplain(SessionContext& ctx, const fb::Request& req) {
   const fb::Explain& m = *req.op_as_Explain();
   KVTIER_ASSIGN_OR_RETURN(auto hashes, Hashes(ctx, m.hashes()));
   const std::string ns = m.namespace_id() ? m.namespace_id()->str() : std::string();
-  std::weak_ptr<ReplySink> c = ctx.async_sink;  // answered in slices: the session may be gone
+  // Answered now when it fits one slice (or is refused), else later, a slice a loop turn.
+  struct Answer {
+    bool later = false;
+    std::optional<Result<std::vector<BlockExplanation>>> now;
+  };
+  auto answer = std::make_shared<Answer>();
+  std::weak_ptr<ReplySink> c = ctx.async_sink;  // the session may be gone by then
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();
-  cache_->Explain(
-      hashes, ns, ctx.admin ? nullptr : &ctx.tenant,
-      [this, c, id, start](Result<std::vector<BlockExplanation>> entries) {
-        SendLater(c, id, fb::Op::Explain, start, [&](Builder& b) -> Reply {
-          if (!entries.ok()) return entries.status();
-          std::vector<flatbuffers::Offset<fb::Explanation>> out;
-          for (const BlockExplanation& e : *entries) {
-            out.push_back(fb::CreateExplanation(b, BlockStateToWire(e.state), TierToWire(e.tier), e.on_nvme, e.writing,
-                                                b.CreateString(e.namespace_id), b.CreateString(e.tenant),
-                                                b.CreateString(e.model), e.seconds_ago, b.CreateString(e.detail)));
-          }
-          return {fb::Reply::ExplainReply, fb::CreateExplainReply(b, b.CreateVector(out)).Union()};
-        });
-      });
+  cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant,
+                  [this, answer, c, id, start](Result<std::vector<BlockExplanation>> entries) {
+                    if (!answer->later) {
+                      answer->now.emplace(std::move(entries));
+                      return;
+                    }
+                    SendLater(c, id, fb::Op::Explain, start, [&](Builder& b) { return ExplainReply(b, entries); });
+                  });
+  if (answer->now) return ExplainReply(builder_, *answer->now);
+  answer->later = true;
   return Reply::Later();
 }
 

@@ -173,6 +173,7 @@ class Dispatcher {
   Reply AllocateReply(Builder& b, SessionContext& ctx, TierKind tier, const std::vector<PageId>& pages);
   static Reply LookupReply(Builder& b, const CacheLookup& r);
   Reply AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results);
+  static Reply ExplainReply(Builder& b, const Result<std::vector<BlockExplanation>>& entries);
   // Acquires `hashes` for request `id`: the results now, or nullopt when they are sent
   // later (promotions).
   std::optional<std::vector<CacheResult>> StartAcquire(SessionContext& ctx, std::span<const BlockHash> hashes,
