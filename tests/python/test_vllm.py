@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import kvtier
-import kvtier.vllm
-from kvtier_testing import vllm_harness as h
+from kvtier_testing import vllm_harness as h  # installs vLLM's interface stand-in where vLLM is absent
+from kvtier_testing import vllm_standin
+
+import kvtier.vllm  # noqa: E402
 from kvtier_testing.daemon import Daemon, wait_until
 
 BS, LAYERS, HEADS, DIM = 16, 3, 2, 32
@@ -163,7 +165,17 @@ def test_a_daemon_that_is_gone_is_a_miss_and_the_connector_reconnects_when_it_is
         d.close()
 
 
-def test_the_module_imports_without_vllm_and_says_which_interface():
-    assert kvtier.vllm.HAVE_VLLM is False
+def test_the_connector_subclasses_vllms_interface_as_the_installed_modules_define_it():
     assert "KVConnectorBase_V1" in kvtier.vllm.__doc__
-    assert issubclass(kvtier.vllm.KvtierConnector, kvtier.vllm.KVConnectorBase_V1)
+    base = sys.modules[vllm_standin.BASE]
+    assert kvtier.vllm.KVConnectorBase_V1 is base.KVConnectorBase_V1
+    assert issubclass(kvtier.vllm.KvtierConnector, base.KVConnectorBase_V1)
+    assert issubclass(kvtier.vllm.KvtierConnector, base.SupportsHMA)
+
+
+def test_without_vllm_the_connector_refuses_to_import_with_a_clear_error():
+    # A fresh interpreter, the stand-in not installed: the shipped package carries none.
+    probe = ("import sys; sys.modules['vllm'] = None\n"
+             "try:\n    import kvtier.vllm\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "kvtier.vllm is vLLM's KV connector and needs vLLM installed" in out.stdout, out.stderr

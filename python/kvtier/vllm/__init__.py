@@ -51,11 +51,11 @@ sliding-window runs are stored and hits searched; default vLLM's retention inter
 4 x the longest window).
 """
 
-from kvtier.vllm._base import HAVE_VLLM, KVConnectorBase_V1, KVConnectorRole  # noqa: F401
+from kvtier.vllm._base import KVConnectorBase_V1, KVConnectorRole  # noqa: F401
 from kvtier.vllm.connector import KvtierConnector  # noqa: F401
 from kvtier.vllm.layout import KvtierHandshake, KvtierLayout, describe_kv_caches, hash_bytes_for, kv_dtype_name  # noqa: F401
 from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec, StoreSpec  # noqa: F401
 
-__all__ = ["KvtierConnector", "KvtierLayout", "KvtierHandshake", "HAVE_VLLM", "KVConnectorBase_V1", "KVConnectorRole",
+__all__ = ["KvtierConnector", "KvtierLayout", "KvtierHandshake", "KVConnectorBase_V1", "KVConnectorRole",
            "describe_kv_caches", "hash_bytes_for", "kv_dtype_name", "KvtierConnectorMetadata", "KvtierConnectorStats",
            "LoadSpec", "StoreSpec"]

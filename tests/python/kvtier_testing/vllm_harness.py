@@ -28,7 +28,11 @@ from types import SimpleNamespace
 from typing import Callable, Optional
 
 from kvtier.hashing import chain_hashes
-from kvtier.vllm import KvtierConnector, KVConnectorRole
+from kvtier_testing import vllm_standin
+
+vllm_standin.install()  # where vLLM is not installed: before kvtier.vllm imports its interface
+
+from kvtier.vllm import KvtierConnector, KVConnectorRole  # noqa: E402
 
 
 class KVTransferConfig:
