@@ -1,7 +1,7 @@
 #pragma once
 // kvtierd configuration: one YAML file (kvtierd --config FILE), or the embedded default.
 //
-// Every key is declared once, in config.cc, with its default and a comment; the same
+// Every key is declared once, in config_keys.cc, with its default and a comment; the same
 // table parses files, rejects unknown keys and bad values (naming the key), and prints
 // `kvtierd --print-default-config`. Relative paths are relative to the daemon's working
 // directory. Value type; thread-compatible.

@@ -12,13 +12,13 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/device_backend.h"
 #include "kernels/kv_kernels.h"
 #include "protocol/base/logging.h"
+#include "protocol/base/mutex.h"
 
 namespace kvtier {
 namespace {
@@ -140,7 +140,7 @@ class CudaDeviceBackend final : public DeviceBackend {
       void* p = nullptr;
       KVTIER_RETURN_IF_ERROR(
           FromCuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       imported_[p] = Imported{0, true};
       return static_cast<uint8_t*>(p);
     }
@@ -154,7 +154,7 @@ class CudaDeviceBackend final : public DeviceBackend {
       drv_.release(h);
       return ptr.status();
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     imported_[*ptr] = Imported{h, false};
     return static_cast<uint8_t*>(*ptr);
   }
@@ -162,7 +162,7 @@ class CudaDeviceBackend final : public DeviceBackend {
   void Unimport(uint8_t* ptr, uint64_t bytes) override {
     Imported imp;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = imported_.find(ptr);
       if (it == imported_.end()) return;
       imp = it->second;
@@ -295,8 +295,8 @@ class CudaDeviceBackend final : public DeviceBackend {
 
   int count_ = 0;
   Driver drv_;
-  std::mutex mu_;
-  std::unordered_map<void*, Imported> imported_;
+  Mutex mu_;
+  std::unordered_map<void*, Imported> imported_ KVTIER_GUARDED_BY(mu_);  // what Import mapped
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::vector<uint8_t> staging_;

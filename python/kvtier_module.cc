@@ -12,8 +12,6 @@
 #include <pybind11/stl.h>
 
 #include <array>
-#include <chrono>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +19,7 @@
 
 #include "engine/client.h"
 #include "engine/control_client.h"
+#include "python/client_handle.h"
 
 namespace py = pybind11;
 using namespace kvtier;
@@ -102,13 +101,8 @@ ModelLayout LayoutOf(const py::dict& d) {
 
 // ---- client ---------------------------------------------------------------------------
 
-// What a Python Client and its Pages share: the C++ client (its mappings live as long as
-// this does) and the lock that serializes calls from Python threads.
-struct ClientHandle {
-  std::unique_ptr<Client> client;
-  std::mutex mu;
-};
-using Handle = std::shared_ptr<ClientHandle>;
+// What a Python Client and its Pages share (python/client_handle.h).
+using Handle = ClientHandlePtr;
 
 // Runs `fn(client)` with the GIL released and the client's lock held.
 template <class Fn>
@@ -187,72 +181,6 @@ std::vector<BlockHash> ParentsOf(const std::optional<std::vector<py::bytes>>& hs
   out.reserve(hs->size());
   for (const py::bytes& h : *hs) out.push_back(std::string_view(h).empty() ? BlockHash() : HashOf(h));
   return out;
-}
-
-// The C++ baseline of kvtier_testing.bench: the same store + load loop as the Python one, in C++
-// over the same client, so the two differ only by the binding. Returns seconds.
-double CppStoreLoadLoop(const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, uint32_t batch,
-                        uint32_t rounds, uint64_t seed) {
-  py::gil_scoped_release nogil;
-  std::lock_guard<std::mutex> lock(h->mu);
-  Client& c = *h->client;
-  const EngineKv kv = KvOf(layers, num_blocks, 0, 0);
-  std::vector<uint32_t> blocks(batch);
-  for (uint32_t i = 0; i < batch; ++i) blocks[i] = i % num_blocks;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (uint32_t r = 0; r < rounds; ++r) {
-    std::vector<BlockHash> hashes;
-    for (uint32_t i = 0; i < batch; ++i) {
-      std::array<uint8_t, 16> b{};
-      const uint64_t v = seed * 1'000'003 + uint64_t{r} * batch + i;
-      std::memcpy(b.data(), &v, 8);
-      b[15] = 0xc0;  // another range than the Python loop's hashes
-      hashes.emplace_back(std::span<const uint8_t>(b.data(), b.size()));
-    }
-    auto s = c.StoreBlocks(kv, blocks, hashes);
-    if (!s.ok()) return -1;
-    auto l = c.LoadBlocks(kv, hashes, blocks);
-    if (!l.ok() || *l != batch) return -1;
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The C++ baseline of kvtier_testing.bench's page path: lease `batch` pages, copy `src` into each,
-// commit; acquire them, copy each out to `dst`, release. Returns seconds.
-double CppPageLoop(const Handle& h, uint32_t batch, uint32_t rounds, uint64_t seed, uintptr_t src, uintptr_t dst,
-                   uint64_t bytes) {
-  py::gil_scoped_release nogil;
-  std::lock_guard<std::mutex> lock(h->mu);
-  Client& c = *h->client;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (uint32_t r = 0; r < rounds; ++r) {
-    std::vector<BlockHash> hashes;
-    for (uint32_t i = 0; i < batch; ++i) {
-      std::array<uint8_t, 16> b{};
-      const uint64_t v = seed * 1'000'003 + uint64_t{r} * batch + i;
-      std::memcpy(b.data(), &v, 8);
-      b[15] = 0xc1;
-      hashes.emplace_back(std::span<const uint8_t>(b.data(), b.size()));
-    }
-    auto pages = c.Allocate(TierKind::kHost, batch);
-    if (!pages.ok()) return -1;
-    std::vector<CommitEntry> e;
-    for (uint32_t i = 0; i < batch; ++i) {
-      std::memcpy(c.PageBytes(TierKind::kHost, (*pages)[i]).data(), reinterpret_cast<const uint8_t*>(src) + i * bytes,
-                  bytes);
-      e.push_back({(*pages)[i], hashes[i], i ? hashes[i - 1] : BlockHash()});
-    }
-    if (!c.Commit(TierKind::kHost, e).ok()) return -1;
-    auto got = c.Acquire(hashes);
-    if (!got.ok()) return -1;
-    for (uint32_t i = 0; i < batch; ++i) {
-      if (!(*got)[i].status.ok()) return -1;
-      std::memcpy(reinterpret_cast<uint8_t*>(dst) + i * bytes, c.PageBytes((*got)[i].tier, (*got)[i].page).data(),
-                  bytes);
-    }
-    if (!c.Release(TierKind::kHost, {}, hashes).ok()) return -1;
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // ---- control client -------------------------------------------------------------------
@@ -366,11 +294,13 @@ PYBIND11_MODULE(_kvtier, m) {
           [](const Handle& h) { return Call(h, [](Client& c) { return std::string(c.device_backend()); }); })
       .def("open_device",
            [](const Handle& h) { return std::string(Unwrap(Call(h, [](Client& c) { return c.OpenDevice(); }))); })
-      .def("page_bytes",
-           [](const Handle& h, const std::string& tier) {
-             const TierKind t = ParseTier(tier);
-             return Call(h, [&](Client& c) { return c.page_bytes(t); });
-           })
+      .def(
+          "page_bytes",
+          [](const Handle& h, const std::string& tier) {
+            const TierKind t = ParseTier(tier);
+            return Call(h, [&](Client& c) { return c.page_bytes(t); });
+          },
+          py::arg("tier"))
       .def(
           "allocate",
           [](const Handle& h, uint32_t count, const std::string& tier) {
@@ -427,14 +357,16 @@ PYBIND11_MODULE(_kvtier, m) {
           },
           py::arg("pages") = std::vector<PageId>{}, py::arg("hashes") = std::vector<py::bytes>{},
           py::arg("tier") = "host")
-      .def("lookup",
-           [](const Handle& h, const std::vector<py::bytes>& chain) {
-             const auto hs = HashesOf(chain);
-             LookupResult r = Unwrap(Call(h, [&](Client& c) { return c.Lookup(hs); }));
-             py::list tiers;
-             for (TierKind t : r.tiers) tiers.append(std::string(TierKindName(t)));
-             return py::make_tuple(r.matched, tiers);
-           })
+      .def(
+          "lookup",
+          [](const Handle& h, const std::vector<py::bytes>& chain) {
+            const auto hs = HashesOf(chain);
+            LookupResult r = Unwrap(Call(h, [&](Client& c) { return c.Lookup(hs); }));
+            py::list tiers;
+            for (TierKind t : r.tiers) tiers.append(std::string(TierKindName(t)));
+            return py::make_tuple(r.matched, tiers);
+          },
+          py::arg("chain"))
       .def(
           "acquire",
           [](const Handle& h, const std::vector<py::bytes>& hashes, bool prefix) {
@@ -442,18 +374,22 @@ PYBIND11_MODULE(_kvtier, m) {
             return Results(Unwrap(Call(h, [&](Client& c) { return prefix ? c.AcquirePrefix(hs) : c.Acquire(hs); })));
           },
           py::arg("hashes"), py::arg("prefix") = false)
-      .def("start_lookup",
-           [](const Handle& h, const std::vector<py::bytes>& chain) {
-             const auto hs = HashesOf(chain);
-             return Unwrap(Call(h, [&](Client& c) { return c.StartLookup(hs); }));
-           })
-      .def("wait_lookup",
-           [](const Handle& h, Ticket t) {
-             LookupResult r = Unwrap(Call(h, [&](Client& c) { return c.WaitLookup(t); }));
-             py::list tiers;
-             for (TierKind k : r.tiers) tiers.append(std::string(TierKindName(k)));
-             return py::make_tuple(r.matched, tiers);
-           })
+      .def(
+          "start_lookup",
+          [](const Handle& h, const std::vector<py::bytes>& chain) {
+            const auto hs = HashesOf(chain);
+            return Unwrap(Call(h, [&](Client& c) { return c.StartLookup(hs); }));
+          },
+          py::arg("chain"))
+      .def(
+          "wait_lookup",
+          [](const Handle& h, Ticket t) {
+            LookupResult r = Unwrap(Call(h, [&](Client& c) { return c.WaitLookup(t); }));
+            py::list tiers;
+            for (TierKind k : r.tiers) tiers.append(std::string(TierKindName(k)));
+            return py::make_tuple(r.matched, tiers);
+          },
+          py::arg("ticket"))
       .def(
           "start_acquire",
           [](const Handle& h, const std::vector<py::bytes>& hashes, bool prefix) {
@@ -461,10 +397,12 @@ PYBIND11_MODULE(_kvtier, m) {
             return Unwrap(Call(h, [&](Client& c) { return c.StartAcquire(hs, prefix); }));
           },
           py::arg("hashes"), py::arg("prefix") = false)
-      .def("wait_acquire",
-           [](const Handle& h, Ticket t) {
-             return Results(Unwrap(Call(h, [&](Client& c) { return c.WaitAcquire(t); })));
-           })
+      .def(
+          "wait_acquire",
+          [](const Handle& h, Ticket t) {
+            return Results(Unwrap(Call(h, [&](Client& c) { return c.WaitAcquire(t); })));
+          },
+          py::arg("ticket"))
       .def(
           "ping", [](const Handle& h, size_t payload) { Check(Call(h, [&](Client& c) { return c.Ping(payload); })); },
           py::arg("payload_bytes") = 0)
@@ -493,11 +431,6 @@ PYBIND11_MODULE(_kvtier, m) {
           },
           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("chain"), py::arg("blocks"),
           py::arg("stream") = 0, py::arg("block_stride") = 0);
-
-  m.def("_cpp_page_loop", &CppPageLoop, py::arg("client"), py::arg("batch"), py::arg("rounds"), py::arg("seed"),
-        py::arg("src"), py::arg("dst"), py::arg("bytes"));
-  m.def("_cpp_store_load_loop", &CppStoreLoadLoop, py::arg("client"), py::arg("layers"), py::arg("num_blocks"),
-        py::arg("batch"), py::arg("rounds"), py::arg("seed"));
 
   py::class_<ControlClient, std::shared_ptr<ControlClient>>(m, "ControlClient")
       .def(py::init([](const std::string& socket, const std::string& name, int timeout_ms) {

@@ -6,14 +6,15 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
+
+#include "protocol/base/mutex.h"
 
 namespace kvtier {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
-std::mutex g_tag_mu;
-std::string g_tag = program_invocation_short_name;
+Mutex g_tag_mu;
+std::string g_tag KVTIER_GUARDED_BY(g_tag_mu) = program_invocation_short_name;
 }  // namespace
 
 void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
@@ -35,7 +36,7 @@ bool ParseLogLevel(std::string_view name, LogLevel* level) {
 }
 
 void SetLogTag(std::string_view tag) {
-  std::lock_guard<std::mutex> lock(g_tag_mu);
+  MutexLock lock(&g_tag_mu);
   g_tag = tag;
 }
 
@@ -46,7 +47,7 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) <= g_level.load
 LogMessage::LogMessage(LogLevel level, const char* file, int line, bool fatal) : level_(level), fatal_(fatal) {
   std::string tag;
   {
-    std::lock_guard<std::mutex> lock(g_tag_mu);
+    MutexLock lock(&g_tag_mu);
     tag = g_tag;
   }
   stream_ << '<' << static_cast<int>(level_) << '>' << tag << ": ";

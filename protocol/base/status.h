@@ -95,8 +95,12 @@ Status ErrnoStatus(int err, std::string_view what);
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}  // NOLINT; REQUIRES: !status.ok()
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  // An OK status carries no value: such a Result is kInternal (as abseil's StatusOr), never
+  // a Result that is not ok() yet whose status() says OK.
+  Result(Status status)  // NOLINT: implicit by design
+      : v_(status.ok() ? Status(StatusCode::kInternal, "a Result was made of an OK status, without a value")
+                       : std::move(status)) {}
 
   bool ok() const { return v_.index() == 1; }
   const Status& status() const {

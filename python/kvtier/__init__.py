@@ -25,6 +25,7 @@ reference engine, the binding's benchmark and the real-vLLM end-to-end run.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass
 from typing import Iterable, NamedTuple, Optional, Sequence
 
@@ -48,7 +49,7 @@ from kvtier._kvtier import (  # noqa: F401  (the public error types)
 from kvtier.kv import KvView, kv_args
 
 __all__ = [
-    "Layout", "Client", "ControlClient", "BlockResult", "LookupResult", "KvView", "Page", "Error",
+    "Layout", "Client", "ControlClient", "BlockResult", "LookupResult", "Tier", "Code", "KvView", "Page", "Error",
     "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "ResourceExhaustedError",
     "FailedPreconditionError", "AbortedError", "UnavailableError", "DataLossError",
     "PermissionDeniedError", "UnimplementedError", "InternalError", "DeadlineExceededError", "DTYPE_BYTES",
@@ -104,26 +105,66 @@ class Layout:
         return d
 
 
-class BlockResult(NamedTuple):
-    """One entry of commit, acquire, store_kv: its status code name, tier and page."""
+class _Named(str, enum.Enum):
+    """A name the daemon sends, as an enum that is also the string itself (``Tier.HOST ==
+    "host"``, and it formats as its value on every Python version)."""
 
-    status: str
-    tier: str
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Tier(_Named):
+    """A tier of kvtierd (protocol/base/tier.h's names)."""
+
+    GPU = "gpu"
+    HOST = "host"
+    NVME = "nvme"
+    REMOTE = "remote"
+
+
+class Code(_Named):
+    """A status code (protocol/base/status.h's names); each but OK is also an error class."""
+
+    OK = "OK"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    UNAVAILABLE = "UNAVAILABLE"
+    DATA_LOSS = "DATA_LOSS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
+    INTERNAL = "INTERNAL"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+
+
+class BlockResult(NamedTuple):
+    """One entry of commit, acquire, store_kv: its status, tier and page."""
+
+    status: Code
+    tier: Tier
     page: int
     duplicate: bool
 
     @property
     def ok(self) -> bool:
-        return self.status == "OK"
+        return self.status is Code.OK
 
 
 class LookupResult(NamedTuple):
-    matched: int      # blocks 0..matched-1 of the chain are cached
-    tiers: list       # the tier of each matched block
+    matched: int       # blocks 0..matched-1 of the chain are cached
+    tiers: list[Tier]  # the tier of each matched block
 
 
-def _results(raw) -> list:
-    return [BlockResult(*r) for r in raw]
+def _results(raw) -> list[BlockResult]:
+    return [BlockResult(Code(status), Tier(tier), page, duplicate) for status, tier, page, duplicate in raw]
+
+
+def _lookup(raw) -> LookupResult:
+    matched, tiers = raw
+    return LookupResult(matched, [Tier(t) for t in tiers])
 
 
 class Client:
@@ -201,7 +242,7 @@ class Client:
         return self._c.page_bytes(tier)
 
     # ---- pages and blocks ----
-    def allocate(self, count: int, tier: str = "host") -> list:
+    def allocate(self, count: int, tier: str = "host") -> list[int]:
         """Leases `count` writable pages (all or nothing)."""
         return self._c.allocate(count, tier)
 
@@ -218,22 +259,22 @@ class Client:
         return self._c.page_address(page, tier)
 
     def commit(self, pages: Sequence[int], hashes: Sequence[bytes], parents: Optional[Sequence[bytes]] = None,
-               tier: str = "host", retain: bool = False, token_ids: Sequence[int] = ()) -> list:
+               tier: str = "host", retain: bool = False, token_ids: Sequence[int] = ()) -> list[BlockResult]:
         """Leased pages become blocks ``hashes[i]`` (parent ``parents[i]``; b"" for none).
         ``token_ids``: none, or the layout's tokens_per_block tokens of each block in
         order, announced with its KV event (routers index blocks by them)."""
         return _results(self._c.commit(list(pages), list(hashes), None if parents is None else list(parents), tier,
                                        retain, list(token_ids)))
 
-    def release(self, pages: Iterable[int] = (), hashes: Iterable[bytes] = (), tier: str = "host") -> list:
-        """Releases leased pages or references; one status name per page, then per hash."""
-        return self._c.release(list(pages), list(hashes), tier)
+    def release(self, pages: Iterable[int] = (), hashes: Iterable[bytes] = (), tier: str = "host") -> list[Code]:
+        """Releases leased pages or references; one status per page, then per hash."""
+        return [Code(c) for c in self._c.release(list(pages), list(hashes), tier)]
 
     def lookup(self, chain: Sequence[bytes]) -> LookupResult:
         """The longest cached prefix of a hash chain, with each matched block's tier."""
-        return LookupResult(*self._c.lookup(list(chain)))
+        return _lookup(self._c.lookup(list(chain)))
 
-    def acquire(self, hashes: Sequence[bytes], *, prefix: bool = False) -> list:
+    def acquire(self, hashes: Sequence[bytes], *, prefix: bool = False) -> list[BlockResult]:
         """References cached blocks until release (NVMe blocks are read back first). With
         ``prefix``, the hashes are a chain and only its longest cached prefix is acquired:
         one result per block of that prefix (a daemon before protocol minor 5 answers for
@@ -244,12 +285,12 @@ class Client:
         return self._c.start_lookup(list(chain))
 
     def wait_lookup(self, ticket: int) -> LookupResult:
-        return LookupResult(*self._c.wait_lookup(ticket))
+        return _lookup(self._c.wait_lookup(ticket))
 
     def start_acquire(self, hashes: Sequence[bytes], *, prefix: bool = False) -> int:
         return self._c.start_acquire(list(hashes), prefix)
 
-    def wait_acquire(self, ticket: int) -> list:
+    def wait_acquire(self, ticket: int) -> list[BlockResult]:
         return _results(self._c.wait_acquire(ticket))
 
     def ping(self, payload_bytes: int = 0) -> None:
@@ -271,7 +312,7 @@ class Client:
 
     def store_kv(self, kv_caches, block_ids: Sequence[int], hashes: Sequence[bytes],
                  parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first",
-                 token_ids: Sequence[int] = ()) -> list:
+                 token_ids: Sequence[int] = ()) -> list[BlockResult]:
         """Stores engine blocks ``block_ids[i]`` of a paged KV cache (tensors as kv_view
         takes them, or a KvView) as ``hashes[i]`` (``token_ids`` as commit's). All layers
         of all blocks move in one gather; returns one BlockResult per block (as commit)."""

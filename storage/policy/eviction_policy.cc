@@ -1,6 +1,7 @@
-// The EvictionPolicy factory: every implementation, chosen by name.
+// The EvictionPolicy factory: every implementation, chosen by name, from one table.
 #include "storage/policy/eviction_policy.h"
 
+#include <array>
 #include <string>
 
 #include "storage/policy/adaptive_policy.h"
@@ -8,20 +9,38 @@
 #include "storage/policy/lru_policy.h"
 
 namespace kvtier {
+namespace {
+
+struct PolicyRow {
+  std::string_view name;
+  std::unique_ptr<EvictionPolicy> (*make)(size_t capacity);
+};
+
+constexpr PolicyRow kPolicies[] = {
+    {"lru", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LruPolicy>(n, false); }},
+    {"prefix-lru", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LruPolicy>(n, true); }},
+    {"arc", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<ArcPolicy>(n, false); }},
+    {"prefix-arc", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<ArcPolicy>(n, true); }},
+    {"adaptive", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<AdaptivePolicy>(n); }},
+};
+
+constexpr auto kNames = [] {
+  std::array<std::string_view, std::size(kPolicies)> names{};
+  for (size_t i = 0; i < names.size(); ++i) names[i] = kPolicies[i].name;
+  return names;
+}();
+
+}  // namespace
 
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity) {
-  if (name == "lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(capacity, false));
-  if (name == "prefix-lru") return std::unique_ptr<EvictionPolicy>(new LruPolicy(capacity, true));
-  if (name == "arc") return std::unique_ptr<EvictionPolicy>(new ArcPolicy(capacity, false));
-  if (name == "prefix-arc") return std::unique_ptr<EvictionPolicy>(new ArcPolicy(capacity, true));
-  if (name == "adaptive") return std::unique_ptr<EvictionPolicy>(new AdaptivePolicy(capacity));
-  return InvalidArgument("unknown eviction policy '" + std::string(name) +
-                         "' (known: lru, prefix-lru, arc, prefix-arc, adaptive)");
+  for (const PolicyRow& row : kPolicies) {
+    if (row.name == name) return row.make(capacity);
+  }
+  std::string known;
+  for (std::string_view n : kNames) known += (known.empty() ? "" : ", ") + std::string(n);
+  return InvalidArgument("unknown eviction policy '" + std::string(name) + "' (known: " + known + ")");
 }
 
-std::span<const std::string_view> EvictionPolicyNames() {
-  static constexpr std::string_view kNames[] = {"lru", "prefix-lru", "arc", "prefix-arc", "adaptive"};
-  return kNames;
-}
+std::span<const std::string_view> EvictionPolicyNames() { return kNames; }
 
 }  // namespace kvtier

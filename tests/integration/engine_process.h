@@ -145,6 +145,14 @@ inline double Metric(const std::string& url, const std::string& name) {
   return -1;
 }
 
+// Waits (bounded) until `d` has answered at least `n` Lookups: a load started on another
+// thread is under way (instead of sleeping for a guess of how long it takes to start).
+inline bool WaitForLookups(const DaemonProcess& d, double n) {
+  const std::string url = MetricsUrl(d);
+  return WaitUntil([&] { return Metric(url, "kvtier_lookups_total") >= n; }, std::chrono::seconds(60),
+                   std::chrono::milliseconds(20));
+}
+
 // A TCP connection to loopback:`port`; -1 on failure.
 inline int TcpConnect(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -118,7 +118,15 @@ TEST(Hardening, ASlotFileTruncatedUnderALoadIsNoticedAndNothingWrongIsServed) {
   ASSERT_FALSE(url.empty()) << d.Log();
   nlohmann::json during;
   std::thread load([&] { during = Load(d, 4.0); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Truncated once blocks are on it, with the load going on.
+  EXPECT_TRUE(WaitUntil([&] {
+    auto s = StatsOf(d.socket_path());
+    if (!s.ok()) return false;
+    for (const auto& t : s->tiers) {
+      if (t.tier == TierKind::kNvme && t.blocks > 0) return true;
+    }
+    return false;
+  })) << d.Log();
   ASSERT_EQ(::truncate(d.slot_file().c_str(), 0), 0) << std::strerror(errno);
   load.join();
   EXPECT_EQ(during.value("corrupt", -1), 0) << during.dump();
@@ -495,7 +503,7 @@ TEST(Hardening, KvtierLoadBacksOffWhenTheDaemonIsGoneAndReconnectsWhenItIsBack) 
   nlohmann::json r;
   const auto t0 = std::chrono::steady_clock::now();
   std::thread load([&] { r = Load(d, 4.0); });
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_TRUE(WaitForLookups(d, 20)) << d.Log();
   d.Kill();
   std::this_thread::sleep_for(std::chrono::seconds(1));  // a second with no daemon at all
   ASSERT_TRUE(d.Start().ok()) << d.Log();

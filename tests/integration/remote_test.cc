@@ -278,7 +278,7 @@ TEST_F(RemoteTierTest, AMasterKilledMidReplayCostsMissesOnlyAndHitsComeBack) {
   for (size_t m = 0; m < 3; ++m) ASSERT_TRUE(rc.WaitReplicated(m)) << "master " << m;
   nlohmann::json jb;
   std::thread replay([&] { jb = Replay(b, trace(), dir_, &code); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(WaitForLookups(b, 20)) << b.Log();  // the master dies under the replay
   rc.Kill(1);
   replay.join();
   ASSERT_EQ(code, 0) << Sh("cat " + dir_.File("replay.err")).out;

@@ -57,9 +57,9 @@ TEST(Replay, SessionsReconnectWhenTheDaemonIsKilledAndRestartedMidRun) {
   int code = -1;
   nlohmann::json j;
   std::thread replay([&] { j = RunJson(Replay(d, dir.File("t.jsonl"), "--sessions 2 --speed " + speed), dir, &code); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_TRUE(WaitForLookups(d, 100)) << d.Log();  // well into the trace
   d.Kill();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a gap with no daemon: requests in it fail
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   replay.join();
   EXPECT_EQ(code, 0) << j.dump(2);

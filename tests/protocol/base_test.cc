@@ -42,6 +42,13 @@ TEST(Status, AssignOrReturnPropagatesTheFirstError) {
   EXPECT_EQ(r.status().message(), "odd");
 }
 
+TEST(Status, AResultMadeOfAnOkStatusIsAnInternalError) {
+  const Result<int> r = Status::Ok();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  EXPECT_FALSE(internal::AsStatus(r).ok());  // so RETURN_IF_ERROR passes it on
+}
+
 TEST(Status, ErrnoMapsToRetryMeaning) {
   EXPECT_EQ(ErrnoStatus(EAGAIN, "x").code(), StatusCode::kUnavailable);
   EXPECT_EQ(ErrnoStatus(ENOSPC, "x").code(), StatusCode::kResourceExhausted);

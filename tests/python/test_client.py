@@ -256,3 +256,50 @@ def test_a_kv_cache_of_zero_blocks_is_refused_for_what_it_is(daemon):
                 empty = [make((2, 0, 16, 2, 64), dtype=np.uint16) for _ in range(LAYOUT.layers)]
             with pytest.raises(kvtier.InvalidArgumentError, match="0 blocks"):
                 c.kv_view(empty)
+
+
+def test_results_are_typed_and_still_compare_as_the_names(daemon):
+    chain = hashes(3, seed=11)
+    with kvtier.Client(LAYOUT, daemon.socket, hash_bytes=32) as c:
+        pages = c.allocate(3)
+        assert all(isinstance(p, int) for p in pages)
+        stored = c.commit(pages, chain, [b""] + chain[:-1])
+        assert [(r.status, r.tier) for r in stored] == [(kvtier.Code.OK, kvtier.Tier.HOST)] * 3
+        assert all(type(r.status) is kvtier.Code and type(r.tier) is kvtier.Tier for r in stored)
+        assert stored[0].status == "OK" and f"{stored[0].tier}" == "host" and str(stored[0].status) == "OK"
+        found = c.lookup(chain + hashes(1, seed=12))
+        assert found.matched == 3 and found.tiers == [kvtier.Tier.HOST] * 3
+        missing = c.acquire(hashes(1, seed=13))[0]
+        assert missing.status is kvtier.Code.NOT_FOUND and not missing.ok
+        assert c.release(hashes=[chain[0]]) == [kvtier.Code.FAILED_PRECONDITION]  # not referenced
+
+
+# Parameter names of a pybind11 callable, from the signature line of its docstring.
+def _native_params(obj):
+    import re
+    line = (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+    inside = line[line.find("(") + 1:line.rfind(") ->")]
+    return [n for n in re.findall(r"(?:^|, )(\w+):", inside) if n != "self"]
+
+
+def test_the_extensions_stub_names_every_function_and_parameter_it_has():
+    import ast
+    import pathlib
+    from kvtier import _kvtier
+    tree = ast.parse(pathlib.Path(_kvtier.__file__).with_name("_kvtier.pyi").read_text())
+    stub = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    public = {n for n in dir(_kvtier) if not n.startswith("_")}
+    assert public == {n for n in stub if not n.startswith("_")}
+    for name in sorted(public):
+        node, native = stub[name], getattr(_kvtier, name)
+        if isinstance(native, type) and issubclass(native, BaseException):
+            continue
+        members = {m.name: m for m in node.body if isinstance(m, ast.FunctionDef)}
+        have = {m for m in vars(native) if not m.startswith("_")}
+        assert {m for m in members if not m.startswith("_")} == have, name
+        for m in have | ({"__init__"} & set(members)):  # a constructor, where the stub has one
+            fn = getattr(native, m)
+            if isinstance(fn, property) or "Overloaded" in (fn.__doc__ or ""):
+                continue
+            args = members[m].args
+            assert [a.arg for a in args.args + args.kwonlyargs if a.arg != "self"] == _native_params(fn), f"{name}.{m}"

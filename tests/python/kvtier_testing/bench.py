@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import kvtier
-from kvtier import _kvtier
+from kvtier_testing import _bench
 from kvtier_testing.daemon import Daemon
 
 BLOCK = 2 << 20
@@ -96,11 +96,11 @@ def main(argv=None) -> int:
                     if not np.array_equal(src, dst):
                         raise kvtier.InternalError("the page path read back other bytes than it wrote")
                 elif path == "page":
-                    t = _kvtier._cpp_page_loop(pc._c, a.batch, a.rounds, seed, src.ctypes.data, dst.ctypes.data, BLOCK)
+                    t = _bench.page_loop(pc._c, a.batch, a.rounds, seed, src.ctypes.data, dst.ctypes.data, BLOCK)
                 elif lang == "py":
                     t = kv_loop_py(kc, layers, a.batch, a.rounds, seed)
                 else:
-                    t = _kvtier._cpp_store_load_loop(kc._c, ptrs, a.batch, a.batch, a.rounds, seed)
+                    t = _bench.store_load_loop(kc._c, ptrs, a.batch, a.batch, a.rounds, seed)
                 if t <= 0:
                     raise kvtier.InternalError(f"the {lang} {path} loop failed")
                 results[path][lang].append(blocks / t)
