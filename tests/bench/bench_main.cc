@@ -23,6 +23,13 @@ int main(int argc, char** argv) {
                                      "Seconds from start to the first served hit with 1,000,000 indexed NVMe blocks, "
                                      "and RAM per NVMe block");
   restart->add_option("--blocks", args.blocks, "Indexed blocks")->check(CLI::Range(1000, 100'000'000));
+  auto* cold = app.add_subcommand("cold-index",
+                                  "Another session's Lookup p99 beside a session looking up cold 8,192-block chains "
+                                  "(all in the NVMe index, none in memory) vs alone, interleaved rounds; 1,000,000 "
+                                  "indexed blocks by default");
+  cold->add_option("--blocks", args.blocks, "Indexed blocks")->check(CLI::Range(20'000, 100'000'000));
+  cold->add_option("--rounds", args.rounds, "Interleaved rounds (1 s alone, 1 s beside)")->check(CLI::Range(1, 100));
+  cold->add_flag("--json", args.json, "Print one JSON object");
   auto* soak = app.add_subcommand(
       "soak",
       "Engine sessions of mixed operations for a set time: fails unless 0 errors, RSS and fds "
@@ -94,6 +101,7 @@ int main(int argc, char** argv) {
   if (rpc->parsed()) return kvtier::bench::RunRpcBench(args);
   if (nvme->parsed()) return kvtier::bench::RunNvmeBench(args);
   if (restart->parsed()) return kvtier::bench::RunRestartBench(args);
+  if (cold->parsed()) return kvtier::bench::RunColdIndexBench(args);
   if (soak->parsed()) return kvtier::bench::RunSoakBench(args);
   if (pipeline->parsed()) {
     if (args.rounds == 10) args.rounds = 5;

@@ -27,6 +27,7 @@ struct BenchArgs {
 int RunRpcBench(const BenchArgs& args);
 int RunNvmeBench(const BenchArgs& args);
 int RunRestartBench(const BenchArgs& args);
+int RunColdIndexBench(const BenchArgs& args);
 int RunSoakBench(const BenchArgs& args);
 int RunEventsBench(const BenchArgs& args);
 int RunRemoteBench(const BenchArgs& args);

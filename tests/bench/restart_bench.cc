@@ -1,5 +1,6 @@
 // kvtier-bench restart: how fast kvtierd serves again after a restart with a large NVMe
-// index, and what that index costs in RAM.
+// index, and what that index costs in RAM. kvtier-bench cold-index: what reading that index
+// for long cold chains costs another session (its Lookup p99 beside them ÷ alone).
 //
 // The index (1,000,000 blocks by default, 4 KiB slots; the slot file sparse, so that a
 // drive-sized index fits any disk) is written straight into the
@@ -15,9 +16,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "daemon/dispatcher.h"
@@ -143,7 +146,137 @@ Result<double> FirstHit(const std::string& socket, double t0_us) {
   return Unavailable("no hit was served");
 }
 
+// Waits until the NVMe tier's index is loaded and it takes spills; the seconds since t0, or
+// 0 when it was not within a minute.
+double WaitReady(const std::string& socket, double t0_us) {
+  ControlClientOptions o;
+  o.socket_path = socket;
+  auto c = ControlClient::Connect(o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "kvtier-bench: %s\n", c.status().ToString().c_str());
+    return 0;
+  }
+  for (int i = 0; i < 60'000; ++i) {
+    auto s = (*c)->Stats();
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvtier-bench: stats: %s\n", s.status().ToString().c_str());
+      return 0;
+    }
+    for (const auto& t : s->tiers) {
+      if (t.tier == TierKind::kNvme && t.ready) return (NowUs() - t0_us) * 1e-6;
+    }
+    ::usleep(1000);
+  }
+  return 0;
+}
+
+Result<std::unique_ptr<Client>> Engine(const std::string& socket, const std::string& name) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.engine_name = name;
+  o.layout = RestartLayout();
+  return Client::Connect(o);
+}
+
 }  // namespace
+
+int RunColdIndexBench(const BenchArgs& args) {
+  const uint64_t blocks = args.blocks;
+  constexpr size_t kChain = 8192;  // a 128K-token prompt of 16-token blocks
+  testing::DaemonProcess d(RestartDaemon(true, blocks));
+  if (Status s = Populate(d, blocks); !s.ok()) {
+    std::fprintf(stderr, "kvtier-bench cold-index: populating the index: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const double t0 = NowUs();
+  if (Status s = d.Start(); !s.ok()) {
+    std::fprintf(stderr, "kvtier-bench cold-index: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (WaitReady(d.socket_path(), t0) == 0) {
+    std::fprintf(stderr, "kvtier-bench cold-index: the NVMe index was not loaded in time\n%s\n", d.Log().c_str());
+    return 1;
+  }
+  // The other session: an 8-block chain of its own in host memory, looked up again and again.
+  auto other = Engine(d.socket_path(), "bench-other");
+  if (!other.ok()) {
+    std::fprintf(stderr, "kvtier-bench cold-index: %s\n", other.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<BlockHash> warm;
+  for (uint64_t i = 0; i < 8; ++i) warm.push_back(IndexHash(78, i));
+  {
+    auto pages = (*other)->Allocate(TierKind::kHost, 8);
+    if (!pages.ok()) return 1;
+    std::vector<CommitEntry> e;
+    for (size_t i = 0; i < warm.size(); ++i) e.push_back({(*pages)[i], warm[i], i ? warm[i - 1] : BlockHash()});
+    if (!(*other)->Commit(TierKind::kHost, e).ok()) return 1;
+  }
+  auto measure = [&](double seconds) {
+    Latencies l;
+    const double end = NowUs() + seconds * 1e6;
+    while (NowUs() < end) {
+      const double a = NowUs();
+      auto r = (*other)->Lookup(warm);
+      if (!r.ok() || r->matched != warm.size()) return Latencies{};
+      l.Add(NowUs() - a);
+      ::usleep(500);
+    }
+    return l;
+  };
+  // Rounds of: the other session alone, then beside a session looking up cold chains: 8,192
+  // blocks each, all in the NVMe index and none in memory, so the whole chain is probed.
+  Latencies alone, beside, cold;
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < args.rounds; ++round) {
+    alone.Append(measure(1.0));
+    std::atomic<bool> stop{false};
+    std::thread reader([&] {
+      auto c = Engine(d.socket_path(), "bench-cold");
+      if (!c.ok()) return;
+      std::vector<BlockHash> chain(kChain);
+      while (!stop.load()) {
+        const uint64_t from = kSamples + rng() % (blocks - kSamples - kChain);
+        for (size_t i = 0; i < kChain; ++i) chain[i] = HashOf(from + i);
+        const double a = NowUs();
+        auto r = (*c)->Lookup(chain);
+        if (!r.ok() || r->matched != kChain) {
+          std::fprintf(stderr, "kvtier-bench cold-index: a cold chain matched %zu of %zu\n", r.ok() ? r->matched : 0,
+                       kChain);
+          return;
+        }
+        cold.Add(NowUs() - a);
+      }
+    });
+    beside.Append(measure(1.0));
+    stop = true;
+    reader.join();
+  }
+  d.Stop();
+  if (alone.count() == 0 || beside.count() == 0 || cold.count() == 0) {
+    std::fprintf(stderr, "kvtier-bench cold-index: a measurement failed\n");
+    return 1;
+  }
+  const double ratio = beside.Percentile(99) / alone.Percentile(99);
+  nlohmann::json j{{"blocks", blocks},
+                   {"cold_chain_blocks", kChain},
+                   {"cold_lookup_p50_us", cold.Percentile(50)},
+                   {"cold_lookups", cold.count()},
+                   {"other_p99_alone_us", alone.Percentile(99)},
+                   {"other_p99_beside_us", beside.Percentile(99)},
+                   {"other_p99_ratio", ratio}};
+  if (args.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("kvtier-bench cold-index: %llu indexed NVMe blocks, cold chains of %zu blocks\n",
+              static_cast<unsigned long long>(blocks), kChain);
+  std::printf("  a cold chain's Lookup (the whole chain read from the index): p50 %.0f us (%zu lookups)\n",
+              cold.Percentile(50), cold.count());
+  std::printf("  another session's 8-block Lookup p99: %.0f us alone, %.0f us beside them: ratio %.2f\n",
+              alone.Percentile(99), beside.Percentile(99), ratio);
+  return 0;
+}
 
 int RunRestartBench(const BenchArgs& args) {
   const uint64_t blocks = args.blocks;
@@ -183,29 +316,7 @@ int RunRestartBench(const BenchArgs& args) {
     return 1;
   }
   // Wait for the background load of slot occupancy, then weigh the daemon.
-  double ready_s = 0;
-  uint64_t nvme_memory = 0;
-  {
-    ControlClientOptions o;
-    o.socket_path = d.socket_path();
-    auto c = ControlClient::Connect(o);
-    if (!c.ok()) std::fprintf(stderr, "kvtier-bench restart: %s\n", c.status().ToString().c_str());
-    for (int i = 0; c.ok() && i < 60'000; ++i) {
-      auto s = (*c)->Stats();
-      if (!s.ok()) {
-        std::fprintf(stderr, "kvtier-bench restart: stats: %s\n", s.status().ToString().c_str());
-        break;
-      }
-      bool ready = false;
-      for (const auto& t : s->tiers) ready |= t.tier == TierKind::kNvme && t.ready;
-      if (ready) {
-        ready_s = (NowUs() - t0) * 1e-6;
-        break;
-      }
-      ::usleep(1000);
-    }
-    (void)nvme_memory;
-  }
+  const double ready_s = WaitReady(d.socket_path(), t0);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const uint64_t rss = RssKb(d.pid());
   if (std::getenv("KVTIER_BENCH_PAUSE")) {

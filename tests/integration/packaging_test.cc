@@ -101,8 +101,7 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
                       "try:\n    import kvtier.vllm\nexcept ImportError as e:\n    print(e)'");
     EXPECT_EQ(py.code, 0) << py.out;
     EXPECT_NE(py.out.find(root.path()), std::string::npos) << py.out;
-    EXPECT_NE(py.out.find("kvtier.vllm is vLLM's KV connector and needs vLLM installed"), std::string::npos)
-        << py.out;
+    EXPECT_NE(py.out.find("kvtier.vllm is vLLM's KV connector and needs vLLM installed"), std::string::npos) << py.out;
   }
 }
 

@@ -59,8 +59,8 @@ double StoreLoadLoop(const ClientHandlePtr& h, const std::vector<uintptr_t>& lay
 
 // Lease `batch` host pages, copy `src` into each, commit; acquire them, copy each out to
 // `dst`, release. -1 on any failure, else seconds.
-double PageLoop(const ClientHandlePtr& h, uint32_t batch, uint32_t rounds, uint64_t seed, uintptr_t src,
-                uintptr_t dst, uint64_t bytes) {
+double PageLoop(const ClientHandlePtr& h, uint32_t batch, uint32_t rounds, uint64_t seed, uintptr_t src, uintptr_t dst,
+                uint64_t bytes) {
   py::gil_scoped_release nogil;
   std::lock_guard<std::mutex> lock(h->mu);
   Client& c = *h->client;
@@ -94,6 +94,6 @@ PYBIND11_MODULE(_bench, m) {
   py::module_::import("kvtier._kvtier");  // registers the Client type these take
   m.def("store_load_loop", &StoreLoadLoop, py::arg("client"), py::arg("layers"), py::arg("num_blocks"),
         py::arg("batch"), py::arg("rounds"), py::arg("seed"));
-  m.def("page_loop", &PageLoop, py::arg("client"), py::arg("batch"), py::arg("rounds"), py::arg("seed"),
-        py::arg("src"), py::arg("dst"), py::arg("bytes"));
+  m.def("page_loop", &PageLoop, py::arg("client"), py::arg("batch"), py::arg("rounds"), py::arg("seed"), py::arg("src"),
+        py::arg("dst"), py::arg("bytes"));
 }
