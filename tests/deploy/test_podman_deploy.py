@@ -148,7 +148,14 @@ class Node:
         return wait_for("the engine's process", running, 30)
 
     def remove(self, pod):
-        podman("pod", "rm", "-f", "-t", "0", pod, check=False)
+        # `pod rm -f` can fail while a container of the pod is still exiting (the next play
+        # of that name then finds it): removed again until it is gone, bounded.
+        deadline = time.monotonic() + 60
+        while True:
+            podman("pod", "rm", "-f", "-t", "0", pod, check=False)
+            if podman("pod", "exists", pod, check=False).returncode != 0 or time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
 
 
 def cgroup_dir(pid):
