@@ -115,16 +115,21 @@ Status Populate(const testing::DaemonProcess& d, uint64_t blocks) {
   return store->Compact();
 }
 
+// An engine session of the bench's layout.
+Result<std::unique_ptr<Client>> Engine(const std::string& socket, const std::string& name) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.engine_name = name;
+  o.layout = RestartLayout();
+  return Client::Connect(o);
+}
+
 // Retries until a sample block is served with its bytes; returns the seconds since t0.
 Result<double> FirstHit(const std::string& socket, double t0_us) {
   const ModelLayout layout = RestartLayout();
   const std::vector<BlockHash> sample = {HashOf(kSamples / 2)};
   for (int attempt = 0; attempt < 2'000; ++attempt) {
-    ClientOptions o;
-    o.socket_path = socket;
-    o.engine_name = "bench-restart";
-    o.layout = layout;
-    auto c = Client::Connect(o);
+    auto c = Engine(socket, "bench-restart");
     if (!c.ok()) {
       ::usleep(500);
       continue;
@@ -168,14 +173,6 @@ double WaitReady(const std::string& socket, double t0_us) {
     ::usleep(1000);
   }
   return 0;
-}
-
-Result<std::unique_ptr<Client>> Engine(const std::string& socket, const std::string& name) {
-  ClientOptions o;
-  o.socket_path = socket;
-  o.engine_name = name;
-  o.layout = RestartLayout();
-  return Client::Connect(o);
 }
 
 }  // namespace
