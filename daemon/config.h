@@ -62,15 +62,6 @@ struct RemoteTierConfig {
   bool operator==(const RemoteTierConfig&) const = default;
 };
 
-// Bytes per tier; 0 means no limit (quota) or nothing reserved (reserve).
-struct TierBytes {
-  uint64_t host = 0;
-  uint64_t gpu = 0;
-  uint64_t nvme = 0;
-  uint64_t remote = 0;  // quota only: what this kvtierd keeps in the cluster for the tenant
-  bool operator==(const TierBytes&) const = default;
-};
-
 // One configured tenant: the peers it covers (by uid, or by any of their groups) and its
 // share of each tier. quota: the most it may hold (enforced when it asks for pages or
 // spills); reserve: what other tenants' pressure can never take from it.
@@ -78,8 +69,8 @@ struct TenantConfig {
   std::string name;
   std::vector<uint32_t> uids;
   std::vector<uint32_t> gids;
-  TierBytes quota;
-  TierBytes reserve;
+  TierBytes quota{};  // by TierIndex; keyed by the tier table's names in the config
+  TierBytes reserve{};
   bool kv_quantization = false;  // its blocks may be stored quantized in the tiers that quantize
   bool operator==(const TenantConfig&) const = default;
 };
@@ -88,7 +79,7 @@ struct SecurityConfig {
   std::vector<TenantConfig> tenants;
   // A peer no tenant covers: its own tenant "uid=U" (true) or refused (false).
   bool allow_unknown = true;
-  TierBytes unknown_quota;  // per unknown tenant
+  TierBytes unknown_quota{};  // per unknown tenant (pool tiers only)
   // Besides root and the daemon's own uid.
   std::vector<uint32_t> admin_uids;
   // The most of a tier's pages one session may hold leased at once (1: no cap).

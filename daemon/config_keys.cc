@@ -165,21 +165,21 @@ Result<std::vector<uint32_t>> IdList(const std::string& path, const YAML::Node& 
   return out;
 }
 
-// {host: 1GiB, gpu: 0, nvme: 100GiB, remote: 50GiB}
+// {host: 1GiB, gpu: 0, nvme: 100GiB, remote: 50GiB}: a size per tier, keyed by the tier
+// table's names.
 Status TierBytesMap(const std::string& path, const YAML::Node& n, TierBytes* out) {
+  std::vector<std::string_view> names;
+  for (const TierRow& r : kTierTable) names.push_back(r.name);
   if (n.IsNull()) return Status::Ok();
-  if (!n.IsMap()) return ConfigKeyError(path, "expected {host: SIZE, gpu: SIZE, nvme: SIZE, remote: SIZE}");
+  if (!n.IsMap()) return ConfigKeyError(path, "expected {TIER: SIZE, ...} with TIER " + Alternatives(names));
   for (const auto& kv : n) {
     const std::string tier = kv.first.Scalar();
-    uint64_t* field = tier == "host"     ? &out->host
-                      : tier == "gpu"    ? &out->gpu
-                      : tier == "nvme"   ? &out->nvme
-                      : tier == "remote" ? &out->remote
-                                         : nullptr;
-    if (!field) return InvalidArgument("config key '" + path + "." + tier + "' is unknown (host, gpu, nvme, remote)");
+    const std::optional<TierKind> kind = ParseTierKind(tier);
+    if (!kind)
+      return InvalidArgument("config key '" + path + "." + tier + "' is unknown (" + Alternatives(names) + ")");
     auto b = ParseBytes(kv.second.IsScalar() ? kv.second.Scalar() : std::string());
     if (!b.ok()) return ConfigKeyError(path + "." + tier, b.status().message());
-    *field = *b;
+    (*out)[TierIndex(*kind)] = *b;
   }
   return Status::Ok();
 }

@@ -125,7 +125,7 @@ Status ValidateConfig(const DaemonConfig& c) {
     const SecurityConfig& s = c.security;
     std::set<std::string> names;
     std::set<uint32_t> uids;
-    TierBytes reserved;
+    TierBytes reserved{};
     for (size_t i = 0; i < s.tenants.size(); ++i) {
       const TenantConfig& t = s.tenants[i];
       const std::string at = "config key 'security.tenants[" + std::to_string(i) + "]";
@@ -134,36 +134,36 @@ Status ValidateConfig(const DaemonConfig& c) {
         if (!uids.insert(u).second)
           return InvalidArgument(at + ".uids': uid " + std::to_string(u) + " is in two tenants");
       }
-      for (auto [q, r, tier] :
-           {std::tuple{t.quota.host, t.reserve.host, "host"}, std::tuple{t.quota.gpu, t.reserve.gpu, "gpu"},
-            std::tuple{t.quota.nvme, t.reserve.nvme, "nvme"}}) {
+      for (TierKind k : kAllTiers) {
+        const uint64_t q = t.quota[TierIndex(k)], r = t.reserve[TierIndex(k)];
+        const std::string tier(TierKindName(k));
         if (q != 0 && r > q) return InvalidArgument(at + ".reserve." + tier + "' is above its quota");
+        if (r > 0 && IsLowerTier(k)) {
+          // Refused rather than ignored: a lower tier evicts by its own rule across every
+          // tenant (a cluster's maxmemory-policy), which no kvtierd can hold back for one.
+          return InvalidArgument(at + ".reserve." + tier + "': the " + tier +
+                                 " tier cannot reserve room for a tenant (its own eviction is shared by all); give "
+                                 "the other tenants a " +
+                                 tier + " quota instead");
+        }
+        reserved[TierIndex(k)] += r;
       }
-      reserved.host += t.reserve.host;
-      reserved.gpu += t.reserve.gpu;
-      reserved.nvme += t.reserve.nvme;
-      reserved.remote += t.reserve.remote;
     }
     uint64_t nvme_bytes = 0;
     for (const auto& f : c.nvme.files) nvme_bytes += f.capacity_bytes;
-    if (s.unknown_quota.nvme > 0 || s.unknown_quota.remote > 0) {
-      return InvalidArgument(
-          "config key 'security.unknown_quota': NVMe and remote quotas are for configured tenants "
-          "(security.tenants); an unknown tenant's blocks there count with everyone else's");
-    }
-    if (reserved.remote > 0) {
-      // Refused rather than ignored: the cluster evicts by its own LRU across every tenant
-      // (maxmemory-policy), which no kvtierd can hold back for one of them.
-      return InvalidArgument(
-          "config key 'security.tenants[].reserve.remote': the remote tier cannot reserve room for a tenant (the "
-          "cluster's own eviction is shared by all); give the other tenants a remote quota instead, or the tenant "
-          "a cluster of its own");
+    for (TierKind k : kAllTiers) {
+      if (!IsPoolTier(k) && s.unknown_quota[TierIndex(k)] > 0) {
+        return InvalidArgument("config key 'security.unknown_quota." + std::string(TierKindName(k)) +
+                               "': NVMe and lower-tier quotas are for configured tenants (security.tenants); an "
+                               "unknown tenant's blocks there count with everyone else's");
+      }
     }
     // Reserves must fit below the low watermark, or eviction could never honour them.
     for (auto [r, cap, low, tier] :
-         {std::tuple{reserved.host, h.capacity_bytes, h.low_watermark, "host"},
-          std::tuple{reserved.gpu, c.gpu.enabled ? c.gpu.capacity_bytes : 0, c.gpu.low_watermark, "gpu"},
-          std::tuple{reserved.nvme, nvme_bytes, c.nvme.low_watermark, "nvme"}}) {
+         {std::tuple{reserved[TierIndex(TierKind::kHost)], h.capacity_bytes, h.low_watermark, "host"},
+          std::tuple{reserved[TierIndex(TierKind::kGpu)], c.gpu.enabled ? c.gpu.capacity_bytes : 0, c.gpu.low_watermark,
+                     "gpu"},
+          std::tuple{reserved[TierIndex(TierKind::kNvme)], nvme_bytes, c.nvme.low_watermark, "nvme"}}) {
       if (r > 0 && static_cast<double>(r) > low * static_cast<double>(cap)) {
         return InvalidArgument("config key 'security.tenants': " + std::string(tier) + " reserves add up to " +
                                FormatBytes(r) + ", more than the tier's low watermark of " +

@@ -85,13 +85,8 @@ std::vector<std::string> ChangedSections(const std::string& before, const std::s
 std::pair<std::unordered_map<std::string, TenantLimits>, TenantLimits> TenantLimitsOf(const SecurityConfig& security) {
   auto limits = [](const TierBytes& quota, const TierBytes& reserve) {
     TenantLimits l;
-    l.quota_bytes[TierIndex(TierKind::kHost)] = quota.host;
-    l.quota_bytes[TierIndex(TierKind::kGpu)] = quota.gpu;
-    l.quota_bytes[TierIndex(TierKind::kNvme)] = quota.nvme;
-    l.quota_bytes[TierIndex(TierKind::kRemote)] = quota.remote;
-    l.reserve_bytes[TierIndex(TierKind::kHost)] = reserve.host;
-    l.reserve_bytes[TierIndex(TierKind::kGpu)] = reserve.gpu;
-    l.reserve_bytes[TierIndex(TierKind::kNvme)] = reserve.nvme;
+    l.quota_bytes = quota;
+    l.reserve_bytes = reserve;
     return l;
   };
   std::unordered_map<std::string, TenantLimits> configured;
@@ -150,7 +145,7 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(TestHooks hooks) {
   std::unordered_map<std::string, uint16_t> owners;
   auto slots = [&](uint64_t bytes) { return LimitUnits(bytes, config_.host.page_bytes); };
   for (const TenantConfig& t : config_.security.tenants) {
-    if (t.quota.nvme == 0 && t.reserve.nvme == 0) continue;
+    if (t.quota[TierIndex(TierKind::kNvme)] == 0 && t.reserve[TierIndex(TierKind::kNvme)] == 0) continue;
     if (o.quota_slots.empty()) {
       o.quota_slots.push_back(0);
       o.reserve_slots.push_back(0);
@@ -158,8 +153,8 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(TestHooks hooks) {
     owners[t.name] = static_cast<uint16_t>(o.quota_slots.size());
     if (nvme_owners_.empty()) nvme_owners_.push_back("");
     nvme_owners_.push_back(t.name);
-    o.quota_slots.push_back(slots(t.quota.nvme));
-    o.reserve_slots.push_back(slots(t.reserve.nvme));
+    o.quota_slots.push_back(slots(t.quota[TierIndex(TierKind::kNvme)]));
+    o.reserve_slots.push_back(slots(t.reserve[TierIndex(TierKind::kNvme)]));
   }
   if (!owners.empty()) {
     o.owner_of = [owners = std::move(owners)](std::string_view key) -> uint16_t {
@@ -429,7 +424,8 @@ void Daemon::Reload() {
   const bool nvme_limits = next->security.tenants.size() != config_.security.tenants.size() ||
                            !std::equal(next->security.tenants.begin(), next->security.tenants.end(),
                                        config_.security.tenants.begin(), [](const auto& a, const auto& b) {
-                                         return a.quota.nvme == b.quota.nvme && a.reserve.nvme == b.reserve.nvme;
+                                         const int n = TierIndex(TierKind::kNvme);
+                                         return a.quota[n] == b.quota[n] && a.reserve[n] == b.reserve[n];
                                        });
   // Secrets live in files of their own: a changed one is read at the next start only.
   for (const SecretFile& f : secrets_) {

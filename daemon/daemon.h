@@ -61,7 +61,7 @@ class Daemon {
   explicit Daemon(const DaemonConfig& config);
   Result<std::unique_ptr<NvmeTier>> OpenNvme(TestHooks hooks);
   void RegisterMetrics();
-  void RegisterRemoteMetrics();
+  void RegisterLowerTierMetrics();
   void WatchNvme();
   void WatchReload();
   void Reload();

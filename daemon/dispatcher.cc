@@ -6,7 +6,6 @@
 #include "protocol/base/text.h"
 #include "protocol/base/tier.h"
 #include "protocol/op_table.h"
-#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 
@@ -279,7 +278,7 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
 
   std::vector<flatbuffers::Offset<fb::TierInfo>> tiers;
   for (TierKind kind : kAllTiers) {
-    if (!cache_->tier_enabled(kind) || kind == TierKind::kRemote) continue;  // no pages or slots to describe
+    if (!cache_->tier_enabled(kind) || IsLowerTier(kind)) continue;  // no pages or slots to describe
     const TierCounts c = cache_->Counts(kind);
     const TierPool* pool = cache_->pool(kind);
     const uint32_t pps = pool ? pool->pages_per_segment() : 0;
@@ -476,7 +475,7 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
   std::vector<flatbuffers::Offset<fb::TierStats>> tiers;
   const NvmeTier* nvme = cache_->nvme();
   for (TierKind kind : kAllTiers) {
-    if (!cache_->tier_enabled(kind) || kind == TierKind::kRemote) continue;  // StatsReply.remote
+    if (!cache_->tier_enabled(kind) || IsLowerTier(kind)) continue;  // StatsReply.lower
     const TierStats t = cache_->Stats(kind);
     const TierCounts& c = t.counts;
     auto name = builder_.CreateString(TierKindName(kind));
@@ -510,33 +509,36 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
   const CacheCounters& cc = cache_->counters();
   uint64_t hits = 0;
   for (uint64_t h : cc.block_hits) hits += h;
-  // The remote tier's own figures (its cluster, its codec) come from its RemoteTier.
-  const LowerTierMover* rm = cache_->lower_tier(TierKind::kRemote);
-  const auto* rt = rm ? dynamic_cast<const RemoteTier*>(&rm->tier()) : nullptr;
-  const uint64_t checksum =
-      (nvme ? nvme->counters().checksum_failures : 0) + (rt ? rt->counters().checksum_failures : 0);
+  uint64_t checksum = nvme ? nvme->counters().checksum_failures : 0;
   uint64_t evictions_total = nvme ? nvme->counters().evictions : 0;
   for (uint64_t e : cc.evictions) evictions_total += e;
   const uint64_t io_errors = nvme ? nvme->counters().io_errors : 0;
+  std::vector<flatbuffers::Offset<fb::LowerTierStats>> lower;
   flatbuffers::Offset<fb::RemoteTierStats> remote;
-  if (rt) {
-    const RemoteCounters& rc = rt->counters();
-    const RedisClusterCounters& cc = rt->cluster_counters();
+  for (const auto& mover : cache_->lower_tiers()) {
+    const LowerTierReport r = mover->tier().Report();
+    checksum += r.checksum_failures;
     std::vector<flatbuffers::Offset<fb::RemoteNode>> nodes;
-    for (const auto& n : rt->Masters()) {
-      nodes.push_back(fb::CreateRemoteNode(builder_, builder_.CreateString(n.address), !n.breaker_open, n.failures));
+    for (const TierNode& n : r.nodes) {
+      nodes.push_back(fb::CreateRemoteNode(builder_, builder_.CreateString(n.address), n.up, n.failures));
     }
-    auto mean = [](uint64_t ns, uint64_t n) {
-      return n ? static_cast<double>(ns) * 1e-9 / static_cast<double>(n) : 0.0;
-    };
-    remote = fb::CreateRemoteTierStats(builder_, builder_.CreateVector(nodes),
-                                       builder_.CreateString(rm->write_through() ? "write_through" : "write_back"),
-                                       rc.exists, rc.exists_found, rc.fetches, rc.fetch_hits, rc.fetch_bytes, rc.puts,
-                                       rc.put_bytes, rc.errors, rc.checksum_failures, mean(rc.exists_ns, rc.exists),
-                                       mean(rc.fetch_ns, rc.fetches), mean(rc.put_ns, rc.puts + rc.puts_failed),
-                                       rm->puts_in_flight(), static_cast<uint32_t>(rm->puts_queued()),
-                                       rm->puts_skipped(), cc.breaker_rejections.load(std::memory_order_relaxed),
-                                       cc.timeouts.load(std::memory_order_relaxed), rc.puts_failed, rt->keyed());
+    auto nodes_vec = builder_.CreateVector(nodes);
+    auto policy = builder_.CreateString(mover->write_through() ? "write_through" : "write_back");
+    if (mover->kind() == TierKind::kRemote && remote.IsNull()) remote = LegacyRemoteStats(*mover, r, nodes_vec, policy);
+    std::vector<flatbuffers::Offset<fb::TierFigure>> figures;
+    for (const TierFigure& f : r.figures) {
+      const std::string label =
+          f.label.first.empty() ? std::string() : std::string(f.label.first) + "=" + std::string(f.label.second);
+      figures.push_back(
+          fb::CreateTierFigure(builder_, builder_.CreateString(f.key), f.value, builder_.CreateString(label)));
+    }
+    const LowerTierMover::Counters& mc = mover->counters();
+    lower.push_back(fb::CreateLowerTierStats(
+        builder_, TierToWire(mover->kind()), builder_.CreateString(TierKindName(mover->kind())),
+        builder_.CreateString(mover->tier().Describe()), mover->available(), policy,
+        cc.block_hits[TierIndex(mover->kind())], mc.promotions, mc.puts, mc.put_failures, mover->puts_skipped(),
+        mover->puts_in_flight(), static_cast<uint32_t>(mover->puts_queued()), mover->put_backoffs(),
+        mover->quota_deletes(), r.checksum_failures, r.authenticated, nodes_vec, builder_.CreateVector(figures)));
   }
   flatbuffers::Offset<fb::EventsStats> events;
   if (const KvEvents* ev = cache_->events()) {
@@ -551,9 +553,33 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
                   cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions, cc.promotions,
                   static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions, cc.refetches_after_evict,
                   nvme ? nvme->counters().spill_bytes : 0, nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(),
-                  evictions_total, remote, events)
+                  evictions_total, remote, events, builder_.CreateVector(lower))
                   .Union();
   return {fb::Reply::StatsReply, body};
+}
+
+// StatsReply.remote, for clients older than StatsReply.lower: the remote tier's report in
+// the old table's fields.
+flatbuffers::Offset<fb::RemoteTierStats> Dispatcher::LegacyRemoteStats(
+    const LowerTierMover& mover, const LowerTierReport& r,
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::RemoteNode>>> nodes,
+    flatbuffers::Offset<flatbuffers::String> write_policy) {
+  auto u = [&r](std::string_view key, std::string_view label = {}) {
+    return static_cast<uint64_t>(r.Figure(key, label));
+  };
+  auto mean = [&r](std::string_view seconds, std::string_view count) {
+    const double n = r.Figure(count);
+    return n > 0 ? r.Figure(seconds) / n : 0.0;
+  };
+  return fb::CreateRemoteTierStats(
+      builder_, nodes, write_policy, u("lookups"), u("lookup_hits"), u("fetches"), u("fetch_hits"), u("fetch_bytes"),
+      u("puts"), u("put_bytes"), u("errors"), r.checksum_failures, mean("exists_seconds", "lookups"),
+      mean("fetch_seconds", "fetches"),
+      r.Figure("puts") + r.Figure("puts_failed") > 0
+          ? r.Figure("put_seconds") / (r.Figure("puts") + r.Figure("puts_failed"))
+          : 0.0,
+      mover.puts_in_flight(), static_cast<uint32_t>(mover.puts_queued()), mover.puts_skipped(), u("breaker_rejections"),
+      u("timeouts"), u("puts_failed"), r.authenticated);
 }
 
 Dispatcher::Reply Dispatcher::ExplainReply(Builder& b, const Result<std::vector<BlockExplanation>>& entries) {

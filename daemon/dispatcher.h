@@ -174,6 +174,10 @@ class Dispatcher {
   static Reply LookupReply(Builder& b, const CacheLookup& r);
   Reply AcquireReply(Builder& b, SessionContext& ctx, const std::vector<CacheResult>& results);
   static Reply ExplainReply(Builder& b, const Result<std::vector<BlockExplanation>>& entries);
+  flatbuffers::Offset<fb::RemoteTierStats> LegacyRemoteStats(
+      const LowerTierMover& mover, const LowerTierReport& r,
+      flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::RemoteNode>>> nodes,
+      flatbuffers::Offset<flatbuffers::String> write_policy);
   // Acquires `hashes` for request `id`: the results now, or nullopt when they are sent
   // later (promotions).
   std::optional<std::vector<CacheResult>> StartAcquire(SessionContext& ctx, std::span<const BlockHash> hashes,

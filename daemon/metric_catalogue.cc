@@ -9,7 +9,6 @@
 #include <iterator>
 
 #include "daemon/daemon.h"
-#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -85,7 +84,7 @@ void Daemon::RegisterMetrics() {
   for (TierKind kind : kAllTiers) {
     if (!cache->tier_enabled(kind)) continue;
     const std::string tier(TierKindName(kind));
-    if (kind == TierKind::kRemote) {  // no pool of its own: hits only (the rest below)
+    if (IsLowerTier(kind)) {  // no pages of its own: hits only (RegisterLowerTierMetrics has the rest)
       m.AddCounterFn("kvtier_block_hits_total", hits_help, {{"tier", tier}},
                      [cache, kind] { return cache->counters().block_hits[TierIndex(kind)]; });
       continue;
@@ -222,7 +221,7 @@ void Daemon::RegisterMetrics() {
                    "another tenant's engine holds.",
                    {}, [events] { return events->counters().topics_refused; });
   }
-  RegisterRemoteMetrics();
+  RegisterLowerTierMetrics();
   const NvmeTier* nvme = cache_->nvme();
   if (nvme == nullptr) return;
   m.AddGaugeFn("kvtier_nvme_info", "Always 1; labels say which I/O and index backends the NVMe tier uses.",
@@ -280,84 +279,53 @@ void Daemon::RegisterMetrics() {
   }
 }
 
-void Daemon::RegisterRemoteMetrics() {
-  const LowerTierMover* rm = cache_->lower_tier(TierKind::kRemote);
-  const auto* rt = rm ? dynamic_cast<const RemoteTier*>(&rm->tier()) : nullptr;
-  if (rt == nullptr) return;
+// Each lower tier's series: what its mover counts (the same for every lower tier, named
+// kvtier_<tier>_*), then the figures its report exports, registered once from its first
+// report (a tier reports the same figures every time).
+void Daemon::RegisterLowerTierMetrics() {
   MetricsRegistry& m = metrics_;
-  auto nodes = [rt](bool up) {
-    double n = 0;
-    for (const auto& node : rt->Masters()) n += node.breaker_open != up ? 1 : 0;
-    return n;
-  };
-  const char* nodes_help =
-      "Masters of the remote tier's Redis Cluster, by state (open: its circuit breaker is open, its "
-      "requests are misses without being sent).";
-  m.AddGaugeFn("kvtier_remote_nodes", nodes_help, {{"state", "up"}}, [nodes] { return nodes(true); });
-  m.AddGaugeFn("kvtier_remote_nodes", nodes_help, {{"state", "open"}}, [nodes] { return nodes(false); });
-  m.AddCounterFn("kvtier_remote_lookups_total", "Block keys looked for in the remote tier (EXISTS).", {},
-                 [rt] { return rt->counters().exists; });
-  m.AddCounterFn("kvtier_remote_lookup_hits_total", "Block keys the remote tier held when looked for.", {},
-                 [rt] { return rt->counters().exists_found; });
-  const char* fetch_help = "Remote blocks read into host pages, by result (miss: the key was gone).";
-  m.AddCounterFn("kvtier_remote_fetches_total", fetch_help, {{"result", "hit"}},
-                 [rt] { return rt->counters().fetch_hits; });
-  m.AddCounterFn("kvtier_remote_fetches_total", fetch_help, {{"result", "miss"}},
-                 [rt] { return rt->counters().fetch_misses; });
-  const char* moved = "Block bytes moved between tiers, by path.";
-  m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "remote_to_host"}},
-                 [rt] { return rt->counters().fetch_bytes; });
-  m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "host_to_remote"}},
-                 [rt] { return rt->counters().put_bytes; });
-  m.AddCounterFn("kvtier_remote_puts_total", "Blocks stored in the remote tier.", {},
-                 [rm] { return rm->counters().puts; });
-  m.AddCounterFn("kvtier_remote_put_failures_total", "Puts into the remote tier that failed.", {},
-                 [rm] { return rm->counters().put_failures; });
-  m.AddCounterFn("kvtier_remote_puts_skipped_total",
-                 "Write-throughs to the remote tier not made: the queue was full, or the block left host first.", {},
-                 [rm] { return rm->puts_skipped(); });
-  m.AddGaugeFn("kvtier_remote_puts_in_flight", "Puts into the remote tier waiting for the cluster.", {},
-               [rm] { return static_cast<double>(rm->puts_in_flight()); });
-  m.AddGaugeFn("kvtier_remote_puts_queued", "Write-throughs to the remote tier waiting for their turn.", {},
-               [rm] { return static_cast<double>(rm->puts_queued()); });
-  m.AddCounterFn("kvtier_remote_errors_total",
-                 "Remote-tier requests that failed (node down or its breaker open, timeout, error reply); each "
-                 "is a miss or a put not made.",
-                 {}, [rt] { return rt->counters().errors; });
-  m.AddCounterFn("kvtier_remote_checksum_failures_total",
-                 "Remote values that did not verify (overwritten, cut short, foreign); each was a miss and was "
-                 "deleted from the cluster.",
-                 {}, [rt] { return rt->counters().checksum_failures; });
-  m.AddCounterFn("kvtier_remote_breaker_rejections_total",
-                 "Remote-tier requests failed at once because their node's circuit breaker was open.", {},
-                 [rt] { return rt->cluster_counters().breaker_rejections.load(std::memory_order_relaxed); });
-  m.AddCounterFn("kvtier_remote_timeouts_total", "Batches of remote-tier requests whose replies were late.", {},
-                 [rt] { return rt->cluster_counters().timeouts.load(std::memory_order_relaxed); });
-  m.AddCounterFn("kvtier_remote_redirects_total", "MOVED and ASK replies followed.", {},
-                 [rt] { return rt->cluster_counters().redirects.load(std::memory_order_relaxed); });
-  m.AddCounterFn("kvtier_remote_slot_map_refreshes_total", "Cluster slot maps read (CLUSTER SLOTS).", {},
-                 [rt] { return rt->cluster_counters().refreshes.load(std::memory_order_relaxed); });
-  m.AddCounterFn("kvtier_remote_promotions_total", "Remote blocks read and verified into host pages.", {},
-                 [rm] { return rm->counters().promotions; });
-  m.AddGaugeFn("kvtier_remote_authenticated",
-               "1: the remote tier's values and key names are keyed by a fleet secret (tiers.remote.secret_file); "
-               "0: anyone who can reach the cluster can plant values this node serves.",
-               {}, [rt] { return rt->keyed() ? 1.0 : 0.0; });
-  m.AddCounterFn("kvtier_remote_put_backoffs_total",
-                 "Times puts stopped for a while because the cluster refused a write for memory (OOM).", {},
-                 [rm] { return rm->put_backoffs(); });
-  m.AddCounterFn("kvtier_remote_oversized_replies_total",
-                 "Cluster replies refused for their length (longer than any block's value); each was a miss.", {},
-                 [rt] { return rt->cluster_counters().oversized.load(std::memory_order_relaxed); });
-  m.AddCounterFn("kvtier_remote_nodes_dropped_total",
-                 "Cluster nodes dropped with their connections because a new slot map did not name them.", {},
-                 [rt] { return rt->cluster_counters().nodes_dropped.load(std::memory_order_relaxed); });
-  m.AddCounterFn("kvtier_remote_slot_maps_refused_total",
-                 "Slot maps not used because they named more masters than tiers.remote.max_nodes.", {},
-                 [rt] { return rt->cluster_counters().maps_refused.load(std::memory_order_relaxed); });
-  m.AddCounterFn("kvtier_remote_quota_deletes_total",
-                 "Values this kvtierd deleted from the cluster because their tenant was past its remote quota.", {},
-                 [rm] { return rm->quota_deletes(); });
+  for (const auto& owned : cache_->lower_tiers()) {
+    const LowerTierMover* rm = owned.get();
+    const std::string tier(TierKindName(rm->kind()));
+    const std::string p = "kvtier_" + tier + "_";
+    m.AddCounterFn(p + "puts_total", "Blocks stored in the " + tier + " tier.", {},
+                   [rm] { return rm->counters().puts; });
+    m.AddCounterFn(p + "put_failures_total", "Puts into the " + tier + " tier that failed.", {},
+                   [rm] { return rm->counters().put_failures; });
+    m.AddCounterFn(
+        p + "puts_skipped_total",
+        "Write-throughs to the " + tier + " tier not made: the queue was full, or the block left host first.", {},
+        [rm] { return rm->puts_skipped(); });
+    m.AddGaugeFn(p + "puts_in_flight", "Puts into the " + tier + " tier waiting for it.", {},
+                 [rm] { return static_cast<double>(rm->puts_in_flight()); });
+    m.AddGaugeFn(p + "puts_queued", "Write-throughs to the " + tier + " tier waiting for their turn.", {},
+                 [rm] { return static_cast<double>(rm->puts_queued()); });
+    m.AddCounterFn(p + "promotions_total", "Blocks of the " + tier + " tier read and verified into host pages.", {},
+                   [rm] { return rm->counters().promotions; });
+    m.AddCounterFn(p + "put_backoffs_total",
+                   "Times puts stopped for a while because the " + tier + " tier refused a write for space.", {},
+                   [rm] { return rm->put_backoffs(); });
+    m.AddCounterFn(
+        p + "quota_deletes_total",
+        "Values this kvtierd deleted from the " + tier + " tier because their tenant was past its " + tier + " quota.",
+        {}, [rm] { return rm->quota_deletes(); });
+    const LowerTierReport first = rm->tier().Report();
+    for (size_t i = 0; i < first.figures.size(); ++i) {
+      const TierFigure& f = first.figures[i];
+      if (f.metric.empty()) continue;
+      Labels labels;
+      if (!f.label.first.empty()) labels.emplace_back(f.label.first, f.label.second);
+      auto value = [rm, i] {
+        const LowerTierReport r = rm->tier().Report();
+        return i < r.figures.size() ? r.figures[i].value : 0.0;
+      };
+      if (f.counter) {
+        m.AddCounterFn(std::string(f.metric), std::string(f.help), std::move(labels), value);
+      } else {
+        m.AddGaugeFn(std::string(f.metric), std::string(f.help), std::move(labels), value);
+      }
+    }
+  }
 }
 
 }  // namespace kvtier

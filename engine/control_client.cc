@@ -80,6 +80,35 @@ Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
       ri.authenticated = rs->authenticated();
       out.remote = std::move(ri);
     }
+    if (s->lower()) {
+      for (const fb::LowerTierStats* l : *s->lower()) {
+        LowerTierStatsInfo li;
+        li.tier = TierFromWire(l->tier()).value_or(TierKind::kRemote);
+        li.name = Str(l->name());
+        li.describe = Str(l->describe());
+        li.available = l->available();
+        li.write_policy = Str(l->write_policy());
+        li.hits = l->hits();
+        li.promotions = l->promotions();
+        li.puts = l->puts();
+        li.put_failures = l->put_failures();
+        li.puts_skipped = l->puts_skipped();
+        li.puts_in_flight = l->puts_in_flight();
+        li.puts_queued = l->puts_queued();
+        li.put_backoffs = l->put_backoffs();
+        li.quota_deletes = l->quota_deletes();
+        li.checksum_failures = l->checksum_failures();
+        li.authenticated = l->authenticated();
+        if (l->nodes()) {
+          for (const fb::RemoteNode* n : *l->nodes()) li.nodes.push_back({Str(n->address()), n->up(), n->failures()});
+        }
+        if (l->figures()) {
+          for (const fb::TierFigure* f : *l->figures())
+            li.figures.push_back({Str(f->key()), f->value(), Str(f->label())});
+        }
+        out.lower.push_back(std::move(li));
+      }
+    }
     if (const fb::EventsStats* es = s->events()) {
       out.events = DaemonStats::Events{Str(es->publish()), Str(es->replay()),   es->subscribers(), es->replay_peers(),
                                        es->events(),       es->messages(),      es->dropped(),     es->refused(),

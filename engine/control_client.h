@@ -74,6 +74,27 @@ struct RemoteStatsInfo {
   bool authenticated = false;  // values sealed with a fleet secret
 };
 
+// A tier below NVMe (the remote tier, the memory tier) as one kvtierd sees it: what every
+// lower tier has, and the figures only it reports (LowerTier::Report).
+struct LowerTierStatsInfo {
+  TierKind tier = TierKind::kRemote;
+  std::string name;
+  std::string describe;  // one line: "redis cluster, 3 masters, 3 up, ..."
+  bool available = false;
+  std::string write_policy;
+  uint64_t hits = 0, promotions = 0, puts = 0, put_failures = 0, puts_skipped = 0;
+  uint32_t puts_in_flight = 0, puts_queued = 0;
+  uint64_t put_backoffs = 0, quota_deletes = 0, checksum_failures = 0;
+  bool authenticated = false;
+  std::vector<RemoteStatsInfo::Node> nodes;
+  struct Figure {
+    std::string key;
+    double value = 0;
+    std::string label;  // "state=up", or empty
+  };
+  std::vector<Figure> figures;
+};
+
 struct SessionStatsInfo {
   uint64_t id = 0;
   bool control = false;
@@ -101,7 +122,8 @@ struct DaemonStats {
   uint32_t pending_fetches = 0;
   uint64_t gpu_demotions = 0, refetches_after_evict = 0, spill_bytes = 0, fetch_bytes = 0, evictions = 0;
   bool draining = false;
-  std::optional<RemoteStatsInfo> remote;  // with a remote tier
+  std::optional<RemoteStatsInfo> remote;  // with a remote tier (its entry of `lower`, as older daemons sent it)
+  std::vector<LowerTierStatsInfo> lower;  // the tiers below NVMe, in chain order
   struct Events {
     std::string publish, replay;
     uint32_t subscribers = 0, replay_peers = 0;

@@ -53,20 +53,7 @@ Status StatusFromResponse(const fb::Response& r);
 inline fb::Tier TierToWire(TierKind t) { return static_cast<fb::Tier>(static_cast<uint8_t>(t)); }
 inline fb::Tier TierToWire(std::optional<TierKind> t) { return t ? TierToWire(*t) : fb::Tier::None; }
 // nullopt for None and for values only a newer peer knows.
-inline std::optional<TierKind> TierFromWire(fb::Tier t) {
-  switch (t) {
-    case fb::Tier::Gpu:
-      return TierKind::kGpu;
-    case fb::Tier::Host:
-      return TierKind::kHost;
-    case fb::Tier::Nvme:
-      return TierKind::kNvme;
-    case fb::Tier::Remote:
-      return TierKind::kRemote;
-    default:
-      return std::nullopt;  // None, or a tier of a newer peer
-  }
-}
+inline std::optional<TierKind> TierFromWire(fb::Tier t) { return TierFromNumber(static_cast<uint8_t>(t)); }
 
 // Block states (kvctl explain): enum BlockState has BlockState's numbers.
 inline fb::EventHashes EventHashesToWire(EventHashForm f) { return static_cast<fb::EventHashes>(f); }

@@ -16,12 +16,19 @@
 //     backs off), other errors when it failed, kOk once the value is stored;
 //   - Exists answers false for anything it cannot vouch for;
 //   - buffers passed to Put and Fetch stay valid until their callback, and not after: a
-//     tier that is destroyed first drops the callbacks it has not delivered.
+//     tier that is destroyed first drops the callbacks it has not delivered;
+//   - Report() names the same figures, in the same order, every time it is asked (the
+//     daemon registers its metrics once, from the first report).
+//
+// What is the same for every lower tier (puts, promotions, queues, quotas, hits) the mover
+// and the cache count; Report() has what only the tier knows.
 
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "protocol/base/status.h"
@@ -36,16 +43,53 @@ struct LowerBlockMeta {
   std::string parent;       // parent hash bytes; empty for a chain's first block
 };
 
+// One figure a lower tier reports: what kvctl and the Stats reply call it, and the
+// Prometheus series it is exported as. Strings are static.
+struct TierFigure {
+  std::string_view key;  // "lookups", "fetch_bytes": kvctl's and the Stats reply's name
+  double value = 0;
+  bool counter = true;  // else a gauge
+  // The series, e.g. "kvtier_remote_lookups_total", with at most one label; empty: not
+  // exported (e.g. latency sums the daemon's histograms already show).
+  std::string_view metric;
+  std::string_view help;
+  std::pair<std::string_view, std::string_view> label;
+};
+
+// A node a lower tier spreads its blocks over (a cluster's master).
+struct TierNode {
+  std::string address;
+  bool up = true;  // can be asked (its circuit breaker is closed)
+  uint64_t failures = 0;
+};
+
+struct LowerTierReport {
+  std::vector<TierFigure> figures;
+  std::vector<TierNode> nodes;
+  uint64_t checksum_failures = 0;  // values that did not verify (each a miss)
+  bool authenticated = false;      // values are sealed so that nobody else can plant them
+
+  // The value of the figure named `key` (and label value, if given); 0 when none is.
+  double Figure(std::string_view key, std::string_view label = {}) const {
+    for (const TierFigure& f : figures) {
+      if (f.key == key && (label.empty() || f.label.second == label)) return f.value;
+    }
+    return 0;
+  }
+};
+
 class LowerTier {
  public:
   virtual ~LowerTier() = default;
 
   // What sessions are told a block found here comes from; which tenant quota applies.
   virtual TierKind kind() const = 0;
-  // One line for logs and kvctl: "redis cluster: 3 masters (2 reachable), ...".
+  // One line for logs and kvctl: "redis cluster, 3 masters, 2 up, ...".
   virtual std::string Describe() const = 0;
   // Whether the store can be asked now (else lookups and acquires skip it).
   virtual bool available() const = 0;
+  // What it has done and how it stands, for the Stats reply, /metrics and kvctl.
+  virtual LowerTierReport Report() const = 0;
 
   // Whether the store holds each key (block keys).
   virtual void Exists(std::vector<std::string> block_keys, std::function<void(std::vector<bool>)> done) = 0;

@@ -680,7 +680,7 @@ std::vector<SegmentGrant> CacheManager::TakeAllSegmentGrants(SessionCache& s) {
 TierCounts CacheManager::Counts(TierKind kind) const {
   if (IsPoolTier(kind)) return blocks_->Counts(kind);
   TierCounts c;
-  if (!mover_) return c;
+  if (kind != TierKind::kNvme || !mover_) return c;  // a lower tier has no pages (LowerTier::Report)
   const NvmeCounts n = mover_->nvme().Counts();
   c.capacity = n.capacity;
   c.free = n.free;
@@ -696,6 +696,7 @@ TierStats CacheManager::Stats(TierKind kind) const {
   TierStats s;
   s.kind = kind;
   s.counts = Counts(kind);
+  if (!tier_enabled(kind) || IsLowerTier(kind)) return s;
   if (kind == TierKind::kNvme) {
     const NvmeTier& n = mover_->nvme();
     s.high_watermark = n.high_watermark();

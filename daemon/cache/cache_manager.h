@@ -279,8 +279,11 @@ class CacheManager {
     return t == TierKind::kNvme ? mover_ != nullptr : IsPoolTier(t) ? blocks_->enabled(t) : lower_tier(t) != nullptr;
   }
   const TierPool* pool(TierKind t) const { return blocks_->pool(t); }
+  // The pages (NVMe: slots) of a GPU, host or NVMe tier by state; all zero for a tier that
+  // is off and for a lower tier (it has no pages: its figures are LowerTier::Report's).
   TierCounts Counts(TierKind t) const;
-  // The figures of a GPU, host or NVMe tier. REQUIRES: tier_enabled(t).
+  // The figures of a GPU, host or NVMe tier; only `kind` and zero counts for a tier that is
+  // off or a lower tier.
   TierStats Stats(TierKind t) const;
   const CacheCounters& counters() const { return counters_; }
   const KvEvents* events() const { return options_.events; }

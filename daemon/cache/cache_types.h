@@ -126,8 +126,8 @@ struct CacheCounters {
 // when it has none an Allocate fails; reserve: what other tenants' pressure (their
 // allocations, the watermark) never pushes it below.
 struct TenantLimits {
-  std::array<uint64_t, kTierCount> quota_bytes{};
-  std::array<uint64_t, kTierCount> reserve_bytes{};
+  TierBytes quota_bytes{};
+  TierBytes reserve_bytes{};
   // Whether its blocks may be stored quantized in the cold tiers that quantize (lossy).
   bool kv_quantization = false;
 };

@@ -21,19 +21,7 @@ uint64_t EventHash(const BlockHash& hash, EventHashForm form) {
   return v;
 }
 
-std::string_view EventMedium(TierKind tier) {
-  switch (tier) {
-    case TierKind::kGpu:
-      return "GPU";
-    case TierKind::kHost:
-      return "CPU_TIER1";
-    case TierKind::kNvme:
-      return "CPU_TIER2";
-    case TierKind::kRemote:
-      return "REMOTE";  // not published: see docs/architecture.md (KV events)
-  }
-  return "CPU_TIER1";
-}
+std::string_view EventMedium(TierKind tier) { return TierRowOf(tier).event_medium; }
 
 namespace {
 

@@ -44,7 +44,6 @@ using json = nlohmann::json;
 using kvctl::Die;
 using kvctl::Duration;
 using kvtier::DaemonStats;
-using kvtier::RemoteStatsInfo;
 
 kvtier::Result<std::vector<kvtier::BlockHash>> ParseHashes(const std::vector<std::string>& hex) {
   std::vector<kvtier::BlockHash> out;

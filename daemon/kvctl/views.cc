@@ -16,7 +16,7 @@ namespace {
 
 using json = nlohmann::json;
 using kvtier::DaemonStats;
-using kvtier::RemoteStatsInfo;
+using kvtier::LowerTierStatsInfo;
 
 double HitRatio(const DaemonStats& s) {
   const uint64_t asked = s.block_hits + s.block_misses;
@@ -52,59 +52,60 @@ json TierJson(const kvtier::TierStatsInfo& t) {
               {"ready", t.ready}};
 }
 
-json RemoteJson(const RemoteStatsInfo& r) {
+json LowerJson(const LowerTierStatsInfo& l) {
   json nodes = json::array();
-  for (const auto& n : r.nodes) nodes.push_back(json{{"address", n.address}, {"up", n.up}, {"failures", n.failures}});
-  return json{{"name", "remote"},
+  for (const auto& n : l.nodes) nodes.push_back(json{{"address", n.address}, {"up", n.up}, {"failures", n.failures}});
+  json figures = json::object();
+  for (const auto& f : l.figures) figures[f.label.empty() ? f.key : f.key + "{" + f.label + "}"] = f.value;
+  return json{{"name", l.name},
+              {"describe", l.describe},
+              {"available", l.available},
+              {"write_policy", l.write_policy},
+              {"hits", l.hits},
+              {"promotions", l.promotions},
+              {"puts", l.puts},
+              {"put_failures", l.put_failures},
+              {"puts_skipped", l.puts_skipped},
+              {"puts_in_flight", l.puts_in_flight},
+              {"puts_queued", l.puts_queued},
+              {"put_backoffs", l.put_backoffs},
+              {"quota_deletes", l.quota_deletes},
+              {"checksum_failures", l.checksum_failures},
+              {"authenticated", l.authenticated},
               {"nodes", nodes},
-              {"write_policy", r.write_policy},
-              {"lookups", r.lookups},
-              {"lookup_hits", r.lookup_hits},
-              {"fetches", r.fetches},
-              {"hits", r.fetch_hits},
-              {"bytes_read", r.fetch_bytes},
-              {"puts", r.puts},
-              {"puts_failed", r.puts_failed},
-              {"authenticated", r.authenticated},
-              {"bytes_written", r.put_bytes},
-              {"errors", r.errors},
-              {"checksum_failures", r.checksum_failures},
-              {"lookup_mean_s", r.lookup_mean_s},
-              {"fetch_mean_s", r.fetch_mean_s},
-              {"put_mean_s", r.put_mean_s},
-              {"puts_in_flight", r.puts_in_flight},
-              {"puts_queued", r.puts_queued},
-              {"puts_skipped", r.puts_skipped},
-              {"breaker_rejections", r.breaker_rejections},
-              {"timeouts", r.timeouts}};
+              {"figures", figures}};
 }
 
-// "3 masters, 3 up"
-std::string RemoteNodes(const RemoteStatsInfo& r) {
-  size_t up = 0;
-  for (const auto& n : r.nodes) up += n.up ? 1 : 0;
-  return std::to_string(r.nodes.size()) + " masters, " + std::to_string(up) + " up";
-}
-
-void PrintRemote(const RemoteStatsInfo& r) {
-  std::printf("remote: redis cluster, %s, %s, values %s\n", RemoteNodes(r).c_str(), r.write_policy.c_str(),
-              r.authenticated ? "sealed with the fleet secret" : "NOT authenticated (no tiers.remote.secret_file)");
-  for (const auto& n : r.nodes) {
+// Every lower tier the same way: its own line, its nodes, what its mover did, its figures.
+void PrintLower(const LowerTierStatsInfo& l) {
+  std::printf("%s: %s%s\n", l.name.c_str(), l.describe.c_str(), l.available ? "" : " (cannot be asked now)");
+  for (const auto& n : l.nodes) {
     std::printf("  node     %-21s %s, %llu failed batches\n", n.address.c_str(), n.up ? "up" : "DOWN (breaker open)",
                 static_cast<unsigned long long>(n.failures));
   }
-  std::printf("  lookups  %llu keys, %llu found (mean %.0f us)\n", static_cast<unsigned long long>(r.lookups),
-              static_cast<unsigned long long>(r.lookup_hits), r.lookup_mean_s * 1e6);
-  std::printf("  reads    %llu, %llu hits, %s (mean %.0f us)\n", static_cast<unsigned long long>(r.fetches),
-              static_cast<unsigned long long>(r.fetch_hits), kvtier::FormatBytes(r.fetch_bytes).c_str(),
-              r.fetch_mean_s * 1e6);
-  std::printf("  puts     %llu stored, %s, %llu failed (mean %.0f us); %u in flight, %u queued, %llu skipped\n",
-              static_cast<unsigned long long>(r.puts), kvtier::FormatBytes(r.put_bytes).c_str(),
-              static_cast<unsigned long long>(r.puts_failed), r.put_mean_s * 1e6, r.puts_in_flight, r.puts_queued,
-              static_cast<unsigned long long>(r.puts_skipped));
-  std::printf("  errors   %llu (%llu refused by open breakers, %llu timed-out batches); %llu checksum failures\n",
-              static_cast<unsigned long long>(r.errors), static_cast<unsigned long long>(r.breaker_rejections),
-              static_cast<unsigned long long>(r.timeouts), static_cast<unsigned long long>(r.checksum_failures));
+  std::printf("  hits     %llu, %llu promoted into host, %llu checksum failures\n",
+              static_cast<unsigned long long>(l.hits), static_cast<unsigned long long>(l.promotions),
+              static_cast<unsigned long long>(l.checksum_failures));
+  std::printf("  puts     %s: %llu stored, %llu failed, %llu skipped, %u in flight, %u queued, %llu back-offs\n",
+              l.write_policy.c_str(), static_cast<unsigned long long>(l.puts),
+              static_cast<unsigned long long>(l.put_failures), static_cast<unsigned long long>(l.puts_skipped),
+              l.puts_in_flight, l.puts_queued, static_cast<unsigned long long>(l.put_backoffs));
+  if (l.quota_deletes) {
+    std::printf("  quota    %llu values deleted for tenants past their quota\n",
+                static_cast<unsigned long long>(l.quota_deletes));
+  }
+  std::string line;
+  for (const auto& f : l.figures) {
+    char v[64];
+    std::snprintf(v, sizeof v, "%.15g", f.value);
+    const std::string item = f.key + (f.label.empty() ? "" : "{" + f.label + "}") + " " + v;
+    if (!line.empty() && line.size() + item.size() > 90) {
+      std::printf("  figures  %s\n", line.c_str());
+      line.clear();
+    }
+    line += (line.empty() ? "" : ", ") + item;
+  }
+  if (!line.empty()) std::printf("  figures  %s\n", line.c_str());
 }
 
 // top: one screen of at most 80 x 24, redrawn every `interval_s`.
@@ -223,7 +224,7 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
            {"pending_fetches", s.pending_fetches},
            {"tiers", json::array()}};
     for (const auto& t : s.tiers) j["tiers"].push_back(TierJson(t));
-    if (s.remote) j["remote"] = RemoteJson(*s.remote);
+    for (const auto& l : s.lower) j["lower"].push_back(LowerJson(l));
     if (s.events) {
       const auto& e = *s.events;
       j["events"] = json{{"publish", e.publish},         {"replay", e.replay},
@@ -247,10 +248,9 @@ int Status(const DaemonStats& s, const std::string& socket, bool as_json) {
     std::printf("%-6s %12s %12s %6.1f%% %10llu\n", t.name.c_str(), kvtier::FormatBytes(t.capacity_bytes()).c_str(),
                 kvtier::FormatBytes(t.used_bytes()).c_str(), pct, static_cast<unsigned long long>(t.blocks));
   }
-  if (s.remote) {
-    std::printf("%-6s %s; %llu hits, %s read, %llu errors\n", "remote", RemoteNodes(*s.remote).c_str(),
-                static_cast<unsigned long long>(s.remote->fetch_hits),
-                kvtier::FormatBytes(s.remote->fetch_bytes).c_str(), static_cast<unsigned long long>(s.remote->errors));
+  for (const auto& l : s.lower) {
+    std::printf("%-6s %s; %llu hits, %llu puts\n", l.name.c_str(), l.describe.c_str(),
+                static_cast<unsigned long long>(l.hits), static_cast<unsigned long long>(l.puts));
   }
   if (s.events) {
     const auto& e = *s.events;
@@ -269,7 +269,7 @@ int Tiers(const DaemonStats& s, bool as_json) {
     json j = json::array();
     for (const auto& t : s.tiers) j.push_back(TierJson(t));
     json out{{"tiers", j}};
-    if (s.remote) out["remote"] = RemoteJson(*s.remote);
+    for (const auto& l : s.lower) out["lower"].push_back(LowerJson(l));
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -290,7 +290,7 @@ int Tiers(const DaemonStats& s, bool as_json) {
                   t.ready ? "" : " (loading)");
     }
   }
-  if (s.remote) PrintRemote(*s.remote);
+  for (const auto& l : s.lower) PrintLower(l);
   if (s.demotions + s.promotions + s.checksum_failures + s.io_errors > 0) {
     std::printf("moves: %llu demotions, %llu promotions; %llu checksum failures, %llu I/O errors\n",
                 static_cast<unsigned long long>(s.demotions), static_cast<unsigned long long>(s.promotions),

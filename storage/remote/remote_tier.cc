@@ -235,11 +235,73 @@ std::string RemoteTier::Describe() const {
   const auto masters = cluster_->Masters();
   size_t up = 0;
   for (const auto& m : masters) up += m.breaker_open ? 0 : 1;
-  std::string s = "redis cluster: " + std::to_string(masters.size()) + " masters (" + std::to_string(up) +
-                  " reachable), values " + (codec_.keyed() ? "sealed with the fleet secret" : "NOT authenticated") +
-                  ", seeds ";
+  std::string s =
+      "redis cluster, " + std::to_string(masters.size()) + " masters, " + std::to_string(up) + " up, values " +
+      (codec_.keyed() ? "sealed with the fleet secret" : "NOT authenticated (no tiers.remote.secret_file)") +
+      ", seeds ";
   for (size_t i = 0; i < options_.cluster.seeds.size(); ++i) s += (i ? "," : "") + options_.cluster.seeds[i];
   return s;
+}
+
+LowerTierReport RemoteTier::Report() const {
+  LowerTierReport r;
+  const RemoteCounters& c = counters_;
+  const RedisClusterCounters& cc = cluster_->counters();
+  auto n = [](uint64_t v) { return static_cast<double>(v); };
+  auto a = [](const std::atomic<uint64_t>& v) { return static_cast<double>(v.load(std::memory_order_relaxed)); };
+  const char* nodes_help =
+      "Masters of the remote tier's Redis Cluster, by state (open: its circuit breaker is open, its requests are "
+      "misses without being sent).";
+  for (const auto& m : cluster_->Masters()) {
+    r.nodes.push_back({m.address, !m.breaker_open, m.failures});
+  }
+  double up = 0;
+  for (const TierNode& node : r.nodes) up += node.up ? 1 : 0;
+  r.checksum_failures = c.checksum_failures;
+  r.authenticated = codec_.keyed();
+  const char* moved = "Block bytes moved between tiers, by path.";
+  const char* fetch_help = "Remote blocks read into host pages, by result (miss: the key was gone).";
+  r.figures = {
+      {"nodes_up", up, false, "kvtier_remote_nodes", nodes_help, {"state", "up"}},
+      {"nodes_open", n(r.nodes.size()) - up, false, "kvtier_remote_nodes", nodes_help, {"state", "open"}},
+      {"lookups", n(c.exists), true, "kvtier_remote_lookups_total",
+       "Block keys looked for in the remote tier (EXISTS)."},
+      {"lookup_hits", n(c.exists_found), true, "kvtier_remote_lookup_hits_total",
+       "Block keys the remote tier held when looked for."},
+      {"fetches", n(c.fetches), true, "", ""},
+      {"fetch_hits", n(c.fetch_hits), true, "kvtier_remote_fetches_total", fetch_help, {"result", "hit"}},
+      {"fetch_misses", n(c.fetch_misses), true, "kvtier_remote_fetches_total", fetch_help, {"result", "miss"}},
+      {"fetch_bytes", n(c.fetch_bytes), true, "kvtier_bytes_moved_total", moved, {"path", "remote_to_host"}},
+      {"put_bytes", n(c.put_bytes), true, "kvtier_bytes_moved_total", moved, {"path", "host_to_remote"}},
+      {"puts", n(c.puts), true, "", ""},
+      {"puts_failed", n(c.puts_failed), true, "", ""},
+      {"errors", n(c.errors), true, "kvtier_remote_errors_total",
+       "Remote-tier requests that failed (node down or its breaker open, timeout, error reply); each is a miss or a "
+       "put not made."},
+      {"checksum_failures", n(c.checksum_failures), true, "kvtier_remote_checksum_failures_total",
+       "Remote values that did not verify (overwritten, cut short, foreign); each was a miss and was deleted from "
+       "the cluster."},
+      {"breaker_rejections", a(cc.breaker_rejections), true, "kvtier_remote_breaker_rejections_total",
+       "Remote-tier requests failed at once because their node's circuit breaker was open."},
+      {"timeouts", a(cc.timeouts), true, "kvtier_remote_timeouts_total",
+       "Batches of remote-tier requests whose replies were late."},
+      {"redirects", a(cc.redirects), true, "kvtier_remote_redirects_total", "MOVED and ASK replies followed."},
+      {"slot_map_refreshes", a(cc.refreshes), true, "kvtier_remote_slot_map_refreshes_total",
+       "Cluster slot maps read (CLUSTER SLOTS)."},
+      {"authenticated", codec_.keyed() ? 1.0 : 0.0, false, "kvtier_remote_authenticated",
+       "1: the remote tier's values and key names are keyed by a fleet secret (tiers.remote.secret_file); 0: anyone "
+       "who can reach the cluster can plant values this node serves."},
+      {"oversized_replies", a(cc.oversized), true, "kvtier_remote_oversized_replies_total",
+       "Cluster replies refused for their length (longer than any block's value); each was a miss."},
+      {"nodes_dropped", a(cc.nodes_dropped), true, "kvtier_remote_nodes_dropped_total",
+       "Cluster nodes dropped with their connections because a new slot map did not name them."},
+      {"slot_maps_refused", a(cc.maps_refused), true, "kvtier_remote_slot_maps_refused_total",
+       "Slot maps not used because they named more masters than tiers.remote.max_nodes."},
+      {"exists_seconds", n(c.exists_ns) * 1e-9, true, "", ""},
+      {"fetch_seconds", n(c.fetch_ns) * 1e-9, true, "", ""},
+      {"put_seconds", n(c.put_ns) * 1e-9, true, "", ""},
+  };
+  return r;
 }
 
 void RemoteTier::Exists(std::vector<std::string> block_keys, std::function<void(std::vector<bool>)> done) {

@@ -141,8 +141,12 @@ class RemoteTier final : public LowerTier {
   const std::string& key_prefix() const { return options_.key_prefix; }
   const RemoteCounters& counters() const { return counters_; }
   const RedisClusterCounters& cluster_counters() const { return cluster_->counters(); }
-  // "redis cluster: 3 masters (2 reachable), seeds 127.0.0.1:7000, ..."
+  // "redis cluster, 3 masters, 2 up, values sealed with the fleet secret, seeds 127.0.0.1:7000"
   std::string Describe() const override;
+  // The cluster's masters, and the figures RemoteCounters and RedisClusterCounters keep
+  // (exported as kvtier_remote_*; the latency sums are not: the daemon's
+  // kvtier_remote_request_duration_seconds has them).
+  LowerTierReport Report() const override;
 
  private:
   RemoteTier(const RemoteTierOptions& options, Observer observe);

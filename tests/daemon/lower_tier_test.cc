@@ -39,6 +39,11 @@ class MemoryTier final : public LowerTier {
   TierKind kind() const override { return TierKind::kRemote; }
   std::string Describe() const override { return "memory: " + std::to_string(store_->size()) + " blocks"; }
   bool available() const override { return available_; }
+  LowerTierReport Report() const override {
+    LowerTierReport r;
+    r.figures = {{"blocks", static_cast<double>(store_->size()), false, "kvtier_fake_blocks", "Blocks held."}};
+    return r;
+  }
 
   void Exists(std::vector<std::string> keys, std::function<void(std::vector<bool>)> done) override {
     ++exists_calls;
