@@ -7,13 +7,15 @@
 // directory. Value type; thread-compatible.
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <typeindex>
 #include <vector>
 
 #include "daemon/cache/cache_types.h"
-#include "daemon/cache/lower_tier_mover.h"
 #include "daemon/events/kv_events.h"
 #include "daemon/server_options.h"
 #include "kernels/kv_layout.h"
@@ -23,7 +25,6 @@
 #include "protocol/framing.h"
 #include "storage/nvme/nvme_tier.h"
 #include "storage/pool/segment_memory.h"
-#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 
@@ -49,17 +50,51 @@ struct NvmeTierConfig {
   bool operator==(const NvmeTierConfig&) const = default;
 };
 
-// The remote tier: a Redis Cluster (or one Redis) shared by the kvtierd nodes of a fleet.
-// The tier's and its mover's own option structs, as the config sets them; the daemon
-// adds what is not a key (the password and secret read from their files, the largest
-// value a reply may announce).
-struct RemoteTierConfig {
-  RemoteTierOptions tier;         // tier.cluster.seeds: none means no remote tier
-  LowerTierMover::Options mover;  // write policy, puts in flight
-  std::string password_file;      // the Redis password's file; empty: no AUTH
-  std::string secret_file;        // the fleet secret's file; empty: unkeyed values
-  bool enabled() const { return !tier.cluster.seeds.empty(); }
-  bool operator==(const RemoteTierConfig&) const = default;
+// The config sections of the tiers below NVMe, each its lower-tier row's own struct
+// (daemon/lower_tiers.cc), held by type: a tier added below NVMe brings its section
+// without a field here. A section the config did not set reads as its defaults. Value
+// type (copies share a section until one of them changes it); thread-compatible.
+class LowerTierSections {
+ public:
+  template <class T>
+  const T& Get() const {
+    auto it = sections_.find(std::type_index(typeid(T)));
+    if (it == sections_.end()) {
+      static const T kDefault{};
+      return kDefault;
+    }
+    return *static_cast<const T*>(it->second.value.get());
+  }
+  template <class T>
+  T& Mutable() {
+    Entry& e = sections_[std::type_index(typeid(T))];
+    if (!e.value || e.value.use_count() > 1) {
+      e.value = e.value ? std::make_shared<T>(*static_cast<const T*>(e.value.get())) : std::make_shared<T>();
+      e.equal = [](const void* a, const void* b) { return *static_cast<const T*>(a) == *static_cast<const T*>(b); };
+      e.is_default = [](const void* a) { return *static_cast<const T*>(a) == T{}; };
+    }
+    return *static_cast<T*>(e.value.get());
+  }
+  // Sections equal, a missing one equal to its defaults.
+  bool operator==(const LowerTierSections& o) const {
+    auto covered = [](const LowerTierSections& a, const LowerTierSections& b) {
+      for (const auto& [type, e] : a.sections_) {
+        auto it = b.sections_.find(type);
+        if (it == b.sections_.end() ? !e.is_default(e.value.get()) : !e.equal(e.value.get(), it->second.value.get()))
+          return false;
+      }
+      return true;
+    };
+    return covered(*this, o) && covered(o, *this);
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<void> value;
+    bool (*equal)(const void*, const void*) = nullptr;
+    bool (*is_default)(const void*) = nullptr;
+  };
+  std::map<std::type_index, Entry> sections_;
 };
 
 // One configured tenant: the peers it covers (by uid, or by any of their groups) and its
@@ -131,7 +166,7 @@ struct DaemonConfig {
   std::string gpu_backend = "auto";
   int gpu_device = 0;
   NvmeTierConfig nvme;
-  RemoteTierConfig remote;
+  LowerTierSections lower;  // tiers.remote (RemoteTierConfig), tiers.memory, ...
   SecurityConfig security;
   EventsConfig events;
   bool operator==(const DaemonConfig&) const = default;

@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "daemon/events/kv_events.h"
+#include "daemon/lower_tiers.h"
 #include "protocol/base/units.h"
-#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -209,27 +209,7 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
                         " MemAvailable): the pool fills only as blocks "
                         "arrive, but other processes may have to give memory back by then");
   }
-  // The remote tier's secrets: readable, kvtierd's alone, long enough — checked whenever
-  // they are named, even with no nodes (a section not in use is still validated).
-  if (!c.remote.password_file.empty()) {
-    KVTIER_RETURN_IF_ERROR(ReadSecretFile("tiers.remote.password_file", c.remote.password_file).status());
-  } else if (!c.remote.tier.cluster.username.empty()) {
-    return InvalidArgument("config key 'tiers.remote.username': set, but tiers.remote.password_file is not");
-  }
-  if (!c.remote.secret_file.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(std::string secret, ReadSecretFile("tiers.remote.secret_file", c.remote.secret_file));
-    if (Status st = RemoteCodec::Keyed(secret).status(); !st.ok()) {
-      return InvalidArgument("config key 'tiers.remote.secret_file': " + st.message());
-    }
-  }
-  if (c.remote.enabled()) {
-    if (c.remote.secret_file.empty() && warnings) {
-      warnings->push_back(
-          "tiers.remote.secret_file is not set: the remote tier's values are not authenticated and its key names "
-          "are not keyed, so anyone who can reach the Redis cluster can plant or change KV that this node serves; "
-          "set a fleet secret (docs/operations.md, Securing the remote tier)");
-    }
-  }
+  for (const LowerTierRow& row : LowerTierRows()) KVTIER_RETURN_IF_ERROR(row.check_on_host(c, warnings));
   // Event endpoints another process holds, or that publish to every interface.
   if (c.events.enabled) {
     const KvEventsOptions events = ResolveEventEndpoints(c.events.options, c.data_dir);

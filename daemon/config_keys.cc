@@ -2,20 +2,18 @@
 // (config.cc) walks a document against this table; DefaultConfigYaml prints it.
 #include "daemon/config_keys.h"
 
-#include <cerrno>
-#include <cstdlib>
 #include <set>
 #include <span>
 
+#include "daemon/lower_tiers.h"
 #include "kernels/device_backend.h"
 #include "protocol/base/units.h"
 #include "storage/io/io_engine.h"
 #include "storage/policy/eviction_policy.h"
 
 namespace kvtier {
-namespace {
 
-Result<std::string> Scalar(std::string_view path, const YAML::Node& n);
+namespace config {
 
 // "a", "a or b", "a, b or c" of a list of names.
 std::string Alternatives(std::span<const std::string_view> names) {
@@ -36,48 +34,9 @@ Result<std::string> Word(const std::string& key, const YAML::Node& n, std::span<
   return ConfigKeyError(key, "'" + s + "' is not " + Alternatives(names));
 }
 
-// The words of an enum's (word, value) list, optionally after `first` (e.g. "none").
-template <typename E, size_t N>
-std::vector<std::string_view> WordsOf(const std::pair<std::string_view, E> (&names)[N], std::string_view first = {}) {
-  std::vector<std::string_view> out;
-  if (!first.empty()) out.push_back(first);
-  for (const auto& [word, value] : names) out.push_back(word);
-  return out;
-}
-
-// The value of `word`. REQUIRES: it is one of the list's words.
-template <typename E, size_t N>
-E ValueOf(std::string_view word, const std::pair<std::string_view, E> (&names)[N]) {
-  for (const auto& [w, value] : names) {
-    if (w == word) return value;
-  }
-  return names[0].second;
-}
-
-// One of the words an enum's owner exports for its values.
-template <typename E, size_t N>
-Result<E> Choice(const std::string& key, const YAML::Node& n, const std::pair<std::string_view, E> (&names)[N]) {
-  KVTIER_ASSIGN_OR_RETURN(std::string s, Word(key, n, WordsOf(names)));
-  return ValueOf(s, names);
-}
-
 Result<std::string> Scalar(std::string_view path, const YAML::Node& n) {
   if (!n.IsScalar()) return ConfigKeyError(path, "expected a scalar value");
   return n.Scalar();
-}
-
-template <class T>
-Result<T> Integer(std::string_view path, const YAML::Node& n, long long lo, long long hi) {
-  KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(path, n));
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(s.c_str(), &end, 0);
-  if (s.empty() || *end != '\0' || errno != 0) return ConfigKeyError(path, "'" + s + "' is not an integer");
-  if (v < lo || v > hi) {
-    return ConfigKeyError(
-        path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return static_cast<T>(v);
 }
 
 // A ZMQ endpoint kvtierd binds: tcp://HOST:PORT (PORT 1..65535, or * for any) or ipc://PATH.
@@ -198,11 +157,28 @@ Result<std::string> Path(std::string_view path, const YAML::Node& n) {
   return s;
 }
 
-#define KVTIER_SET(expr_result, field)                                         \
-  [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status { \
-    KVTIER_ASSIGN_OR_RETURN(c->field, expr_result);                            \
-    return Status::Ok();                                                       \
-  }
+}  // namespace config
+
+namespace {
+
+using config::Alternatives;
+using config::Boolean;
+using config::Bytes;
+using config::CheckEndpoint;
+using config::Choice;
+using config::Duration;
+using config::Fraction;
+using config::IdList;
+using config::Integer;
+using config::Number;
+using config::Path;
+using config::Real;
+using config::Scalar;
+using config::TierBytesMap;
+using config::ValidTenantName;
+using config::ValueOf;
+using config::Word;
+using config::WordsOf;
 
 }  // namespace
 
@@ -210,7 +186,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
   static const std::vector<ConfigKey> keys = {
       {"socket.path", "./var/kvtierd.sock",
        "Unix socket that engines and kvctl connect to. Clients use this path by default.",
-       KVTIER_SET(Path(key, n), server.socket_path)},
+       KVTIER_CONFIG_SET(Path(key, n), server.socket_path)},
       {"socket.group", "\"\"",
        "Group that owns the socket (and the socket's directory when kvtierd creates it); "
        "engines of users in it may connect. A name or a number; empty: the daemon's group.",
@@ -234,7 +210,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return Status::Ok();
        }},
       {"data_dir", "./var", "State directory: lock file now; index and slot files with NVMe.",
-       KVTIER_SET(Path(key, n), data_dir)},
+       KVTIER_CONFIG_SET(Path(key, n), data_dir)},
       {"node_name", "\"\"",
        "This node's name in the fleet: users no tenant covers are 'uid=U@node_name' in the "
        "remote tier, so the same uid on two nodes never shares blocks. Empty: the host name, "
@@ -259,13 +235,13 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"protocol.max_frame_bytes", "1MiB",
        "Largest request frame accepted; a larger one is answered with an error and its "
        "connection closed.",
-       KVTIER_SET((Bytes(key, n, 4096, 64ull << 20)), server.max_frame_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 4096, 64ull << 20)), server.max_frame_bytes)},
       {"protocol.max_sessions", "1024", "Connections served at once; more are refused.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), server.max_sessions)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), server.max_sessions)},
       {"protocol.max_pending_output", "16MiB",
        "Responses buffered for a session that does not read them; above it the daemon stops "
        "reading that session's requests until it catches up.",
-       KVTIER_SET((Bytes(key, n, 64 * 1024, 1ull << 32)), server.max_pending_output_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 64 * 1024, 1ull << 32)), server.max_pending_output_bytes)},
       {"protocol.max_entries_per_request", "auto",
        "Most pages or hashes one request may name. auto: as many as the largest request "
        "(a Commit with 32-byte hashes, 68 bytes an entry) fits in protocol.max_frame_bytes "
@@ -279,22 +255,24 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"protocol.heartbeat_ttl", "0",
        "A session that sends nothing (not even Ping) for this long is expired: its references "
        "are dropped and its leased pages quarantined until its process exits. 0: never.",
-       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), server.heartbeat_ttl_ns)},
+       KVTIER_CONFIG_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
+                         server.heartbeat_ttl_ns)},
       {"protocol.hello_timeout", "10s",
        "A connection that has not sent Hello this long after connecting is answered with an "
        "error and closed (0: never).",
-       KVTIER_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")), server.hello_timeout_ns)},
+       KVTIER_CONFIG_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
+                         server.hello_timeout_ns)},
       {"protocol.max_sessions_per_uid", "256",
        "Connections one uid may hold at once (admins excepted); 0: no limit but max_sessions.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), server.max_sessions_per_uid)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), server.max_sessions_per_uid)},
       {"protocol.admin_sessions", "8",
        "Of max_sessions, how many only admins (root, the daemon's uid, security.admin_uids) "
        "may take, so kvctl always gets in.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), server.admin_sessions)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 0, 1 << 20)), server.admin_sessions)},
       {"security.allow_unknown", "true",
        "A peer whose uid and groups match no tenant in security.tenants: true gives it a "
        "tenant of its own (uid=U, with security.unknown_quota); false refuses it at Hello.",
-       KVTIER_SET(Boolean(key, n), security.allow_unknown)},
+       KVTIER_CONFIG_SET(Boolean(key, n), security.allow_unknown)},
       {"security.admin_uids", "[]",
        "uids allowed admin operations (verify, evict, drain, other sessions' details), "
        "besides root and the daemon's own uid.",
@@ -308,7 +286,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "too) at once, so one user cannot take a whole tier by opening sessions (one that "
        "arrived first included); a tenant with a quota on the tier is bounded by its quota "
        "instead. 1: no cap.",
-       KVTIER_SET(Fraction(key, n), security.max_leased_share)},
+       KVTIER_CONFIG_SET(Fraction(key, n), security.max_leased_share)},
       {"security.unknown_quota", "{host: 0, gpu: 0}",
        "Most each unknown tenant may hold per tier (0: no limit); host and GPU only (NVMe and remote "
        "limits are for configured tenants).",
@@ -318,7 +296,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"security.unknown_kv_quantization", "false",
        "Whether unknown tenants' blocks may be stored quantized where a tier quantizes "
        "(tiers.nvme.quantization); configured tenants say so themselves (kv_quantization).",
-       KVTIER_SET(Boolean(key, n), security.unknown_kv_quantization)},
+       KVTIER_CONFIG_SET(Boolean(key, n), security.unknown_kv_quantization)},
       {"security.tenants", "[]",
        "Tenants by peer identity. Blocks are shared only within a tenant (and model). E.g. "
        "[{name: org_a, uids: [1000], gids: [2000], quota: {host: 8GiB, gpu: 20GiB, nvme: 100GiB, "
@@ -361,26 +339,27 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return Status::Ok();
        }},
       {"metrics.listen", "127.0.0.1", "Address of the Prometheus endpoint (GET /metrics).",
-       KVTIER_SET(Path(key, n), metrics_listen)},
+       KVTIER_CONFIG_SET(Path(key, n), metrics_listen)},
       {"metrics.port", "9490",
        "TCP port of the Prometheus endpoint; 0 picks a free port "
        "(kvctl status shows it), -1 turns the endpoint off.",
-       KVTIER_SET((Integer<int>(key, n, -1, 65535)), metrics_port)},
+       KVTIER_CONFIG_SET((Integer<int>(key, n, -1, 65535)), metrics_port)},
       {"metrics.stall_timeout", "10s",
        "/healthz on the metrics port answers 503 once the control loop has not run for this "
        "long (a liveness probe then restarts kvtierd).",
-       KVTIER_SET((Duration(key, n, 500'000'000, 3'600'000'000'000, false, "500ms..1h")), metrics_stall_timeout_ns)},
+       KVTIER_CONFIG_SET((Duration(key, n, 500'000'000, 3'600'000'000'000, false, "500ms..1h")),
+                         metrics_stall_timeout_ns)},
       {"tiers.host.enabled", "true", "The pinned host-RAM tier (a memfd pool shared with engines).",
-       KVTIER_SET(Boolean(key, n), host.enabled)},
+       KVTIER_CONFIG_SET(Boolean(key, n), host.enabled)},
       {"tiers.host.capacity", "1GiB", "Size of the host pool; a multiple of segment_bytes.",
-       KVTIER_SET((Bytes(key, n, 4096, 1ull << 44)), host.capacity_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 4096, 1ull << 44)), host.capacity_bytes)},
       {"tiers.host.page_bytes", "2MiB",
        "Size of one page (one KV block); a multiple of 4 KiB that divides segment_bytes.",
-       KVTIER_SET((Bytes(key, n, 4096, 1ull << 30)), host.page_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 4096, 1ull << 30)), host.page_bytes)},
       {"tiers.host.segment_bytes", "256MiB",
        "Size of one shared-memory segment. A segment holds one tenant's pages at a time and "
        "is mapped whole by that tenant's engines.",
-       KVTIER_SET((Bytes(key, n, 4096, 1ull << 40)), host.segment_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 4096, 1ull << 40)), host.segment_bytes)},
       {"tiers.host.huge_pages", "auto",
        "auto: 2 MiB hugetlb pages when enough are free, else 4 KiB pages; on: hugetlb or fail "
        "at start; off: 4 KiB pages.",
@@ -399,53 +378,53 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.host.high_watermark", "0.85",
        "Above this fraction of capacity in use, cached blocks are evicted (the usual "
        "cpu_offload_threshold).",
-       KVTIER_SET(Fraction(key, n), host.high_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), host.high_watermark)},
       {"tiers.host.low_watermark", "0.75", "Eviction stops at this fraction of capacity in use.",
-       KVTIER_SET(Fraction(key, n), host.low_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), host.low_watermark)},
       {"tiers.host.allocation_headroom", "2",
        "With an NVMe tier: keep free, or already on their way to NVMe, the host pages engines "
        "allocate in this many spill round trips at the recent allocation rate, evicting below the "
        "high watermark when that needs more (at most half the tier), so that an Allocate "
        "seldom waits for a spill. 0: the watermarks alone.",
-       KVTIER_SET(Number(key, n, 0, 64), host.allocation_headroom)},
+       KVTIER_CONFIG_SET(Number(key, n, 0, 64), host.allocation_headroom)},
       {"tiers.host.overcommit", "false",
        "Start even when the host pool (plus a host-emulated GPU pool) is larger than the "
        "machine's memory (MemTotal, or the cgroup's memory limit when lower); without it such "
        "a config is refused, since the pool would be OOM-killed once it fills. Without it "
        "kvtierd also touches the whole pool at start, so its memory is charged to kvtierd's "
        "cgroup; with it pages are charged to the process that writes them first (an engine).",
-       KVTIER_SET(Boolean(key, n), host.overcommit)},
+       KVTIER_CONFIG_SET(Boolean(key, n), host.overcommit)},
       {"tiers.host.policy", "adaptive",
        "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, adaptive (the best "
        "measured; docs/benchmarks.md).",
-       KVTIER_SET(Word(key, n, EvictionPolicyNames()), host.policy)},
+       KVTIER_CONFIG_SET(Word(key, n, EvictionPolicyNames()), host.policy)},
       {"tiers.gpu.enabled", "false",
        "A GPU tier: daemon-owned HBM pages engines lease and share (managed-pool mode); "
        "cached GPU blocks are demoted to host pages above the high watermark.",
-       KVTIER_SET(Boolean(key, n), gpu.enabled)},
+       KVTIER_CONFIG_SET(Boolean(key, n), gpu.enabled)},
       {"tiers.gpu.backend", "auto",
        "auto: CUDA when a GPU is visible, else no GPU tier; cuda: fail at start without one; "
        "host-emulated: device memory emulated in host RAM (tests, development).",
-       KVTIER_SET(Word(key, n, kDeviceBackendNames), gpu_backend)},
+       KVTIER_CONFIG_SET(Word(key, n, kDeviceBackendNames), gpu_backend)},
       {"tiers.gpu.device", "0", "CUDA device of the GPU tier.",
-       KVTIER_SET((Integer<int>(key, n, 0, 1023)), gpu_device)},
+       KVTIER_CONFIG_SET((Integer<int>(key, n, 0, 1023)), gpu_device)},
       {"tiers.gpu.capacity", "1GiB", "Size of the GPU pool; a multiple of segment_bytes.",
-       KVTIER_SET((Bytes(key, n, 4096, 1ull << 44)), gpu.capacity_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 4096, 1ull << 44)), gpu.capacity_bytes)},
       {"tiers.gpu.segment_bytes", "256MiB",
        "Size of one exported allocation. One never holds two tenants' pages (a legacy IPC "
        "handle maps the whole allocation).",
-       KVTIER_SET((Bytes(key, n, 4096, 1ull << 40)), gpu.segment_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 4096, 1ull << 40)), gpu.segment_bytes)},
       {"tiers.gpu.high_watermark", "0.90", "Above this fraction in use, cached GPU blocks move to host.",
-       KVTIER_SET(Fraction(key, n), gpu.high_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), gpu.high_watermark)},
       {"tiers.gpu.low_watermark", "0.80", "Demotion stops at this fraction in use.",
-       KVTIER_SET(Fraction(key, n), gpu.low_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), gpu.low_watermark)},
       {"tiers.gpu.allocation_headroom", "2",
        "As tiers.host.allocation_headroom, for GPU pages and their copies down to host: keep free "
        "the GPU pages engines lease in this many demotion round trips at the recent rate. 0: the "
        "watermarks alone.",
-       KVTIER_SET(Number(key, n, 0, 64), gpu.allocation_headroom)},
+       KVTIER_CONFIG_SET(Number(key, n, 0, 64), gpu.allocation_headroom)},
       {"tiers.gpu.policy", "adaptive", "Eviction policy of cached GPU blocks (as tiers.host.policy).",
-       KVTIER_SET(Word(key, n, EvictionPolicyNames()), gpu.policy)},
+       KVTIER_CONFIG_SET(Word(key, n, EvictionPolicyNames()), gpu.policy)},
       {"tiers.nvme.files", "[]",
        "NVMe slot files; none means no NVMe tier. Each is preallocated to its capacity (unless "
        "preallocate: false, which leaves it sparse: spills may then meet a full file system) and "
@@ -479,36 +458,36 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"tiers.nvme.io_backend", "auto",
        "auto: io_uring when it can be set up (kernel.io_uring_disabled and seccomp can prevent "
        "it), else threads; io_uring: fail at start without it; threads: pread/pwrite workers.",
-       KVTIER_SET(Word(key, n, kIoBackendNames), nvme.io.backend)},
+       KVTIER_CONFIG_SET(Word(key, n, kIoBackendNames), nvme.io.backend)},
       {"tiers.nvme.queue_depth", "256", "Most NVMe reads and writes in flight.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), nvme.io.queue_depth)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 4096)), nvme.io.queue_depth)},
       {"tiers.nvme.durability", "strict",
        "strict: a spilled block counts only once its bytes are fdatasync'ed and its index "
        "entry synced (one sync covers many blocks); relaxed: neither (a crash may lose recent "
        "entries, never serve wrong bytes).",
-       KVTIER_SET(Choice(key, n, kDurabilityNames), nvme.durability)},
+       KVTIER_CONFIG_SET(Choice(key, n, kDurabilityNames), nvme.durability)},
       {"tiers.nvme.write_policy", "write_back",
        "write_back: a block is spilled when it is demoted from the host tier; write_through: "
        "every committed block is also spilled in the background, so a restart keeps it.",
-       KVTIER_SET(Choice(key, n, kWritePolicyNames), nvme.write_policy)},
+       KVTIER_CONFIG_SET(Choice(key, n, kWritePolicyNames), nvme.write_policy)},
       {"tiers.nvme.prefetch", "false",
        "Lookup starts reading NVMe hits into free host pages, so the Acquire that follows "
        "waits less.",
-       KVTIER_SET(Boolean(key, n), nvme.prefetch)},
+       KVTIER_CONFIG_SET(Boolean(key, n), nvme.prefetch)},
       {"tiers.nvme.high_watermark", "0.95", "Above this fraction of slots in use the coldest NVMe blocks are dropped.",
-       KVTIER_SET(Fraction(key, n), nvme.high_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), nvme.high_watermark)},
       {"tiers.nvme.low_watermark", "0.90", "Dropping stops at this fraction of slots in use.",
-       KVTIER_SET(Fraction(key, n), nvme.low_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), nvme.low_watermark)},
       {"tiers.nvme.policy", "lru",
        "Eviction policy of NVMe blocks: lru or arc (no prefix order: "
        "the NVMe index does not track parents).",
-       KVTIER_SET(Word(key, n, kNvmePolicyNames), nvme.policy)},
+       KVTIER_CONFIG_SET(Word(key, n, kNvmePolicyNames), nvme.policy)},
       {"tiers.nvme.index_cache", "16MiB", "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
-       KVTIER_SET((Bytes(key, n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
       {"tiers.nvme.verify_rate", "0",
        "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
        "of a large tier leaves the disk to fetches and spills; 0: as fast as the disk goes.",
-       KVTIER_SET((Bytes(key, n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
       {"tiers.nvme.quantization", "none",
        "int8 or fp8: blocks of tenants that opted in (security.tenants[].kv_quantization) are "
        "stored on NVMe quantized, one scale per token and head, and dequantized when read back "
@@ -522,90 +501,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
          if (s != "none") c->nvme.quantization = ValueOf(s, kQuantKindNames);
          return Status::Ok();
        }},
-      {"tiers.remote.nodes", "[]",
-       "Seed nodes of a Redis Cluster (or one standalone Redis) shared by the kvtierd nodes of "
-       "a fleet, as host:port; none means no remote tier. The rest of the cluster is found "
-       "with CLUSTER SLOTS, e.g. [\"10.0.0.5:7000\", \"10.0.0.6:7000\"].",
-       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-         if (n.IsNull()) return Status::Ok();
-         if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of host:port");
-         c->remote.tier.cluster.seeds.clear();
-         for (size_t i = 0; i < n.size(); ++i) {
-           const std::string at = key + "[" + std::to_string(i) + "]";
-           KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(at, n[i]));
-           std::string host;
-           int port = 0;
-           if (!RedisCluster::ParseAddress(s, &host, &port)) return ConfigKeyError(at, "'" + s + "' is not host:port");
-           c->remote.tier.cluster.seeds.push_back(s);
-         }
-         return Status::Ok();
-       }},
-      {"tiers.remote.write_policy", "write_through",
-       "write_through: every block committed to host is also put into the cluster in the "
-       "background (other nodes reuse it at once); write_back: a block is put when it leaves "
-       "host memory and the cluster does not hold it yet.",
-       KVTIER_SET(Choice(key, n, kWritePolicyNames), remote.mover.write_policy)},
-      {"tiers.remote.connect_timeout", "200ms", "Longest wait for a connection to a cluster node.",
-       KVTIER_SET((Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
-                  remote.tier.cluster.connect_timeout_ns)},
-      {"tiers.remote.timeout", "1s",
-       "Longest wait for a request's reply, from the call (time queued behind a slow node "
-       "included); past it the request is a miss and the connection is opened again.",
-       KVTIER_SET((Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
-                  remote.tier.cluster.timeout_ns)},
-      {"tiers.remote.connections_per_node", "2",
-       "Connections to each master for block values (GET, SET), each with its own thread; "
-       "lookups (EXISTS) have one more of their own.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 64)), remote.tier.cluster.connections_per_node)},
-      {"tiers.remote.max_batch", "64", "Most requests a connection writes at once (pipelining).",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.tier.cluster.max_batch)},
-      {"tiers.remote.breaker_failures", "3",
-       "Failed batches in a row after which a node's circuit breaker opens: its requests are "
-       "misses at once, without being sent.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1000)), remote.tier.cluster.breaker_failures)},
-      {"tiers.remote.breaker_open", "1s",
-       "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing); "
-       "meanwhile the node is PINGed every 250 ms and the breaker closes when it answers.",
-       KVTIER_SET((Duration(key, n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
-                  remote.tier.cluster.breaker_open_ns)},
-      {"tiers.remote.refresh_interval", "10s",
-       "How often the slot map is read again (also at once after MOVED or a failing node).",
-       KVTIER_SET((Duration(key, n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
-                  remote.tier.cluster.refresh_interval_ns)},
-      {"tiers.remote.key_prefix", "\"kvtier:\"",
-       "Prefix of every key kvtierd writes; the rest is 32 hex digits, a hash (keyed by the "
-       "fleet secret, when one is set) of tenant, model fingerprint and block hash.",
-       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-         KVTIER_ASSIGN_OR_RETURN(c->remote.tier.key_prefix, Scalar(key, n));
-         // A hash tag ({...}) would put every key in one slot: one node holds the whole tier.
-         if (c->remote.tier.key_prefix.find_first_of("{}") != std::string::npos) {
-           return ConfigKeyError(key, "'" + c->remote.tier.key_prefix +
-                                          "' has a '{' or '}': a Redis Cluster hash tag would "
-                                          "put every key in one slot, on one node");
-         }
-         return Status::Ok();
-       }},
-      {"tiers.remote.max_nodes", "64",
-       "Most masters a slot map may name (a map naming more is not used); each master costs "
-       "connections_per_node + 1 threads.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1024)), remote.tier.cluster.max_nodes)},
-      {"tiers.remote.username", "\"\"",
-       "Redis ACL user kvtierd authenticates as (AUTH user password); empty: \"default\". Only "
-       "with password_file.",
-       KVTIER_SET((Scalar(key, n)), remote.tier.cluster.username)},
-      {"tiers.remote.password_file", "\"\"",
-       "File holding the Redis password (one line; readable by kvtierd only, mode 0600 or "
-       "0400); empty: no AUTH. The password never goes in this config.",
-       KVTIER_SET((Scalar(key, n)), remote.password_file)},
-      {"tiers.remote.secret_file", "\"\"",
-       "File holding the fleet secret (at least 32 bytes, the same on every kvtierd sharing "
-       "the cluster; mode 0600 or 0400): key names and value tags are keyed by it, so nobody "
-       "without it can read a tenant from a key or make a node serve a planted or moved value. "
-       "Empty: unkeyed, with a warning at start.",
-       KVTIER_SET((Scalar(key, n)), remote.secret_file)},
-      {"tiers.remote.max_puts_in_flight", "32",
-       "Most puts at once; each pins its block's host page until the cluster answers.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 4096)), remote.mover.max_puts_in_flight)},
+  };
+  static const std::vector<ConfigKey> events_keys = {
       {"events.enabled", "false",
        "Publish KV events (BlockStored, BlockRemoved: vLLM's KV event wire form, which "
        "llm-d's indexer and Dynamo's router read) on a ZMQ PUB socket. An events section in "
@@ -629,7 +526,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "tagged: each event a map with its type (vLLM since PR #42892, what its current "
        "decoders read); positional: each event an array led by its type (older vLLM and the "
        "routers of that time).",
-       KVTIER_SET(Choice(key, n, kKvEventEncodingNames), events.options.encoding)},
+       KVTIER_CONFIG_SET(Choice(key, n, kKvEventEncodingNames), events.options.encoding)},
       {"events.replay", "\"\"",
        "Endpoint of a ROUTER socket that resends kept messages from a sequence number on "
        "(vLLM's replay socket); empty: none.",
@@ -643,45 +540,53 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "id the engine declared, else the host name), {host}, {model} (the model id up to its "
        "first '|') and {tenant} are replaced. "
        "Tenants of one model share a topic unless it names {tenant}.",
-       KVTIER_SET(Scalar(key, n), events.options.topic)},
+       KVTIER_CONFIG_SET(Scalar(key, n), events.options.topic)},
       {"events.flush_interval", "50ms", "How often gathered events are sent (a message per topic).",
-       KVTIER_SET((Duration(key, n, 1'000'000, 10'000'000'000, false, "in [1ms, 10s]")),
-                  events.options.flush_interval_ns)},
+       KVTIER_CONFIG_SET((Duration(key, n, 1'000'000, 10'000'000'000, false, "in [1ms, 10s]")),
+                         events.options.flush_interval_ns)},
       {"events.batch_size", "256", "Most block hashes in one message.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 16)), events.options.batch_size)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 1 << 16)), events.options.batch_size)},
       {"events.buffer_events", "100000",
        "Most events waiting to be sent; past it events are dropped and counted "
        "(kvtier_events_dropped_total).",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 26)), events.options.queue_events)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 1 << 26)), events.options.queue_events)},
       {"events.replay_messages", "10000", "Messages kept for the replay socket.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 0, 1 << 22)), events.options.replay_batches)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 0, 1 << 22)), events.options.replay_batches)},
       {"events.send_hwm", "1000",
        "Messages queued for each subscriber (ZMQ_SNDHWM; 64 bytes each, payloads are shared); "
        "a subscriber that falls further behind misses messages (the replay socket has them), "
        "it never slows the daemon.",
-       KVTIER_SET((Integer<int>(key, n, 1, 1 << 24)), events.options.send_hwm)},
+       KVTIER_CONFIG_SET((Integer<int>(key, n, 1, 1 << 24)), events.options.send_hwm)},
       {"events.max_subscribers", "64",
        "Most connections to the PUB socket; one past it is shut down when accepted (counted "
        "in kvtier_events_peers_refused_total).",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_subscribers)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_subscribers)},
       {"events.max_replay_peers", "8", "Most connections to the replay socket; one past it is shut down when accepted.",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_replay_peers)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_replay_peers)},
       {"events.token_ids", "false",
        "BlockStored carries each block's token ids, as the engine committed them. Off by "
        "default: every subscriber (on a shared host, every tenant's engines) would read every "
        "tenant's prompts. Routers that index by tokens (Dynamo's) need it on.",
-       KVTIER_SET(Boolean(key, n), events.options.token_ids)},
+       KVTIER_CONFIG_SET(Boolean(key, n), events.options.token_ids)},
       {"events.max_topics_per_tenant", "64",
        "Most topics one tenant's engines hold (a topic per routable id, data-parallel rank and "
        "model; lingering ones count); a Hello past it is refused (ResourceExhausted).",
-       KVTIER_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), events.options.max_topics_per_tenant)},
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 1 << 20)), events.options.max_topics_per_tenant)},
       {"events.topic_linger", "30s",
        "How long a topic lives after its last engine detaches (an engine restarting within it "
        "keeps its announcements); then what it announced is removed (BlockRemoved) and it ends.",
-       KVTIER_SET((Duration(key, n, 0, 86'400'000'000'000, true, "in [0, 24h]")), events.options.topic_linger_ns)},
+       KVTIER_CONFIG_SET((Duration(key, n, 0, 86'400'000'000'000, true, "in [0, 24h]")),
+                         events.options.topic_linger_ns)},
   };
-  return keys;
+  static const std::vector<ConfigKey> all = [] {
+    std::vector<ConfigKey> out = keys;
+    for (const LowerTierRow& row : LowerTierRows()) {
+      for (const ConfigKey& k : row.keys()) out.push_back(k);
+    }
+    out.insert(out.end(), events_keys.begin(), events_keys.end());
+    return out;
+  }();
+  return all;
 }
-#undef KVTIER_SET
 
 }  // namespace kvtier

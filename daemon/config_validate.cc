@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "daemon/config.h"
+#include "daemon/lower_tiers.h"
 #include "protocol/base/units.h"
 
 namespace kvtier {
@@ -96,10 +97,12 @@ Status ValidateConfig(const DaemonConfig& c) {
       return InvalidArgument("config key 'tiers.gpu.capacity' must be a multiple of tiers.gpu.segment_bytes");
     }
   }
-  if (c.remote.enabled() && !h.enabled) {
-    return InvalidArgument(
-        "config key 'tiers.remote.nodes' needs the host tier enabled (remote blocks are read "
-        "into host pages)");
+  for (const LowerTierRow& row : LowerTierRows()) {
+    if (row.enabled(c) && !h.enabled) {
+      const std::string tier(TierKindName(row.kind));
+      return InvalidArgument("config key '" + std::string(row.keys().front().path) + "' needs the host tier enabled (" +
+                             tier + " blocks are read into host pages)");
+    }
   }
   if (c.nvme.enabled()) {
     if (c.nvme.low_watermark >= c.nvme.high_watermark) {

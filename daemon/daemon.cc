@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "daemon/config_host.h"
+#include "daemon/lower_tiers.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
-#include "storage/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -246,40 +246,15 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     KVTIER_ASSIGN_OR_RETURN(nvme, std::move(opened));
   }
   std::vector<CacheManager::LowerTierSpec> lower;  // the chain below NVMe
-  if (config.remote.enabled()) {
-    const RemoteTierConfig& rc = config.remote;
-    RemoteTierOptions ro = rc.tier;
-    // A value is a host page's block and its header; a reply announcing more is refused.
-    ro.cluster.max_value_bytes = config.host.page_bytes + RemoteCodec::kMaxHeaderBytes;
-    if (!rc.password_file.empty()) {
-      KVTIER_ASSIGN_OR_RETURN(ro.cluster.password, ReadSecretFile("tiers.remote.password_file", rc.password_file));
-      d->secrets_.push_back({"tiers.remote.password_file", rc.password_file,
-                             XXH3_64bits(ro.cluster.password.data(), ro.cluster.password.size())});
-    }
-    if (!rc.secret_file.empty()) {
-      KVTIER_ASSIGN_OR_RETURN(ro.secret, ReadSecretFile("tiers.remote.secret_file", rc.secret_file));
-      d->secrets_.push_back(
-          {"tiers.remote.secret_file", rc.secret_file, XXH3_64bits(ro.secret.data(), ro.secret.size())});
-    }
-    // Latency of every cluster request, by operation, observed on the control thread.
-    std::unordered_map<std::string, Histogram*> latency;
-    for (const char* op : {"get", "set", "exists"}) {
-      latency[op] = d->metrics_.AddHistogram(
-          "kvtier_remote_request_duration_seconds",
-          "Time from a remote-tier request being queued to its reply (or failure), by Redis command.",
-          RpcLatencyBuckets(), {{"op", op}});
-    }
-    auto observe = [latency](std::string_view op, double seconds, bool) {
-      auto it = latency.find(std::string(op));
-      if (it != latency.end()) it->second->Observe(seconds);
-    };
-    boost::asio::io_context* io_ctx = &d->io_;
-    CacheManager::LowerTierSpec spec;
-    KVTIER_ASSIGN_OR_RETURN(
-        spec.tier, RemoteTier::Open(
-                       ro, [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, observe));
-    spec.options = rc.mover;
-    spec.options.node_name = NodeName(config);
+  Daemon* raw = d.get();
+  const LowerTierContext lower_context{
+      config, [io_ctx = &d->io_](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, &d->metrics_,
+      [raw](const std::string& key, const std::string& path, uint64_t digest) {
+        raw->secrets_.push_back({key, path, digest});
+      }};
+  for (const LowerTierRow& row : LowerTierRows()) {
+    if (!row.enabled(config)) continue;
+    KVTIER_ASSIGN_OR_RETURN(CacheManager::LowerTierSpec spec, row.open(lower_context));
     lower.push_back(std::move(spec));
   }
   // The engine socket's group, resolved once: the events' ipc socket is that group's too.

@@ -10,6 +10,7 @@
 #include "daemon/config_host.h"
 #include "daemon/config_keys.h"
 #include "daemon/events/kv_events.h"
+#include "daemon/lower_tiers.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
@@ -214,7 +215,8 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_EQ(a.reserve[TierIndex(TierKind::kHost)], 64ull << 20);
   EXPECT_EQ(a.reserve[TierIndex(TierKind::kNvme)], 1ull << 30);
   EXPECT_EQ(c->security.tenants[1].gids, (std::vector<uint32_t>{3000}));
-  EXPECT_EQ(c->remote.tier.cluster.seeds, (std::vector<std::string>{"10.0.0.5:7000", "[::1]:7001"}));
+  EXPECT_EQ(c->lower.Get<RemoteTierConfig>().tier.cluster.seeds,
+            (std::vector<std::string>{"10.0.0.5:7000", "[::1]:7001"}));
   EXPECT_TRUE(a.kv_quantization);
   EXPECT_FALSE(c->security.tenants[1].kv_quantization) << "tenants are not quantized unless they opt in";
   EXPECT_FALSE(c->security.unknown_kv_quantization);
@@ -223,10 +225,10 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_EQ(NvmeSlotBytes(*c), 33ull << 15);  // 2 MiB pages -> 1056 KiB
   DaemonConfig full;
   EXPECT_EQ(NvmeSlotBytes(full), full.host.page_bytes);
-  EXPECT_EQ(c->remote.mover.write_policy, WritePolicy::kWriteBack);
-  EXPECT_EQ(c->remote.tier.cluster.timeout_ns, 250'000'000);
-  EXPECT_TRUE(c->remote.enabled());
-  EXPECT_FALSE(DaemonConfig{}.remote.enabled());
+  EXPECT_EQ(c->lower.Get<RemoteTierConfig>().mover.write_policy, WritePolicy::kWriteBack);
+  EXPECT_EQ(c->lower.Get<RemoteTierConfig>().tier.cluster.timeout_ns, 250'000'000);
+  EXPECT_TRUE(c->lower.Get<RemoteTierConfig>().enabled());
+  EXPECT_FALSE(DaemonConfig{}.lower.Get<RemoteTierConfig>().enabled());
   // The defaults: anyone may connect, as their own tenant; no TTL.
   DaemonConfig d;
   EXPECT_TRUE(d.security.allow_unknown);
@@ -314,7 +316,7 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
     return dir.File(name);
   };
   DaemonConfig c;
-  c.remote.tier.cluster.seeds = {"127.0.0.1:1"};
+  c.lower.Mutable<RemoteTierConfig>().tier.cluster.seeds = {"127.0.0.1:1"};
   std::vector<std::string> warnings;
   ASSERT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
   ASSERT_EQ(warnings.size(), 1u);
@@ -325,35 +327,35 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
     EXPECT_NE(st.message().find(key), std::string::npos) << st.message();
     return st.message();
   };
-  c.remote.secret_file = file("open", std::string(40, 's'), 0644);
+  c.lower.Mutable<RemoteTierConfig>().secret_file = file("open", std::string(40, 's'), 0644);
   EXPECT_NE(refused("tiers.remote.secret_file").find("chmod 600"), std::string::npos);
-  c.remote.secret_file = file("short", "0123456789", 0600);
+  c.lower.Mutable<RemoteTierConfig>().secret_file = file("short", "0123456789", 0600);
   EXPECT_NE(refused("tiers.remote.secret_file").find("at least 32"), std::string::npos);
-  c.remote.secret_file = dir.File("missing");
+  c.lower.Mutable<RemoteTierConfig>().secret_file = dir.File("missing");
   refused("tiers.remote.secret_file");
-  c.remote.secret_file = file("good", std::string(40, 's') + "\n", 0400);
+  c.lower.Mutable<RemoteTierConfig>().secret_file = file("good", std::string(40, 's') + "\n", 0400);
   warnings.clear();
   EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
   EXPECT_TRUE(warnings.empty());
-  c.remote.tier.cluster.username = "kvtierd";
+  c.lower.Mutable<RemoteTierConfig>().tier.cluster.username = "kvtierd";
   refused("tiers.remote.username");
-  c.remote.password_file = file("pw", "", 0600);
+  c.lower.Mutable<RemoteTierConfig>().password_file = file("pw", "", 0600);
   EXPECT_NE(refused("tiers.remote.password_file").find("empty"), std::string::npos);
-  c.remote.password_file = file("pw2", "hunter2\n", 0600);
+  c.lower.Mutable<RemoteTierConfig>().password_file = file("pw2", "hunter2\n", 0600);
   EXPECT_TRUE(CheckConfigOnHost(c, HostMemory{}, nullptr).ok());
-  auto pw = ReadSecretFile("k", c.remote.password_file);
+  auto pw = ReadSecretFile("k", c.lower.Mutable<RemoteTierConfig>().password_file);
   ASSERT_TRUE(pw.ok());
   EXPECT_EQ(*pw, "hunter2");
   // Another user's file is not kvtierd's secret, whatever its mode.
   if (::geteuid() == 0) {
     const std::string theirs = file("theirs", std::string(40, 's'), 0600);
     ASSERT_EQ(::chown(theirs.c_str(), 41005, 41005), 0);
-    c.remote.secret_file = theirs;
+    c.lower.Mutable<RemoteTierConfig>().secret_file = theirs;
     EXPECT_NE(refused("tiers.remote.secret_file").find("belongs to uid 41005"), std::string::npos);
   }
   // A remote section with no nodes is validated too.
-  c.remote.tier.cluster.seeds.clear();
-  c.remote.secret_file = dir.File("missing");
+  c.lower.Mutable<RemoteTierConfig>().tier.cluster.seeds.clear();
+  c.lower.Mutable<RemoteTierConfig>().secret_file = dir.File("missing");
   refused("tiers.remote.secret_file");
 }
 
