@@ -1,10 +1,11 @@
 #pragma once
 // Tier identities shared by the wire (enum Tier in kvtier.fbs: the same numbers), the
 // daemon and the client, and the one table (kTierTable) every name, event medium, wire and
-// quota conversion reads. Ordered fastest first. Pool tiers (GPU, host) have pages engines
-// map; NVMe has slots reached through host pages; lower tiers (below NVMe: the remote tier,
-// the memory tier) keep blocks under their block keys and are reached through a
-// LowerTierMover (daemon/cache/lower_tier_mover.h).
+// quota conversion reads. Numbered as they were added (a wire or stored number never
+// changes meaning). Pool tiers (GPU, host) have pages engines map; NVMe has slots reached
+// through host pages; lower tiers (below NVMe) keep blocks under their block keys, are
+// reached through a LowerTierMover (daemon/cache/lower_tier_mover.h), and are asked in the
+// order of their rows in daemon/lower_tiers.cc.
 
 #include <array>
 #include <cstdint>

@@ -114,12 +114,23 @@ class _Named(str, enum.Enum):
 
 
 class Tier(_Named):
-    """A tier of kvtierd (protocol/base/tier.h's names)."""
+    """A tier of kvtierd (protocol/base/tier.h's names). A name this package does not list
+    (a lower tier of a newer kvtierd, e.g. ``"memory"``) comes back as a member of its own,
+    equal to that name, rather than an error."""
 
     GPU = "gpu"
     HOST = "host"
     NVME = "nvme"
     REMOTE = "remote"
+
+    @classmethod
+    def _missing_(cls, value):
+        if not isinstance(value, str) or not value.isidentifier():
+            return None
+        member = str.__new__(cls, value)
+        member._name_ = value.upper()
+        member._value_ = value
+        return member
 
 
 class Code(_Named):
