@@ -127,7 +127,7 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
       c << (i ? ", " : "") << '"' << options_.remote_nodes[i] << '"';
     c << "]\n" << options_.remote_yaml;
   }
-  c << options_.extra_yaml;
+  c << options_.tiers_yaml << options_.extra_yaml;
 }
 
 namespace {

@@ -84,6 +84,8 @@ class DaemonProcess {
     // keys (indented for tiers.remote, e.g. "    write_policy: write_back\n").
     std::vector<std::string> remote_nodes;
     std::string remote_yaml;
+    // More sections under tiers:, indented, e.g. "  memory:\n    capacity: 8MiB\n".
+    std::string tiers_yaml;
     // A host-emulated GPU tier of this size ("" = none), in segments of gpu_segment_bytes.
     std::string gpu_capacity;
     std::string gpu_segment_bytes = "4MiB";
