@@ -46,7 +46,7 @@ struct LowerBlockMeta {
 // One figure a lower tier reports: what kvctl and the Stats reply call it, and the
 // Prometheus series it is exported as. Strings are static.
 struct TierFigure {
-  std::string_view key;  // "lookups", "fetch_bytes": kvctl's and the Stats reply's name
+  std::string_view key;  // "lookups", "fetch_bytes": kvctl's and the Stats reply's name, unique in a report
   double value = 0;
   bool counter = true;  // else a gauge
   // The series, e.g. "kvtier_remote_lookups_total", with at most one label; empty: not

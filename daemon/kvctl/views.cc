@@ -56,7 +56,7 @@ json LowerJson(const LowerTierStatsInfo& l) {
   json nodes = json::array();
   for (const auto& n : l.nodes) nodes.push_back(json{{"address", n.address}, {"up", n.up}, {"failures", n.failures}});
   json figures = json::object();
-  for (const auto& f : l.figures) figures[f.label.empty() ? f.key : f.key + "{" + f.label + "}"] = f.value;
+  for (const auto& f : l.figures) figures[f.key] = f.value;
   return json{{"name", l.name},
               {"describe", l.describe},
               {"available", l.available},
@@ -98,7 +98,7 @@ void PrintLower(const LowerTierStatsInfo& l) {
   for (const auto& f : l.figures) {
     char v[64];
     std::snprintf(v, sizeof v, "%.15g", f.value);
-    const std::string item = f.key + (f.label.empty() ? "" : "{" + f.label + "}") + " " + v;
+    const std::string item = f.key + " " + v;
     if (!line.empty() && line.size() + item.size() > 90) {
       std::printf("  figures  %s\n", line.c_str());
       line.clear();
