@@ -21,90 +21,90 @@ using config::Scalar;
 
 const std::vector<ConfigKey>& RemoteKeys() {
   static const std::vector<ConfigKey> keys = {
-    {"tiers.remote.nodes", "[]",
-     "Seed nodes of a Redis Cluster (or one standalone Redis) shared by the kvtierd nodes of "
-     "a fleet, as host:port; none means no remote tier. The rest of the cluster is found "
-     "with CLUSTER SLOTS, e.g. [\"10.0.0.5:7000\", \"10.0.0.6:7000\"].",
-     [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-       if (n.IsNull()) return Status::Ok();
-       if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of host:port");
-       c->lower.Mutable<RemoteTierConfig>().tier.cluster.seeds.clear();
-       for (size_t i = 0; i < n.size(); ++i) {
-         const std::string at = key + "[" + std::to_string(i) + "]";
-         KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(at, n[i]));
-         std::string host;
-         int port = 0;
-         if (!RedisCluster::ParseAddress(s, &host, &port)) return ConfigKeyError(at, "'" + s + "' is not host:port");
-         c->lower.Mutable<RemoteTierConfig>().tier.cluster.seeds.push_back(s);
-       }
-       return Status::Ok();
-     }},
-    {"tiers.remote.write_policy", "write_through",
-     "write_through: every block committed to host is also put into the cluster in the "
-     "background (other nodes reuse it at once); write_back: a block is put when it leaves "
-     "host memory and the cluster does not hold it yet.",
-     KVTIER_SECTION_SET(RemoteTierConfig, Choice(key, n, kWritePolicyNames), mover.write_policy)},
-    {"tiers.remote.connect_timeout", "200ms", "Longest wait for a connection to a cluster node.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
-                tier.cluster.connect_timeout_ns)},
-    {"tiers.remote.timeout", "1s",
-     "Longest wait for a request's reply, from the call (time queued behind a slow node "
-     "included); past it the request is a miss and the connection is opened again.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
-                tier.cluster.timeout_ns)},
-    {"tiers.remote.connections_per_node", "2",
-     "Connections to each master for block values (GET, SET), each with its own thread; "
-     "lookups (EXISTS) have one more of their own.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 64)), tier.cluster.connections_per_node)},
-    {"tiers.remote.max_batch", "64", "Most requests a connection writes at once (pipelining).",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 4096)), tier.cluster.max_batch)},
-    {"tiers.remote.breaker_failures", "3",
-     "Failed batches in a row after which a node's circuit breaker opens: its requests are "
-     "misses at once, without being sent.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 1000)), tier.cluster.breaker_failures)},
-    {"tiers.remote.breaker_open", "1s",
-     "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing); "
-     "meanwhile the node is PINGed every 250 ms and the breaker closes when it answers.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
-                tier.cluster.breaker_open_ns)},
-    {"tiers.remote.refresh_interval", "10s",
-     "How often the slot map is read again (also at once after MOVED or a failing node).",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
-                tier.cluster.refresh_interval_ns)},
-    {"tiers.remote.key_prefix", "\"kvtier:\"",
-     "Prefix of every key kvtierd writes; the rest is 32 hex digits, a hash (keyed by the "
-     "fleet secret, when one is set) of tenant, model fingerprint and block hash.",
-     [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
-       KVTIER_ASSIGN_OR_RETURN(c->lower.Mutable<RemoteTierConfig>().tier.key_prefix, Scalar(key, n));
-       // A hash tag ({...}) would put every key in one slot: one node holds the whole tier.
-       if (c->lower.Mutable<RemoteTierConfig>().tier.key_prefix.find_first_of("{}") != std::string::npos) {
-         return ConfigKeyError(key, "'" + c->lower.Mutable<RemoteTierConfig>().tier.key_prefix +
-                                        "' has a '{' or '}': a Redis Cluster hash tag would "
-                                        "put every key in one slot, on one node");
-       }
-       return Status::Ok();
-     }},
-    {"tiers.remote.max_nodes", "64",
-     "Most masters a slot map may name (a map naming more is not used); each master costs "
-     "connections_per_node + 1 threads.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 1024)), tier.cluster.max_nodes)},
-    {"tiers.remote.username", "\"\"",
-     "Redis ACL user kvtierd authenticates as (AUTH user password); empty: \"default\". Only "
-     "with password_file.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Scalar(key, n)), tier.cluster.username)},
-    {"tiers.remote.password_file", "\"\"",
-     "File holding the Redis password (one line; readable by kvtierd only, mode 0600 or "
-     "0400); empty: no AUTH. The password never goes in this config.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Scalar(key, n)), password_file)},
-    {"tiers.remote.secret_file", "\"\"",
-     "File holding the fleet secret (at least 32 bytes, the same on every kvtierd sharing "
-     "the cluster; mode 0600 or 0400): key names and value tags are keyed by it, so nobody "
-     "without it can read a tenant from a key or make a node serve a planted or moved value. "
-     "Empty: unkeyed, with a warning at start.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Scalar(key, n)), secret_file)},
-    {"tiers.remote.max_puts_in_flight", "32",
-     "Most puts at once; each pins its block's host page until the cluster answers.",
-     KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 4096)), mover.max_puts_in_flight)},
+      {"tiers.remote.nodes", "[]",
+       "Seed nodes of a Redis Cluster (or one standalone Redis) shared by the kvtierd nodes of "
+       "a fleet, as host:port; none means no remote tier. The rest of the cluster is found "
+       "with CLUSTER SLOTS, e.g. [\"10.0.0.5:7000\", \"10.0.0.6:7000\"].",
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         if (n.IsNull()) return Status::Ok();
+         if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of host:port");
+         c->lower.Mutable<RemoteTierConfig>().tier.cluster.seeds.clear();
+         for (size_t i = 0; i < n.size(); ++i) {
+           const std::string at = key + "[" + std::to_string(i) + "]";
+           KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(at, n[i]));
+           std::string host;
+           int port = 0;
+           if (!RedisCluster::ParseAddress(s, &host, &port)) return ConfigKeyError(at, "'" + s + "' is not host:port");
+           c->lower.Mutable<RemoteTierConfig>().tier.cluster.seeds.push_back(s);
+         }
+         return Status::Ok();
+       }},
+      {"tiers.remote.write_policy", "write_through",
+       "write_through: every block committed to host is also put into the cluster in the "
+       "background (other nodes reuse it at once); write_back: a block is put when it leaves "
+       "host memory and the cluster does not hold it yet.",
+       KVTIER_SECTION_SET(RemoteTierConfig, Choice(key, n, kWritePolicyNames), mover.write_policy)},
+      {"tiers.remote.connect_timeout", "200ms", "Longest wait for a connection to a cluster node.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
+                          tier.cluster.connect_timeout_ns)},
+      {"tiers.remote.timeout", "1s",
+       "Longest wait for a request's reply, from the call (time queued behind a slow node "
+       "included); past it the request is a miss and the connection is opened again.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 1'000'000, 60'000'000'000, false, "in [1ms, 60s]")),
+                          tier.cluster.timeout_ns)},
+      {"tiers.remote.connections_per_node", "2",
+       "Connections to each master for block values (GET, SET), each with its own thread; "
+       "lookups (EXISTS) have one more of their own.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 64)), tier.cluster.connections_per_node)},
+      {"tiers.remote.max_batch", "64", "Most requests a connection writes at once (pipelining).",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 4096)), tier.cluster.max_batch)},
+      {"tiers.remote.breaker_failures", "3",
+       "Failed batches in a row after which a node's circuit breaker opens: its requests are "
+       "misses at once, without being sent.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 1000)), tier.cluster.breaker_failures)},
+      {"tiers.remote.breaker_open", "1s",
+       "How long an open breaker stays open (doubling, up to 8x, while the node keeps failing); "
+       "meanwhile the node is PINGed every 250 ms and the breaker closes when it answers.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 1'000'000, 600'000'000'000, false, "in [1ms, 10min]")),
+                          tier.cluster.breaker_open_ns)},
+      {"tiers.remote.refresh_interval", "10s",
+       "How often the slot map is read again (also at once after MOVED or a failing node).",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Duration(key, n, 100'000'000, 3600'000'000'000, false, "in [100ms, 1h]")),
+                          tier.cluster.refresh_interval_ns)},
+      {"tiers.remote.key_prefix", "\"kvtier:\"",
+       "Prefix of every key kvtierd writes; the rest is 32 hex digits, a hash (keyed by the "
+       "fleet secret, when one is set) of tenant, model fingerprint and block hash.",
+       [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
+         KVTIER_ASSIGN_OR_RETURN(c->lower.Mutable<RemoteTierConfig>().tier.key_prefix, Scalar(key, n));
+         // A hash tag ({...}) would put every key in one slot: one node holds the whole tier.
+         if (c->lower.Mutable<RemoteTierConfig>().tier.key_prefix.find_first_of("{}") != std::string::npos) {
+           return ConfigKeyError(key, "'" + c->lower.Mutable<RemoteTierConfig>().tier.key_prefix +
+                                          "' has a '{' or '}': a Redis Cluster hash tag would "
+                                          "put every key in one slot, on one node");
+         }
+         return Status::Ok();
+       }},
+      {"tiers.remote.max_nodes", "64",
+       "Most masters a slot map may name (a map naming more is not used); each master costs "
+       "connections_per_node + 1 threads.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 1024)), tier.cluster.max_nodes)},
+      {"tiers.remote.username", "\"\"",
+       "Redis ACL user kvtierd authenticates as (AUTH user password); empty: \"default\". Only "
+       "with password_file.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Scalar(key, n)), tier.cluster.username)},
+      {"tiers.remote.password_file", "\"\"",
+       "File holding the Redis password (one line; readable by kvtierd only, mode 0600 or "
+       "0400); empty: no AUTH. The password never goes in this config.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Scalar(key, n)), password_file)},
+      {"tiers.remote.secret_file", "\"\"",
+       "File holding the fleet secret (at least 32 bytes, the same on every kvtierd sharing "
+       "the cluster; mode 0600 or 0400): key names and value tags are keyed by it, so nobody "
+       "without it can read a tenant from a key or make a node serve a planted or moved value. "
+       "Empty: unkeyed, with a warning at start.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Scalar(key, n)), secret_file)},
+      {"tiers.remote.max_puts_in_flight", "32",
+       "Most puts at once; each pins its block's host page until the cluster answers.",
+       KVTIER_SECTION_SET(RemoteTierConfig, (Integer<uint32_t>(key, n, 1, 4096)), mover.max_puts_in_flight)},
   };
   return keys;
 }

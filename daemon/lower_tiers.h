@@ -33,7 +33,6 @@ struct RemoteTierConfig {
   bool operator==(const RemoteTierConfig&) const = default;
 };
 
-
 // What a row is given to open its tier.
 struct LowerTierContext {
   const DaemonConfig& config;
