@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include "daemon/config_host.h"
+#include "storage/memory/memory_tier.h"
 #include "storage/remote/redis_cluster.h"
 #include "storage/remote/remote_tier.h"
 
@@ -168,7 +169,49 @@ Result<CacheManager::LowerTierSpec> OpenRemote(const LowerTierContext& ctx) {
   return spec;
 }
 
+// --- memory: blocks in kvtierd's own unpinned memory ------------------------------------
+
+struct MemoryTierConfig {
+  MemoryTierOptions tier;         // capacity 0: no memory tier
+  LowerTierMover::Options mover;  // write policy, puts in flight
+  MemoryTierConfig() { mover.write_policy = WritePolicy::kWriteBack; }
+  bool operator==(const MemoryTierConfig&) const = default;
+};
+
+const std::vector<ConfigKey>& MemoryKeys() {
+  static const std::vector<ConfigKey> keys = {
+      {"tiers.memory.capacity", "0",
+       "Bytes of blocks kept below NVMe in kvtierd's own memory (plain, unpinned: not the "
+       "host pool engines map, nor bounded by what may be locked), least recently used "
+       "dropped first; lost when kvtierd stops. 0: no memory tier.",
+       KVTIER_SECTION_SET(MemoryTierConfig, (Bytes(key, n, 0, uint64_t{1} << 50)), tier.capacity_bytes)},
+      {"tiers.memory.write_policy", "write_back",
+       "write_back: a block is put here when it leaves host memory; write_through: every "
+       "block committed to host is also put here.",
+       KVTIER_SECTION_SET(MemoryTierConfig, Choice(key, n, kWritePolicyNames), mover.write_policy)},
+      {"tiers.memory.max_puts_in_flight", "32",
+       "Most puts at once; each pins its block's host page until it is copied.",
+       KVTIER_SECTION_SET(MemoryTierConfig, (Integer<uint32_t>(key, n, 1, 4096)), mover.max_puts_in_flight)},
+  };
+  return keys;
+}
+
+bool MemoryEnabled(const DaemonConfig& c) { return c.lower.Get<MemoryTierConfig>().tier.capacity_bytes > 0; }
+
+Status CheckMemoryOnHost(const DaemonConfig&, std::vector<std::string>*) { return Status::Ok(); }
+
+Result<CacheManager::LowerTierSpec> OpenMemory(const LowerTierContext& ctx) {
+  const MemoryTierConfig& mc = ctx.config.lower.Get<MemoryTierConfig>();
+  CacheManager::LowerTierSpec spec;
+  KVTIER_ASSIGN_OR_RETURN(spec.tier, MemoryTier::Open(mc.tier, ctx.post));
+  spec.options = mc.mover;
+  spec.options.node_name = NodeName(ctx.config);
+  return spec;
+}
+
+// In chain order: the memory tier (this process's RAM) is asked before a cluster.
 constexpr LowerTierRow kRows[] = {
+    {TierKind::kMemory, MemoryKeys, MemoryEnabled, CheckMemoryOnHost, OpenMemory},
     {TierKind::kRemote, RemoteKeys, RemoteEnabled, CheckRemoteOnHost, OpenRemote},
 };
 

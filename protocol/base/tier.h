@@ -15,7 +15,7 @@
 
 namespace kvtier {
 
-enum class TierKind : uint8_t { kGpu = 0, kHost = 1, kNvme = 2, kRemote = 3 };
+enum class TierKind : uint8_t { kGpu = 0, kHost = 1, kNvme = 2, kRemote = 3, kMemory = 4 };
 
 // What a tier is to the cache.
 enum class TierClass : uint8_t { kPool, kNvme, kLower };
@@ -33,6 +33,7 @@ inline constexpr TierRow kTierTable[] = {
     {TierKind::kHost, "host", "CPU_TIER1", TierClass::kPool},
     {TierKind::kNvme, "nvme", "CPU_TIER2", TierClass::kNvme},
     {TierKind::kRemote, "remote", "REMOTE", TierClass::kLower},
+    {TierKind::kMemory, "memory", "CPU_TIER3", TierClass::kLower},
 };
 inline constexpr int kTierCount = static_cast<int>(std::size(kTierTable));
 
