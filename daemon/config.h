@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/cache/cache_types.h"
+#include "daemon/cache/nvme_mover.h"
 #include "daemon/events/kv_events.h"
 #include "daemon/server_options.h"
 #include "kernels/kv_layout.h"
@@ -28,25 +29,15 @@
 
 namespace kvtier {
 
+// The NVMe tier: the tier's and its mover's own option structs, as the config sets them.
+// The daemon adds what is not a key: the slot size (NvmeSlotBytes), spills in flight (at
+// least io.queue_depth), the tenants' slot owners (NvmeOwnersOf, daemon/tenants.h).
 struct NvmeTierConfig {
-  struct File {
-    std::string path;
-    uint64_t capacity_bytes = 0;
-    bool preallocate = true;
-    bool operator==(const File&) const = default;
-  };
-  std::vector<File> files;  // none: no NVMe tier
-  IoEngineOptions io;       // backend and queue depth; the daemon sizes its buffers
-  Durability durability = Durability::kStrict;
-  WritePolicy write_policy = WritePolicy::kWriteBack;
-  bool prefetch = false;
-  double high_watermark = NvmeTierOptions{}.high_watermark;
-  double low_watermark = NvmeTierOptions{}.low_watermark;
-  std::string policy = NvmeTierOptions{}.policy;
+  NvmeTierOptions tier;      // tier.files: none means no NVMe tier
+  NvmeMover::Options mover;  // write policy, prefetch, the quantized form
+  IoEngineOptions io;        // backend and queue depth; the daemon sizes its buffers
   uint64_t index_cache_bytes = 16ull << 20;
-  uint64_t verify_bytes_per_s = NvmeTierOptions{}.verify_bytes_per_s;
-  std::optional<QuantKind> quantization;  // the form of opted-in tenants' blocks; none: full width
-  bool enabled() const { return !files.empty(); }
+  bool enabled() const { return !tier.files.empty(); }
   bool operator==(const NvmeTierConfig&) const = default;
 };
 

@@ -225,7 +225,7 @@ Status CheckConfigOnHost(const DaemonConfig& c, const HostMemory& memory, std::v
     }
   }
   // NVMe files: each once, in a directory that exists.
-  const auto& files = c.nvme.files;
+  const auto& files = c.nvme.tier.files;
   std::error_code ec;
   const fs::path data_dir = fs::absolute(c.data_dir, ec).lexically_normal();
   for (size_t i = 0; i < files.size(); ++i) {

@@ -433,11 +433,11 @@ const std::vector<ConfigKey>& ConfigKeys() {
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          if (!n.IsSequence()) return ConfigKeyError(key, "expected a list of {path, capacity}");
-         c->nvme.files.clear();
+         c->nvme.tier.files.clear();
          for (size_t i = 0; i < n.size(); ++i) {
            const std::string at = key + "[" + std::to_string(i) + "]";
            if (!n[i].IsMap()) return ConfigKeyError(at, "expected {path: ..., capacity: ...}");
-           NvmeTierConfig::File f;
+           SlotFileSpec f;
            for (const auto& kv : n[i]) {
              const std::string sub = kv.first.Scalar();
              if (sub == "path") {
@@ -451,7 +451,7 @@ const std::vector<ConfigKey>& ConfigKeys() {
              }
            }
            if (f.path.empty() || f.capacity_bytes == 0) return ConfigKeyError(at, "needs both path and capacity");
-           c->nvme.files.push_back(std::move(f));
+           c->nvme.tier.files.push_back(std::move(f));
          }
          return Status::Ok();
        }},
@@ -465,29 +465,29 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "strict: a spilled block counts only once its bytes are fdatasync'ed and its index "
        "entry synced (one sync covers many blocks); relaxed: neither (a crash may lose recent "
        "entries, never serve wrong bytes).",
-       KVTIER_CONFIG_SET(Choice(key, n, kDurabilityNames), nvme.durability)},
+       KVTIER_CONFIG_SET(Choice(key, n, kDurabilityNames), nvme.tier.durability)},
       {"tiers.nvme.write_policy", "write_back",
        "write_back: a block is spilled when it is demoted from the host tier; write_through: "
        "every committed block is also spilled in the background, so a restart keeps it.",
-       KVTIER_CONFIG_SET(Choice(key, n, kWritePolicyNames), nvme.write_policy)},
+       KVTIER_CONFIG_SET(Choice(key, n, kWritePolicyNames), nvme.mover.write_policy)},
       {"tiers.nvme.prefetch", "false",
        "Lookup starts reading NVMe hits into free host pages, so the Acquire that follows "
        "waits less.",
-       KVTIER_CONFIG_SET(Boolean(key, n), nvme.prefetch)},
+       KVTIER_CONFIG_SET(Boolean(key, n), nvme.mover.prefetch)},
       {"tiers.nvme.high_watermark", "0.95", "Above this fraction of slots in use the coldest NVMe blocks are dropped.",
-       KVTIER_CONFIG_SET(Fraction(key, n), nvme.high_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), nvme.tier.high_watermark)},
       {"tiers.nvme.low_watermark", "0.90", "Dropping stops at this fraction of slots in use.",
-       KVTIER_CONFIG_SET(Fraction(key, n), nvme.low_watermark)},
+       KVTIER_CONFIG_SET(Fraction(key, n), nvme.tier.low_watermark)},
       {"tiers.nvme.policy", "lru",
        "Eviction policy of NVMe blocks: lru or arc (no prefix order: "
        "the NVMe index does not track parents).",
-       KVTIER_CONFIG_SET(Word(key, n, kNvmePolicyNames), nvme.policy)},
+       KVTIER_CONFIG_SET(Word(key, n, kNvmePolicyNames), nvme.tier.policy)},
       {"tiers.nvme.index_cache", "16MiB", "RAM for the RocksDB block index's cache (its files live in data_dir/index).",
        KVTIER_CONFIG_SET((Bytes(key, n, 1 << 20, 1ull << 40)), nvme.index_cache_bytes)},
       {"tiers.nvme.verify_rate", "0",
        "Most bytes per second kvctl verify reads (a size per second, e.g. 200MiB), so a scrub "
        "of a large tier leaves the disk to fetches and spills; 0: as fast as the disk goes.",
-       KVTIER_CONFIG_SET((Bytes(key, n, 0, 1ull << 50)), nvme.verify_bytes_per_s)},
+       KVTIER_CONFIG_SET((Bytes(key, n, 0, 1ull << 50)), nvme.tier.verify_bytes_per_s)},
       {"tiers.nvme.quantization", "none",
        "int8 or fp8: blocks of tenants that opted in (security.tenants[].kv_quantization) are "
        "stored on NVMe quantized, one scale per token and head, and dequantized when read back "
@@ -497,8 +497,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "full width.",
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          KVTIER_ASSIGN_OR_RETURN(std::string s, Word(key, n, WordsOf(kQuantKindNames, "none")));
-         c->nvme.quantization.reset();
-         if (s != "none") c->nvme.quantization = ValueOf(s, kQuantKindNames);
+         c->nvme.mover.quantization.reset();
+         if (s != "none") c->nvme.mover.quantization = ValueOf(s, kQuantKindNames);
          return Status::Ok();
        }},
   };

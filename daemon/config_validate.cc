@@ -15,7 +15,7 @@ namespace kvtier {
 
 uint64_t NvmeSlotBytes(const DaemonConfig& c) {
   const uint64_t page = c.host.page_bytes;
-  if (!c.nvme.quantization) return page;
+  if (!c.nvme.mover.quantization) return page;
   const uint64_t q = (page * 33 + 63) / 64;
   return std::min(page, (q + 4095) / 4096 * 4096);
 }
@@ -105,20 +105,20 @@ Status ValidateConfig(const DaemonConfig& c) {
     }
   }
   if (c.nvme.enabled()) {
-    if (c.nvme.low_watermark >= c.nvme.high_watermark) {
+    if (c.nvme.tier.low_watermark >= c.nvme.tier.high_watermark) {
       return InvalidArgument("config key 'tiers.nvme.low_watermark' must be below high_watermark");
     }
     if (!h.enabled) return InvalidArgument("config key 'tiers.nvme.files' needs the host tier enabled");
     const uint64_t slot = NvmeSlotBytes(c);
-    for (size_t i = 0; i < c.nvme.files.size(); ++i) {
-      if (c.nvme.files[i].capacity_bytes < slot) {
+    for (size_t i = 0; i < c.nvme.tier.files.size(); ++i) {
+      if (c.nvme.tier.files[i].capacity_bytes < slot) {
         return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) + "].capacity' holds no slot of " +
                                FormatBytes(slot));
       }
       // Quantized slots are not a divisor of page-sized capacities; the rest is left unused.
-      if (slot == h.page_bytes && c.nvme.files[i].capacity_bytes % h.page_bytes != 0) {
+      if (slot == h.page_bytes && c.nvme.tier.files[i].capacity_bytes % h.page_bytes != 0) {
         return InvalidArgument("config key 'tiers.nvme.files[" + std::to_string(i) + "].capacity' (" +
-                               FormatBytes(c.nvme.files[i].capacity_bytes) +
+                               FormatBytes(c.nvme.tier.files[i].capacity_bytes) +
                                ") is not a whole number of slots of tiers.host.page_bytes (" +
                                FormatBytes(h.page_bytes) + "): the rest would never be used");
       }
@@ -153,7 +153,7 @@ Status ValidateConfig(const DaemonConfig& c) {
       }
     }
     uint64_t nvme_bytes = 0;
-    for (const auto& f : c.nvme.files) nvme_bytes += f.capacity_bytes;
+    for (const auto& f : c.nvme.tier.files) nvme_bytes += f.capacity_bytes;
     for (TierKind k : kAllTiers) {
       if (!IsPoolTier(k) && s.unknown_quota[TierIndex(k)] > 0) {
         return InvalidArgument("config key 'security.unknown_quota." + std::string(TierKindName(k)) +
@@ -166,7 +166,7 @@ Status ValidateConfig(const DaemonConfig& c) {
          {std::tuple{reserved[TierIndex(TierKind::kHost)], h.capacity_bytes, h.low_watermark, "host"},
           std::tuple{reserved[TierIndex(TierKind::kGpu)], c.gpu.enabled ? c.gpu.capacity_bytes : 0, c.gpu.low_watermark,
                      "gpu"},
-          std::tuple{reserved[TierIndex(TierKind::kNvme)], nvme_bytes, c.nvme.low_watermark, "nvme"}}) {
+          std::tuple{reserved[TierIndex(TierKind::kNvme)], nvme_bytes, c.nvme.tier.low_watermark, "nvme"}}) {
       if (r > 0 && static_cast<double>(r) > low * static_cast<double>(cap)) {
         return InvalidArgument("config key 'security.tenants': " + std::string(tier) + " reserves add up to " +
                                FormatBytes(r) + ", more than the tier's low watermark of " +

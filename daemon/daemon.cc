@@ -132,42 +132,14 @@ Result<std::unique_ptr<NvmeTier>> Daemon::OpenNvme(TestHooks hooks) {
   ro.path = config_.data_dir + "/index";
   ro.block_cache_bytes = c.index_cache_bytes;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<BlockIndexStore> store, OpenRocksDbBlockIndexStore(ro));
-  NvmeTierOptions o;
-  for (const auto& f : c.files) o.files.push_back(SlotFileSpec{f.path, f.capacity_bytes, f.preallocate});
+  NvmeTierOptions o = c.tier;
   o.slot_bytes = NvmeSlotBytes(config_);
-  o.durability = c.durability;
-  o.high_watermark = c.high_watermark;
-  o.low_watermark = c.low_watermark;
-  o.policy = c.policy;
-  o.verify_bytes_per_s = c.verify_bytes_per_s;
-  o.before_load = std::move(hooks.before_index_load);
-  // Tenants with NVMe limits are owners 1..n of the tier's slots; everyone else is owner 0.
-  std::unordered_map<std::string, uint16_t> owners;
-  auto slots = [&](uint64_t bytes) { return LimitUnits(bytes, config_.host.page_bytes); };
-  for (const TenantConfig& t : config_.security.tenants) {
-    if (t.quota[TierIndex(TierKind::kNvme)] == 0 && t.reserve[TierIndex(TierKind::kNvme)] == 0) continue;
-    if (o.quota_slots.empty()) {
-      o.quota_slots.push_back(0);
-      o.reserve_slots.push_back(0);
-    }
-    owners[t.name] = static_cast<uint16_t>(o.quota_slots.size());
-    if (nvme_owners_.empty()) nvme_owners_.push_back("");
-    nvme_owners_.push_back(t.name);
-    o.quota_slots.push_back(slots(t.quota[TierIndex(TierKind::kNvme)]));
-    o.reserve_slots.push_back(slots(t.reserve[TierIndex(TierKind::kNvme)]));
-  }
-  if (!owners.empty()) {
-    o.owner_of = [owners = std::move(owners)](std::string_view key) -> uint16_t {
-      std::string tenant;
-      if (!DecodeBlockKey(key, &tenant, nullptr, nullptr, nullptr)) return 0;
-      auto it = owners.find(tenant);
-      return it == owners.end() ? 0 : it->second;
-    };
-  }
+  NvmeOwners owners = NvmeOwnersOf(config_.security, config_.host.page_bytes, &nvme_owners_);
   boost::asio::io_context* io_ctx = &io_;
   return NvmeTier::Open(
       o, std::move(engine), std::move(store),
-      [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, SystemClock::Default());
+      [io_ctx](std::function<void()> fn) { boost::asio::post(*io_ctx, std::move(fn)); }, SystemClock::Default(),
+      std::move(owners), std::move(hooks.before_index_load));
 }
 
 Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHooks hooks) {
@@ -226,12 +198,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
       return backend.status().WithContext("tiers.gpu.backend " + config.gpu_backend);
     }
   }
-  std::unique_ptr<NvmeTier> nvme;
+  CacheManager::NvmeSpec nvme;
   if (config.nvme.enabled()) {
-    co.write_policy = config.nvme.write_policy;
-    co.prefetch = config.nvme.prefetch;
-    co.nvme_quantization = config.nvme.quantization;
-    co.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.io.queue_depth);
+    nvme.options = config.nvme.mover;
+    nvme.options.max_spills_in_flight = std::max<uint32_t>(1, config.nvme.io.queue_depth);
     const fs::space_info space = fs::space(config.data_dir, ec);
     if (!ec && space.available < kMinIndexFreeBytes) {
       return ResourceExhausted("data_dir " + config.data_dir + ": its file system is full (" +
@@ -243,7 +213,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
     if (!opened.ok() && opened.status().code() == StatusCode::kResourceExhausted) {
       return opened.status().WithContext("data_dir " + config.data_dir + "'s file system is full");
     }
-    KVTIER_ASSIGN_OR_RETURN(nvme, std::move(opened));
+    KVTIER_ASSIGN_OR_RETURN(nvme.tier, std::move(opened));
   }
   std::vector<CacheManager::LowerTierSpec> lower;  // the chain below NVMe
   Daemon* raw = d.get();

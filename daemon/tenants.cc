@@ -1,6 +1,10 @@
 #include "daemon/tenants.h"
 
 #include <algorithm>
+#include <unordered_map>
+
+#include "protocol/base/block_key.h"
+#include "storage/policy/shares.h"
 
 namespace kvtier {
 
@@ -40,6 +44,34 @@ Result<TenantGrant> TenantResolver::Resolve(const PeerCredentials& peer) const {
   // '=' cannot appear in configured names, so an unknown peer never lands in one.
   g.tenant = "uid=" + std::to_string(peer.uid);
   return g;
+}
+
+NvmeOwners NvmeOwnersOf(const SecurityConfig& security, uint64_t slot_unit_bytes, std::vector<std::string>* names) {
+  NvmeOwners o;
+  names->clear();
+  std::unordered_map<std::string, uint16_t> owners;
+  const int nvme = TierIndex(TierKind::kNvme);
+  for (const TenantConfig& t : security.tenants) {
+    if (t.quota[nvme] == 0 && t.reserve[nvme] == 0) continue;
+    if (o.quota_slots.empty()) {
+      o.quota_slots.push_back(0);
+      o.reserve_slots.push_back(0);
+      names->push_back("");
+    }
+    owners[t.name] = static_cast<uint16_t>(o.quota_slots.size());
+    names->push_back(t.name);
+    o.quota_slots.push_back(LimitUnits(t.quota[nvme], slot_unit_bytes));
+    o.reserve_slots.push_back(LimitUnits(t.reserve[nvme], slot_unit_bytes));
+  }
+  if (!owners.empty()) {
+    o.owner_of = [owners = std::move(owners)](std::string_view key) -> uint16_t {
+      std::string tenant;
+      if (!DecodeBlockKey(key, &tenant, nullptr, nullptr, nullptr)) return 0;
+      auto it = owners.find(tenant);
+      return it == owners.end() ? 0 : it->second;
+    };
+  }
+  return o;
 }
 
 }  // namespace kvtier

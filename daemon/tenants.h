@@ -47,4 +47,9 @@ class TenantResolver {
   uid_t daemon_uid_;
 };
 
+// The NVMe tier's slot owners: each configured tenant with an NVMe quota or reserve is an
+// owner 1..n (names[o] its name; names[0] empty), everyone else owner 0; limits in slots of
+// `slot_unit_bytes`. No tenant with NVMe limits: no owners (names empty).
+NvmeOwners NvmeOwnersOf(const SecurityConfig& security, uint64_t slot_unit_bytes, std::vector<std::string>* names);
+
 }  // namespace kvtier

@@ -18,8 +18,8 @@ size_t SessionCache::leased_pages() const {
 CacheManager::CacheManager(const Options& options)
     : options_(options), namespaces_(options.tenant_limits, options.unknown_limits) {}
 
-Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options, std::unique_ptr<NvmeTier> nvme,
-                                                         const Clock* clock, std::vector<LowerTierSpec> lower) {
+Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options, NvmeSpec nvme, const Clock* clock,
+                                                         std::vector<LowerTierSpec> lower) {
   std::unique_ptr<CacheManager> cm(new CacheManager(options));
   cm->clock_ = clock ? clock : SystemClock::Default();
   for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
@@ -38,11 +38,11 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
                            raw->OnGpuDemoted(id, st, resident, seconds);
                          }));
   }
-  if (nvme && options.nvme_quantization) {
+  if (nvme.tier && nvme.options.quantization) {
     if (!options.post) return InvalidArgument("a quantized NVMe tier needs an event loop to post to");
     KVTIER_ASSIGN_OR_RETURN(cm->workers_, BlockWorkers::Open(options.block_workers, options.post));
   }
-  if (nvme) {
+  if (nvme.tier) {
     CacheManager* raw = cm.get();
     NvmeMover::Hooks hooks;
     hooks.after_spill = [raw] {
@@ -52,9 +52,8 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
     hooks.last_copy_dropped = [raw](const std::string& key) { raw->RememberEviction(key, TierKind::kNvme); };
     hooks.demoted = [raw](double seconds) { raw->headroom_[TierIndex(TierKind::kHost)].NoteRoundTrip(seconds); };
-    NvmeMover::Options mo;
+    NvmeMover::Options mo = nvme.options;
     mo.clock = cm->clock_;
-    mo.write_policy = options.write_policy;
     // Spills in flight are bounded by the watermark's band, not by the device's queue (the
     // NVMe tier queues I/O past its depth): a spill's round trip is an I/O, an index write
     // and turns of the event loop, so under load only a deep pipeline frees host pages as
@@ -62,10 +61,9 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     const TierOptions& host = options.tiers[TierIndex(TierKind::kHost)];
     const uint64_t host_pages = host.page_bytes ? host.capacity_bytes / host.page_bytes : 0;
     const auto band = static_cast<uint32_t>(static_cast<double>(host_pages) * (1.0 - host.low_watermark));
-    mo.max_spills_in_flight = std::max(options.max_spills_in_flight, band);
-    mo.quantization = options.nvme_quantization;
+    mo.max_spills_in_flight = std::max(mo.max_spills_in_flight, band);
     mo.workers = cm->workers_.get();
-    KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme), mo, cm->blocks_.get(), &cm->namespaces_,
+    KVTIER_ASSIGN_OR_RETURN(cm->mover_, NvmeMover::Open(std::move(nvme.tier), mo, cm->blocks_.get(), &cm->namespaces_,
                                                         &cm->counters_, std::move(hooks)));
   }
   for (LowerTierSpec& spec : lower) {
@@ -485,7 +483,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
           }
           r.tiers.push_back(TierKind::kNvme);
           mover_->nvme().Touch(rec->slot);
-          if (options_.prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false).id != kNoBlock) {
+          if (mover_->options().prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false).id != kNoBlock) {
             ++counters_.prefetches;
           }
         }

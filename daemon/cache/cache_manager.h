@@ -110,10 +110,6 @@ class CacheManager {
   struct Options {
     std::array<TierOptions, kTierCount> tiers;  // indexed by TierIndex (host, GPU)
     uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
-    WritePolicy write_policy = WritePolicy::kWriteBack;  // NVMe
-    // The form blocks of tenants that opted in take on NVMe (the NVMe tier's slots are then
-    // sized for it); nullopt: full width.
-    std::optional<QuantKind> nvme_quantization;
     // Threads that quantize, dequantize and copy blocks off the control thread, and how
     // their completions reach it (the daemon's event loop). Used by the quantized tiers.
     int block_workers = 2;
@@ -124,10 +120,6 @@ class CacheManager {
     // DeviceBackend of its own) outlives the manager.
     std::function<Status(void* dst, const uint8_t* device_src, uint64_t bytes)> gpu_copy;
     uint32_t max_gpu_demotions_in_flight = 16;
-    bool prefetch = false;  // Lookup starts promoting NVMe hits
-    // At least this many spills in flight; more where the host tier's watermark band
-    // (capacity above the low watermark) is larger.
-    uint32_t max_spills_in_flight = 32;
     int64_t allocate_wait_ns = 30'000'000'000;  // longest an Allocate waits for room
     // The most of a tier's pages one tenant's sessions together may hold leased (not yet
     // committed, or quarantined after their session ended) at once, as a fraction; a tenant
@@ -145,6 +137,14 @@ class CacheManager {
     TenantLimits unknown_limits;
   };
 
+  // The NVMe tier and how blocks move to it: spills (at least options.max_spills_in_flight
+  // in flight, more where the host tier's watermark band is larger), promotions, the
+  // quantized form of opted-in tenants' blocks (the tier's slots are then sized for it).
+  struct NvmeSpec {
+    NvmeSpec(std::unique_ptr<NvmeTier> t = nullptr) : tier(std::move(t)) {}  // NOLINT: a bare tier is a spec
+    std::unique_ptr<NvmeTier> tier;
+    NvmeMover::Options options;
+  };
   // A tier of the chain below NVMe and how blocks move to it.
   struct LowerTierSpec {
     std::unique_ptr<LowerTier> tier;
@@ -153,7 +153,7 @@ class CacheManager {
 
   // `nvme` (may be null) is the NVMe tier, whose page size must equal the host tier's;
   // `lower` the tiers below it, in chain order (at most LowerTierMover::kMaxLowerTiers).
-  static Result<std::unique_ptr<CacheManager>> Open(const Options& options, std::unique_ptr<NvmeTier> nvme = nullptr,
+  static Result<std::unique_ptr<CacheManager>> Open(const Options& options, NvmeSpec nvme = {},
                                                     const Clock* clock = nullptr,
                                                     std::vector<LowerTierSpec> lower = {});
   ~CacheManager();

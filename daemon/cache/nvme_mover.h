@@ -53,12 +53,16 @@ class NvmeMover {
   };
   struct Options {
     WritePolicy write_policy = WritePolicy::kWriteBack;
+    // At least this many spills in flight (CacheManager raises it to the host tier's
+    // watermark band).
     uint32_t max_spills_in_flight = 32;
     // The form blocks that may be quantized take on NVMe; nullopt: full width. Needs
     // `workers`.
     std::optional<QuantKind> quantization;
+    bool prefetch = false;            // Lookup starts promoting NVMe hits (CacheManager reads it)
     BlockWorkers* workers = nullptr;  // outlives the mover
     const Clock* clock = nullptr;     // times demotions for Hooks::demoted; outlives the mover
+    bool operator==(const Options&) const = default;
   };
 
   // kInvalidArgument unless the host tier is enabled with pages the size of the NVMe
@@ -70,6 +74,7 @@ class NvmeMover {
   // Stops the NVMe tier's threads before the state its callbacks touch goes.
   ~NvmeMover();
 
+  const Options& options() const { return options_; }
   NvmeTier& nvme() { return *nvme_; }
   const NvmeTier& nvme() const { return *nvme_; }
 

@@ -35,6 +35,7 @@ struct SlotFileSpec {
   // volumes, or an index larger than the disk in a benchmark; a spill into a hole may then
   // fail with ENOSPC, which backs spills off like any write error.
   bool preallocate = true;
+  bool operator==(const SlotFileSpec&) const = default;
 };
 
 class SlotFiles {

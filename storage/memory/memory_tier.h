@@ -56,7 +56,7 @@ class MemoryTier final : public LowerTier {
   struct Value {
     LowerBlockMeta meta;
     std::vector<uint8_t> bytes;
-    uint64_t checksum = 0;                // XXH3 of bytes, as put
+    uint64_t checksum = 0;                 // XXH3 of bytes, as put
     std::list<std::string>::iterator lru;  // in lru_
   };
   struct Counters {

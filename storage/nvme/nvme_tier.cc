@@ -40,21 +40,24 @@ NvmeTier::~NvmeTier() {
 }
 
 Result<std::unique_ptr<NvmeTier>> NvmeTier::Open(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
-                                                 std::unique_ptr<BlockIndexStore> store, Post post,
-                                                 const Clock* clock) {
+                                                 std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock,
+                                                 NvmeOwners owners, std::function<void()> before_load) {
   if (!(options.low_watermark < options.high_watermark)) {
     return InvalidArgument("nvme low_watermark must be below high_watermark");
   }
   std::unique_ptr<NvmeTier> t(new NvmeTier(options, std::move(io), std::move(store), std::move(post), clock));
   KVTIER_ASSIGN_OR_RETURN(t->files_, SlotFiles::Open(options.files, options.slot_bytes));
-  const size_t owners = options.owner_of ? std::max<size_t>(1, options.quota_slots.size()) : 1;
-  if (options.quota_slots.size() > 65535 || options.reserve_slots.size() > owners) {
+  t->owners_ = std::move(owners);
+  t->before_load_ = std::move(before_load);
+  const NvmeOwners& o = t->owners_;
+  const size_t n = o.owner_of ? std::max<size_t>(1, o.quota_slots.size()) : 1;
+  if (o.quota_slots.size() > 65535 || o.reserve_slots.size() > n) {
     return InvalidArgument("nvme owner limits out of range");
   }
   // The policies are built once the index has loaded (OnLoaded); a bad name fails here.
   KVTIER_RETURN_IF_ERROR(MakeEvictionPolicy(options.policy, 0).status());
-  t->held_.assign(owners, 0);
-  if (options.owner_of) t->owner_.assign(t->files_->slot_count(), 0);
+  t->held_.assign(n, 0);
+  if (o.owner_of) t->owner_.assign(t->files_->slot_count(), 0);
   KVTIER_RETURN_IF_ERROR(t->Start());
   return t;
 }
@@ -480,8 +483,8 @@ void NvmeTier::EnforceWatermark() {
 Share NvmeTier::ShareOf(uint16_t owner) const {
   Share s;
   s.held = held_[owner];
-  s.quota = owner < options_.quota_slots.size() ? options_.quota_slots[owner] : 0;
-  s.reserve = owner < options_.reserve_slots.size() ? options_.reserve_slots[owner] : 0;
+  s.quota = owner < owners_.quota_slots.size() ? owners_.quota_slots[owner] : 0;
+  s.reserve = owner < owners_.reserve_slots.size() ? owners_.reserve_slots[owner] : 0;
   return s;
 }
 
@@ -492,8 +495,8 @@ std::optional<uint16_t> NvmeTier::WatermarkOwner() const {
 }
 
 uint16_t NvmeTier::OwnerOfKey(std::string_view key) const {
-  if (!options_.owner_of) return 0;
-  const uint16_t o = options_.owner_of(key);
+  if (!owners_.owner_of) return 0;
+  const uint16_t o = owners_.owner_of(key);
   return o < held_.size() ? o : 0;
 }
 

@@ -79,17 +79,19 @@ struct NvmeTierOptions {
   // Most bytes per second the scrub (Verify) reads, so a scrub of a large tier leaves the
   // disk to fetches and spills. 0: as fast as the disk goes. Default: 0.
   uint64_t verify_bytes_per_s = 0;
-  // Owners (tenants), for per-owner limits. `owner_of` names the owner of a block key: 1..n
-  // for owners with limits, 0 for everyone else; it must be thread-safe (the restart load
-  // calls it on the scan thread). Null (the default): one owner, no limits, and no RAM per
-  // slot for them. quota_slots[o]: the most slots owner o holds (writing or indexed); past
-  // it its own coldest block makes room, and a spill with none to give fails
-  // kResourceExhausted. reserve_slots[o]: what the watermark never takes it below (the
-  // watermark takes from the owner holding the most above its reserve). 0: no limit.
+  bool operator==(const NvmeTierOptions&) const = default;
+};
+
+// Owners (tenants) of an NVMe tier's slots, for per-owner limits. `owner_of` names the
+// owner of a block key: 1..n for owners with limits, 0 for everyone else; it must be
+// thread-safe (the restart load calls it on the scan thread). Null (the default): one
+// owner, no limits, and no RAM per slot for them. quota_slots[o]: the most slots owner o
+// holds (writing or indexed); past it its own coldest block makes room, and a spill with
+// none to give fails kResourceExhausted. reserve_slots[o]: what the watermark never takes
+// it below (the watermark takes from the owner holding the most above its reserve). 0: no
+// limit.
+struct NvmeOwners {
   std::function<uint16_t(std::string_view key)> owner_of;
-  // Test hook (tests/support/kvtierd_faulty_main.cc: a slow index): runs on the scan thread
-  // before the restart load reads the index. Null in the daemon.
-  std::function<void()> before_load;
   std::vector<uint32_t> quota_slots, reserve_slots;  // by owner
 };
 
@@ -117,8 +119,11 @@ class NvmeTier {
   using SpillDone = std::function<void(Status, uint32_t slot)>;
   using Done = std::function<void(Status)>;
 
+  // `before_load` (a test hook: a slow index) runs on the scan thread before the restart
+  // load reads the index.
   static Result<std::unique_ptr<NvmeTier>> Open(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
-                                                std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock);
+                                                std::unique_ptr<BlockIndexStore> store, Post post, const Clock* clock,
+                                                NvmeOwners owners = {}, std::function<void()> before_load = nullptr);
   // Stops the scan thread (a scrub or scan in progress stops at its next entry), waits for
   // the index writer and flushes the index (a clean restart then replays nothing).
   // Callbacks not delivered yet are dropped.
@@ -292,6 +297,8 @@ class NvmeTier {
   void PostSafe(std::function<void()> fn);
 
   NvmeTierOptions options_;
+  NvmeOwners owners_;
+  std::function<void()> before_load_;
   std::unique_ptr<IoEngine> io_;
   std::unique_ptr<BlockIndexStore> store_;
   std::unique_ptr<SlotFiles> files_;

@@ -17,8 +17,8 @@ void NvmeTier::StartLoad() {
   BlockIndexStore* store = store_.get();
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
-  auto owner_of = options_.owner_of;
-  auto before_load = options_.before_load;
+  auto owner_of = owners_.owner_of;
+  auto before_load = before_load_;
   const size_t owners = held_.size();
   scans_->Submit([store, capacity, weak, post, owner_of, owners, before_load](std::stop_token stop) {
     if (before_load) before_load();

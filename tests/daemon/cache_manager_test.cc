@@ -571,7 +571,7 @@ TEST(CacheManagerGpu, AllocationHeadroomDemotesAheadOfAFastLeaseRate) {
     std::memcpy(dst, src, n);
     return Status::Ok();
   };
-  auto cm = CacheManager::Open(o, nullptr, &clock);
+  auto cm = CacheManager::Open(o, {}, &clock);
   ASSERT_TRUE(cm.ok()) << cm.status().ToString();
   auto run_posted = [&] { gpu.RunPosted([&] { clock.Advance(10'000'000); }); };
   SessionCache s(1);

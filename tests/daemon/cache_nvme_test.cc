@@ -43,8 +43,9 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     h.high_watermark = high;
     h.low_watermark = low;
     h.allocation_headroom = headroom_;
-    o.write_policy = policy;
-    auto cm = CacheManager::Open(o, std::move(nvme).value(), clock_);
+    CacheManager::NvmeSpec spec(std::move(nvme).value());
+    spec.options.write_policy = policy;
+    auto cm = CacheManager::Open(o, std::move(spec), clock_);
     ASSERT_TRUE(cm.ok()) << cm.status().ToString();
     cm_ = std::move(cm).value();
     ASSERT_TRUE(Pump([&] { return cm_->nvme()->ready(); }));

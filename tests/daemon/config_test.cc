@@ -180,9 +180,9 @@ TEST(Config, ValuesParse) {
   auto sparse = ParseConfig(
       "tiers:\n  nvme:\n    files: [{path: /a, capacity: 1GiB}, {path: /b, capacity: 1GiB, preallocate: false}]\n");
   ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
-  ASSERT_EQ(sparse->nvme.files.size(), 2u);
-  EXPECT_TRUE(sparse->nvme.files[0].preallocate);
-  EXPECT_FALSE(sparse->nvme.files[1].preallocate);
+  ASSERT_EQ(sparse->nvme.tier.files.size(), 2u);
+  EXPECT_TRUE(sparse->nvme.tier.files[0].preallocate);
+  EXPECT_FALSE(sparse->nvme.tier.files[1].preallocate);
 }
 
 TEST(Config, SecurityKeysParse) {
@@ -220,7 +220,7 @@ TEST(Config, SecurityKeysParse) {
   EXPECT_TRUE(a.kv_quantization);
   EXPECT_FALSE(c->security.tenants[1].kv_quantization) << "tenants are not quantized unless they opt in";
   EXPECT_FALSE(c->security.unknown_kv_quantization);
-  EXPECT_EQ(c->nvme.quantization, QuantKind::kFp8E4M3);
+  EXPECT_EQ(c->nvme.mover.quantization, QuantKind::kFp8E4M3);
   // A quantized tier's slots: 33/64 of a page, in 4 KiB.
   EXPECT_EQ(NvmeSlotBytes(*c), 33ull << 15);  // 2 MiB pages -> 1056 KiB
   DaemonConfig full;

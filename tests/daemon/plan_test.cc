@@ -103,8 +103,8 @@ TEST(Plan, TheConfigItPrintsIsAValidKvtierdConfig) {
   ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << p->kvtierd_config;
   EXPECT_EQ(c->host.page_bytes, p->block_bytes);
   EXPECT_GE(static_cast<double>(c->host.capacity_bytes) * 0.85, static_cast<double>(p->host_tier_bytes));
-  ASSERT_EQ(c->nvme.files.size(), 1u);
-  EXPECT_GE(static_cast<double>(c->nvme.files[0].capacity_bytes) * 0.95, static_cast<double>(p->nvme_tier_bytes));
+  ASSERT_EQ(c->nvme.tier.files.size(), 1u);
+  EXPECT_GE(static_cast<double>(c->nvme.tier.files[0].capacity_bytes) * 0.95, static_cast<double>(p->nvme_tier_bytes));
 }
 
 }  // namespace

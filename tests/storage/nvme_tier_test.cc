@@ -75,9 +75,8 @@ class NvmeTierTest : public ::testing::Test {
  protected:
   std::unique_ptr<NvmeTier> Open(uint32_t slots = 16, Durability d = Durability::kStrict,
                                  const std::string& faults = "", double high = 0.95, double low = 0.9,
-                                 const std::function<void(NvmeTierOptions&)>& tweak = nullptr) {
+                                 NvmeOwners owners = {}) {
     NvmeTierOptions o;
-    if (tweak) tweak(o);
     o.files = {SlotFileSpec{dir_.File("slots0"), slots * kSlot}};
     o.slot_bytes = kSlot;
     o.durability = d;
@@ -93,7 +92,7 @@ class NvmeTierTest : public ::testing::Test {
     ro.path = dir_.File("index");
     auto store = OpenRocksDbBlockIndexStore(ro);
     EXPECT_TRUE(store.ok()) << store.status().ToString();
-    auto t = NvmeTier::Open(o, std::move(e), std::move(store).value(), loop_.Poster(), &clock_);
+    auto t = NvmeTier::Open(o, std::move(e), std::move(store).value(), loop_.Poster(), &clock_, std::move(owners));
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     if (!t.ok()) return nullptr;
     auto tier = std::move(t).value();
@@ -461,16 +460,18 @@ TEST_F(NvmeTierTest, VerifyScrubsAndDropsWhatFails) {
 // ---- owners (per-tenant NVMe limits) ----------------------------------------------------
 
 // Keys "a|..." are owner 1's, "b|..." owner 2's, anything else owner 0's.
-void TwoOwners(NvmeTierOptions& o, uint32_t quota_a, uint32_t reserve_b) {
+NvmeOwners TwoOwners(uint32_t quota_a, uint32_t reserve_b) {
+  NvmeOwners o;
   o.owner_of = [](std::string_view key) -> uint16_t {
     return key.substr(0, 2) == "a|" ? 1 : key.substr(0, 2) == "b|" ? 2 : 0;
   };
   o.quota_slots = {0, quota_a, 0};
   o.reserve_slots = {0, 0, reserve_b};
+  return o;
 }
 
 TEST_F(NvmeTierTest, AnOwnerPastItsQuotaGivesUpItsOwnColdestBlocks) {
-  auto t = Open(16, Durability::kRelaxed, "", 0.95, 0.9, [](NvmeTierOptions& o) { TwoOwners(o, 4, 0); });
+  auto t = Open(16, Durability::kRelaxed, "", 0.95, 0.9, TwoOwners(4, 0));
   Page p(5);
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(Spill(t.get(), "b|" + std::to_string(i), p).ok());
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(Spill(t.get(), "a|" + std::to_string(i), p).ok()) << i;
@@ -486,7 +487,7 @@ TEST_F(NvmeTierTest, AnOwnerPastItsQuotaGivesUpItsOwnColdestBlocks) {
 
 TEST_F(NvmeTierTest, TheWatermarkNeverTakesAnOwnerBelowItsReserve) {
   // 16 slots, dropping above 12 down to 8; owner 2 keeps 6 whatever owner 1 does.
-  auto t = Open(16, Durability::kRelaxed, "", 0.75, 0.5, [](NvmeTierOptions& o) { TwoOwners(o, 0, 6); });
+  auto t = Open(16, Durability::kRelaxed, "", 0.75, 0.5, TwoOwners(0, 6));
   Page p(6);
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(Spill(t.get(), "b|" + std::to_string(i), p).ok());
   for (int i = 0; i < 40; ++i) (void)Spill(t.get(), "a|" + std::to_string(i), p);
@@ -499,7 +500,7 @@ TEST_F(NvmeTierTest, TheWatermarkNeverTakesAnOwnerBelowItsReserve) {
   t.reset();
   std::filesystem::remove_all(dir_.File("index"));
   std::filesystem::remove(dir_.File("slots0"));
-  t = Open(16, Durability::kRelaxed, "", 0.75, 0.5, [](NvmeTierOptions& o) { TwoOwners(o, 0, 0); });
+  t = Open(16, Durability::kRelaxed, "", 0.75, 0.5, TwoOwners(0, 0));
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(Spill(t.get(), "b|" + std::to_string(i), p).ok());
   for (int i = 0; i < 40; ++i) (void)Spill(t.get(), "a|" + std::to_string(i), p);
   Settle(t.get());
@@ -507,7 +508,7 @@ TEST_F(NvmeTierTest, TheWatermarkNeverTakesAnOwnerBelowItsReserve) {
 }
 
 TEST_F(NvmeTierTest, OwnersAreCountedAgainAfterARestart) {
-  auto opts = [](NvmeTierOptions& o) { TwoOwners(o, 3, 2); };
+  auto opts = TwoOwners(3, 2);
   auto t = Open(16, Durability::kStrict, "", 0.95, 0.9, opts);
   Page p(7);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Spill(t.get(), "a|" + std::to_string(i), p).ok());
