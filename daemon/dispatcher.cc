@@ -606,14 +606,15 @@ Dispatcher::Reply Dispatcher::OnExplain(SessionContext& ctx, const fb::Request& 
   std::weak_ptr<ReplySink> c = ctx.async_sink;  // the session may be gone by then
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();
-  cache_->Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant,
-                  [this, answer, c, id, start](Result<std::vector<BlockExplanation>> entries) {
-                    if (!answer->later) {
-                      answer->now.emplace(std::move(entries));
-                      return;
-                    }
-                    SendLater(c, id, fb::Op::Explain, start, [&](Builder& b) { return ExplainReply(b, entries); });
-                  });
+  cache_->views().Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant,
+                          [this, answer, c, id, start](Result<std::vector<BlockExplanation>> entries) {
+                            if (!answer->later) {
+                              answer->now.emplace(std::move(entries));
+                              return;
+                            }
+                            SendLater(c, id, fb::Op::Explain, start,
+                                      [&](Builder& b) { return ExplainReply(b, entries); });
+                          });
   if (answer->now) return ExplainReply(builder_, *answer->now);
   answer->later = true;
   return Reply::Later();
@@ -639,20 +640,20 @@ Dispatcher::Reply Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& r
     return {fb::Reply::BlocksReply, fb::CreateBlocksReply(b, b.CreateVector(out)).Union()};
   };
   const auto order =
-      m.order() == fb::BlockOrder::Recent ? CacheManager::BlockOrder::kRecent : CacheManager::BlockOrder::kHits;
+      m.order() == fb::BlockOrder::Recent ? CacheViews::BlockOrder::kRecent : CacheViews::BlockOrder::kHits;
   std::weak_ptr<ReplySink> sink = ctx.async_sink;
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();
   const bool sync = tier != TierKind::kNvme;  // the NVMe index is scanned on a thread
   Reply reply = Reply::Later();
-  cache_->TopBlocks(tier, ns, ctx.admin ? nullptr : &ctx.tenant, order, limit,
-                    [&, build, sink, id, start, sync](std::vector<BlockInfo> blocks) {
-                      if (sync) {
-                        reply = build(builder_, blocks);
-                        return;
-                      }
-                      SendLater(sink, id, fb::Op::Blocks, start, [&](Builder& b) { return build(b, blocks); });
-                    });
+  cache_->views().TopBlocks(tier, ns, ctx.admin ? nullptr : &ctx.tenant, order, limit,
+                            [&, build, sink, id, start, sync](std::vector<BlockInfo> blocks) {
+                              if (sync) {
+                                reply = build(builder_, blocks);
+                                return;
+                              }
+                              SendLater(sink, id, fb::Op::Blocks, start, [&](Builder& b) { return build(b, blocks); });
+                            });
   return reply;
 }
 

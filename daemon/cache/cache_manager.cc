@@ -106,6 +106,8 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
       });
     }
   }
+  cm->views_ = std::make_unique<CacheViews>(&cm->namespaces_, cm->blocks_.get(), cm->mover_.get(), &cm->history_,
+                                            cm->clock_, options.post);
   return cm;
 }
 

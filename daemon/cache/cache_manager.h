@@ -61,6 +61,7 @@
 #include "daemon/cache/allocation_headroom.h"
 #include "daemon/cache/block_table.h"
 #include "daemon/cache/cache_types.h"
+#include "daemon/cache/cache_views.h"
 #include "daemon/cache/eviction_history.h"
 #include "daemon/cache/gpu_demoter.h"
 #include "daemon/cache/lower_tier_mover.h"
@@ -228,24 +229,8 @@ class CacheManager {
   void VerifyNvme(std::function<void(VerifyReport)> done);
 
   // ---- operator operations (kvctl; cache_manager_admin.cc) ----
-  // `tenant`: only that tenant's namespaces are visible; null: every namespace (admins).
-  // `ns_hex`: one namespace (NamespaceHex), or empty for every visible one. Probed a
-  // namespace at a time (one batched read of the NVMe index each), in slices of about
-  // kExplainSliceProbes probes, each in a loop turn of its own (posted; all at once
-  // without `post`), so one request holds the control thread for a slice at a time; `done`
-  // on the control thread. A tenant's request is refused (kInvalidArgument) when hashes x
-  // its namespaces exceeds kMaxExplainProbes.
-  static constexpr uint64_t kMaxExplainProbes = 1 << 20;
-  static constexpr size_t kExplainSliceProbes = 2048;
-  using ExplainDone = std::function<void(Result<std::vector<BlockExplanation>>)>;
-  void Explain(std::span<const BlockHash> hashes, std::string_view ns_hex, const std::string* tenant, ExplainDone done);
-  enum class BlockOrder { kHits, kRecent };
-  using BlocksDone = std::function<void(std::vector<BlockInfo>)>;
-  // The top `limit` blocks of a tier (nullopt: the GPU and host tiers) by hits or recency.
-  // For the NVMe tier the index is scanned on its scan thread and `done` runs later;
-  // otherwise it runs before this returns.
-  void TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant, BlockOrder order,
-                 size_t limit, BlocksDone done);
+  // What only reads the cache: kvctl explain, kvctl blocks.
+  CacheViews& views() { return *views_; }
   // Evicts cached blocks of `tier` (largest tenants first, reserves kept) until `bytes`
   // have gone or started going: GPU blocks move to host, host blocks to NVMe when they
   // have no copy there, the rest are dropped.
@@ -432,15 +417,6 @@ class CacheManager {
 
   // ---- operator operations (cache_manager_admin.cc) ----
   void DrainStep();
-  BlockInfo InfoOf(BlockId id) const;
-  bool Visible(NamespaceId ns, std::string_view ns_hex, const std::string* tenant) const;
-  // Explain's namespaces: those asked about, and the caller's others.
-  void ExplainScope(std::string_view ns_hex, const std::string* tenant, std::vector<NamespaceId>* asked,
-                    std::vector<NamespaceId>* others) const;
-  struct ExplainJob;
-  void ExplainStep(std::shared_ptr<ExplainJob> job);
-  std::vector<BlockExplanation> ExplainSlice(std::span<const BlockHash> hashes, std::string_view ns_hex,
-                                             const std::string* tenant);
 
   Options options_;
   const Clock* clock_ = nullptr;
@@ -456,6 +432,7 @@ class CacheManager {
   std::vector<std::unique_ptr<LowerTierMover>> lower_;  // the chain below NVMe
   std::unordered_map<BlockId, LowerPromotion> lower_promotions_;
   EvictionHistory history_;
+  std::unique_ptr<CacheViews> views_;  // reads the tables above
   // Per pool tier: between crossing the high watermark and reaching the low one.
   std::array<bool, kTierCount> evicting_{};
   // By pool tier (TierIndex: GPU, host); fed by EnforceWatermark and the demotions' round

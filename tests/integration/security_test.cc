@@ -355,7 +355,7 @@ TEST_F(MultiUser, ALeaseShareHoldsPerTenantNotPerSession) {
 }
 
 // A tenant's kvctl explain walks every namespace it made (one Hello per model id makes
-// one), each hash probed in each: a request of more than CacheManager::kMaxExplainProbes
+// one), each hash probed in each: a request of more than CacheViews::kMaxExplainProbes
 // probes is refused before any work, so one user cannot hold the control loop for
 // seconds; within the cap it answers, and an admin's is not capped.
 TEST_F(MultiUser, ATenantsExplainOverManyNamespacesIsRefusedPastItsProbeCap) {
