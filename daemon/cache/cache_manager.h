@@ -8,11 +8,12 @@
 //                    NVMe: the remote tier, or another block store), one per tier of the
 //                    chain below NVMe, in order
 //   EvictionHistory  the blocks whose last copy left (explain, thrash)
+//   CacheViews       what operators read: explain, top blocks (over the tables above)
 // — and owning what is left: the sessions and what each holds, the requests that wait
 // (Allocates for room, Acquires for NVMe reads), the counters and the maintenance drain.
 // Its files: cache_manager.cc (sessions and requests), cache_waiting.cc (requests that
 // wait: promotions, lower-tier lookups, Allocates), cache_pressure.cc (eviction and
-// watermarks), cache_manager_admin.cc (kvctl's operations).
+// watermarks), cache_manager_admin.cc (kvctl's operations that change the cache).
 //
 // Page states per tier: free -> leased (writable by one session) -> block (cached when
 // no session references it, referenced otherwise) -> evicted (free again). A host page is
@@ -42,8 +43,8 @@
 // block's pages in the GPU and host tiers are pinned while any session references it.
 //
 // Owned by the control thread; not thread-safe. No method waits for NVMe data I/O or a
-// copy, with one exception written as what it is: Lookup, Acquire, Commit and Explain
-// read the NVMe index on the control thread (RocksDB Get/MultiGet: memtable and block
+// copy, with one exception written as what it is: Lookup, Acquire, Commit and
+// CacheViews::Explain read the NVMe index on the control thread (RocksDB Get/MultiGet: memtable and block
 // cache when hot, the index's files when cold).
 
 #include <array>
