@@ -41,7 +41,7 @@ bool CacheViews::Visible(NamespaceId ns, std::string_view ns_hex, const std::str
 }
 
 void CacheViews::ExplainScope(std::string_view ns_hex, const std::string* tenant, std::vector<NamespaceId>* asked,
-                                std::vector<NamespaceId>* others) const {
+                              std::vector<NamespaceId>* others) const {
   for (NamespaceId ns = 0; ns < namespaces_->id_limit(); ++ns) {
     if (Visible(ns, ns_hex, tenant)) {
       asked->push_back(ns);
@@ -61,7 +61,7 @@ struct CacheViews::ExplainJob {
 };
 
 void CacheViews::Explain(std::span<const BlockHash> hashes, std::string_view ns_hex, const std::string* tenant,
-                           ExplainDone done) {
+                         ExplainDone done) {
   std::vector<NamespaceId> asked, others;
   ExplainScope(ns_hex, tenant, &asked, &others);
   const size_t spaces = asked.size() + others.size();
@@ -96,7 +96,7 @@ void CacheViews::ExplainStep(std::shared_ptr<ExplainJob> job) {
 }
 
 std::vector<BlockExplanation> CacheViews::ExplainSlice(std::span<const BlockHash> hashes, std::string_view ns_hex,
-                                                         const std::string* tenant) {
+                                                       const std::string* tenant) {
   // The namespaces asked about, and the caller's others (step 3).
   std::vector<NamespaceId> asked, others;
   ExplainScope(ns_hex, tenant, &asked, &others);
@@ -229,7 +229,7 @@ BlockInfo CacheViews::InfoOf(BlockId id) const {
 }
 
 void CacheViews::TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant,
-                             BlockOrder order, size_t limit, BlocksDone done) {
+                           BlockOrder order, size_t limit, BlocksDone done) {
   auto better = [order](const BlockInfo& a, const BlockInfo& b) {
     if (order == BlockOrder::kHits && a.hits != b.hits) return a.hits > b.hits;
     return a.idle_s < b.idle_s;
