@@ -329,6 +329,25 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
   std::vector<CacheResult> out(pages.size());
   const size_t tokens_per_page = pages.empty() ? 0 : tokens.size() / pages.size();
   auto& leased = s.leased_[TierIndex(kind)];
+  // The NVMe index read once for the request (one MultiGet) for the hashes no block of the
+  // namespace has: one already on NVMe becomes this page's copy rather than a new block.
+  std::vector<std::optional<BlockRecord>> on_nvme_of(pages.size());
+  if (mover_ && s.attached_) {
+    std::vector<BlockHash> ask;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < pages.size(); ++i) {
+      if (blocks_->Find(s.ns_, hashes[i]) == kNoBlock) {
+        ask.push_back(hashes[i]);
+        at.push_back(i);
+      }
+    }
+    if (!ask.empty()) {
+      auto recs = mover_->FindMany(s.ns_, ask);
+      if (recs.ok()) {
+        for (size_t k = 0; k < at.size(); ++k) on_nvme_of[at[k]] = std::move((*recs)[k]);
+      }
+    }
+  }
   for (size_t i = 0; i < pages.size(); ++i) {
     CacheResult& r = out[i];
     const PageId page = pages[i];
@@ -357,10 +376,7 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
       continue;
     }
     std::optional<BlockRecord> on_nvme;
-    if (existing == kNoBlock && mover_) {
-      auto rec = mover_->Find(s.ns_, hash);
-      if (rec.ok()) on_nvme = *rec;
-    }
+    if (existing == kNoBlock) on_nvme = on_nvme_of[i];
     const BlockId id = existing != kNoBlock ? existing : blocks_->Create(s.ns_, s.tenant_, hash, parent);
     // Known in another tier already: this page becomes its copy here.
     r.duplicate = existing != kNoBlock || on_nvme.has_value();
