@@ -220,7 +220,7 @@ class BlockTable {
   }
 
   NamespaceTable* namespaces_;
-  std::array<Tier, kTierCount> tiers_;  // [kNvme], [kRemote] unused
+  std::array<Tier, kTierCount> tiers_;  // pool tiers only: NVMe's and lower tiers' unused
   std::vector<Block> blocks_;
   std::vector<BlockId> free_ids_;
   std::vector<BlockId> touch_run_;  // Touch's current run, kept to spare an allocation
