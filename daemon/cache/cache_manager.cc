@@ -49,7 +49,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
       raw->ServePendingAllocates();
       raw->EnforceWatermark(TierKind::kHost);
     };
-    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
+    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->walk_->OnPromoted(id, st); };
     hooks.last_copy_dropped = [raw](const std::string& key) { raw->RememberEviction(key, TierKind::kNvme); };
     hooks.demoted = [raw](double seconds) { raw->headroom_[TierIndex(TierKind::kHost)].NoteRoundTrip(seconds); };
     NvmeMover::Options mo = nvme.options;
@@ -73,7 +73,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
       raw->ServePendingAllocates();
       raw->EnforceWatermark(TierKind::kHost);
     };
-    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->OnPromoted(id, st); };
+    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->walk_->OnPromoted(id, st); };
     KVTIER_ASSIGN_OR_RETURN(auto mover, LowerTierMover::Open(std::move(spec.tier), cm->lower_.size(), spec.options,
                                                              cm->blocks_.get(), &cm->namespaces_, std::move(hooks)));
     cm->lower_.push_back(std::move(mover));
@@ -105,6 +105,23 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
         events->Stored(ns, TierKind::kNvme, hash, parent);
       });
     }
+  }
+  {
+    CacheManager* raw = cm.get();
+    ChainWalk::Hooks hooks;
+    hooks.host_room = [raw](TenantId tenant, bool may_evict) { return raw->HostRoom(tenant, may_evict); };
+    hooks.ref = [raw](SessionId session, BlockId id) {
+      auto s = raw->sessions_.find(session);
+      if (s == raw->sessions_.end()) return false;
+      raw->Ref(*s->second, id);
+      return true;
+    };
+    hooks.answered = [raw](SessionId session) {
+      if (auto s = raw->sessions_.find(session); s != raw->sessions_.end()) --s->second->pending_;
+    };
+    hooks.pages_freed = [raw] { raw->ServePendingAllocates(); };
+    cm->walk_ = std::make_unique<ChainWalk>(cm->blocks_.get(), cm->mover_.get(), &cm->lower_, &cm->counters_,
+                                            cm->clock_, options.allocate_wait_ns, std::move(hooks));
   }
   cm->views_ = std::make_unique<CacheViews>(&cm->namespaces_, cm->blocks_.get(), cm->mover_.get(), &cm->history_,
                                             cm->clock_, options.post);
@@ -170,10 +187,7 @@ uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
   uint64_t quarantine = 0;
   sessions_.erase(s.id_);
   // Its deferred requests are answered to nobody.
-  for (auto it = pending_acquires_.begin(); it != pending_acquires_.end();) {
-    it = it->second.session == s.id_ ? pending_acquires_.erase(it) : std::next(it);
-  }
-  std::erase_if(pending_lookups_, [&](const auto& p) { return p.second.session == s.id_; });
+  walk_->Forget(s.id_);
   for (auto& q : pending_allocates_) std::erase_if(q, [&](const PendingAllocate& p) { return p.session == s.id_; });
   for (TierKind kind : kAllTiers) {
     for (PageId p : s.leased_[TierIndex(kind)]) {
@@ -462,7 +476,7 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
       auto tier = blocks_->ReadableTier(b);
       if (!tier) {
         if (!b.promoting()) break;
-        tier = PromotingFrom(id);  // on its way up
+        tier = walk_->PromotingFrom(id);  // on its way up
       } else {
         touched.push_back({id, *tier});           // an engine wants it: it is in use
         blocks_->NoteUse(id, now, /*hit=*/true);  // while its record is at hand
@@ -473,54 +487,10 @@ std::optional<CacheLookup> CacheManager::Lookup(SessionCache& s, std::span<const
     // most recent.
     if (blocks_->PrefixOrdered(s.tenant_)) std::reverse(touched.begin(), touched.end());
     blocks_->Touch(touched);
-    if (i < hashes.size() && mover_) {
-      NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
-      // The index is read in growing chunks, stopping at the first miss: a long cold chain
-      // costs one small read, not one read of every hash (on the control thread).
-      bool prefix = true;
-      for (size_t j = i, chunk = kFirstIndexProbe; prefix && j < hashes.size(); chunk *= 4) {
-        const size_t n = std::min(chunk, hashes.size() - j);
-        auto recs = mover_->FindMany(s.ns_, hashes.subspan(j, n));
-        if (!recs.ok()) break;
-        for (size_t k = 0; k < n; ++k, ++j) {
-          const BlockId id = blocks_->Find(s.ns_, hashes[j]);
-          if (id != kNoBlock) {
-            const Block& b = blocks_->block(id);
-            auto tier = blocks_->ReadableTier(b);
-            if (!tier && !b.promoting()) {
-              prefix = false;
-              break;
-            }
-            r.tiers.push_back(tier ? *tier : PromotingFrom(id));
-            continue;
-          }
-          const auto& rec = (*recs)[k];
-          if (!rec) {
-            prefix = false;
-            break;
-          }
-          r.tiers.push_back(TierKind::kNvme);
-          mover_->nvme().Touch(rec->slot);
-          if (mover_->options().prefetch && Promote(s.ns_, s.tenant_, hashes[j], *rec, false).id != kNoBlock) {
-            ++counters_.prefetches;
-          }
-        }
-      }
-    }
-    // What the local tiers do not hold, the lower tiers may: asked without waiting here.
-    const size_t local = r.tiers.size();
-    if (local < hashes.size() && done && AvailableLower(0) < lower_.size()) {
-      const uint64_t id = next_pending_++;
-      std::vector<BlockHash> rest(hashes.begin() + static_cast<ptrdiff_t>(local), hashes.end());
-      pending_lookups_[id] =
-          PendingLookup{s.id_, s.ns_, std::move(r), hashes.size(), std::move(rest), 0, std::move(done)};
-      ContinueLookup(id);
-      return std::nullopt;
-    }
-    for (TierKind t : r.tiers) ++counters_.block_hits[TierIndex(t)];
+    return walk_->LookupRest(s.id_, s.ns_, s.tenant_, hashes, std::move(r), mover_ && mover_->options().prefetch,
+                             std::move(done));
   }
-  r.matched = r.tiers.size();
-  counters_.block_misses += hashes.size() - r.matched;
+  counters_.block_misses += hashes.size();
   return r;
 }
 
@@ -529,7 +499,6 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
   std::vector<CacheResult> out(hashes.size());
   std::vector<std::pair<size_t, BlockId>> waits;  // entry, promoting block
   std::vector<size_t> lower;                      // entries to look for on NVMe, then in the lower tiers
-  std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;      // entries waiting for a host page
   const bool reverse = s.attached_ && blocks_->PrefixOrdered(s.tenant_);  // deepest first, as Lookup
   std::vector<BlockId>& ids = scratch_ids_;
   ids.assign(hashes.size(), kNoBlock);
@@ -562,74 +531,11 @@ std::optional<std::vector<CacheResult>> CacheManager::Acquire(SessionCache& s, s
   // Touched before referenced: a pinned block ignores Touch.
   blocks_->Touch(touched);
   for (const BlockTable::Use& u : touched) Ref(s, u.id);
-  if (!lower.empty()) {
-    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(lower.size()));
-    std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission
-    if (mover_) {
-      reads_together.emplace(&mover_->nvme());
-      std::vector<BlockHash> wanted;
-      wanted.reserve(lower.size());
-      for (size_t i : lower) wanted.push_back(hashes[i]);
-      recs = mover_->FindMany(s.ns_, wanted);
-    }
-    const bool ask_lower = AvailableLower(0) < lower_.size();
-    for (size_t k = 0; k < lower.size(); ++k) {
-      const size_t i = lower[k];
-      const BlockId again = blocks_->Find(s.ns_, hashes[i]);  // an earlier entry may have started it
-      if (again != kNoBlock && blocks_->block(again).promoting()) {
-        waits.emplace_back(i, again);
-        continue;
-      }
-      std::optional<BlockRecord> rec;
-      if (recs.ok()) rec = std::move((*recs)[k]);
-      if (!rec && !ask_lower) {
-        out[i].status = StatusCode::kNotFound;
-        ++counters_.acquire_misses;
-        continue;
-      }
-      if (!done) {
-        // The caller cannot wait for a read: an NVMe block is there but not now; a lower-tier
-        // one may not be there at all.
-        out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
-        continue;
-      }
-      Promoted p;
-      if (queued_promotions_.empty()) {
-        p = Promote(s.ns_, s.tenant_, hashes[i], rec, true);
-      } else {
-        p.room = Room::kLater;  // behind the queued ones
-      }
-      if (p.id == kNoBlock && p.room != Room::kLater) {
-        // Every host page is leased or referenced and nothing in flight frees one: a miss
-        // now, rather than a wait that holds this Acquire's other blocks meanwhile.
-        out[i].status = StatusCode::kResourceExhausted;
-        continue;
-      }
-      if (p.id == kNoBlock) {
-        // No host page yet (spills are freeing some): read it when one frees up.
-        queued.emplace_back(i, std::move(rec));
-        continue;
-      }
-      waits.emplace_back(i, p.id);
-    }
-  }
-  if (waits.empty() && queued.empty()) return out;
-  const uint64_t acq = next_pending_++;
-  for (auto [i, id] : waits) AddWaiter(id, {acq, i});
-  for (auto& [i, rec] : queued) {
-    const BlockHash& hash = hashes[i];
-    auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(),
-                             [&](const QueuedPromotion& q) { return q.ns == s.ns_ && q.hash == hash; });
-    if (same != queued_promotions_.end()) {
-      same->waiters.emplace_back(acq, i);
-    } else {
-      queued_promotions_.push_back(QueuedPromotion{
-          s.ns_, s.tenant_, hashes[i], std::move(rec), clock_->NowNanos() + options_.allocate_wait_ns, {{acq, i}}});
-    }
-  }
-  pending_acquires_[acq] = PendingAcquire{s.id_, std::move(out), waits.size() + queued.size(), std::move(done)};
-  ++s.pending_;
-  return std::nullopt;
+  if (waits.empty() && lower.empty()) return out;
+  auto now =
+      walk_->AcquireRest(s.id_, s.ns_, s.tenant_, hashes, std::move(out), std::move(waits), lower, std::move(done));
+  if (!now) ++s.pending_;
+  return now;
 }
 
 void CacheManager::Tick() {

@@ -63,6 +63,7 @@
 #include "daemon/cache/block_table.h"
 #include "daemon/cache/cache_types.h"
 #include "daemon/cache/cache_views.h"
+#include "daemon/cache/chain_walk.h"
 #include "daemon/cache/eviction_history.h"
 #include "daemon/cache/gpu_demoter.h"
 #include "daemon/cache/lower_tier_mover.h"
@@ -204,9 +205,6 @@ class CacheManager {
   // there.
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
                                   std::span<const BlockHash> hashes);
-  // Hashes of a chain read from the NVMe index at first by Lookup; each further read asks
-  // for four times as many, and none follows a miss.
-  static constexpr size_t kFirstIndexProbe = 16;
   // Longest present prefix of the chain in the session's namespace, on any tier. When
   // the local tiers end the prefix early and a lower tier can be asked, the answer
   // comes later through `done` (nullopt now; not at all if the session detaches first);
@@ -248,7 +246,7 @@ class CacheManager {
   const std::vector<std::unique_ptr<LowerTierMover>>& lower_tiers() const { return lower_; }
   // The first lower tier of `kind`, or null.
   const LowerTierMover* lower_tier(TierKind kind) const;
-  size_t pending_promotions() const;
+  size_t pending_promotions() const { return walk_->pending_promotions(); }
   size_t pending_allocates() const {
     size_t n = 0;
     for (const auto& q : pending_allocates_) n += q.size();
@@ -284,48 +282,12 @@ class CacheManager {
   Status CheckInvariants() const;
 
  private:
-  struct PendingAcquire {
-    SessionId session;
-    std::vector<CacheResult> results;
-    size_t outstanding = 0;
-    AcquireDone done;
-  };
   struct PendingAllocate {  // its tier: the queue it waits in
     SessionId session;
     uint32_t count;
     int64_t deadline_ns;
     AllocateDone done;
   };
-  // Who waits for a promotion: (a pending Acquire's id, its entry index).
-  using Waiter = std::pair<uint64_t, size_t>;
-  // A block to promote once the host tier has a page for it: from NVMe (its index
-  // record), or from a lower tier (no record).
-  struct QueuedPromotion {
-    NamespaceId ns;
-    TenantId tenant;
-    BlockHash hash;
-    std::optional<BlockRecord> record;
-    int64_t deadline_ns;
-    std::vector<Waiter> waiters;
-  };
-  struct PendingLookup {
-    SessionId session;
-    NamespaceId ns;
-    CacheLookup result;           // what the tiers above answered
-    size_t asked = 0;             // hashes in the request
-    std::vector<BlockHash> rest;  // what they did not hold, for the next lower tier
-    size_t next = 0;              // the lower tier to ask next
-    LookupDone done;
-  };
-  // A promotion from a lower tier in flight: what to look for in the next one if the
-  // tier does not hold the block after all.
-  struct LowerPromotion {
-    NamespaceId ns;
-    TenantId tenant;
-    BlockHash hash;
-    size_t tier;  // index in lower_
-  };
-  enum class Room { kNow, kLater, kNone, kOverQuota };
   using Block = BlockTable::Block;
 
   explicit CacheManager(const Options& options);
@@ -340,53 +302,25 @@ class CacheManager {
   // max_leased_share of the tier.
   Status CheckLeaseCap(const SessionCache& s, TierKind kind, uint32_t count) const;
 
-  // ---- waiting requests (cache_manager.cc) ----
-  // Reads a block into a host page — from NVMe (`rec`), or (no rec) from the first lower
-  // tier from `first_lower` on that can be asked.
-  // `id` is kNoBlock when no page can be had now (`may_evict` false: only a page free
-  // without evicting anything); `room` then says whether one will free up (kLater).
-  struct Promoted {
-    BlockId id = kNoBlock;
-    Room room = Room::kNone;
-  };
-  Promoted Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const std::optional<BlockRecord>& rec,
-                   bool may_evict, size_t first_lower = 0);
-  // The first lower tier from `from` on that can be asked now, or lower_.size().
-  size_t AvailableLower(size_t from) const;
+  // ---- waiting requests (cache_waiting.cc; what waits on the chain is ChainWalk's) ----
   // Host pages will be released soon by someone other than `s`: Acquires wait for reads,
   // reads are in flight, or other sessions reference host blocks (engines release what they
   // acquired once they have copied it). An Allocate of host pages that finds none to free
   // then waits for them (up to allocate_wait) rather than failing; a GPU Allocate does not
   // (managed-pool engines hold GPU blocks for as long as they run on them).
   bool OthersWillRelease(const SessionCache& s, TierKind tier) const {
-    return tier == TierKind::kHost && (!pending_acquires_.empty() || pending_promotions() > 0 ||
+    return tier == TierKind::kHost && (walk_->acquires_waiting() || walk_->pending_promotions() > 0 ||
                                        blocks_->Counts(tier).referenced > s.refs_.size());
-  }
-  // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
-  void AddWaiter(BlockId id, Waiter w) { promotion_waiters_[id].push_back(w); }
-  void OnPromoted(BlockId id, const Status& st);
-  // Asks the next lower tier that can be asked about the rest of a Lookup; answers it
-  // when none is left.
-  void ContinueLookup(uint64_t lookup);
-  // Lower tier `tier`'s answer to a Lookup: it holds the next `found` blocks.
-  void FinishLookup(uint64_t lookup, size_t tier, size_t found);
-  // The tier a promoting block is on its way up from.
-  TierKind PromotingFrom(BlockId id) const {
-    auto it = lower_promotions_.find(id);
-    return it == lower_promotions_.end() ? TierKind::kNvme : lower_[it->second.tier]->kind();
   }
   // Puts `id` (just resident in host) into every write-through lower tier not holding it.
   void QueueLowerPuts(BlockId id);
   void PumpLowerPuts();
   bool LowerPutsInFlight() const;
-  void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
   // Starts queued promotions and serves waiting Allocates (in that order) as pages free up.
   void ServePendingAllocates();
   void ServePendingAllocates(TierKind kind);
-  void ServeQueuedPromotions();
-  // A result for a waiter of block `id` (readable in `tier`), referencing it for the
-  // waiter's session; kUnavailable when the session went or the block is not readable.
-  CacheResult ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier);
+  // Whether a host page can be had for `tenant` now (ChainWalk's promotions).
+  Room HostRoom(TenantId tenant, bool may_evict);
 
   // ---- pressure (cache_pressure.cc) ----
   // Frees (or starts freeing) the page of the tenant's coldest cached block: a block with
@@ -431,7 +365,7 @@ class CacheManager {
   std::unique_ptr<GpuDemoter> gpu_demoter_;             // null without a GPU tier
   std::unique_ptr<NvmeMover> mover_;                    // null without an NVMe tier
   std::vector<std::unique_ptr<LowerTierMover>> lower_;  // the chain below NVMe
-  std::unordered_map<BlockId, LowerPromotion> lower_promotions_;
+  std::unique_ptr<ChainWalk> walk_;                     // what waits on NVMe and lower_
   EvictionHistory history_;
   std::unique_ptr<CacheViews> views_;  // reads the tables above
   // Per pool tier: between crossing the high watermark and reaching the low one.
@@ -440,16 +374,11 @@ class CacheManager {
   // trips (host: NVMe spills; GPU: copies down to host).
   std::array<AllocationHeadroom, 2> headroom_;
   std::unordered_map<SessionId, SessionCache*> sessions_;
-  std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
   // Per tier: an Allocate waits behind earlier ones of its own tier only (a GPU Allocate
   // waiting for GPU demotions never holds up host Allocates).
   std::array<std::deque<PendingAllocate>, kTierCount> pending_allocates_;
-  std::deque<QueuedPromotion> queued_promotions_;
-  std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
-  std::unordered_map<uint64_t, PendingLookup> pending_lookups_;
   std::vector<BlockId> scratch_ids_;           // the block ids of a Lookup or Acquire, kept to spare an allocation
   std::vector<BlockTable::Use> scratch_uses_;  // the blocks a Lookup or Acquire touches, likewise
-  uint64_t next_pending_ = 1;
   // Leased pages of sessions that ended while their process may live, and whose they were.
   struct Quarantine {
     TenantId tenant = kNoOwner;

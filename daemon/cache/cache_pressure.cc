@@ -162,7 +162,7 @@ uint32_t CacheManager::headroom_pages(TierKind t) const {
   return std::min(headroom_[TierIndex(t)].Pages(clock_->NowNanos()), blocks_->pool(t)->capacity() / 2);
 }
 
-CacheManager::Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
+Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
   const TierPool& pool = *blocks_->pool(kind);
   // Moves in flight will make room: a demotion frees its page (to NVMe; GPU to host), a
   // write-through (to NVMe or a lower tier) makes its block droppable again.

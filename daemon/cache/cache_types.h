@@ -92,6 +92,10 @@ struct TierStats {
 };
 
 enum class WritePolicy { kWriteBack, kWriteThrough };
+
+// Whether a page of a pool tier can be had for a tenant: now, later (something in flight
+// frees one), not at all, or not within the tenant's quota.
+enum class Room { kNow, kLater, kNone, kOverQuota };
 // The config's words for them (tiers.nvme.write_policy, tiers.remote.write_policy).
 inline constexpr std::pair<std::string_view, WritePolicy> kWritePolicyNames[] = {
     {"write_back", WritePolicy::kWriteBack}, {"write_through", WritePolicy::kWriteThrough}};

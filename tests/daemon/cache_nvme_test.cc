@@ -131,7 +131,7 @@ TEST_P(CacheNvmeTest, ALongColdChainReadsTheIndexOnlyToItsFirstMiss) {
   Settle();  // on NVMe too (write-through)
   keys_read = 0;
   EXPECT_EQ(cm_->Lookup(*session_, chain).matched, 4u);
-  EXPECT_LE(keys_read.load(), CacheManager::kFirstIndexProbe) << "read past the first miss";
+  EXPECT_LE(keys_read.load(), ChainWalk::kFirstIndexProbe) << "read past the first miss";
   // Evicted from host, the stored prefix is found on NVMe with few reads: a prefix longer
   // than one probe takes the next, larger one.
   auto warm = HashChain(78, 40);
@@ -146,7 +146,7 @@ TEST_P(CacheNvmeTest, ALongColdChainReadsTheIndexOnlyToItsFirstMiss) {
   keys_read = 0;
   const CacheLookup l = cm_->Lookup(*session_, long_chain);
   EXPECT_EQ(l.matched, warm.size());
-  EXPECT_LE(keys_read.load(), CacheManager::kFirstIndexProbe * 5) << "16 then 64 at most";
+  EXPECT_LE(keys_read.load(), ChainWalk::kFirstIndexProbe * 5) << "16 then 64 at most";
   ExpectConsistent();
 }
 

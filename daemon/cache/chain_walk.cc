@@ -1,0 +1,316 @@
+// ChainWalk: the requests that wait on the tier chain below the local tiers (chain_walk.h).
+#include "daemon/cache/chain_walk.h"
+
+#include <algorithm>
+
+namespace kvtier {
+
+ChainWalk::ChainWalk(BlockTable* blocks, NvmeMover* mover, const std::vector<std::unique_ptr<LowerTierMover>>* lower,
+                     CacheCounters* counters, const Clock* clock, int64_t allocate_wait_ns, Hooks hooks)
+    : blocks_(blocks),
+      mover_(mover),
+      lower_(lower),
+      counters_(counters),
+      clock_(clock),
+      allocate_wait_ns_(allocate_wait_ns),
+      hooks_(std::move(hooks)) {}
+
+void ChainWalk::Forget(SessionId session) {
+  std::erase_if(pending_acquires_, [&](const auto& p) { return p.second.session == session; });
+  std::erase_if(pending_lookups_, [&](const auto& p) { return p.second.session == session; });
+}
+
+// ---- lookups -------------------------------------------------------------------------------
+
+std::optional<CacheLookup> ChainWalk::LookupRest(SessionId session, NamespaceId ns, TenantId tenant,
+                                                 std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
+                                                 LookupDone done) {
+  const size_t i = r.tiers.size();
+  if (i < hashes.size() && mover_) {
+    NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
+    // The index is read in growing chunks, stopping at the first miss: a long cold chain
+    // costs one small read, not one read of every hash (on the control thread).
+    bool prefix = true;
+    for (size_t j = i, chunk = kFirstIndexProbe; prefix && j < hashes.size(); chunk *= 4) {
+      const size_t n = std::min(chunk, hashes.size() - j);
+      auto recs = mover_->FindMany(ns, hashes.subspan(j, n));
+      if (!recs.ok()) break;
+      for (size_t k = 0; k < n; ++k, ++j) {
+        const BlockId id = blocks_->Find(ns, hashes[j]);
+        if (id != kNoBlock) {
+          const Block& b = blocks_->block(id);
+          auto tier = blocks_->ReadableTier(b);
+          if (!tier && !b.promoting()) {
+            prefix = false;
+            break;
+          }
+          r.tiers.push_back(tier ? *tier : PromotingFrom(id));
+          continue;
+        }
+        const auto& rec = (*recs)[k];
+        if (!rec) {
+          prefix = false;
+          break;
+        }
+        r.tiers.push_back(TierKind::kNvme);
+        mover_->nvme().Touch(rec->slot);
+        if (prefetch && Promote(ns, tenant, hashes[j], *rec, false).id != kNoBlock) {
+          ++counters_->prefetches;
+        }
+      }
+    }
+  }
+  // What the local tiers do not hold, the lower tiers may: asked without waiting here.
+  const size_t local = r.tiers.size();
+  if (local < hashes.size() && done && AvailableLower(0) < lower_->size()) {
+    const uint64_t id = next_pending_++;
+    std::vector<BlockHash> rest(hashes.begin() + static_cast<ptrdiff_t>(local), hashes.end());
+    pending_lookups_[id] = PendingLookup{session, ns, std::move(r), hashes.size(), std::move(rest), 0, std::move(done)};
+    ContinueLookup(id);
+    return std::nullopt;
+  }
+  for (TierKind t : r.tiers) ++counters_->block_hits[TierIndex(t)];
+  r.matched = r.tiers.size();
+  counters_->block_misses += hashes.size() - r.matched;
+  return r;
+}
+
+void ChainWalk::ContinueLookup(uint64_t lookup) {
+  auto it = pending_lookups_.find(lookup);
+  if (it == pending_lookups_.end()) return;  // its session went away
+  PendingLookup& p = it->second;
+  const size_t tier = AvailableLower(p.next);
+  if (!p.rest.empty() && tier < lower_->size()) {
+    p.next = tier + 1;
+    (*lower_)[tier]->FindPrefix(p.ns, p.rest,
+                                [this, lookup, tier](size_t found) { FinishLookup(lookup, tier, found); });
+    return;
+  }
+  PendingLookup done = std::move(p);
+  pending_lookups_.erase(it);
+  for (TierKind t : done.result.tiers) ++counters_->block_hits[TierIndex(t)];
+  done.result.matched = done.result.tiers.size();
+  counters_->block_misses += done.asked - done.result.matched;
+  done.done(std::move(done.result));
+}
+
+void ChainWalk::FinishLookup(uint64_t lookup, size_t tier, size_t found) {
+  auto it = pending_lookups_.find(lookup);
+  if (it == pending_lookups_.end()) return;  // its session went away
+  PendingLookup& p = it->second;
+  p.result.tiers.insert(p.result.tiers.end(), found, (*lower_)[tier]->kind());
+  p.rest.erase(p.rest.begin(), p.rest.begin() + static_cast<ptrdiff_t>(found));
+  ContinueLookup(lookup);
+}
+
+ChainWalk::Promoted ChainWalk::Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash,
+                                       const std::optional<BlockRecord>& rec, bool may_evict, size_t first_lower) {
+  size_t lower = 0;  // without an NVMe record: the lower tier to read from
+  if (!rec) {
+    // The first that can be asked from first_lower on; with none, first_lower itself (it
+    // answers kUnavailable); past the chain's end, nowhere.
+    lower = AvailableLower(first_lower);
+    if (lower == lower_->size()) lower = first_lower;
+    if (lower >= lower_->size()) return Promoted{kNoBlock, Room::kNone};
+  }
+  Promoted p;
+  p.room = hooks_.host_room(tenant, may_evict);
+  if (p.room != Room::kNow) return p;
+  p.id = rec ? mover_->StartPromotion(ns, tenant, hash, *rec) : (*lower_)[lower]->StartPromotion(ns, tenant, hash);
+  if (p.id == kNoBlock) {
+    p.room = Room::kNone;
+  } else if (!rec) {
+    lower_promotions_[p.id] = LowerPromotion{ns, tenant, hash, lower};
+  }
+  return p;
+}
+
+size_t ChainWalk::AvailableLower(size_t from) const {
+  while (from < lower_->size() && !(*lower_)[from]->available()) ++from;
+  return from;
+}
+
+size_t ChainWalk::pending_promotions() const {
+  size_t n = (mover_ ? mover_->promotions_in_flight() : 0) + queued_promotions_.size();
+  for (const auto& l : *lower_) n += l->promotions_in_flight();
+  return n;
+}
+
+// ---- acquires ------------------------------------------------------------------------------
+
+std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session, NamespaceId ns, TenantId tenant,
+                                                               std::span<const BlockHash> hashes,
+                                                               std::vector<CacheResult> out,
+                                                               std::vector<std::pair<size_t, BlockId>> waits,
+                                                               std::span<const size_t> missing, AcquireDone done) {
+  std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;  // entries waiting for a host page
+  if (!missing.empty()) {
+    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(missing.size()));
+    std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission
+    if (mover_) {
+      reads_together.emplace(&mover_->nvme());
+      std::vector<BlockHash> wanted;
+      wanted.reserve(missing.size());
+      for (size_t i : missing) wanted.push_back(hashes[i]);
+      recs = mover_->FindMany(ns, wanted);
+    }
+    const bool ask_lower = AvailableLower(0) < lower_->size();
+    for (size_t k = 0; k < missing.size(); ++k) {
+      const size_t i = missing[k];
+      const BlockId again = blocks_->Find(ns, hashes[i]);  // an earlier entry may have started it
+      if (again != kNoBlock && blocks_->block(again).promoting()) {
+        waits.emplace_back(i, again);
+        continue;
+      }
+      std::optional<BlockRecord> rec;
+      if (recs.ok()) rec = std::move((*recs)[k]);
+      if (!rec && !ask_lower) {
+        out[i].status = StatusCode::kNotFound;
+        ++counters_->acquire_misses;
+        continue;
+      }
+      if (!done) {
+        // The caller cannot wait for a read: an NVMe block is there but not now; a lower-tier
+        // one may not be there at all.
+        out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
+        continue;
+      }
+      Promoted p;
+      if (queued_promotions_.empty()) {
+        p = Promote(ns, tenant, hashes[i], rec, true);
+      } else {
+        p.room = Room::kLater;  // behind the queued ones
+      }
+      if (p.id == kNoBlock && p.room != Room::kLater) {
+        // Every host page is leased or referenced and nothing in flight frees one: a miss
+        // now, rather than a wait that holds this Acquire's other blocks meanwhile.
+        out[i].status = StatusCode::kResourceExhausted;
+        continue;
+      }
+      if (p.id == kNoBlock) {
+        // No host page yet (spills are freeing some): read it when one frees up.
+        queued.emplace_back(i, std::move(rec));
+        continue;
+      }
+      waits.emplace_back(i, p.id);
+    }
+  }
+  if (waits.empty() && queued.empty()) return out;
+  const uint64_t acq = next_pending_++;
+  for (auto [i, id] : waits) AddWaiter(id, {acq, i});
+  for (auto& [i, rec] : queued) {
+    const BlockHash& hash = hashes[i];
+    auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(),
+                             [&](const QueuedPromotion& q) { return q.ns == ns && q.hash == hash; });
+    if (same != queued_promotions_.end()) {
+      same->waiters.emplace_back(acq, i);
+    } else {
+      queued_promotions_.push_back(
+          QueuedPromotion{ns, tenant, hashes[i], std::move(rec), clock_->NowNanos() + allocate_wait_ns_, {{acq, i}}});
+    }
+  }
+  pending_acquires_[acq] = PendingAcquire{session, std::move(out), waits.size() + queued.size(), std::move(done)};
+  return std::nullopt;
+}
+
+CacheResult ChainWalk::ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier) {
+  CacheResult r;
+  auto p = pending_acquires_.find(w.first);
+  if (tier && p != pending_acquires_.end() && hooks_.ref(p->second.session, id)) {
+    r.tier = *tier;
+    r.page = blocks_->block(id).page[TierIndex(*tier)];
+  } else {
+    r.status = StatusCode::kUnavailable;
+  }
+  return r;
+}
+
+void ChainWalk::OnPromoted(BlockId id, const Status& st) {
+  std::vector<Waiter> waiters;
+  if (auto node = promotion_waiters_.extract(id)) waiters = std::move(node.mapped());
+  std::optional<LowerPromotion> from;
+  if (auto node = lower_promotions_.extract(id)) from = node.mapped();
+  if (st.code() == StatusCode::kNotFound && from) {
+    // Not in that lower tier after all: the next one may hold it.
+    std::erase_if(waiters, [this](const Waiter& w) { return !pending_acquires_.count(w.first); });
+    if (!waiters.empty()) {
+      const Promoted next = Promote(from->ns, from->tenant, from->hash, std::nullopt, true, from->tier + 1);
+      if (next.id != kNoBlock) {
+        for (const Waiter& w : waiters) AddWaiter(next.id, w);
+        return;
+      }
+    }
+  }
+  if (st.ok()) {
+    for (const auto& w : waiters) {
+      if (!pending_acquires_.count(w.first)) continue;  // its session went away
+      FinishAcquireEntry(w.first, w.second, ResultForWaiter(w, id, TierKind::kHost));
+    }
+    return;
+  }
+  for (const auto& w : waiters) {
+    CacheResult r;
+    // A block that failed its checksum or left the tier since it was looked up is a miss.
+    r.status =
+        st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kNotFound ? st.code() : StatusCode::kUnavailable;
+    FinishAcquireEntry(w.first, w.second, r);
+  }
+  hooks_.pages_freed();
+}
+
+void ChainWalk::FinishAcquireEntry(uint64_t acq, size_t index, CacheResult r) {
+  auto it = pending_acquires_.find(acq);
+  if (it == pending_acquires_.end()) return;
+  PendingAcquire& p = it->second;
+  p.results[index] = r;
+  if (--p.outstanding > 0) return;
+  auto done = std::move(p.done);
+  auto results = std::move(p.results);
+  const SessionId session = p.session;
+  pending_acquires_.erase(it);
+  hooks_.answered(session);
+  if (done) done(std::move(results));
+}
+
+void ChainWalk::ServeQueuedPromotions() {
+  std::optional<NvmeTier::Batch> reads_together;
+  if (mover_ && !queued_promotions_.empty()) reads_together.emplace(&mover_->nvme());
+  while (!queued_promotions_.empty()) {
+    QueuedPromotion& q = queued_promotions_.front();
+    // Drop waiters whose sessions left; with none left there is nothing to read for.
+    std::erase_if(q.waiters, [this](const auto& w) { return !pending_acquires_.count(w.first); });
+    if (q.waiters.empty()) {
+      queued_promotions_.pop_front();
+      continue;
+    }
+    // While it waited, another session may have committed the block or started reading it.
+    if (const BlockId existing = blocks_->Find(q.ns, q.hash); existing != kNoBlock) {
+      const auto waiters = std::move(q.waiters);
+      queued_promotions_.pop_front();
+      if (blocks_->block(existing).promoting()) {
+        for (const auto& w : waiters) AddWaiter(existing, w);
+      } else {
+        const auto tier = blocks_->ReadableTier(blocks_->block(existing));
+        for (const auto& w : waiters) FinishAcquireEntry(w.first, w.second, ResultForWaiter(w, existing, tier));
+      }
+      continue;
+    }
+    const Promoted p = Promote(q.ns, q.tenant, q.hash, q.record, true);
+    const BlockId id = p.id;
+    if (id == kNoBlock) {
+      // Still no page: keep waiting while spills in flight will free one, else a miss.
+      if (p.room == Room::kLater && clock_->NowNanos() < q.deadline_ns) return;
+      for (const auto& w : q.waiters) {
+        CacheResult r;
+        r.status = StatusCode::kResourceExhausted;
+        FinishAcquireEntry(w.first, w.second, r);
+      }
+      queued_promotions_.pop_front();
+      continue;
+    }
+    for (const auto& w : q.waiters) AddWaiter(id, w);
+    queued_promotions_.pop_front();
+  }
+}
+
+}  // namespace kvtier

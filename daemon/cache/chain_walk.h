@@ -1,0 +1,162 @@
+#pragma once
+// ChainWalk: the one owner of what waits on the tier chain below the local (GPU, host)
+// tiers — Lookups whose rest is looked for in the lower tiers, Acquires whose blocks are
+// read from NVMe or a lower tier into host pages (and those queued for a host page), and
+// the promotions in flight they wait for. Lookup and Acquire walk the chain the same way:
+// the NVMe index first (read on the control thread: RocksDB MultiGet), then the lower
+// tiers from the first that can be asked; a block a lower tier turns out not to hold is
+// looked for in the next.
+//
+// CacheManager owns it, and answers its Hooks: room in the host tier, a session's
+// references, the end of a session's deferred request. The tables and movers it is given
+// outlive it. Control thread only; not thread-safe.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "daemon/cache/block_table.h"
+#include "daemon/cache/cache_types.h"
+#include "daemon/cache/lower_tier_mover.h"
+#include "daemon/cache/nvme_mover.h"
+#include "protocol/base/clock.h"
+
+namespace kvtier {
+
+class ChainWalk {
+ public:
+  using LookupDone = std::function<void(CacheLookup)>;
+  using AcquireDone = std::function<void(std::vector<CacheResult>)>;
+  struct Hooks {
+    // Whether a host page can be had for `tenant`: now (evicting when `may_evict`), later
+    // (something in flight frees one), never, or not within its quota.
+    std::function<Room(TenantId tenant, bool may_evict)> host_room;
+    // References `id` for `session`; false when the session is gone.
+    std::function<bool(SessionId session, BlockId id)> ref;
+    // `session`'s deferred Acquire was answered.
+    std::function<void(SessionId session)> answered;
+    // A promotion failed: the pages it held are free again.
+    std::function<void()> pages_freed;
+  };
+  // Hashes of a chain read from the NVMe index at first by Lookup; each further read asks
+  // for four times as many, and none follows a miss.
+  static constexpr size_t kFirstIndexProbe = 16;
+
+  // `mover` may be null (no NVMe tier); `lower` is the chain below NVMe, in order.
+  ChainWalk(BlockTable* blocks, NvmeMover* mover, const std::vector<std::unique_ptr<LowerTierMover>>* lower,
+            CacheCounters* counters, const Clock* clock, int64_t allocate_wait_ns, Hooks hooks);
+
+  // A Lookup past the `r.tiers.size()` blocks the local tiers hold: the rest of the chain
+  // from the NVMe index (in growing chunks, stopping at the first miss; with `prefetch`
+  // hits start their promotion), then from the lower tiers. Counts hits and misses. The
+  // answer now, or nullopt when a lower tier was asked and `done` will have it (not at all
+  // if the session is forgotten first).
+  std::optional<CacheLookup> LookupRest(SessionId session, NamespaceId ns, TenantId tenant,
+                                        std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
+                                        LookupDone done);
+  // An Acquire's entries the local tiers could not serve: `waits` (entry, block) are being
+  // promoted already; `missing` are looked for on NVMe, then in the lower tiers, and read
+  // into host pages (queued for one while spills free some). `out` has the served
+  // entries. The results now, or nullopt when `done` will have them.
+  std::optional<std::vector<CacheResult>> AcquireRest(SessionId session, NamespaceId ns, TenantId tenant,
+                                                      std::span<const BlockHash> hashes, std::vector<CacheResult> out,
+                                                      std::vector<std::pair<size_t, BlockId>> waits,
+                                                      std::span<const size_t> missing, AcquireDone done);
+
+  // A promotion ended (the movers' after_promotion).
+  void OnPromoted(BlockId id, const Status& st);
+  // Starts the queued promotions a host page is free for now; misses those past their wait.
+  void ServeQueuedPromotions();
+  // `session`'s deferred requests are answered to nobody.
+  void Forget(SessionId session);
+
+  // The tier a promoting block comes from.
+  TierKind PromotingFrom(BlockId id) const {
+    auto it = lower_promotions_.find(id);
+    return it == lower_promotions_.end() ? TierKind::kNvme : (*lower_)[it->second.tier]->kind();
+  }
+  // Promotions in flight or queued.
+  size_t pending_promotions() const;
+  bool acquires_waiting() const { return !pending_acquires_.empty(); }
+
+ private:
+  using Block = BlockTable::Block;
+  // Who waits for a promotion: (a pending Acquire's id, its entry index).
+  using Waiter = std::pair<uint64_t, size_t>;
+  struct PendingAcquire {
+    SessionId session;
+    std::vector<CacheResult> results;
+    size_t outstanding = 0;
+    AcquireDone done;
+  };
+  struct PendingLookup {
+    SessionId session;
+    NamespaceId ns;
+    CacheLookup result;           // what the tiers above answered
+    size_t asked = 0;             // hashes in the request
+    std::vector<BlockHash> rest;  // what they did not hold, for the next lower tier
+    size_t next = 0;              // the lower tier to ask next
+    LookupDone done;
+  };
+  // A block to promote once the host tier has a page for it: from NVMe (its index
+  // record), or from a lower tier (no record).
+  struct QueuedPromotion {
+    NamespaceId ns;
+    TenantId tenant;
+    BlockHash hash;
+    std::optional<BlockRecord> record;
+    int64_t deadline_ns;
+    std::vector<Waiter> waiters;
+  };
+  // A promotion from a lower tier in flight: what to look for in the next one if the
+  // tier does not hold the block after all.
+  struct LowerPromotion {
+    NamespaceId ns;
+    TenantId tenant;
+    BlockHash hash;
+    size_t tier;  // index in lower_
+  };
+  // Reads a block into a host page — from NVMe (`rec`), or (no rec) from the first lower
+  // tier from `first_lower` on that can be asked. `id` is kNoBlock when no page can be had
+  // now (`may_evict` false: only a page free without evicting anything); `room` then says
+  // whether one will free up (kLater).
+  struct Promoted {
+    BlockId id = kNoBlock;
+    Room room = Room::kNone;
+  };
+  Promoted Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const std::optional<BlockRecord>& rec,
+                   bool may_evict, size_t first_lower = 0);
+  // The first lower tier from `from` on that can be asked now, or lower_->size().
+  size_t AvailableLower(size_t from) const;
+  // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
+  void AddWaiter(BlockId id, Waiter w) { promotion_waiters_[id].push_back(w); }
+  // Asks the next lower tier that can be asked about the rest of a Lookup; answers it
+  // once none is left.
+  void ContinueLookup(uint64_t lookup);
+  void FinishLookup(uint64_t lookup, size_t tier, size_t found);
+  void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
+  // The entry of a waiter whose block is readable in `tier` (nullopt: not readable).
+  CacheResult ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier);
+
+  BlockTable* blocks_;
+  NvmeMover* mover_;
+  const std::vector<std::unique_ptr<LowerTierMover>>* lower_;
+  CacheCounters* counters_;
+  const Clock* clock_;
+  int64_t allocate_wait_ns_;
+  Hooks hooks_;
+  std::unordered_map<uint64_t, PendingAcquire> pending_acquires_;
+  std::unordered_map<uint64_t, PendingLookup> pending_lookups_;
+  std::deque<QueuedPromotion> queued_promotions_;
+  std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
+  std::unordered_map<BlockId, LowerPromotion> lower_promotions_;
+  uint64_t next_pending_ = 1;
+};
+
+}  // namespace kvtier
