@@ -21,7 +21,14 @@ CacheManager::CacheManager(const Options& options)
 Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options, NvmeSpec nvme, const Clock* clock,
                                                          std::vector<LowerTierSpec> lower) {
   std::unique_ptr<CacheManager> cm(new CacheManager(options));
+  CacheManager* raw = cm.get();  // what the parts' callbacks reach; they die before it
   cm->clock_ = clock ? clock : SystemClock::Default();
+  // A spill or put ended: its host page may be free, and the watermark may act again.
+  auto host_copy_done = [raw] {
+    raw->ServePendingAllocates();
+    raw->EnforceWatermark(TierKind::kHost);
+  };
+  auto promoted = [raw](BlockId id, const Status& st) { raw->walk_->OnPromoted(id, st); };
   for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
     cm->headroom_[TierIndex(t)] = AllocationHeadroom(options.tiers[TierIndex(t)].allocation_headroom);
   }
@@ -29,7 +36,6 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
       cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
   if (cm->blocks_->enabled(TierKind::kGpu)) {
     if (!options.post) return InvalidArgument("a GPU tier needs an event loop to post its demotion copies to");
-    CacheManager* raw = cm.get();
     KVTIER_ASSIGN_OR_RETURN(
         cm->gpu_demoter_,
         GpuDemoter::Open({.copy = options.gpu_copy, .max_in_flight = options.max_gpu_demotions_in_flight},
@@ -43,13 +49,9 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     KVTIER_ASSIGN_OR_RETURN(cm->workers_, BlockWorkers::Open(options.block_workers, options.post));
   }
   if (nvme.tier) {
-    CacheManager* raw = cm.get();
     NvmeMover::Hooks hooks;
-    hooks.after_spill = [raw] {
-      raw->ServePendingAllocates();
-      raw->EnforceWatermark(TierKind::kHost);
-    };
-    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->walk_->OnPromoted(id, st); };
+    hooks.after_spill = host_copy_done;
+    hooks.after_promotion = promoted;
     hooks.last_copy_dropped = [raw](const std::string& key) { raw->RememberEviction(key, TierKind::kNvme); };
     hooks.demoted = [raw](double seconds) { raw->headroom_[TierIndex(TierKind::kHost)].NoteRoundTrip(seconds); };
     NvmeMover::Options mo = nvme.options;
@@ -67,19 +69,14 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
                                                         &cm->counters_, std::move(hooks)));
   }
   for (LowerTierSpec& spec : lower) {
-    CacheManager* raw = cm.get();
     LowerTierMover::Hooks hooks;
-    hooks.after_put = [raw] {
-      raw->ServePendingAllocates();
-      raw->EnforceWatermark(TierKind::kHost);
-    };
-    hooks.after_promotion = [raw](BlockId id, const Status& st) { raw->walk_->OnPromoted(id, st); };
+    hooks.after_put = host_copy_done;
+    hooks.after_promotion = promoted;
     KVTIER_ASSIGN_OR_RETURN(auto mover, LowerTierMover::Open(std::move(spec.tier), cm->lower_.size(), spec.options,
                                                              cm->blocks_.get(), &cm->namespaces_, std::move(hooks)));
     cm->lower_.push_back(std::move(mover));
   }
   if (KvEvents* events = options.events) {
-    CacheManager* raw = cm.get();
     cm->blocks_->SetResidencyListener([events, raw](const BlockTable::Block& b, TierKind tier, bool resident) {
       const std::string& ns = raw->namespaces_.Get(b.ns).encoded;
       if (resident) {
@@ -107,7 +104,6 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     }
   }
   {
-    CacheManager* raw = cm.get();
     ChainWalk::Hooks hooks;
     hooks.host_room = [raw](TenantId tenant, bool may_evict) { return raw->HostRoom(tenant, may_evict); };
     hooks.ref = [raw](SessionId session, BlockId id) {

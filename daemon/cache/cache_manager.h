@@ -5,15 +5,15 @@
 //                    the per-tenant eviction policies
 //   NvmeMover        spills, write-throughs and promotions between host and NVMe
 //   LowerTierMover   puts, promotions and lookups of one lower tier (a LowerTier below
-//                    NVMe: the remote tier, or another block store), one per tier of the
-//                    chain below NVMe, in order
+//                    NVMe), one per tier of the chain below NVMe, in order
+//   ChainWalk        what waits on that chain: Lookups and Acquires past the local tiers,
+//                    promotions queued and in flight
 //   EvictionHistory  the blocks whose last copy left (explain, thrash)
 //   CacheViews       what operators read: explain, top blocks (over the tables above)
-// — and owning what is left: the sessions and what each holds, the requests that wait
-// (Allocates for room, Acquires for NVMe reads), the counters and the maintenance drain.
-// Its files: cache_manager.cc (sessions and requests), cache_waiting.cc (requests that
-// wait: promotions, lower-tier lookups, Allocates), cache_pressure.cc (eviction and
-// watermarks), cache_manager_admin.cc (kvctl's operations that change the cache).
+// — and owning what is left: the sessions and what each holds, Allocates waiting for
+// room, the counters and the maintenance drain. Its files: cache_manager.cc (sessions and
+// requests), cache_waiting.cc (Allocates that wait, lower-tier puts), cache_pressure.cc
+// (eviction and watermarks), cache_manager_admin.cc (kvctl's operations that change it).
 //
 // Page states per tier: free -> leased (writable by one session) -> block (cached when
 // no session references it, referenced otherwise) -> evicted (free again). A host page is
@@ -24,29 +24,22 @@
 // still lives: the process may still write through its mapping, which cannot be revoked,
 // so the pages are reused only once the process is gone (ReleaseQuarantine).
 //
-// With lower tiers (the chain below NVMe: the remote tier, a Redis Cluster shared by a
-// fleet, or any LowerTier): Lookup goes on past the local tiers into each in turn — it is
-// then answered later, through `done` — Acquire reads blocks found only there into host
-// pages (from the first that can be asked; a block it does not hold is looked for in the
-// next), and committed blocks are put into each in the background (write_through) or when
-// evicted (write_back: into the first that takes puts now).
-//
-// With an NVMe tier: above the host high watermark cached blocks are demoted (spilled,
-// then their host page freed) down to the low watermark; write_through spills every
-// committed block in the background and keeps the host copy. A block only on NVMe lives
-// in the NVMe index, not here: Lookup finds it there, Acquire promotes it into a host page
-// and answers when the bytes are in and verified. Allocate of a full tier waits for
-// spills in flight to make room instead of dropping blocks.
+// Below host: above the host high watermark cached blocks are demoted (spilled to NVMe,
+// put into write-back lower tiers, then their host page freed) down to the low watermark;
+// write-through spills and puts every committed block in the background and keeps the host
+// copy. A block only on NVMe or in a lower tier is not in the block table: Lookup and
+// Acquire find it through ChainWalk, which reads it back into a host page. Allocate of a
+// full tier waits for spills and puts in flight to make room instead of dropping blocks.
 //
 // Blocks are keyed by (namespace, hash). The namespace (tenant x model fingerprint) is set
 // when a session attaches; sessions only ever see blocks of their own namespace. A
 // block's pages in the GPU and host tiers are pinned while any session references it.
 //
 // Owned by the control thread; not thread-safe. No method waits for NVMe data I/O or a
-// copy, with one exception written as what it is: Lookup, Acquire, Commit and
-// CacheViews::Explain read the NVMe index on the control thread (RocksDB Get/MultiGet: memtable and block
-// cache when hot, the index's files when cold).
+// copy, with one exception written as what it is: Lookup, Acquire (ChainWalk), Commit and
+// CacheViews::Explain read the NVMe index on the control thread (RocksDB MultiGet).
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -244,8 +237,6 @@ class CacheManager {
   const NvmeTier* nvme() const { return mover_ ? &mover_->nvme() : nullptr; }
   // The chain below NVMe, in order.
   const std::vector<std::unique_ptr<LowerTierMover>>& lower_tiers() const { return lower_; }
-  // The first lower tier of `kind`, or null.
-  const LowerTierMover* lower_tier(TierKind kind) const;
   size_t pending_promotions() const { return walk_->pending_promotions(); }
   size_t pending_allocates() const {
     size_t n = 0;
@@ -260,7 +251,9 @@ class CacheManager {
   std::vector<SegmentGrant> TakeAllSegmentGrants(SessionCache& s);
 
   bool tier_enabled(TierKind t) const {
-    return t == TierKind::kNvme ? mover_ != nullptr : IsPoolTier(t) ? blocks_->enabled(t) : lower_tier(t) != nullptr;
+    if (t == TierKind::kNvme) return mover_ != nullptr;
+    if (IsPoolTier(t)) return blocks_->enabled(t);
+    return std::any_of(lower_.begin(), lower_.end(), [t](const auto& l) { return l->kind() == t; });
   }
   const TierPool* pool(TierKind t) const { return blocks_->pool(t); }
   // The pages (NVMe: slots) of a GPU, host or NVMe tier by state; all zero for a tier that

@@ -9,15 +9,6 @@
 
 namespace kvtier {
 
-// ---- waiting requests ----------------------------------------------------------------
-
-const LowerTierMover* CacheManager::lower_tier(TierKind kind) const {
-  for (const auto& l : lower_) {
-    if (l->kind() == kind) return l.get();
-  }
-  return nullptr;
-}
-
 void CacheManager::QueueLowerPuts(BlockId id) {
   for (const auto& l : lower_) {
     if (l->write_through() && !l->Holds(blocks_->block(id))) l->QueuePut(id);
