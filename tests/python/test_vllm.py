@@ -173,9 +173,13 @@ def test_the_connector_subclasses_vllms_interface_as_the_installed_modules_defin
     assert issubclass(kvtier.vllm.KvtierConnector, base.SupportsHMA)
 
 
-def test_without_vllm_the_connector_refuses_to_import_with_a_clear_error():
-    # A fresh interpreter, the stand-in not installed: the shipped package carries none.
+def test_without_vllm_the_connector_imports_but_refuses_to_be_made_with_a_clear_error():
+    # A fresh interpreter, the stand-in not installed: the shipped package carries none, so
+    # the class imports (a deployment check, a config naming it) and making one fails.
     probe = ("import sys; sys.modules['vllm'] = None\n"
-             "try:\n    import kvtier.vllm\nexcept ImportError as e:\n    print(e)\n")
+             "from kvtier.vllm import KvtierConnector\n"
+             "try:\n    KvtierConnector(None, None)\nexcept ImportError as e:\n    print('made:', e)\n"
+             "try:\n    import kvtier.vllm.scheduler\nexcept ImportError as e:\n    print('scheduler:', e)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert "kvtier.vllm is vLLM's KV connector and needs vLLM installed" in out.stdout, out.stderr
+    assert "made: kvtier.vllm is vLLM's KV connector and needs vLLM installed" in out.stdout, out.stderr
+    assert "scheduler: kvtier.vllm is vLLM's KV connector and needs vLLM installed" in out.stdout, out.stderr

@@ -51,11 +51,26 @@ sliding-window runs are stored and hits searched; default vLLM's retention inter
 4 x the longest window).
 """
 
-from kvtier.vllm._base import KVConnectorBase_V1, KVConnectorRole  # noqa: F401
-from kvtier.vllm.connector import KvtierConnector  # noqa: F401
-from kvtier.vllm.layout import KvtierHandshake, KvtierLayout, describe_kv_caches, hash_bytes_for, kv_dtype_name  # noqa: F401
-from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec, StoreSpec  # noqa: F401
+try:
+    from kvtier.vllm._base import KVConnectorBase_V1, KVConnectorRole  # noqa: F401
+except ImportError as _no_vllm:
+    # Importable without vLLM (a deployment check, a config naming the class), usable only
+    # with it: the class vLLM would load refuses to be made, saying why.
+    _why = str(_no_vllm)
 
-__all__ = ["KvtierConnector", "KvtierLayout", "KvtierHandshake", "KVConnectorBase_V1", "KVConnectorRole",
-           "describe_kv_caches", "hash_bytes_for", "kv_dtype_name", "KvtierConnectorMetadata", "KvtierConnectorStats",
-           "LoadSpec", "StoreSpec"]
+    class KvtierConnector:  # type: ignore[no-redef]
+        """kvtier's vLLM KV connector; this Python has no vLLM, so it cannot be made."""
+
+        def __init__(self, *args, **kwargs):
+            raise ImportError(_why)
+
+    __all__ = ["KvtierConnector"]
+else:
+    from kvtier.vllm.connector import KvtierConnector  # noqa: F401
+    from kvtier.vllm.layout import (  # noqa: F401
+        KvtierHandshake, KvtierLayout, describe_kv_caches, hash_bytes_for, kv_dtype_name)
+    from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, LoadSpec, StoreSpec  # noqa: F401
+
+    __all__ = ["KvtierConnector", "KvtierLayout", "KvtierHandshake", "KVConnectorBase_V1", "KVConnectorRole",
+               "describe_kv_caches", "hash_bytes_for", "kv_dtype_name", "KvtierConnectorMetadata",
+               "KvtierConnectorStats", "LoadSpec", "StoreSpec"]
