@@ -1,7 +1,8 @@
 // Monitoring as shipped: the alert rules pass promtool's checks and unit tests, the
 // Grafana dashboard's expressions are valid PromQL and include the rules' expressions,
 // a live kvtierd's metrics pass `promtool check metrics` and name every series the rules
-// and the dashboard use, and a real Prometheus server scrapes kvtierd and answers the
+// and the dashboard use, every kvtier_* series docs/operations.md names is exported by a
+// kvtierd with every tier on, and a real Prometheus server scrapes kvtierd and answers the
 // hit-ratio expression through its HTTP API.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -163,6 +164,47 @@ TEST_F(LiveDaemon, MetricsPassPromtoolAndNameEverySeriesTheRulesAndDashboardUse)
     EXPECT_NE(scrape.out.find("# TYPE " + n + " "), std::string::npos)
         << n << " is used but kvtierd does not export it";
   }
+}
+
+// docs/operations.md names only series a kvtierd exports: one with every tier on (a
+// host-emulated GPU, NVMe with a tenant's quota, the memory tier, a remote tier whose
+// cluster is not there) and KV events; `kvtier_<tier>_` stands for each lower tier.
+TEST(OperationsGuide, EverySeriesItNamesIsExported) {
+  DaemonProcess::Options o;
+  o.host_capacity = "8MiB";
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "4MiB";
+  o.gpu_capacity = "8MiB";
+  o.nvme_capacity = "8MiB";
+  o.remote_nodes = {"127.0.0.1:1"};
+  o.tiers_yaml = "  memory:\n    capacity: 4MiB\n";
+  o.extra_yaml = "events:\n  enabled: true\nsecurity:\n  tenants:\n    - name: a\n      uids: [" +
+                 std::to_string(::getuid()) + "]\n      quota: {nvme: 4MiB}\n";
+  o.log_level = "notice";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  ASSERT_FALSE(url.empty()) << d.Log();
+  CmdResult scrape = Sh("curl -fsS " + url);
+  ASSERT_EQ(scrape.code, 0) << scrape.out;
+  std::set<std::string> named;
+  const std::string guide = ReadFile(std::string(KVTIER_SOURCE_DIR) + "/docs/operations.md");
+  const std::regex re(R"(kvtier_(<tier>_)?[a-z][a-z0-9_]*)");
+  for (auto it = std::sregex_iterator(guide.begin(), guide.end(), re); it != std::sregex_iterator(); ++it) {
+    std::string n = it->str();
+    if (n.back() == '_') continue;  // a prefix, e.g. kvtier_remote_*
+    if (const size_t at = n.find("<tier>_"); at != std::string::npos) {
+      for (const char* tier : {"memory_", "remote_"}) named.insert(n.substr(0, at) + tier + n.substr(at + 7));
+    } else {
+      named.insert(n);
+    }
+  }
+  EXPECT_GE(named.size(), 50u);
+  for (const std::string& n : named) {
+    EXPECT_NE(scrape.out.find("# TYPE " + n + " "), std::string::npos)
+        << "docs/operations.md names " << n << ", which kvtierd does not export";
+  }
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
 // The value of an instant query through Prometheus's HTTP API ("" while there is none).
