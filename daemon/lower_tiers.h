@@ -15,6 +15,7 @@
 #include "daemon/config.h"
 #include "daemon/config_keys.h"
 #include "daemon/metrics.h"
+#include "protocol/base/post.h"
 #include "protocol/base/status.h"
 #include "storage/remote/remote_tier.h"
 
@@ -36,7 +37,7 @@ struct RemoteTierConfig {
 // What a row is given to open its tier.
 struct LowerTierContext {
   const DaemonConfig& config;
-  std::function<void(std::function<void()>)> post;  // onto the control loop
+  Post post;  // onto the control loop
   MetricsRegistry* metrics;
   // Records a secret file read at start (its key, path, and a digest of its bytes): a
   // reload that finds it changed says a restart is needed.

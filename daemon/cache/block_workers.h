@@ -27,14 +27,13 @@
 #include <vector>
 
 #include "protocol/base/mutex.h"
+#include "protocol/base/post.h"
 #include "protocol/base/status.h"
 
 namespace kvtier {
 
 class BlockWorkers {
  public:
-  using Post = std::function<void(std::function<void()>)>;
-
   // kInvalidArgument for threads outside [1, 64].
   static Result<std::unique_ptr<BlockWorkers>> Open(int threads, Post post);
   ~BlockWorkers();

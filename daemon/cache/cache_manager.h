@@ -66,6 +66,7 @@
 #include "kernels/device_backend.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/layout.h"
+#include "protocol/base/post.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 #include "storage/lower_tier.h"
@@ -109,7 +110,7 @@ class CacheManager {
     // Threads that quantize, dequantize and copy blocks off the control thread, and how
     // their completions reach it (the daemon's event loop). Used by the quantized tiers.
     int block_workers = 2;
-    std::function<void(std::function<void()>)> post;
+    Post post;
     // Copies a GPU page down into a host page (device -> host), run on the GPU tier's copy
     // thread (a GPU tier needs `post`): the GPU page stays readable (and pinned) until the
     // host copy is complete. Null: the GPU memory's own CopyToHost. What it uses (a

@@ -18,13 +18,13 @@
 #include "daemon/cache/nvme_mover.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/operator_reports.h"
+#include "protocol/base/post.h"
 #include "protocol/base/status.h"
 
 namespace kvtier {
 
 class CacheViews {
  public:
-  using Post = std::function<void(std::function<void()>)>;
   // `mover` may be null (no NVMe tier); `post` may be null (explains answered in one turn).
   CacheViews(const NamespaceTable* namespaces, const BlockTable* blocks, NvmeMover* mover,
              const EvictionHistory* history, const Clock* clock, Post post);

@@ -5,8 +5,8 @@
 namespace kvtier {
 
 Result<std::unique_ptr<GpuDemoter>> GpuDemoter::Open(const Options& options, BlockTable* blocks,
-                                                     const NamespaceTable* namespaces, const Clock* clock,
-                                                     BlockWorkers::Post post, Demoted demoted) {
+                                                     const NamespaceTable* namespaces, const Clock* clock, Post post,
+                                                     Demoted demoted) {
   std::unique_ptr<GpuDemoter> d(new GpuDemoter(options, blocks, namespaces, clock, std::move(demoted)));
   KVTIER_ASSIGN_OR_RETURN(d->copier_, BlockWorkers::Open(1, std::move(post)));
   return d;

@@ -39,8 +39,8 @@ class GpuDemoter {
 
   // `blocks`, `namespaces` and `clock` outlive the demoter; the GPU tier is enabled.
   static Result<std::unique_ptr<GpuDemoter>> Open(const Options& options, BlockTable* blocks,
-                                                  const NamespaceTable* namespaces, const Clock* clock,
-                                                  BlockWorkers::Post post, Demoted demoted);
+                                                  const NamespaceTable* namespaces, const Clock* clock, Post post,
+                                                  Demoted demoted);
 
   // Starts copying cached GPU block `id` into `host_page` (taken from the host tier for the
   // block's tenant). REQUIRES: !busy(), the block has no host copy.

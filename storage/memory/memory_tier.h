@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "protocol/base/post.h"
 #include "storage/lower_tier.h"
 
 namespace kvtier {
@@ -29,8 +30,6 @@ struct MemoryTierOptions {
 
 class MemoryTier final : public LowerTier {
  public:
-  using Post = std::function<void(std::function<void()>)>;
-
   // kInvalidArgument without a capacity or a way to post.
   static Result<std::unique_ptr<MemoryTier>> Open(const MemoryTierOptions& options, Post post);
   ~MemoryTier() override;

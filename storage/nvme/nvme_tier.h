@@ -39,6 +39,7 @@
 
 #include "protocol/base/clock.h"
 #include "protocol/base/operator_reports.h"
+#include "protocol/base/post.h"
 #include "protocol/base/status.h"
 #include "storage/io/io_engine.h"
 #include "storage/io/slot_files.h"
@@ -115,7 +116,6 @@ struct NvmeCounters {
 
 class NvmeTier {
  public:
-  using Post = std::function<void(std::function<void()>)>;
   using SpillDone = std::function<void(Status, uint32_t slot)>;
   using Done = std::function<void(Status)>;
 

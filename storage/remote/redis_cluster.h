@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "protocol/base/mutex.h"
+#include "protocol/base/post.h"
 #include "protocol/base/status.h"
 
 struct redisReply;
@@ -118,7 +119,6 @@ struct RedisClusterCounters {
 
 class RedisCluster {
  public:
-  using Post = std::function<void(std::function<void()>)>;
   using Done = std::function<void(const RedisReply&)>;
   // A GET's value, on a connection thread; the bytes are valid only during the call. Its
   // status becomes the reply's (e.g. kDataLoss for a value that does not verify; a key of

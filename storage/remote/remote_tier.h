@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "protocol/base/post.h"
 #include "protocol/base/status.h"
 #include "storage/lower_tier.h"
 #include "storage/remote/redis_cluster.h"
@@ -104,7 +105,6 @@ class RemoteCodec {
 
 class RemoteTier final : public LowerTier {
  public:
-  using Post = RedisCluster::Post;
   using Observer = std::function<void(std::string_view op, double seconds, bool ok)>;
 
   // kInvalidArgument for bad options; an unreachable cluster is not an error (see

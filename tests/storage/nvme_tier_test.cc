@@ -23,7 +23,7 @@ constexpr uint64_t kSlot = 64 * 1024;
 // The control thread of these tests: posted callbacks queue here and run in Pump().
 class Loop {
  public:
-  NvmeTier::Post Poster() {
+  Post Poster() {
     return [this](std::function<void()> fn) {
       std::lock_guard<std::mutex> lock(mu_);
       q_.push_back(std::move(fn));

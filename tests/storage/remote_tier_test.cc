@@ -26,7 +26,7 @@ using testing::RedisClusterProcess;
 // The owner's thread of these tests: posted callbacks queue here and run in Pump().
 class Loop {
  public:
-  RedisCluster::Post Poster() {
+  Post Poster() {
     return [this](std::function<void()> fn) {
       {
         std::lock_guard<std::mutex> l(mu_);
