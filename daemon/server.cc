@@ -228,6 +228,16 @@ void Server::MaybeTrim() {
 void Server::Start(Dispatcher* dispatcher) {
   KVTIER_CHECK(dispatcher != nullptr) << "Server started without a dispatcher";
   dispatcher_ = dispatcher;
+  session_host_.clock = clock_;
+  session_host_.dispatcher = dispatcher;
+  session_host_.max_frame_bytes = options_.max_frame_bytes;
+  session_host_.max_pending_output_bytes = options_.max_pending_output_bytes;
+  session_host_.count_uid = [this](uid_t uid, int delta) {
+    if ((per_uid_[uid] += delta) == 0) per_uid_.erase(uid);
+  };
+  session_host_.remove = [this](SessionId id) { Remove(id); };
+  session_host_.watch_quarantine = [this](uint64_t id, int pidfd) { WatchQuarantine(id, pidfd); };
+  session_host_.note_unwatched = [this](const SessionContext& ctx) { NoteUnwatched(ctx); };
   Accept();
   ScheduleHeartbeatCheck();
   ScheduleHelloCheck();
@@ -244,7 +254,7 @@ void Server::Accept() {
         const bool admin = is_admin_ && is_admin_(cred->uid);
         const Status room = Admit(cred->uid, admin);
         const SessionId id = next_id_++;
-        auto session = std::make_shared<Session>(this, std::move(socket), id, *cred);
+        auto session = std::make_shared<Session>(&session_host_, std::move(socket), id, *cred);
         if (room.ok()) {
           sessions_[id] = session;
           session->Start();

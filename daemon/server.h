@@ -43,12 +43,11 @@
 
 #include "daemon/dispatcher.h"
 #include "daemon/server_options.h"
+#include "daemon/session.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 
 namespace kvtier {
-
-class Session;
 
 class Server {
  public:
@@ -84,7 +83,6 @@ class Server {
   uint64_t sessions_unwatched() const { return unwatched_sessions_; }
 
  private:
-  friend class Session;
   Server(boost::asio::io_context& io, const Options& options, IsAdmin is_admin, const Clock* clock);
   void Accept();
   void Remove(SessionId id);
@@ -108,6 +106,7 @@ class Server {
   IsAdmin is_admin_;
   const Clock* clock_;
   Dispatcher* dispatcher_ = nullptr;  // from Start
+  SessionHost session_host_;          // what every session is given of this server (from Start)
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::map<SessionId, std::shared_ptr<Session>> sessions_;
   SessionId next_id_ = 1;

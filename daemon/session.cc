@@ -42,12 +42,8 @@ int OpenPeerPidfd(int socket_fd, pid_t pid) {
   return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
 }
 
-Session::Session(Server* server, stream::socket socket, SessionId id, const ucred& cred)
-    : server_(server),
-      socket_(std::move(socket)),
-      in_(server->options_.max_frame_bytes, kInitialReadBuffer),
-      ctx_(id),
-      cred_(cred) {}
+Session::Session(const SessionHost* host, stream::socket socket, SessionId id, const ucred& cred)
+    : host_(host), socket_(std::move(socket)), in_(host->max_frame_bytes, kInitialReadBuffer), ctx_(id), cred_(cred) {}
 
 Session::~Session() {
   for (int fd : out_fds_) ::close(fd);
@@ -60,7 +56,7 @@ void Session::Start() {
   ctx_.pid = cred_.pid;
   ctx_.uid = cred_.uid;
   ctx_.gid = cred_.gid;
-  ++server_->per_uid_[cred_.uid];
+  host_->count_uid(cred_.uid, +1);
   counted_ = true;
   std::vector<gid_t> groups(64);
   socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
@@ -70,7 +66,7 @@ void Session::Start() {
   }
   groups.resize(glen / sizeof(gid_t));
   ctx_.groups = std::move(groups);
-  ctx_.connected_ns = server_->clock_->NowNanos();
+  ctx_.connected_ns = host_->clock->NowNanos();
   last_active_ns_ = ctx_.connected_ns;
   ctx_.async_sink = std::static_pointer_cast<ReplySink>(shared_from_this());
   WatchPeerProcess();
@@ -84,7 +80,7 @@ void Session::Refuse(const Status& why) {
   ctx_.uid = cred_.uid;
   ctx_.async_sink = std::static_pointer_cast<ReplySink>(shared_from_this());
   processing_ = true;
-  server_->dispatcher_->RejectConnection(ctx_, why, *this);
+  host_->dispatcher->RejectConnection(ctx_, why, *this);
   processing_ = false;
   Flush();  // a fresh socket has room for one small frame; Close follows the reply
   if (!closed_) Close();
@@ -93,22 +89,22 @@ void Session::Refuse(const Status& why) {
 void Session::Close() {
   if (closed_) return;
   closed_ = true;
-  if (counted_ && --server_->per_uid_[cred_.uid] == 0) server_->per_uid_.erase(cred_.uid);
+  if (counted_) host_->count_uid(cred_.uid, -1);
   boost::system::error_code ec;
   socket_.close(ec);
   // A process kvtierd cannot watch may live on with its mappings: its leases wait too.
   const bool may_live = !pidfd_ || !PidfdExited(pidfd_->native_handle());
-  const uint64_t quarantine = server_->dispatcher_->SessionClosed(ctx_, may_live);
+  const uint64_t quarantine = host_->dispatcher->SessionClosed(ctx_, may_live);
   if (quarantine != 0) {
     if (pidfd_) {
       KVTIER_LOG(NOTICE) << "session " << ctx_.id << " ended while its process (pid " << ctx_.pid
                          << (ctx_.engine_pid ? ", " + std::to_string(ctx_.engine_pid) + " in its namespace" : "")
                          << ") lives: its leased pages are quarantined until it exits";
     }
-    server_->WatchQuarantine(quarantine, pidfd_ ? ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0) : -1);
+    host_->watch_quarantine(quarantine, pidfd_ ? ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0) : -1);
   }
   if (pidfd_) pidfd_->close(ec);
-  server_->Remove(ctx_.id);
+  host_->remove(ctx_.id);
 }
 
 void Session::Read() {
@@ -123,7 +119,7 @@ void Session::Read() {
 void Session::WatchPeerProcess() {
   const int pfd = OpenPeerPidfd(socket_.native_handle(), ctx_.pid);
   if (pfd < 0) {
-    server_->NoteUnwatched(ctx_);
+    host_->note_unwatched(ctx_);
     return;
   }
   ctx_.watched = true;
@@ -147,15 +143,15 @@ void Session::WaitPeerExit() {
 void Session::OnRead(const boost::system::error_code& ec, size_t n) {
   reading_ = false;
   if (closed_) return;
-  last_active_ns_ = server_->clock_->NowNanos();
+  last_active_ns_ = host_->clock->NowNanos();
   if (ec) {
     if (ec == asio::error::eof && in_.PendingBytes() > 0) {
       // The peer half-closed in the middle of a frame: say so, then close.
       processing_ = true;
-      server_->dispatcher_->RejectFrame(ctx_,
-                                        InvalidArgument("truncated frame: connection ended after " +
-                                                        std::to_string(in_.PendingBytes()) + " bytes of a frame"),
-                                        "truncated", *this);
+      host_->dispatcher->RejectFrame(ctx_,
+                                     InvalidArgument("truncated frame: connection ended after " +
+                                                     std::to_string(in_.PendingBytes()) + " bytes of a frame"),
+                                     "truncated", *this);
       processing_ = false;
       Flush();
       return;
@@ -178,14 +174,14 @@ void Session::Process() {
     }
     auto next = in_.Next();
     if (!next.ok()) {
-      server_->dispatcher_->RejectFrame(ctx_, next.status(), "oversized", *this);
+      host_->dispatcher->RejectFrame(ctx_, next.status(), "oversized", *this);
       break;
     }
     if (!next->has_value()) break;
-    server_->dispatcher_->HandleFrame(ctx_, (*next)->frame, *this);
+    host_->dispatcher->HandleFrame(ctx_, (*next)->frame, *this);
     ++served;
   }
-  server_->dispatcher_->EndBatch();
+  host_->dispatcher->EndBatch();
   processing_ = false;
   Flush();
   if (closed_) return;
@@ -193,7 +189,7 @@ void Session::Process() {
     asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Process(); });
     return;
   }
-  if (out_.size() - out_off_ > server_->options_.max_pending_output_bytes) {
+  if (out_.size() - out_off_ > host_->max_pending_output_bytes) {
     paused_ = true;  // resumes when the peer drains its responses
     return;
   }

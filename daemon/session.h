@@ -13,17 +13,36 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "daemon/dispatcher.h"
+#include "protocol/base/clock.h"
 #include "protocol/base/status.h"
 #include "protocol/framing.h"
 
 namespace kvtier {
 
-class Server;
+// What a Session needs of the server that owns it, and no more: the clock, the dispatcher
+// its frames go to, the output bound, and what the server keeps about its sessions (the
+// connections per uid, the set of sessions, quarantines, unwatched peers). Server fills
+// one in and outlives every session given it.
+struct SessionHost {
+  const Clock* clock = nullptr;
+  Dispatcher* dispatcher = nullptr;
+  uint32_t max_frame_bytes = 0;
+  uint64_t max_pending_output_bytes = 0;
+  // A connection of `uid` opened (+1) or closed (-1).
+  std::function<void(uid_t uid, int delta)> count_uid;
+  // The session ended: forget it.
+  std::function<void(SessionId id)> remove;
+  // Frees quarantine `id` once the process behind `pidfd` (owned) exits; -1: at restart.
+  std::function<void(uint64_t id, int pidfd)> watch_quarantine;
+  // The peer's process cannot be watched.
+  std::function<void(const SessionContext& ctx)> note_unwatched;
+};
 
 // Whether the process behind `pidfd` has exited (a pidfd turns readable when it does).
 bool PidfdExited(int pidfd);
@@ -39,7 +58,7 @@ int OpenPeerPidfd(int socket_fd, pid_t pid);
 
 class Session : public std::enable_shared_from_this<Session>, public ReplySink {
  public:
-  Session(Server* server, boost::asio::local::stream_protocol::socket socket, SessionId id, const ucred& cred);
+  Session(const SessionHost* host, boost::asio::local::stream_protocol::socket socket, SessionId id, const ucred& cred);
   ~Session() override;
 
   SessionContext& ctx() { return ctx_; }
@@ -69,7 +88,7 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   // Writes what is queued without blocking; waits for the socket when it is full.
   void Flush();
 
-  Server* server_;
+  const SessionHost* host_;
   boost::asio::local::stream_protocol::socket socket_;
   FrameAssembler in_;
   SessionContext ctx_;
@@ -84,7 +103,7 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   std::unique_ptr<boost::asio::posix::stream_descriptor> pidfd_;
   int64_t last_active_ns_ = 0;
   ucred cred_;
-  bool counted_ = false;  // in server_->per_uid_
+  bool counted_ = false;  // in the host's connections per uid
 };
 
 }  // namespace kvtier

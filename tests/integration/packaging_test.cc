@@ -94,11 +94,12 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
   EXPECT_EQ(Sh(root.path() + "/usr/bin/kvctl --help").code, 0);
   if (!kPythonLayout.empty()) {
     // The packaged Python module imports from the packaged files alone; its vLLM connector
-    // needs vLLM (not in Debian's Python) and says so.
+    // imports too, but needs vLLM (not in Debian's Python) to be made, and says so.
     CmdResult py = Sh("PYTHONPATH=" + root.path() +
                       "/usr/lib/python3/dist-packages /usr/bin/python3 -c "
                       "'import kvtier, kvtier.sglang; print(kvtier.__file__)\n"
-                      "try:\n    import kvtier.vllm\nexcept ImportError as e:\n    print(e)'");
+                      "from kvtier.vllm import KvtierConnector\n"
+                      "try:\n    KvtierConnector(None, None)\nexcept ImportError as e:\n    print(e)'");
     EXPECT_EQ(py.code, 0) << py.out;
     EXPECT_NE(py.out.find(root.path()), std::string::npos) << py.out;
     EXPECT_NE(py.out.find("kvtier.vllm is vLLM's KV connector and needs vLLM installed"), std::string::npos) << py.out;
