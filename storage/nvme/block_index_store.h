@@ -21,6 +21,10 @@
 
 #include "protocol/base/status.h"
 
+namespace rocksdb {
+class FileSystem;
+}  // namespace rocksdb
+
 namespace kvtier {
 
 struct BlockRecord {
@@ -111,6 +115,9 @@ struct RocksDbIndexOptions {
   std::string path;
   uint64_t block_cache_bytes = 16ull << 20;  // Default: 16 MiB
   uint64_t write_buffer_bytes = 8ull << 20;  // Default: 8 MiB
+  // The file system the index's files are written through; null: the machine's. Tests
+  // wrap it to inject faults (tests/support/fault_file_system.h).
+  std::shared_ptr<rocksdb::FileSystem> file_system;
 };
 
 Result<std::unique_ptr<BlockIndexStore>> OpenRocksDbBlockIndexStore(const RocksDbIndexOptions& options);

@@ -5,6 +5,8 @@
 // bounded block cache so RAM does not grow with the number of blocks.
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
@@ -245,6 +247,10 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
     // 1.1 x write_buffer_size more index writes, and the preallocated space is held from
     // the slot files' file system meanwhile. The index's writes are small appends.
     opts.allow_fallocate = false;
+    if (o.file_system) {
+      if (!env_) env_ = rocksdb::NewCompositeEnv(o.file_system);
+      opts.env = env_.get();
+    }
     rocksdb::BlockBasedTableOptions t;
     if (!cache_) cache_ = rocksdb::NewLRUCache(o.block_cache_bytes);
     t.block_cache = cache_;
@@ -284,6 +290,7 @@ class RocksDbBlockIndexStore final : public BlockIndexStore {
   mutable SharedMutex mu_;
   rocksdb::DB* db_ KVTIER_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<rocksdb::Cache> cache_;
+  std::unique_ptr<rocksdb::Env> env_;  // over options_.file_system; outlives db_
 };
 
 }  // namespace

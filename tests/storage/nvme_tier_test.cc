@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "tests/support/fault_file_system.h"
 #include "tests/support/fault_injection_io_engine.h"
 #include "tests/support/test_util.h"
 
@@ -31,8 +32,8 @@ class Loop {
   }
   // Runs posted work and I/O completions until `done` or 10 s.
   template <class Pred>
-  bool Pump(NvmeTier* t, Pred done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool Pump(NvmeTier* t, Pred done, std::chrono::seconds limit = std::chrono::seconds(10)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     while (std::chrono::steady_clock::now() < deadline) {
       RunPosted();
       if (done()) return true;
@@ -90,6 +91,7 @@ class NvmeTierTest : public ::testing::Test {
     if (!faults.empty()) e = std::make_unique<FaultInjectionIoEngine>(std::move(e), *ParseIoFaults(faults));
     RocksDbIndexOptions ro;
     ro.path = dir_.File("index");
+    ro.file_system = index_fs_;
     auto store = OpenRocksDbBlockIndexStore(ro);
     EXPECT_TRUE(store.ok()) << store.status().ToString();
     auto t = NvmeTier::Open(o, std::move(e), std::move(store).value(), loop_.Poster(), &clock_, std::move(owners));
@@ -140,6 +142,7 @@ class NvmeTierTest : public ::testing::Test {
   testing::TempDir dir_;
   Loop loop_;
   SystemClock clock_;
+  std::shared_ptr<rocksdb::FileSystem> index_fs_;  // null: the machine's
 };
 
 TEST_F(NvmeTierTest, SpilledBlockIsIndexedAndReadsBackVerified) {
@@ -455,6 +458,46 @@ TEST_F(NvmeTierTest, VerifyScrubsAndDropsWhatFails) {
   Settle(t.get());
   EXPECT_FALSE(t->Find("v2")->has_value());
   EXPECT_TRUE(t->Find("v3")->has_value());
+}
+
+// ---- a full file system under the index ------------------------------------------------
+
+// The index's writes refused as on a full disk (injected under RocksDB, no mount): the
+// failure is counted once, spilling stops with the index marked unwritable while indexed
+// blocks stay readable, and once there is room again the index is reopened (tried every
+// 5 s) and spills are indexed again.
+TEST_F(NvmeTierTest, AnIndexOnAFullFileSystemStopsSpillsAndRecoversWithRoom) {
+  auto fs = std::make_shared<testing::FullableFileSystem>();
+  index_fs_ = fs;
+  auto t = Open(16, Durability::kStrict);
+  ASSERT_NE(t, nullptr);
+  Page p(3), back(0);
+  ASSERT_TRUE(Spill(t.get(), "before", p).ok());
+  Settle(t.get());
+  const BlockRecord before = Find(t.get(), "before");
+  fs->SetFull(true);
+  for (int i = 0; i < 8 && t->index_writable(); ++i) {
+    (void)Spill(t.get(), "full" + std::to_string(i), p);
+    Settle(t.get());
+  }
+  EXPECT_GT(fs->refused(), 0u);
+  ASSERT_FALSE(t->index_writable()) << "the index never met the full disk";
+  EXPECT_GE(t->counters().index_errors, 1u);
+  EXPECT_FALSE(Spill(t.get(), "refused", p).ok()) << "a spill was taken while the index cannot be written";
+  EXPECT_TRUE(Fetch(t.get(), "before", before, back).ok()) << "an indexed block stopped being served";
+  EXPECT_EQ(std::memcmp(back.data, p.data, kSlot), 0);
+  fs->SetFull(false);
+  ASSERT_TRUE(loop_.Pump(
+      t.get(),
+      [&] {
+        t->Maintain();
+        return t->index_writable();
+      },
+      std::chrono::seconds(20)))
+      << "the index did not come back with room";
+  ASSERT_TRUE(Spill(t.get(), "after", p).ok());
+  Settle(t.get());
+  EXPECT_EQ(Find(t.get(), "after").length, kSlot);
 }
 
 // ---- owners (per-tenant NVMe limits) ----------------------------------------------------
