@@ -247,7 +247,6 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
                               SystemClock::Default()));
 
   if (config.metrics_port >= 0) {
-    Daemon* raw = d.get();
     KVTIER_ASSIGN_OR_RETURN(d->http_, MetricsHttpServer::Open(
                                           d->io_, config.metrics_listen, config.metrics_port,
                                           [raw] { return raw->metrics_.Render(); }, &d->health_));

@@ -564,20 +564,12 @@ flatbuffers::Offset<fb::RemoteTierStats> Dispatcher::LegacyRemoteStats(
     const LowerTierMover& mover, const LowerTierReport& r,
     flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::RemoteNode>>> nodes,
     flatbuffers::Offset<flatbuffers::String> write_policy) {
-  auto u = [&r](std::string_view key, std::string_view label = {}) {
-    return static_cast<uint64_t>(r.Figure(key, label));
-  };
-  auto mean = [&r](std::string_view seconds, std::string_view count) {
-    const double n = r.Figure(count);
-    return n > 0 ? r.Figure(seconds) / n : 0.0;
-  };
+  auto u = [&r](std::string_view key) { return static_cast<uint64_t>(r.Figure(key)); };
+  auto mean = [&r](std::string_view seconds, double n) { return n > 0 ? r.Figure(seconds) / n : 0.0; };
   return fb::CreateRemoteTierStats(
       builder_, nodes, write_policy, u("lookups"), u("lookup_hits"), u("fetches"), u("fetch_hits"), u("fetch_bytes"),
-      u("puts"), u("put_bytes"), u("errors"), r.checksum_failures, mean("exists_seconds", "lookups"),
-      mean("fetch_seconds", "fetches"),
-      r.Figure("puts") + r.Figure("puts_failed") > 0
-          ? r.Figure("put_seconds") / (r.Figure("puts") + r.Figure("puts_failed"))
-          : 0.0,
+      u("puts"), u("put_bytes"), u("errors"), r.checksum_failures, mean("exists_seconds", r.Figure("lookups")),
+      mean("fetch_seconds", r.Figure("fetches")), mean("put_seconds", r.Figure("puts") + r.Figure("puts_failed")),
       mover.puts_in_flight(), static_cast<uint32_t>(mover.puts_queued()), mover.puts_skipped(), u("breaker_rejections"),
       u("timeouts"), u("puts_failed"), r.authenticated);
 }

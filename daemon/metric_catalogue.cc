@@ -309,15 +309,22 @@ void Daemon::RegisterLowerTierMetrics() {
         p + "quota_deletes_total",
         "Values this kvtierd deleted from the " + tier + " tier because their tenant was past its " + tier + " quota.",
         {}, [rm] { return rm->quota_deletes(); });
-    const LowerTierReport first = rm->tier().Report();
+    // One report per tier per render, shared by its series (Render counts itself first).
+    struct Cached {
+      uint64_t render = 0;
+      LowerTierReport report;
+    };
+    auto cached = std::make_shared<Cached>(Cached{m.renders(), rm->tier().Report()});
+    const LowerTierReport& first = cached->report;
     for (size_t i = 0; i < first.figures.size(); ++i) {
       const TierFigure& f = first.figures[i];
       if (f.metric.empty()) continue;
       Labels labels;
       if (!f.label.first.empty()) labels.emplace_back(f.label.first, f.label.second);
-      auto value = [rm, i] {
-        const LowerTierReport r = rm->tier().Report();
-        return i < r.figures.size() ? r.figures[i].value : 0.0;
+      auto value = [rm, i, cached, &m] {
+        if (cached->render != m.renders()) *cached = {m.renders(), rm->tier().Report()};
+        const auto& figures = cached->report.figures;
+        return i < figures.size() ? figures[i].value : 0.0;
       };
       if (f.counter) {
         m.AddCounterFn(std::string(f.metric), std::string(f.help), std::move(labels), value);
