@@ -4,14 +4,17 @@
 // kUnavailable and the daemon runs without a CUDA tier).
 //
 // Shareable allocations are VMM allocations (cuMemCreate) exported as POSIX fds; where the
-// driver or device does not offer that, cudaMalloc + cudaIpcGetMemHandle (a legacy handle
+// driver or device does not offer that (or KVTIER_CUDA_IPC=legacy says not to), cudaMalloc +
+// cudaIpcGetMemHandle (a legacy handle
 // maps the whole allocation, which is why a pool segment never holds two tenants' pages).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -88,6 +91,11 @@ class CudaDeviceBackend final : public DeviceBackend {
     Resolve("cuMemSetAccess", &drv_.set_access);
     Resolve("cuMemGetAllocationGranularity", &drv_.granularity);
     if (!drv_.ok()) KVTIER_LOG(WARNING) << "cuda: VMM entry points missing; using legacy IPC handles";
+    // The legacy path on a driver that has VMM too: how tests/gpu/device.sh runs the
+    // GPU-tier tests on both paths, and a way round a VMM export an environment refuses.
+    if (const char* ipc = std::getenv("KVTIER_CUDA_IPC"); ipc != nullptr && std::string_view(ipc) == "legacy") {
+      legacy_only_ = true;
+    }
     return Status::Ok();
   }
 
@@ -99,7 +107,7 @@ class CudaDeviceBackend final : public DeviceBackend {
     KVTIER_RETURN_IF_ERROR(FromCuda(cudaSetDevice(device), "cudaSetDevice"));
     DeviceAllocation a;
     a.bytes = bytes;
-    if (drv_.ok()) {
+    if (drv_.ok() && !legacy_only_) {
       auto vmm = AllocateVmm(device, bytes, &a);
       if (vmm.ok()) return a;
       KVTIER_LOG(WARNING) << "cuda: VMM allocation failed (" << vmm.ToString() << "); legacy IPC";
@@ -294,6 +302,7 @@ class CudaDeviceBackend final : public DeviceBackend {
   }
 
   int count_ = 0;
+  bool legacy_only_ = false;  // KVTIER_CUDA_IPC=legacy
   Driver drv_;
   Mutex mu_;
   std::unordered_map<void*, Imported> imported_ KVTIER_GUARDED_BY(mu_);  // what Import mapped

@@ -78,11 +78,20 @@ int main(int argc, char** argv) {
   quant->add_flag("--json", args.json, "Print one JSON object");
   auto* demotion = app.add_subcommand(
       "demotion",
-      "Lookup p50/p99 while a writer drives GPU->host demotions of 2 MiB blocks (host-emulated GPU tier) vs with "
+      "Lookup p50/p99 while a writer drives GPU->host demotions of 2 MiB blocks (--device GPU tier) vs with "
       "no demotions, interleaved phases; lookup_p99_ratio");
   demotion->add_option("--rounds", args.rounds, "Interleaved rounds of a quiet and a burst phase")
       ->check(CLI::Range(1, 1000));
-  demotion->add_flag("--json", args.json, "Print one JSON object");
+  auto* kv = app.add_subcommand(
+      "kv",
+      "StoreBlocks/LoadBlocks of 2 MiB blocks between an engine's device KV and host pages vs the device's copy of "
+      "the same bytes to/from pinned memory; store_ratio, load_ratio");
+  kv->add_option("--rounds", args.rounds, "Rounds (the median is reported)")->check(CLI::Range(1, 100));
+  for (auto* sub : {kv, demotion}) {
+    sub->add_option("--device", args.device, "GPU backend: cuda or host-emulated")
+        ->check(CLI::IsMember({"cuda", "host-emulated"}));
+    sub->add_flag("--json", args.json, "Print one JSON object");
+  }
   auto* pipeline = app.add_subcommand(
       "pipeline",
       "Lookups/s with 16 sessions x 16 one-block Lookups in flight vs redis-benchmark -c 16 -P 16 -t get on a "
@@ -109,6 +118,10 @@ int main(int argc, char** argv) {
   }
   if (events->parsed()) return kvtier::bench::RunEventsBench(args);
   if (demotion->parsed()) return kvtier::bench::RunDemotionBench(args);
+  if (kv->parsed()) {
+    if (args.rounds == 10) args.rounds = 5;
+    return kvtier::bench::RunKvBench(args);
+  }
   if (quant->parsed()) {
     if (args.rounds == 10) args.rounds = 7;
     return kvtier::bench::RunQuantBench(args);

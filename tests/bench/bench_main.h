@@ -22,6 +22,7 @@ struct BenchArgs {
   int remote_blocks = 96;                                         // remote: distinct blocks cycled through
   bool remote_unkeyed = false;                                    // remote: no fleet secret
   std::vector<std::string> ops;                                   // rpc: only these operations (all when empty)
+  std::string device = "host-emulated";                           // kv, demotion: the GPU backend
 };
 
 int RunRpcBench(const BenchArgs& args);
@@ -34,5 +35,6 @@ int RunRemoteBench(const BenchArgs& args);
 int RunQuantBench(const BenchArgs& args);
 int RunDemotionBench(const BenchArgs& args);
 int RunPipelineBench(const BenchArgs& args);
+int RunKvBench(const BenchArgs& args);
 
 }  // namespace kvtier::bench

@@ -6,14 +6,17 @@
 //      which maps it and writes; engine B maps it and reads the same bytes;
 //   3. bandwidth, each against its baseline in the same run: gather/scatter between device
 //      layouts and device pages vs cudaMemcpy device-to-device of the same bytes; gather
-//      into pinned host pages (D2H) and scatter from them (H2D) vs cudaMemcpy.
-// Prints a markdown table; --json prints one JSON object. Exit 0 when every check passes.
+//      into pinned host pages (D2H) and scatter from them (H2D) vs cudaMemcpy; both layouts;
+//   4. int8 / fp8 quantization of device pages vs cudaMemcpy D2D of each page.
+// Prints a markdown table; --json FILE writes the figures as one JSON object too. Exit 0
+// when every check passes, 77 without a GPU.
 #include <cuda_runtime.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -279,9 +282,10 @@ struct Bw {
   double ours_gbs, base_gbs;
 };
 
-std::vector<Bw> Bandwidth(DeviceBackend& dev) {
-  // Llama-3-8B shaped blocks: 32 layers, 8 KV heads, dim 128, bf16, 16 tokens = 2 MiB.
-  KvGeometry g{KvLayoutKind::kKvFirst, 32, 2048, 16, 8, 128, 2};
+// Llama-3-8B shaped blocks: 32 layers, 8 KV heads, dim 128, bf16, 16 tokens = 2 MiB.
+std::vector<Bw> Bandwidth(DeviceBackend& dev, KvLayoutKind kind) {
+  KvGeometry g{kind, 32, 2048, 16, 8, 128, 2};
+  const char* layout = kind == KvLayoutKind::kKvFirst ? "kv-first" : "block-first";
   const uint32_t count = 512;  // 1 GiB moved per call
   std::vector<void*> layers;
   KvTransfer t;
@@ -312,22 +316,52 @@ std::vector<Bw> Bandwidth(DeviceBackend& dev) {
   DeviceStream st = *s;
   cudaStream_t cs = static_cast<cudaStream_t>(st);
   auto gb = [&](double ms) { return bytes / (ms * 1e-3) / 1e9; };
+  auto name = [&](const char* what) { return std::string(what) + " (" + layout + ")"; };
   std::vector<Bw> out;
   // Device layout <-> device pages, against cudaMemcpy D2D of the same bytes.
   const double d2d = TimeMs([&] { cudaMemcpyAsync(dpages, dsrc, bytes, cudaMemcpyDeviceToDevice, cs); }, 10);
   t.pages = dp.data();
   const double gather_d = TimeMs([&] { (void)dev.Gather(t, st); }, 10);
   const double scatter_d = TimeMs([&] { (void)dev.Scatter(t, st); }, 10);
-  out.push_back({"gather to device pages vs D2D memcpy", gb(gather_d), gb(d2d)});
-  out.push_back({"scatter from device pages vs D2D memcpy", gb(scatter_d), gb(d2d)});
+  out.push_back({name("gather to device pages vs D2D memcpy"), gb(gather_d), gb(d2d)});
+  out.push_back({name("scatter from device pages vs D2D memcpy"), gb(scatter_d), gb(d2d)});
   // Device layout <-> pinned host pages, against cudaMemcpy D2H / H2D.
   const double d2h = TimeMs([&] { cudaMemcpyAsync(hpages, dsrc, bytes, cudaMemcpyDeviceToHost, cs); }, 5);
   const double h2d = TimeMs([&] { cudaMemcpyAsync(dsrc, hpages, bytes, cudaMemcpyHostToDevice, cs); }, 5);
   t.pages = hp.data();
   const double gather_h = TimeMs([&] { (void)dev.Gather(t, st); }, 5);
   const double scatter_h = TimeMs([&] { (void)dev.Scatter(t, st); }, 5);
-  out.push_back({"gather to pinned host (D2H) vs cudaMemcpy D2H", gb(gather_h), gb(d2h)});
-  out.push_back({"scatter from pinned host (H2D) vs cudaMemcpy H2D", gb(scatter_h), gb(h2d)});
+  out.push_back({name("gather to pinned host (D2H) vs cudaMemcpy D2H"), gb(gather_h), gb(d2h)});
+  out.push_back({name("scatter from pinned host (H2D) vs cudaMemcpy H2D"), gb(scatter_h), gb(h2d)});
+  if (kind == KvLayoutKind::kKvFirst) {
+    // Quantizing pages on the device (one launch a 2 MiB page, as the cold tiers do)
+    // against a D2D copy of each page, counting the page's bytes.
+    KvGeometry pg{KvLayoutKind::kKvFirst, 32, 1, 16, 8, 128, 2};
+    uint8_t* codes;
+    float* scales;
+    cudaMalloc(reinterpret_cast<void**>(&codes), pg.BlockBytes() / 2);
+    cudaMalloc(reinterpret_cast<void**>(&scales), QuantRows(pg) * sizeof(float));
+    const double page_d2d = TimeMs(
+        [&] {
+          for (uint32_t i = 0; i < count; ++i)
+            cudaMemcpyAsync(dp[(i + 1) % count], dp[i], pg.BlockBytes(), cudaMemcpyDeviceToDevice, cs);
+        },
+        3);
+    for (QuantKind qk : {QuantKind::kInt8, QuantKind::kFp8E4M3}) {
+      const double q = TimeMs(
+          [&] {
+            for (uint32_t i = 0; i < count; ++i) {
+              KvQuantize kq{pg, FloatKind::kBf16, qk, dp[i], codes, scales};
+              (void)dev.Quantize(kq, st);
+            }
+          },
+          3);
+      out.push_back({std::string(qk == QuantKind::kInt8 ? "int8" : "fp8") + " quantize of device pages vs D2D memcpy",
+                     gb(q), gb(page_d2d)});
+    }
+    cudaFree(codes);
+    cudaFree(scales);
+  }
   for (void* p : layers) cudaFree(p);
   cudaFree(dpages);
   cudaFree(dsrc);
@@ -336,12 +370,31 @@ std::vector<Bw> Bandwidth(DeviceBackend& dev) {
   return out;
 }
 
+// "gather to device pages vs D2D memcpy (kv-first)" -> "gather_to_device_pages_kv_first":
+// what was measured and its layout, without the baseline.
+std::string Key(const std::string& name) {
+  const size_t vs = name.find(" vs ");
+  const size_t layout = name.find('(', vs == std::string::npos ? 0 : vs);
+  const std::string text = name.substr(0, vs) + (layout == std::string::npos ? "" : name.substr(layout));
+  std::string k;
+  for (char c : text) {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      k += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    } else if (!k.empty() && k.back() != '_') {
+      k += '_';
+    }
+  }
+  while (!k.empty() && k.back() == '_') k.pop_back();
+  return k;
+}
+
 }  // namespace
 }  // namespace kvtier
 
+// kvtier-gpu-check [--json FILE]: the table on stdout, the same figures as JSON in FILE.
 int main(int argc, char** argv) {
   using namespace kvtier;
-  const bool json = argc > 1 && std::string(argv[1]) == "--json";
+  const char* json_path = argc > 2 && std::string(argv[1]) == "--json" ? argv[2] : nullptr;
   auto dev = OpenCudaDeviceBackend();
   if (!dev.ok()) {
     std::fprintf(stderr, "kvtier-gpu-check: %s\n", dev.status().ToString().c_str());
@@ -349,27 +402,36 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
   auto s = (*dev)->CreateStream(0);
   CheckKernels(**dev, *s);
   const int kernel_failures = failures;
   std::string how;
   const bool ipc = CheckIpc(**dev, &how);
-  auto bw = Bandwidth(**dev);
-  if (json) {
-    std::printf("{\"device\": \"%s\", \"kernels_ok\": %s, \"ipc_ok\": %s, \"ipc\": \"%s\"", prop.name,
-                kernel_failures == 0 ? "true" : "false", ipc ? "true" : "false", how.c_str());
-    const char* keys[] = {"gather_d2d_ratio", "scatter_d2d_ratio", "gather_d2h_ratio", "scatter_h2d_ratio"};
-    for (size_t i = 0; i < bw.size(); ++i) std::printf(", \"%s\": %.3f", keys[i], bw[i].ours_gbs / bw[i].base_gbs);
-    std::printf("}\n");
-  } else {
-    std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-    std::printf("kernels vs CPU reference: %s\n",
-                kernel_failures == 0 ? "bit-exact copies, quantization within bound" : "FAILED");
-    std::printf("two-process IPC (%s): %s\n\n", how.c_str(), ipc ? "engine B read engine A's bytes" : "FAILED");
-    std::printf(
-        "| transfer (1 GiB of 2 MiB llama3-8b blocks) | kvtier GB/s | baseline GB/s | ratio |\n|---|---|---|---|\n");
+  std::vector<Bw> bw;
+  for (KvLayoutKind kind : {KvLayoutKind::kKvFirst, KvLayoutKind::kBlockFirst}) {
+    auto b = Bandwidth(**dev, kind);
+    bw.insert(bw.end(), b.begin(), b.end());
+  }
+  std::printf("device: %s (sm_%d%d), CUDA driver API %d\n", prop.name, prop.major, prop.minor, driver);
+  std::printf("kernels vs CPU reference: %s\n",
+              kernel_failures == 0 ? "bit-exact copies, quantization within bound" : "FAILED");
+  std::printf("two-process IPC (%s): %s\n\n", how.c_str(), ipc ? "engine B read engine A's bytes" : "FAILED");
+  std::printf(
+      "| transfer (1 GiB of 2 MiB llama3-8b blocks) | kvtier GB/s | baseline GB/s | ratio |\n|---|---|---|---|\n");
+  for (const Bw& b : bw)
+    std::printf("| %s | %.1f | %.1f | %.2f |\n", b.name.c_str(), b.ours_gbs, b.base_gbs, b.ours_gbs / b.base_gbs);
+  if (json_path != nullptr) {
+    FILE* f = std::fopen(json_path, "w");
+    if (f == nullptr) return 2;
+    std::fprintf(f, "{\"device\": \"%s\", \"cuda_driver\": %d, \"kernels_ok\": %s, \"ipc_ok\": %s, \"ipc\": \"%s\"",
+                 prop.name, driver, kernel_failures == 0 ? "true" : "false", ipc ? "true" : "false", how.c_str());
     for (const Bw& b : bw)
-      std::printf("| %s | %.1f | %.1f | %.2f |\n", b.name.c_str(), b.ours_gbs, b.base_gbs, b.ours_gbs / b.base_gbs);
+      std::fprintf(f, ", \"%s_ratio\": %.3f, \"%s_gbs\": %.1f", Key(b.name).c_str(), b.ours_gbs / b.base_gbs,
+                   Key(b.name).c_str(), b.ours_gbs);
+    std::fprintf(f, "}\n");
+    std::fclose(f);
   }
   return failures == 0 && ipc ? 0 : 1;
 }

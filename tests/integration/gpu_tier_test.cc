@@ -1,16 +1,20 @@
-// The GPU tier through a real kvtierd on the host-emulated DeviceBackend: engines lease
-// GPU pages, share committed GPU blocks zero-copy, GPU blocks are demoted to host pages
-// with their bytes, and the store/load helpers move KV between an engine's paged layout
-// and kvtier pages.
+// The GPU tier through a real kvtierd on TestGpuBackend() — host-emulated in `make test`,
+// cuda on a machine with a GPU (tests/gpu/device.sh): engines lease GPU pages, share
+// committed GPU blocks zero-copy, GPU blocks are demoted to host pages with their bytes,
+// the store/load helpers move KV between an engine's paged layout and kvtier pages, and a
+// killed engine's GPU leases come back.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "engine/tools/block_pattern.h"
 #include "kernels/device_backend.h"
+#include "tests/integration/device_pages.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -30,7 +34,7 @@ DaemonProcess::Options GpuDaemon(const std::string& gpu_capacity = "8MiB") {
 
 ClientOptions GpuEngine(const DaemonProcess& d, const std::string& name) {
   ClientOptions o = EngineOptions(d.socket_path(), name);
-  o.device = "host-emulated";
+  o.device = TestGpuBackend();
   return o;
 }
 
@@ -38,9 +42,7 @@ Status StoreOnGpu(Client& c, const std::vector<BlockHash>& chain) {
   KVTIER_ASSIGN_OR_RETURN(auto pages, c.Allocate(TierKind::kGpu, static_cast<uint32_t>(chain.size())));
   std::vector<CommitEntry> e;
   for (size_t i = 0; i < chain.size(); ++i) {
-    auto* p = static_cast<uint8_t*>(c.PageAddress(TierKind::kGpu, pages[i]));
-    if (p == nullptr) return Internal("GPU page not mapped");
-    FillBlockPattern(chain[i], {p, kBlock});
+    KVTIER_RETURN_IF_ERROR(FillPage(c, TierKind::kGpu, pages[i], chain[i], kBlock));
     e.push_back({pages[i], chain[i], i ? chain[i - 1] : BlockHash()});
   }
   KVTIER_ASSIGN_OR_RETURN(auto r, c.Commit(TierKind::kGpu, e));
@@ -73,8 +75,7 @@ TEST(GpuTier, TwoEnginesShareAGpuBlockThroughTheDaemon) {
     if (!a.ok()) return 23;
     for (size_t i = 0; i < 3; ++i) {
       if (!(*a)[i].status.ok() || (*a)[i].tier != TierKind::kGpu) return 24;
-      auto* p = static_cast<uint8_t*>((*c)->PageAddress(TierKind::kGpu, (*a)[i].page));
-      if (p == nullptr || !CheckBlockPattern(chain[i], {p, kBlock})) return 25;
+      if (!CheckPage(**c, TierKind::kGpu, (*a)[i].page, chain[i], kBlock)) return 25;
     }
     return 0;
   });
@@ -111,9 +112,7 @@ TEST(GpuTier, DemotionFromGpuToHostKeepsTheBytes) {
     ++(l->tiers[0] == TierKind::kHost ? on_host : on_gpu);
     auto a = (*c)->Acquire(one);
     ASSERT_TRUE(a.ok() && (*a)[0].status.ok());
-    auto* p = static_cast<uint8_t*>((*c)->PageAddress((*a)[0].tier, (*a)[0].page));
-    ASSERT_NE(p, nullptr);
-    EXPECT_TRUE(CheckBlockPattern(h, {p, kBlock})) << "bytes changed on the way down";
+    EXPECT_TRUE(CheckPage(**c, (*a)[0].tier, (*a)[0].page, h, kBlock)) << "bytes changed on the way down";
     ASSERT_TRUE((*c)->Release(TierKind::kGpu, {}, one).ok());
   }
   EXPECT_GT(on_host, 0u);
@@ -136,14 +135,19 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
     const uint32_t num_blocks = 8;
     KvGeometry g{kind, layout.num_layers, num_blocks, layout.tokens_per_block, layout.kv_heads, layout.head_dim, 2};
     std::mt19937 rng(static_cast<uint32_t>(kind) + 3);
+    // The engine's KV in its device memory: random in A's, zeros in B's.
     std::vector<std::vector<uint8_t>> src(layout.num_layers, std::vector<uint8_t>(g.LayerTensorBytes()));
-    std::vector<std::vector<uint8_t>> dst(layout.num_layers, std::vector<uint8_t>(g.LayerTensorBytes(), 0));
+    std::vector<std::unique_ptr<DeviceBuffer>> a_mem, b_mem;
+    EngineKv a_kv{kind, num_blocks, {}, nullptr}, b_kv{kind, num_blocks, {}, nullptr};
     for (auto& t : src) {
       for (auto& b : t) b = static_cast<uint8_t>(rng());
+      a_mem.push_back(std::make_unique<DeviceBuffer>(g.LayerTensorBytes()));
+      b_mem.push_back(std::make_unique<DeviceBuffer>(g.LayerTensorBytes()));
+      ASSERT_TRUE(a_mem.back()->Upload(t).ok());
+      ASSERT_TRUE(b_mem.back()->Upload(std::vector<uint8_t>(g.LayerTensorBytes(), 0)).ok());
+      a_kv.layers.push_back(a_mem.back()->data());
+      b_kv.layers.push_back(b_mem.back()->data());
     }
-    EngineKv a_kv{kind, num_blocks, {}, nullptr}, b_kv{kind, num_blocks, {}, nullptr};
-    for (auto& t : src) a_kv.layers.push_back(t.data());
-    for (auto& t : dst) b_kv.layers.push_back(t.data());
     const auto chain = HashChain(40 + static_cast<int>(kind), 3);
     auto a = Client::Connect(GpuEngine(d, "store"));
     ASSERT_TRUE(a.ok());
@@ -169,6 +173,12 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
     EXPECT_EQ(ops("lookup"), lookups);
     EXPECT_EQ(ops("acquire"), acquires + 1);
     EXPECT_EQ(ops("release"), releases + 1);
+    std::vector<std::vector<uint8_t>> dst;
+    for (const auto& m : b_mem) {
+      auto bytes = m->Download();
+      ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+      dst.push_back(std::move(*bytes));
+    }
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
       for (size_t i = 0; i < 3; ++i) {
         for (uint32_t c = 0; c < 2; ++c) {
@@ -191,7 +201,70 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+const TierStatsInfo* GpuTierOf(const DaemonStats& s) {
+  for (const auto& t : s.tiers) {
+    if (t.tier == TierKind::kGpu) return &t;
+  }
+  return nullptr;
+}
+
+TEST(GpuTier, AnEngineKilledWithGpuPagesLeasedGivesThemBack) {
+  DaemonProcess d(GpuDaemon("8MiB"));  // 8 GPU pages
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  Pipe leased;
+  EngineProcess engine([&]() -> int {
+    const int rc = [&] {
+      auto c = Client::Connect(GpuEngine(d, "gpu-killed"));
+      if (!c.ok()) return 10;
+      auto pages = (*c)->Allocate(TierKind::kGpu, 4);  // security.max_leased_share: half the tier
+      if (!pages.ok()) return 11;
+      const auto hashes = HashChain(7, pages->size());
+      for (size_t i = 0; i < pages->size(); ++i) {
+        if (!FillPage(**c, TierKind::kGpu, (*pages)[i], hashes[i], kBlock).ok()) return 12;
+      }
+      c->release();  // never closed: the process dies holding the lease
+      return 0;
+    }();
+    leased.Signal();
+    if (rc != 0) return rc;
+    std::this_thread::sleep_for(std::chrono::seconds(60));  // killed before this ends
+    return 13;
+  });
+  ASSERT_TRUE(leased.Wait()) << d.Log();
+  auto held = StatsOf(d.socket_path());
+  ASSERT_TRUE(held.ok());
+  ASSERT_NE(GpuTierOf(*held), nullptr);
+  ASSERT_EQ(GpuTierOf(*held)->leased_pages, 4u) << "engine exited " << engine.Join();
+  engine.Kill9();
+  EXPECT_EQ(engine.Join(), 128 + SIGKILL);
+  // The daemon sees the session's socket close and takes the pages back.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  uint32_t free_pages = 0, leased_pages = 1;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto s = StatsOf(d.socket_path());
+    ASSERT_TRUE(s.ok());
+    free_pages = GpuTierOf(*s)->free_pages, leased_pages = GpuTierOf(*s)->leased_pages;
+    if (leased_pages == 0 && free_pages == GpuTierOf(*s)->capacity_pages) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(leased_pages, 0u);
+  EXPECT_EQ(free_pages, 8u);
+  // Another engine leases its share and writes it.
+  auto c = Client::Connect(GpuEngine(d, "gpu-next"));
+  ASSERT_TRUE(c.ok());
+  auto all = (*c)->Allocate(TierKind::kGpu, 4);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  const auto hashes = HashChain(8, all->size());
+  for (size_t i = 0; i < all->size(); ++i) {
+    ASSERT_TRUE(FillPage(**c, TierKind::kGpu, (*all)[i], hashes[i], kBlock).ok());
+    EXPECT_TRUE(CheckPage(**c, TierKind::kGpu, (*all)[i], hashes[i], kBlock));
+  }
+  c->reset();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 TEST(GpuTier, AGpuTierNeedsABackendAndSaysSo) {
+  if (OpenDeviceBackend("cuda").ok()) GTEST_SKIP() << "a GPU is visible";
   DaemonProcess::Options o = GpuDaemon();
   o.extra_yaml = "";
   DaemonProcess d(o);
@@ -202,13 +275,12 @@ TEST(GpuTier, AGpuTierNeedsABackendAndSaysSo) {
     std::stringstream ss;
     ss << in.rdbuf();
     std::string text = ss.str();
-    const size_t at = text.find("backend: host-emulated");
+    const std::string configured = "backend: " + TestGpuBackend();
+    const size_t at = text.find(configured);
     ASSERT_NE(at, std::string::npos);
-    text.replace(at, 22, "backend: cuda");
+    text.replace(at, configured.size(), "backend: cuda");
     std::ofstream(cfg) << text;
   }
-  auto cuda = OpenDeviceBackend("cuda");
-  if (cuda.ok()) GTEST_SKIP() << "a GPU is visible";
   Status st = d.Start();
   EXPECT_FALSE(st.ok());
   EXPECT_NE(d.Log().find("tiers.gpu.backend cuda"), std::string::npos) << d.Log();

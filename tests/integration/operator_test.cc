@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "engine/tools/block_pattern.h"
+#include "tests/integration/device_pages.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -22,9 +23,7 @@ Status StoreChain(Client& c, TierKind tier, const std::vector<BlockHash>& chain)
   KVTIER_ASSIGN_OR_RETURN(auto pages, c.Allocate(tier, static_cast<uint32_t>(chain.size())));
   std::vector<CommitEntry> e;
   for (size_t i = 0; i < chain.size(); ++i) {
-    auto* p = static_cast<uint8_t*>(c.PageAddress(tier, pages[i]));
-    if (p == nullptr) return Internal("page not mapped");
-    FillBlockPattern(chain[i], {p, kBlock});
+    KVTIER_RETURN_IF_ERROR(FillPage(c, tier, pages[i], chain[i], kBlock));
     e.push_back({pages[i], chain[i], i ? chain[i - 1] : BlockHash()});
   }
   KVTIER_ASSIGN_OR_RETURN(auto r, c.Commit(tier, e));

@@ -45,7 +45,7 @@ Hits RunAs(uid_t uid, const DaemonProcess& d, const std::function<Hits(Client&)>
     ::close(p[0]);
     if (!BecomeUser(uid)) return 20;
     ClientOptions o = EngineOptions(d.socket_path(), "engine-" + std::to_string(uid));
-    o.device = "host-emulated";
+    o.device = TestGpuBackend();
     auto c = Client::Connect(o);
     if (!c.ok()) {
       std::fprintf(stderr, "uid %u: %s\n", uid, c.status().ToString().c_str());
@@ -224,6 +224,68 @@ TEST_F(MultiUser, UnknownUsersAreRefusedAndTheSocketIsTheGroupsOnly) {
       kUserA, d, [](Client&) { return Hits{}; }, &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_TRUE(ControlClient::Connect(ControlOptions(d.socket_path())).ok());
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A GPU segment holds one tenant's pages and is granted to that tenant's sessions only
+// (a legacy CUDA IPC handle would map the whole allocation): an engine of another tenant
+// never has it mapped, on the cuda backend as on the host-emulated one.
+TEST_F(MultiUser, ATenantsGpuSegmentsAreNeverMappedByAnotherTenant) {
+  DaemonProcess d(Options(kTwoTenants));  // 32 GPU pages in 4 segments
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto chain = HashChain(21, 4);
+  auto engine = [&](uid_t who) {
+    ClientOptions o = EngineOptions(d.socket_path(), "engine-" + std::to_string(who));
+    o.device = TestGpuBackend();
+    return Client::Connect(o);
+  };
+  int ids[2];
+  ASSERT_EQ(::pipe(ids), 0);
+  Pipe b_done;
+  constexpr uint32_t kPages = 8;
+  EngineProcess a([&]() -> int {
+    ::close(ids[0]);
+    if (!BecomeUser(kUserA)) return 20;
+    auto c = engine(kUserA);
+    if (!c.ok()) return 21;
+    auto pages = (*c)->Allocate(TierKind::kGpu, kPages);
+    if (!pages.ok()) return 22;
+    std::vector<CommitEntry> e;
+    for (uint32_t i = 0; i < kPages; ++i) {
+      if (!FillPage(**c, TierKind::kGpu, (*pages)[i], Salted(HashChain(22, kPages)[i], kUserA), kBlock).ok()) return 23;
+      if (i < chain.size()) e.push_back({(*pages)[i], chain[i], i ? chain[i - 1] : BlockHash()});
+    }
+    // Half committed (cached, shared within the tenant), half still leased.
+    if (!(*c)->Commit(TierKind::kGpu, e, /*retain=*/true).ok()) return 24;
+    const size_t bytes = pages->size() * sizeof(PageId);
+    if (::write(ids[1], pages->data(), bytes) != static_cast<ssize_t>(bytes)) return 25;
+    ::close(ids[1]);
+    return b_done.Wait() ? 0 : 26;
+  });
+  ::close(ids[1]);
+  std::vector<PageId> a_pages(kPages);
+  const size_t want = a_pages.size() * sizeof(PageId);
+  ASSERT_EQ(::read(ids[0], a_pages.data(), want), static_cast<ssize_t>(want)) << d.Log();
+  ::close(ids[0]);
+  EngineProcess b([&]() -> int {
+    if (!BecomeUser(kUserB)) return 30;
+    auto c = engine(kUserB);
+    if (!c.ok()) return 31;
+    auto own = (*c)->Allocate(TierKind::kGpu, kPages);
+    if (!own.ok()) return 32;
+    for (PageId p : *own) {
+      if ((*c)->PageAddress(TierKind::kGpu, p) == nullptr) return 33;
+    }
+    for (PageId p : a_pages) {
+      if ((*c)->PageAddress(TierKind::kGpu, p) != nullptr) return 34;  // A's segment mapped here
+    }
+    auto l = (*c)->Lookup(chain);
+    return l.ok() && l->matched == 0 ? 0 : 35;
+  });
+  EXPECT_EQ(b.Join(), 0) << d.Log();
+  b_done.Signal();
+  EXPECT_EQ(a.Join(), 0) << d.Log();
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 

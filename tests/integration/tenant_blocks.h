@@ -6,6 +6,7 @@
 
 #include "engine/client.h"
 #include "engine/tools/block_pattern.h"
+#include "tests/integration/device_pages.h"
 #include "tests/integration/engine_process.h"
 
 namespace kvtier::testing {
@@ -22,9 +23,7 @@ inline Status Store(Client& c, TierKind tier, const std::vector<BlockHash>& chai
     KVTIER_ASSIGN_OR_RETURN(auto pages, c.Allocate(tier, static_cast<uint32_t>(n)));
     std::vector<CommitEntry> e;
     for (size_t i = 0; i < n; ++i) {
-      auto* p = static_cast<uint8_t*>(c.PageAddress(tier, pages[i]));
-      if (p == nullptr) return Internal("page not mapped");
-      FillBlockPattern(Salted(chain[from + i], who), {p, kBlock});
+      KVTIER_RETURN_IF_ERROR(FillPage(c, tier, pages[i], Salted(chain[from + i], who), kBlock));
       const size_t k = from + i;
       e.push_back({pages[i], chain[k], k ? chain[k - 1] : BlockHash()});
     }
@@ -52,8 +51,7 @@ inline Hits Probe(Client& c, const std::vector<BlockHash>& chain, uid_t who) {
     const BlockResult& r = (*acq)[i];
     if (!r.status.ok()) continue;
     held.push_back(chain[i]);
-    auto* p = static_cast<const uint8_t*>(c.PageAddress(r.tier, r.page));
-    if (p && CheckBlockPattern(Salted(chain[i], who), {p, kBlock}))
+    if (CheckPage(c, r.tier, r.page, Salted(chain[i], who), kBlock))
       ++h.verified;
     else
       ++h.foreign;

@@ -94,7 +94,15 @@ uint64_t ProcStatusKb(pid_t pid, std::string_view field) {
   return 0;
 }
 
-std::string BinaryPath(const std::string& name) { return std::string(KVTIER_BIN_DIR) + "/" + name; }
+std::string BinaryPath(const std::string& name) {
+  const char* dir = std::getenv("KVTIER_BIN_DIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : KVTIER_BIN_DIR) + "/" + name;
+}
+
+std::string TestGpuBackend() {
+  const char* b = std::getenv("KVTIER_TEST_GPU_BACKEND");
+  return b != nullptr && *b != '\0' ? b : "host-emulated";
+}
 
 DaemonProcess::DaemonProcess() : DaemonProcess(Options{}) {}
 
@@ -113,8 +121,9 @@ DaemonProcess::DaemonProcess(const Options& options) : options_(options) {
     << "    segment_bytes: " << options_.segment_bytes << "\n"
     << options_.host_yaml;
   if (!options_.gpu_capacity.empty()) {
-    c << "  gpu:\n    enabled: true\n    backend: host-emulated\n    capacity: " << options_.gpu_capacity
-      << "\n    segment_bytes: " << options_.gpu_segment_bytes << "\n";
+    c << "  gpu:\n    enabled: true\n    backend: "
+      << (options_.gpu_backend.empty() ? TestGpuBackend() : options_.gpu_backend)
+      << "\n    capacity: " << options_.gpu_capacity << "\n    segment_bytes: " << options_.gpu_segment_bytes << "\n";
   }
   if (!options_.nvme_capacity.empty()) {
     c << "  nvme:\n    files: [{path: " << slot_file() << ", capacity: " << options_.nvme_capacity

@@ -55,8 +55,13 @@ inline constexpr bool kSanitized = true;
 inline constexpr bool kSanitized = false;
 #endif
 
-// Path of a binary built next to the tests (build/bin/NAME).
+// A program of this build: in $KVTIER_BIN_DIR when set (a build carried to another
+// machine), else in the build's bin/.
 std::string BinaryPath(const std::string& name);
+// The device backend GPU-tier tests run on: $KVTIER_TEST_GPU_BACKEND ("cuda" on a machine
+// with a GPU, tests/gpu/device.sh), else "host-emulated". DaemonProcess configures its GPU
+// tier with it.
+std::string TestGpuBackend();
 
 // kvtierd as a child process on a temp socket with its own data dir and an ephemeral
 // metrics port. Extra YAML is appended to the generated config.
@@ -86,9 +91,10 @@ class DaemonProcess {
     std::string remote_yaml;
     // More sections under tiers:, indented, e.g. "  memory:\n    capacity: 8MiB\n".
     std::string tiers_yaml;
-    // A host-emulated GPU tier of this size ("" = none), in segments of gpu_segment_bytes.
+    // A GPU tier of this size ("" = none) on TestGpuBackend(), in segments of gpu_segment_bytes.
     std::string gpu_capacity;
     std::string gpu_segment_bytes = "4MiB";
+    std::string gpu_backend;  // "" = TestGpuBackend()
     // Run kvtierd in a PID namespace (and mount namespace with its own /proc) of its own,
     // as a pod does: it then sees this process and its children as pid 0. Needs root;
     // Start() fails with kPermissionDenied where the namespaces cannot be made.
