@@ -16,7 +16,7 @@
 # stage passed, 77 without a GPU. GPU_BACKEND=host-emulated runs stages 2-4 on a machine
 # without one (with a stand-in nvidia-smi on PATH), to try the script itself.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 out=${OUT:-build-gpu}
 mkdir -p "$out"
 start=$SECONDS
