@@ -1,8 +1,10 @@
 // The wire form of KV events and the announced-state file: pure encoding and decoding
 // (daemon/events/kv_events.h states the forms); the publisher is kv_events.cc.
-#include <cstdlib>
+#include <charconv>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 
 #include "daemon/events/kv_events.h"
 
@@ -145,8 +147,26 @@ std::optional<uint64_t> ParseReplayRequest(std::span<const std::string_view> par
   return start;
 }
 
+namespace {
+
+// "<tier index>" (no group) or "<tier index>:<group index>"; nullopt for anything else.
+std::optional<AnnouncedMedium> ParseMedium(std::string_view text) {
+  const size_t colon = text.find(':');
+  const std::string_view tier = text.substr(0, colon);
+  if (tier.size() != 1 || tier[0] < '0' || tier[0] >= '0' + kTierCount) return std::nullopt;
+  int32_t group = -1;
+  if (colon != std::string_view::npos) {
+    const std::string_view g = text.substr(colon + 1);
+    const auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), group);
+    if (ec != std::errc() || end != g.data() + g.size() || group < 0) return std::nullopt;
+  }
+  return AnnouncedMedium{static_cast<TierKind>(tier[0] - '0'), group};
+}
+
+}  // namespace
+
 // {"topics": [{"topic": name, "dp_rank": n or null, "signed": bool,
-//              "media": {"<tier index>": [hash, ...]}}]}
+//              "media": {"<tier index>" or "<tier index>:<group index>": [hash, ...]}}]}
 AnnouncedStates ParseAnnouncedState(std::string_view text, size_t* hashes) {
   AnnouncedStates out;
   *hashes = 0;
@@ -164,12 +184,12 @@ AnnouncedStates ParseAnnouncedState(std::string_view text, size_t* hashes) {
     }
     AnnouncedState& a = out[{t["topic"].get<std::string>(), rank}];
     if (t.contains("signed") && t["signed"].is_boolean()) a.signed_hashes = t["signed"].get<bool>();
-    for (const auto& [tier, list] : t["media"].items()) {
-      const int k = std::atoi(tier.c_str());
-      if (tier.size() != 1 || k < 0 || k >= kTierCount || !list.is_array()) continue;
+    for (const auto& [medium, list] : t["media"].items()) {
+      const std::optional<AnnouncedMedium> m = ParseMedium(medium);
+      if (!m || !list.is_array()) continue;
       for (const auto& h : list) {
         if (!h.is_number_unsigned()) continue;
-        a.hashes[static_cast<TierKind>(k)].insert(h.get<uint64_t>());
+        a.hashes[*m].insert(h.get<uint64_t>());
         ++*hashes;
       }
     }
@@ -181,8 +201,10 @@ std::string EncodeAnnouncedState(const AnnouncedStates& states) {
   nlohmann::json topics = nlohmann::json::array();
   for (const auto& [key, a] : states) {
     nlohmann::json media = nlohmann::json::object();
-    for (const auto& [tier, set] : a.hashes) {
-      if (!set.empty()) media[std::to_string(TierIndex(tier))] = std::vector<uint64_t>(set.begin(), set.end());
+    for (const auto& [medium, set] : a.hashes) {
+      const auto [tier, group] = medium;
+      const std::string key = std::to_string(TierIndex(tier)) + (group >= 0 ? ":" + std::to_string(group) : "");
+      if (!set.empty()) media[key] = std::vector<uint64_t>(set.begin(), set.end());
     }
     if (media.empty()) continue;
     topics.push_back({{"topic", key.first},

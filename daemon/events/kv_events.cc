@@ -517,7 +517,7 @@ void KvEvents::PublishPending() {
     AnnouncedState& known = announced_[{topic, dp_rank}];
     for (const KvEvent& e : events) {
       known.signed_hashes = e.signed_hashes;
-      auto& set = known.hashes[e.tier];
+      auto& set = known.hashes[{e.tier, e.group.index}];
       for (uint64_t h : e.hashes) {
         if (e.kind == KvEvent::Kind::kStored) {
           set.insert(h);
@@ -558,8 +558,11 @@ void KvEvents::RetractTopic(const TopicKey& key) {
   uint64_t n = 0;
   if (it != announced_.end()) {
     const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    for (const auto& [tier, set] : it->second.hashes) {
-      KvEvent e{.kind = KvEvent::Kind::kRemoved, .tier = tier, .signed_hashes = it->second.signed_hashes};
+    for (const auto& [medium, set] : it->second.hashes) {
+      KvEvent e{.kind = KvEvent::Kind::kRemoved,
+                .tier = medium.first,
+                .signed_hashes = it->second.signed_hashes,
+                .group = EventGroup{.index = medium.second}};
       e.hashes.assign(set.begin(), set.end());
       n += e.hashes.size();
       PublishRemoved(key, e, ts);
@@ -685,15 +688,16 @@ void KvEvents::Retract() {
   uint64_t n = 0;
   for (auto& [key, a] : earlier_) {
     const auto now = announced_.find(key);
-    for (auto& [tier, set] : a.hashes) {
+    for (auto& [medium, set] : a.hashes) {
       KvEvent e;
       e.kind = KvEvent::Kind::kRemoved;
-      e.tier = tier;
+      e.tier = medium.first;
       e.signed_hashes = a.signed_hashes;
+      e.group.index = medium.second;
       for (uint64_t h : set) {
         // Announced again by this run: still true.
         if (now != announced_.end()) {
-          auto it = now->second.hashes.find(tier);
+          auto it = now->second.hashes.find(medium);
           if (it != now->second.hashes.end() && it->second.count(h)) continue;
         }
         e.hashes.push_back(h);

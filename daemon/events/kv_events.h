@@ -189,11 +189,14 @@ std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, 
 // ROUTER socket receives a DEALER's [“”, sequence]; nullopt for anything else.
 std::optional<uint64_t> ParseReplayRequest(std::span<const std::string_view> parts);
 // What a run announced, as the state file holds it (KvEvents' state_path): per (topic,
-// data-parallel rank), whether hashes are signed, and the hashes per tier. Malformed
-// entries are skipped (the file is advisory); the count of hashes read in *hashes.
+// data-parallel rank), whether hashes are signed, and the hashes per tier and KV cache
+// group (EventGroup::index, -1: none), so that their removal names the group as their
+// BlockStored did. Malformed entries are skipped (the file is advisory); the count of
+// hashes read in *hashes.
+using AnnouncedMedium = std::pair<TierKind, int32_t>;  // tier, group index
 struct AnnouncedState {
   bool signed_hashes = false;
-  std::map<TierKind, std::unordered_set<uint64_t>> hashes;
+  std::map<AnnouncedMedium, std::unordered_set<uint64_t>> hashes;
 };
 using AnnouncedStates = std::map<std::pair<std::string, std::optional<uint32_t>>, AnnouncedState>;
 AnnouncedStates ParseAnnouncedState(std::string_view text, size_t* hashes);

@@ -174,6 +174,7 @@ struct Message {
   uint64_t seq = 0;
   std::vector<std::pair<std::string, std::vector<uint64_t>>> events;  // tag, hashes
   std::vector<std::vector<uint32_t>> tokens;                          // per event
+  std::vector<int> groups;                                            // per event: group_idx, -1 when absent
   std::optional<uint32_t> dp_rank;                                    // the batch's
   bool negative_hashes = false;                                       // some hash was sent as a negative integer
 };
@@ -205,6 +206,7 @@ Message Decode(std::vector<zmq::message_t>& parts) {
     list.via.array.ptr[i].convert(e);
     m.events.emplace_back(e["type"].as<std::string>(), Hashes(e["block_hashes"], &m.negative_hashes));
     m.tokens.push_back(e.count("token_ids") ? e["token_ids"].as<std::vector<uint32_t>>() : std::vector<uint32_t>());
+    m.groups.push_back(e.count("group_idx") ? e["group_idx"].as<int>() : -1);
   }
   return m;
 }
@@ -391,6 +393,74 @@ TEST(KvEvents, TheNextRunRemovesWhatTheLastAnnounced) {
   std::vector<uint64_t> want = {EventHash(chain[0]), EventHash(chain[0]), EventHash(chain[2])};
   std::sort(want.begin(), want.end());
   EXPECT_EQ(removed, want);
+}
+
+// A hybrid model's groups are namespaces of one engine topic: the removals of what they
+// announced — by the next run, and when the topic ends — name the group each block was
+// stored in, as vLLM's own BlockRemoved does, so a router drops the right group's entry.
+TEST(KvEvents, RetractionsNameTheGroupTheirBlocksWereStoredIn) {
+  testing::TempDir dir;
+  KvEventsOptions o = LoopbackOptions();
+  o.state_path = dir.File("announced.json");
+  o.topic_linger_ns = 200'000'000;
+  const auto full = HashChain(31, 3), window = HashChain(32, 2);
+  auto source = [](int32_t group) {
+    EventSource s{.routable_id = "10.0.0.9:8000"};
+    s.group = EventGroup{.index = group,
+                         .kind = group == 0 ? "full_attention" : "sliding_window",
+                         .sliding_window = group == 0 ? 0u : 128u};
+    return s;
+  };
+  auto store = [](KvEvents& e, const std::string& ns, const std::vector<BlockHash>& chain) {
+    e.Stored(ns, TierKind::kHost, chain[0], BlockHash());
+    for (size_t i = 1; i < chain.size(); ++i) e.Stored(ns, TierKind::kHost, chain[i], chain[i - 1]);
+  };
+  // Group index -> the hashes removed under it.
+  auto removals = [](const std::vector<Message>& messages) {
+    std::map<int, std::vector<uint64_t>> by_group;
+    for (const Message& m : messages) {
+      for (size_t i = 0; i < m.events.size(); ++i) {
+        EXPECT_EQ(m.events[i].first, "BlockRemoved");
+        auto& v = by_group[m.groups[i]];
+        v.insert(v.end(), m.events[i].second.begin(), m.events[i].second.end());
+      }
+    }
+    for (auto& [g, v] : by_group) std::sort(v.begin(), v.end());
+    return by_group;
+  };
+  auto hashes = [](const std::vector<BlockHash>& chain) {
+    std::vector<uint64_t> v;
+    for (const BlockHash& h : chain) v.push_back(EventHash(h));
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  const std::map<int, std::vector<uint64_t>> want = {{0, hashes(full)}, {1, hashes(window)}};
+  {
+    auto e = KvEvents::Open(o);
+    ASSERT_TRUE(e.ok());
+    Attach(**e, "ns-full", "t", "gemma", 16, source(0));
+    Attach(**e, "ns-window", "t", "gemma", 16, source(1));
+    store(**e, "ns-full", full);
+    store(**e, "ns-window", window);
+  }  // the state is written when the publisher stops
+  {
+    // The next run retracts what the last one announced, each hash under its group.
+    auto s = Subscribe(o);
+    ASSERT_NE(s, nullptr);
+    ASSERT_TRUE(testing::WaitUntil([&] { return s->events->counters().retracted == 5; }, std::chrono::seconds(10)));
+    EXPECT_EQ(removals(Receive(s->sub, full.size() + window.size())), want);
+    // Within a run: a topic that ends retracts under each group too.
+    const uint64_t a = Attach(*s->events, "ns-full", "t", "gemma", 16, source(0));
+    const uint64_t b = Attach(*s->events, "ns-window", "t", "gemma", 16, source(1));
+    store(*s->events, "ns-full", full);
+    store(*s->events, "ns-window", window);
+    (void)Receive(s->sub, full.size() + window.size());  // their BlockStored
+    const uint64_t ended = s->events->counters().topics_removed;
+    s->events->RemoveNamespace(a);
+    s->events->RemoveNamespace(b);
+    ASSERT_TRUE(testing::WaitUntil([&] { return s->events->counters().topics_removed == ended + 1; }));
+    EXPECT_EQ(removals(Receive(s->sub, full.size() + window.size())), want);
+  }
 }
 
 // Peers past the caps are shut down; the ones within keep their stream.

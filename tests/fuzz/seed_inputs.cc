@@ -64,8 +64,8 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedInputs(const std::
   } else if (target == "events") {
     out.push_back({"replay", Bytes(0, std::string("id\xff\xff", 4) + std::string("\0\0\0\0\0\0\0\x07", 8))});
     AnnouncedStates s;
-    s[{"kv@10.0.0.1:8000@llama", 2}].hashes[TierKind::kHost] = {1, 2, 0xfedcba9876543210ull};
-    s[{"kv@node@m", std::nullopt}] = AnnouncedState{true, {{TierKind::kNvme, {7}}}};
+    s[{"kv@10.0.0.1:8000@llama", 2}].hashes[{TierKind::kHost, -1}] = {1, 2, 0xfedcba9876543210ull};
+    s[{"kv@node@m", std::nullopt}] = AnnouncedState{true, {{{TierKind::kNvme, -1}, {7}}, {{TierKind::kHost, 2}, {9}}}};
     out.push_back({"state", Bytes(1, EncodeAnnouncedState(s))});
   } else if (target == "config") {
     const std::string d = DefaultConfigYaml();
