@@ -22,57 +22,100 @@ void ChainWalk::Forget(SessionId session) {
 
 // ---- lookups -------------------------------------------------------------------------------
 
+std::optional<TierKind> ChainWalk::IndexHit(NamespaceId ns, TenantId tenant, const BlockHash& hash,
+                                            const std::optional<BlockRecord>& rec, bool prefetch) {
+  const BlockId id = blocks_->Find(ns, hash);
+  if (id != kNoBlock) {
+    const Block& b = blocks_->block(id);
+    auto tier = blocks_->ReadableTier(b);
+    if (!tier && !b.promoting()) return std::nullopt;
+    return tier ? *tier : PromotingFrom(id);
+  }
+  if (!rec) return std::nullopt;
+  mover_->nvme().Touch(rec->slot);
+  if (prefetch && Promote(ns, tenant, hash, *rec, false).id != kNoBlock) ++counters_->prefetches;
+  return TierKind::kNvme;
+}
+
 std::optional<CacheLookup> ChainWalk::LookupRest(SessionId session, NamespaceId ns, TenantId tenant,
                                                  std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
                                                  LookupDone done) {
-  const size_t i = r.tiers.size();
-  if (i < hashes.size() && mover_) {
+  size_t j = r.tiers.size(), chunk = kFirstIndexProbe;
+  bool prefix = true;
+  if (j < hashes.size() && mover_) {
     NvmeTier::Batch reads_together(&mover_->nvme());  // prefetches: one submission
     // The index is read in growing chunks, stopping at the first miss: a long cold chain
-    // costs one small read, not one read of every hash (on the control thread).
-    bool prefix = true;
-    for (size_t j = i, chunk = kFirstIndexProbe; prefix && j < hashes.size(); chunk *= 4) {
+    // costs one small read, not one read of every hash. On the control thread only the
+    // first when the Lookup can wait.
+    for (const size_t first = j; prefix && j < hashes.size() && (!done || j == first); chunk *= 4) {
       const size_t n = std::min(chunk, hashes.size() - j);
       auto recs = mover_->FindMany(ns, hashes.subspan(j, n));
-      if (!recs.ok()) break;
+      if (!recs.ok()) {
+        prefix = false;
+        break;
+      }
       for (size_t k = 0; k < n; ++k, ++j) {
-        const BlockId id = blocks_->Find(ns, hashes[j]);
-        if (id != kNoBlock) {
-          const Block& b = blocks_->block(id);
-          auto tier = blocks_->ReadableTier(b);
-          if (!tier && !b.promoting()) {
-            prefix = false;
-            break;
-          }
-          r.tiers.push_back(tier ? *tier : PromotingFrom(id));
-          continue;
-        }
-        const auto& rec = (*recs)[k];
-        if (!rec) {
+        const std::optional<TierKind> tier = IndexHit(ns, tenant, hashes[j], (*recs)[k], prefetch);
+        if (!tier) {
           prefix = false;
           break;
         }
-        r.tiers.push_back(TierKind::kNvme);
-        mover_->nvme().Touch(rec->slot);
-        if (prefetch && Promote(ns, tenant, hashes[j], *rec, false).id != kNoBlock) {
-          ++counters_->prefetches;
-        }
+        r.tiers.push_back(*tier);
       }
     }
   }
-  // What the local tiers do not hold, the lower tiers may: asked without waiting here.
+  // The rest of the index off the control thread; what the local tiers do not hold, the
+  // lower tiers may: asked without waiting here.
+  const bool index_left = mover_ && prefix && j < hashes.size();
   const size_t local = r.tiers.size();
-  if (local < hashes.size() && done && AvailableLower(0) < lower_->size()) {
+  if (done && (index_left || (local < hashes.size() && AvailableLower(0) < lower_->size()))) {
     const uint64_t id = next_pending_++;
     std::vector<BlockHash> rest(hashes.begin() + static_cast<ptrdiff_t>(local), hashes.end());
-    pending_lookups_[id] = PendingLookup{session, ns, std::move(r), hashes.size(), std::move(rest), 0, std::move(done)};
-    ContinueLookup(id);
+    pending_lookups_[id] =
+        PendingLookup{session,         ns,     std::move(r), hashes.size(),         std::move(rest), 0,
+                      std::move(done), tenant, prefetch,     index_left ? chunk : 0};
+    if (index_left) {
+      ContinueIndex(id);
+    } else {
+      ContinueLookup(id);
+    }
     return std::nullopt;
   }
   for (TierKind t : r.tiers) ++counters_->block_hits[TierIndex(t)];
   r.matched = r.tiers.size();
   counters_->block_misses += hashes.size() - r.matched;
   return r;
+}
+
+void ChainWalk::ContinueIndex(uint64_t lookup) {
+  PendingLookup& p = pending_lookups_.at(lookup);
+  const size_t n = std::min(p.index_chunk, p.rest.size());
+  p.index_chunk *= 4;
+  mover_->FindManyAsync(p.ns, std::span<const BlockHash>(p.rest).first(n), [this, lookup, n](auto recs) {
+    auto it = pending_lookups_.find(lookup);
+    if (it == pending_lookups_.end()) return;  // its session went away
+    PendingLookup& p = it->second;
+    size_t hits = 0;
+    bool prefix = recs.ok();
+    if (prefix) {
+      NvmeTier::Batch reads_together(&mover_->nvme());
+      for (; hits < n; ++hits) {
+        const std::optional<TierKind> tier = IndexHit(p.ns, p.tenant, p.rest[hits], (*recs)[hits], p.prefetch);
+        if (!tier) {
+          prefix = false;
+          break;
+        }
+        p.result.tiers.push_back(*tier);
+      }
+    }
+    p.rest.erase(p.rest.begin(), p.rest.begin() + static_cast<ptrdiff_t>(hits));
+    if (prefix && !p.rest.empty()) {
+      ContinueIndex(lookup);
+      return;
+    }
+    p.index_chunk = 0;
+    ContinueLookup(lookup);
+  });
 }
 
 void ChainWalk::ContinueLookup(uint64_t lookup) {

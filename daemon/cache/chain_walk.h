@@ -3,9 +3,11 @@
 // tiers — Lookups whose rest is looked for in the lower tiers, Acquires whose blocks are
 // read from NVMe or a lower tier into host pages (and those queued for a host page), and
 // the promotions in flight they wait for. Lookup and Acquire walk the chain the same way:
-// the NVMe index first (read on the control thread: RocksDB MultiGet), then the lower
-// tiers from the first that can be asked; a block a lower tier turns out not to hold is
-// looked for in the next.
+// the NVMe index first, then the lower tiers from the first that can be asked; a block a
+// lower tier turns out not to hold is looked for in the next. A Lookup that can wait
+// reads the index on the control thread for its first kFirstIndexProbe hashes only and
+// the rest on the NVMe tier's reader thread (a cold 8,192-block chain held the control
+// thread 50 ms: docs/benchmarks.md, cold index); Acquire reads it on the control thread.
 //
 // CacheManager owns it, and answers its Hooks: room in the host tier, a session's
 // references, the end of a session's deferred request. The tables and movers it is given
@@ -44,8 +46,9 @@ class ChainWalk {
     // A promotion failed: the pages it held are free again.
     std::function<void()> pages_freed;
   };
-  // Hashes of a chain read from the NVMe index at first by Lookup; each further read asks
-  // for four times as many, and none follows a miss.
+  // Hashes of a chain read from the NVMe index at first by Lookup (on the control thread);
+  // each further read asks for four times as many (off it, when the Lookup can wait), and
+  // none follows a miss.
   static constexpr size_t kFirstIndexProbe = 16;
 
   // `mover` may be null (no NVMe tier); `lower` is the chain below NVMe, in order.
@@ -55,8 +58,9 @@ class ChainWalk {
   // A Lookup past the `r.tiers.size()` blocks the local tiers hold: the rest of the chain
   // from the NVMe index (in growing chunks, stopping at the first miss; with `prefetch`
   // hits start their promotion), then from the lower tiers. Counts hits and misses. The
-  // answer now, or nullopt when a lower tier was asked and `done` will have it (not at all
-  // if the session is forgotten first).
+  // answer now, or nullopt when the index is read further off the control thread or a
+  // lower tier was asked and `done` will have it (not at all if the session is forgotten
+  // first). Without `done`, everything is read now.
   std::optional<CacheLookup> LookupRest(SessionId session, NamespaceId ns, TenantId tenant,
                                         std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
                                         LookupDone done);
@@ -100,9 +104,12 @@ class ChainWalk {
     NamespaceId ns;
     CacheLookup result;           // what the tiers above answered
     size_t asked = 0;             // hashes in the request
-    std::vector<BlockHash> rest;  // what they did not hold, for the next lower tier
+    std::vector<BlockHash> rest;  // what they did not hold: for the index, then the next lower tier
     size_t next = 0;              // the lower tier to ask next
     LookupDone done;
+    TenantId tenant = 0;     // while the index is read: who prefetches
+    bool prefetch = false;   //   whether hits start their promotion
+    size_t index_chunk = 0;  //   the next read's size; 0: the index is done with
   };
   // A block to promote once the host tier has a page for it: from NVMe (its index
   // record), or from a lower tier (no record).
@@ -136,6 +143,14 @@ class ChainWalk {
   size_t AvailableLower(size_t from) const;
   // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
   void AddWaiter(BlockId id, Waiter w) { promotion_waiters_[id].push_back(w); }
+  // One hash past the local tiers, found in the block table or with its index record
+  // `rec`: the tier it is read from, or nullopt where the prefix ends. Touches an NVMe
+  // hit's slot and, with `prefetch`, starts its promotion.
+  std::optional<TierKind> IndexHit(NamespaceId ns, TenantId tenant, const BlockHash& hash,
+                                   const std::optional<BlockRecord>& rec, bool prefetch);
+  // Reads the next chunk of a pending Lookup's rest from the index, off the control
+  // thread; ContinueLookup once the prefix ends there.
+  void ContinueIndex(uint64_t lookup);
   // Asks the next lower tier that can be asked about the rest of a Lookup; answers it
   // once none is left.
   void ContinueLookup(uint64_t lookup);

@@ -69,6 +69,13 @@ Result<std::vector<std::optional<BlockRecord>>> NvmeMover::FindMany(NamespaceId 
   return nvme_->FindMany(keys);
 }
 
+void NvmeMover::FindManyAsync(NamespaceId ns, std::span<const BlockHash> hashes, NvmeTier::FindManyDone done) {
+  std::vector<std::string> keys;
+  keys.reserve(hashes.size());
+  for (const BlockHash& h : hashes) keys.push_back(namespaces_->BlockKey(ns, h));
+  nvme_->FindManyAsync(std::move(keys), std::move(done));
+}
+
 // ---- spills ----------------------------------------------------------------------------
 
 bool NvmeMover::Quantizes(const NamespaceTable::Namespace& n) const {

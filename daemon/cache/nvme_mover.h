@@ -107,9 +107,11 @@ class NvmeMover {
   BlockId StartPromotion(NamespaceId ns, TenantId tenant, const BlockHash& hash, const BlockRecord& record);
   size_t promotions_in_flight() const { return promotions_.size(); }
 
-  // ---- the index (read on the control thread: see NvmeTier) ----
+  // ---- the index (Find, FindMany on the control thread; see NvmeTier) ----
   Result<std::optional<BlockRecord>> Find(NamespaceId ns, const BlockHash& hash);
   Result<std::vector<std::optional<BlockRecord>>> FindMany(NamespaceId ns, std::span<const BlockHash> hashes);
+  // FindMany off the control thread (NvmeTier::FindManyAsync).
+  void FindManyAsync(NamespaceId ns, std::span<const BlockHash> hashes, NvmeTier::FindManyDone done);
 
  private:
   NvmeMover(std::unique_ptr<NvmeTier> nvme, const Options& options, BlockTable* blocks, NamespaceTable* namespaces,

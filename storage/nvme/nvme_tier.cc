@@ -26,10 +26,12 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
       post_(std::move(post)),
       clock_(clock),
       self_(std::make_shared<NvmeTier*>(this)),
-      scans_(std::make_unique<WorkerThread>()) {}
+      scans_(std::make_unique<WorkerThread>()),
+      reader_(std::make_unique<WorkerThread>()) {}
 
 NvmeTier::~NvmeTier() {
   scans_->Stop();                  // the scans read store_ and files_: they end first
+  reader_->Stop();                 // as do the asynchronous index reads
   io_.reset();                     // I/O still in flight ends before its files are closed
   writer_.reset();                 // applies what is queued
   self_.reset();                   // callbacks still queued on the control thread become no-ops
@@ -97,6 +99,26 @@ Result<std::optional<BlockRecord>> NvmeTier::Find(const std::string& key) { retu
 
 Result<std::vector<std::optional<BlockRecord>>> NvmeTier::FindMany(std::span<const std::string> keys) {
   return store_->MultiGet(keys);
+}
+
+void NvmeTier::FindManyAsync(std::vector<std::string> keys, FindManyDone done) {
+  std::weak_ptr<NvmeTier*> weak = self_;
+  Post post = post_;
+  BlockIndexStore* store = store_.get();  // outlives reader_, which is stopped first
+  reader_->Submit([weak, post, store, keys = std::move(keys), done = std::move(done)](std::stop_token) {
+    auto recs = store->MultiGet(keys);
+    post([weak, keys, recs = std::move(recs), done]() mutable {
+      auto self = weak.lock();
+      if (!self) return;
+      if (recs.ok()) {
+        for (size_t i = 0; i < keys.size(); ++i) {
+          auto& r = (*recs)[i];
+          if (r && !(*self)->Owns(r->slot, keys[i])) r.reset();
+        }
+      }
+      done(std::move(recs));
+    });
+  });
 }
 
 void NvmeTier::Apply(std::vector<IndexMutation> batch, bool sync, std::function<void(Status)> done) {

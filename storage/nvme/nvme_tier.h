@@ -23,7 +23,8 @@
 // on one scan thread (WorkerThread) that the tier owns, stops and joins before anything
 // those reads use goes away. Find and FindMany read the index on the caller's thread
 // (RocksDB Get/MultiGet: served from the memtable and block cache when hot, from the
-// index's files when cold); nothing else waits for I/O.
+// index's files when cold); FindManyAsync reads it on a reader thread of its own, so a
+// cold read does not hold the control thread; nothing else waits for I/O.
 
 #include <atomic>
 #include <cstdint>
@@ -132,6 +133,12 @@ class NvmeTier {
   // ---- index (synchronous reads; absent keys are cheap) ----
   Result<std::optional<BlockRecord>> Find(const std::string& key);
   Result<std::vector<std::optional<BlockRecord>>> FindMany(std::span<const std::string> keys);
+  // FindMany on the reader thread: `done` runs on the control thread (never inside this
+  // call) with a record per key, those whose slot no longer holds their block by then (a
+  // block evicted and its slot reused since the read) absent. Reads run in the order
+  // asked. Dropped when the tier goes first.
+  using FindManyDone = std::function<void(Result<std::vector<std::optional<BlockRecord>>>)>;
+  void FindManyAsync(std::vector<std::string> keys, FindManyDone done);
 
   // ---- data ----
   // Writes `data` as the block `key` (meta: parent, layout fingerprint) and indexes it;
@@ -306,7 +313,8 @@ class NvmeTier {
   const Clock* clock_;
   std::shared_ptr<NvmeTier*> self_;  // expires with this object (see PostSafe)
   std::unique_ptr<IndexWriter> writer_;
-  std::unique_ptr<WorkerThread> scans_;  // the restart load, scrubs, top-N scans
+  std::unique_ptr<WorkerThread> scans_;   // the restart load, scrubs, top-N scans
+  std::unique_ptr<WorkerThread> reader_;  // FindManyAsync's reads: never behind a scan
   bool ready_ = false;
 
   ZeroedArray<SlotState> state_;

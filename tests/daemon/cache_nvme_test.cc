@@ -150,6 +150,52 @@ TEST_P(CacheNvmeTest, ALongColdChainReadsTheIndexOnlyToItsFirstMiss) {
   ExpectConsistent();
 }
 
+// A Lookup that can wait (the daemon's: it passes `done`) reads only its first probe of
+// the index on the control thread and the rest on the NVMe tier's reader thread: it is
+// answered later, with what the synchronous read answers; a chain within the first probe
+// is answered at once; a session that detaches meanwhile is answered nothing.
+TEST_P(CacheNvmeTest, ALookupThatCanWaitReadsTheIndexPastItsFirstProbeOffTheControlThread) {
+  Open(/*host_pages=*/16, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
+  auto warm = HashChain(78, 40);
+  for (size_t at = 0; at < warm.size(); at += 8) {
+    Store(*session_, std::vector<BlockHash>(warm.begin() + at, warm.begin() + at + 8));
+    Settle();
+  }
+  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
+  Settle();
+  std::vector<BlockHash> long_chain = warm;
+  const auto tail = HashChain(79, 100);  // stored by nobody
+  long_chain.insert(long_chain.end(), tail.begin(), tail.end());
+  std::optional<CacheLookup> got;
+  const auto now = cm_->Lookup(*session_, long_chain, [&](CacheLookup l) { got = std::move(l); });
+  EXPECT_FALSE(now.has_value()) << "40 indexed blocks answered on the control thread";
+  ASSERT_TRUE(Pump([&] { return got.has_value(); }));
+  EXPECT_EQ(got->matched, warm.size());
+  EXPECT_EQ(got->tiers.size(), warm.size());
+  Settle();  // the prefetches it started
+  EXPECT_EQ(cm_->Lookup(*session_, long_chain).matched, warm.size()) << "the synchronous read differs";
+  // Within the first probe (the prefetched blocks are in host memory now): at once.
+  const std::vector<BlockHash> head(warm.begin(), warm.begin() + 10);
+  const auto at_once = cm_->Lookup(*session_, head, [](CacheLookup) { ADD_FAILURE() << "deferred"; });
+  ASSERT_TRUE(at_once.has_value());
+  EXPECT_EQ(at_once->matched, head.size());
+  // Gone before its read comes back: no answer, nothing left waiting.
+  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
+  Settle();
+  auto other = Attach("t");
+  bool answered = false;
+  ASSERT_FALSE(cm_->Lookup(*other, long_chain, [&](CacheLookup) { answered = true; }).has_value());
+  (void)cm_->Detach(*other);
+  // Reads run and come back in the order asked: once a later Lookup is answered, the
+  // detached session's read has come back too.
+  got.reset();
+  ASSERT_FALSE(cm_->Lookup(*session_, long_chain, [&](CacheLookup l) { got = std::move(l); }).has_value());
+  ASSERT_TRUE(Pump([&] { return got.has_value(); }));
+  EXPECT_EQ(got->matched, warm.size());
+  EXPECT_FALSE(answered);
+  ExpectConsistent();
+}
+
 TEST_P(CacheNvmeTest, ColdBlocksAreDemotedAndPromotedBackWithTheirBytes) {
   Open(8, 0.5, 0.25);
   auto chain = HashChain(1, 5);
