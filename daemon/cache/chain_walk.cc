@@ -186,7 +186,32 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
                                                                std::vector<CacheResult> out,
                                                                std::vector<std::pair<size_t, BlockId>> waits,
                                                                std::span<const size_t> missing, AcquireDone done) {
-  std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;  // entries waiting for a host page
+  Waits w{std::move(waits), {}};
+  if (done && mover_ && missing.size() > kFirstIndexProbe) {
+    // The index off the control thread: the Acquire waits for the read as for a
+    // promotion, and its other entries' promotions go on meanwhile.
+    const uint64_t acq = next_pending_++;
+    for (auto [i, id] : w.promoting) AddWaiter(id, {acq, i});
+    pending_acquires_[acq] = PendingAcquire{session, std::move(out), w.promoting.size() + 1, std::move(done)};
+    std::vector<BlockHash> wanted;
+    wanted.reserve(missing.size());
+    for (size_t i : missing) wanted.push_back(hashes[i]);
+    mover_->FindManyAsync(ns, wanted,
+                          [this, acq, ns, tenant, all = std::vector<BlockHash>(hashes.begin(), hashes.end()),
+                           entries = std::vector<size_t>(missing.begin(), missing.end())](auto recs) mutable {
+                            auto it = pending_acquires_.find(acq);
+                            if (it == pending_acquires_.end()) return;  // its session went away
+                            Waits later;
+                            NvmeTier::Batch reads_together(&mover_->nvme());
+                            ResolveMissing(ns, tenant, all, entries, std::move(recs), true, it->second.results, &later);
+                            it = pending_acquires_.find(acq);  // promotions may have touched the table
+                            if (it == pending_acquires_.end()) return;
+                            it->second.outstanding += later.promoting.size() + later.queued.size();
+                            Wait(acq, ns, tenant, all, std::move(later));
+                            Settle(acq);  // the read
+                          });
+    return std::nullopt;
+  }
   if (!missing.empty()) {
     Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(missing.size()));
     std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission
@@ -197,51 +222,64 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
       for (size_t i : missing) wanted.push_back(hashes[i]);
       recs = mover_->FindMany(ns, wanted);
     }
-    const bool ask_lower = AvailableLower(0) < lower_->size();
-    for (size_t k = 0; k < missing.size(); ++k) {
-      const size_t i = missing[k];
-      const BlockId again = blocks_->Find(ns, hashes[i]);  // an earlier entry may have started it
-      if (again != kNoBlock && blocks_->block(again).promoting()) {
-        waits.emplace_back(i, again);
-        continue;
-      }
-      std::optional<BlockRecord> rec;
-      if (recs.ok()) rec = std::move((*recs)[k]);
-      if (!rec && !ask_lower) {
-        out[i].status = StatusCode::kNotFound;
-        ++counters_->acquire_misses;
-        continue;
-      }
-      if (!done) {
-        // The caller cannot wait for a read: an NVMe block is there but not now; a lower-tier
-        // one may not be there at all.
-        out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
-        continue;
-      }
-      Promoted p;
-      if (queued_promotions_.empty()) {
-        p = Promote(ns, tenant, hashes[i], rec, true);
-      } else {
-        p.room = Room::kLater;  // behind the queued ones
-      }
-      if (p.id == kNoBlock && p.room != Room::kLater) {
-        // Every host page is leased or referenced and nothing in flight frees one: a miss
-        // now, rather than a wait that holds this Acquire's other blocks meanwhile.
-        out[i].status = StatusCode::kResourceExhausted;
-        continue;
-      }
-      if (p.id == kNoBlock) {
-        // No host page yet (spills are freeing some): read it when one frees up.
-        queued.emplace_back(i, std::move(rec));
-        continue;
-      }
-      waits.emplace_back(i, p.id);
-    }
+    ResolveMissing(ns, tenant, hashes, missing, std::move(recs), done != nullptr, out, &w);
   }
-  if (waits.empty() && queued.empty()) return out;
+  if (w.promoting.empty() && w.queued.empty()) return out;
   const uint64_t acq = next_pending_++;
-  for (auto [i, id] : waits) AddWaiter(id, {acq, i});
-  for (auto& [i, rec] : queued) {
+  pending_acquires_[acq] =
+      PendingAcquire{session, std::move(out), w.promoting.size() + w.queued.size(), std::move(done)};
+  Wait(acq, ns, tenant, hashes, std::move(w));
+  return std::nullopt;
+}
+
+void ChainWalk::ResolveMissing(NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
+                               std::span<const size_t> missing, Result<std::vector<std::optional<BlockRecord>>> recs,
+                               bool can_wait, std::vector<CacheResult>& out, Waits* w) {
+  const bool ask_lower = AvailableLower(0) < lower_->size();
+  for (size_t k = 0; k < missing.size(); ++k) {
+    const size_t i = missing[k];
+    const BlockId again = blocks_->Find(ns, hashes[i]);  // an earlier entry may have started it
+    if (again != kNoBlock && blocks_->block(again).promoting()) {
+      w->promoting.emplace_back(i, again);
+      continue;
+    }
+    std::optional<BlockRecord> rec;
+    if (recs.ok()) rec = std::move((*recs)[k]);
+    if (!rec && !ask_lower) {
+      out[i].status = StatusCode::kNotFound;
+      ++counters_->acquire_misses;
+      continue;
+    }
+    if (!can_wait) {
+      // The caller cannot wait for a read: an NVMe block is there but not now; a lower-tier
+      // one may not be there at all.
+      out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
+      continue;
+    }
+    Promoted p;
+    if (queued_promotions_.empty()) {
+      p = Promote(ns, tenant, hashes[i], rec, true);
+    } else {
+      p.room = Room::kLater;  // behind the queued ones
+    }
+    if (p.id == kNoBlock && p.room != Room::kLater) {
+      // Every host page is leased or referenced and nothing in flight frees one: a miss
+      // now, rather than a wait that holds this Acquire's other blocks meanwhile.
+      out[i].status = StatusCode::kResourceExhausted;
+      continue;
+    }
+    if (p.id == kNoBlock) {
+      // No host page yet (spills are freeing some): read it when one frees up.
+      w->queued.emplace_back(i, std::move(rec));
+      continue;
+    }
+    w->promoting.emplace_back(i, p.id);
+  }
+}
+
+void ChainWalk::Wait(uint64_t acq, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes, Waits w) {
+  for (auto [i, id] : w.promoting) AddWaiter(id, {acq, i});
+  for (auto& [i, rec] : w.queued) {
     const BlockHash& hash = hashes[i];
     auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(),
                              [&](const QueuedPromotion& q) { return q.ns == ns && q.hash == hash; });
@@ -249,11 +287,9 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
       same->waiters.emplace_back(acq, i);
     } else {
       queued_promotions_.push_back(
-          QueuedPromotion{ns, tenant, hashes[i], std::move(rec), clock_->NowNanos() + allocate_wait_ns_, {{acq, i}}});
+          QueuedPromotion{ns, tenant, hash, std::move(rec), clock_->NowNanos() + allocate_wait_ns_, {{acq, i}}});
     }
   }
-  pending_acquires_[acq] = PendingAcquire{session, std::move(out), waits.size() + queued.size(), std::move(done)};
-  return std::nullopt;
 }
 
 CacheResult ChainWalk::ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier) {
@@ -304,8 +340,14 @@ void ChainWalk::OnPromoted(BlockId id, const Status& st) {
 void ChainWalk::FinishAcquireEntry(uint64_t acq, size_t index, CacheResult r) {
   auto it = pending_acquires_.find(acq);
   if (it == pending_acquires_.end()) return;
+  it->second.results[index] = r;
+  Settle(acq);
+}
+
+void ChainWalk::Settle(uint64_t acq) {
+  auto it = pending_acquires_.find(acq);
+  if (it == pending_acquires_.end()) return;
   PendingAcquire& p = it->second;
-  p.results[index] = r;
   if (--p.outstanding > 0) return;
   auto done = std::move(p.done);
   auto results = std::move(p.results);

@@ -7,7 +7,8 @@
 // lower tier turns out not to hold is looked for in the next. A Lookup that can wait
 // reads the index on the control thread for its first kFirstIndexProbe hashes only and
 // the rest on the NVMe tier's reader thread (a cold 8,192-block chain held the control
-// thread 50 ms: docs/benchmarks.md, cold index); Acquire reads it on the control thread.
+// thread 50 ms: docs/benchmarks.md, cold index); an Acquire that can wait reads it there
+// when it misses more than kFirstIndexProbe blocks in memory.
 //
 // CacheManager owns it, and answers its Hooks: room in the host tier, a session's
 // references, the end of a session's deferred request. The tables and movers it is given
@@ -65,9 +66,10 @@ class ChainWalk {
                                         std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
                                         LookupDone done);
   // An Acquire's entries the local tiers could not serve: `waits` (entry, block) are being
-  // promoted already; `missing` are looked for on NVMe, then in the lower tiers, and read
-  // into host pages (queued for one while spills free some). `out` has the served
-  // entries. The results now, or nullopt when `done` will have them.
+  // promoted already; `missing` are looked for on NVMe (more than kFirstIndexProbe: off
+  // the control thread when there is a `done`), then in the lower tiers, and read into
+  // host pages (queued for one while spills free some). `out` has the served entries. The
+  // results now, or nullopt when `done` will have them.
   std::optional<std::vector<CacheResult>> AcquireRest(SessionId session, NamespaceId ns, TenantId tenant,
                                                       std::span<const BlockHash> hashes, std::vector<CacheResult> out,
                                                       std::vector<std::pair<size_t, BlockId>> waits,
@@ -156,6 +158,21 @@ class ChainWalk {
   void ContinueLookup(uint64_t lookup);
   void FinishLookup(uint64_t lookup, size_t tier, size_t found);
   void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
+  // What an Acquire's entries wait for: blocks being promoted, and (entry, NVMe record or
+  // none) for a host page.
+  struct Waits {
+    std::vector<std::pair<size_t, BlockId>> promoting;
+    std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;
+  };
+  // Settles each of an Acquire's `missing` entries with its index record (or none) from
+  // `recs`: found nowhere (in `out`), or a promotion started or queued (in `w`).
+  void ResolveMissing(NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
+                      std::span<const size_t> missing, Result<std::vector<std::optional<BlockRecord>>> recs,
+                      bool can_wait, std::vector<CacheResult>& out, Waits* w);
+  // Pending Acquire `acq` waits for `w`.
+  void Wait(uint64_t acq, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes, Waits w);
+  // One of `acq`'s outstanding waits ended: answers it after the last.
+  void Settle(uint64_t acq);
   // The entry of a waiter whose block is readable in `tier` (nullopt: not readable).
   CacheResult ResultForWaiter(const Waiter& w, BlockId id, std::optional<TierKind> tier);
 

@@ -155,6 +155,8 @@ TEST_P(CacheNvmeTest, ALongColdChainReadsTheIndexOnlyToItsFirstMiss) {
 // answered later, with what the synchronous read answers; a chain within the first probe
 // is answered at once; a session that detaches meanwhile is answered nothing.
 TEST_P(CacheNvmeTest, ALookupThatCanWaitReadsTheIndexPastItsFirstProbeOffTheControlThread) {
+  std::atomic<uint64_t> keys_read{0}, keys_read_here{0};
+  store_ = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read, &keys_read_here);
   Open(/*host_pages=*/16, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
   auto warm = HashChain(78, 40);
   for (size_t at = 0; at < warm.size(); at += 8) {
@@ -167,10 +169,13 @@ TEST_P(CacheNvmeTest, ALookupThatCanWaitReadsTheIndexPastItsFirstProbeOffTheCont
   const auto tail = HashChain(79, 100);  // stored by nobody
   long_chain.insert(long_chain.end(), tail.begin(), tail.end());
   std::optional<CacheLookup> got;
+  keys_read = keys_read_here = 0;
   const auto now = cm_->Lookup(*session_, long_chain, [&](CacheLookup l) { got = std::move(l); });
   EXPECT_FALSE(now.has_value()) << "40 indexed blocks answered on the control thread";
   ASSERT_TRUE(Pump([&] { return got.has_value(); }));
   EXPECT_EQ(got->matched, warm.size());
+  EXPECT_EQ(keys_read_here.load(), ChainWalk::kFirstIndexProbe) << "read on the control thread";
+  EXPECT_EQ(keys_read.load(), ChainWalk::kFirstIndexProbe * 5) << "16, then 64 off it";
   EXPECT_EQ(got->tiers.size(), warm.size());
   Settle();  // the prefetches it started
   EXPECT_EQ(cm_->Lookup(*session_, long_chain).matched, warm.size()) << "the synchronous read differs";
@@ -193,6 +198,43 @@ TEST_P(CacheNvmeTest, ALookupThatCanWaitReadsTheIndexPastItsFirstProbeOffTheCont
   ASSERT_TRUE(Pump([&] { return got.has_value(); }));
   EXPECT_EQ(got->matched, warm.size());
   EXPECT_FALSE(answered);
+  ExpectConsistent();
+}
+
+// An Acquire that can wait and finds more than kFirstIndexProbe blocks nowhere in memory
+// reads the index off the control thread; its blocks come back with their bytes. One of a
+// few blocks reads it on the control thread, as before.
+TEST_P(CacheNvmeTest, AnAcquireOfManyColdBlocksReadsTheIndexOffTheControlThread) {
+  std::atomic<uint64_t> keys_read{0}, keys_read_here{0};
+  store_ = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read, &keys_read_here);
+  Open(/*host_pages=*/48, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
+  auto chain = HashChain(81, 24);
+  for (size_t at = 0; at < chain.size(); at += 8) {
+    Store(*session_, std::vector<BlockHash>(chain.begin() + at, chain.begin() + at + 8));
+    Settle();
+  }
+  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
+  Settle();
+  ASSERT_EQ(cm_->Counts(TierKind::kHost).cached, 0u);
+  auto acquire = [&](const std::vector<BlockHash>& hashes) {
+    keys_read = keys_read_here = 0;
+    const auto got = AcquireAndWait(*session_, hashes);
+    EXPECT_EQ(got.size(), hashes.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].status, StatusCode::kOk) << i;
+      if (got[i].status != StatusCode::kOk) continue;
+      EXPECT_TRUE(CheckBlockPattern(hashes[i], {cm_->pool(got[i].tier)->PageAddress(got[i].page), 32 * 1024}));
+    }
+    (void)cm_->Release(*session_, TierKind::kHost, {}, hashes);
+  };
+  const std::vector<BlockHash> few(chain.begin(), chain.begin() + 8);
+  acquire(few);
+  EXPECT_EQ(keys_read_here.load(), few.size()) << "a few blocks: read on the control thread";
+  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
+  Settle();
+  acquire(chain);
+  EXPECT_EQ(keys_read.load(), chain.size());
+  EXPECT_EQ(keys_read_here.load(), 0u) << "24 blocks read on the control thread";
   ExpectConsistent();
 }
 

@@ -1,11 +1,13 @@
 #pragma once
-// A BlockIndexStore that counts the keys read through it (Get and MultiGet) and passes
-// every call to the store it wraps: tests see how much of the index a request reads.
+// A BlockIndexStore that counts the keys read through it (Get and MultiGet), and those
+// read on the thread that made it (a test's control thread), and passes every call to the
+// store it wraps: tests see how much of the index a request reads, and where.
 //
 // Thread-compatible, as the store it wraps.
 
 #include <atomic>
 #include <memory>
+#include <thread>
 
 #include "storage/nvme/block_index_store.h"
 
@@ -13,17 +15,19 @@ namespace kvtier::testing {
 
 class CountingBlockIndexStore final : public BlockIndexStore {
  public:
-  // `keys_read` outlives the store (the test keeps it after handing the store over).
-  CountingBlockIndexStore(std::unique_ptr<BlockIndexStore> inner, std::atomic<uint64_t>* keys_read)
-      : inner_(std::move(inner)), keys_read_(keys_read) {}
+  // The counters outlive the store (the test keeps them after handing the store over);
+  // `keys_read_here` may be null.
+  CountingBlockIndexStore(std::unique_ptr<BlockIndexStore> inner, std::atomic<uint64_t>* keys_read,
+                          std::atomic<uint64_t>* keys_read_here = nullptr)
+      : inner_(std::move(inner)), keys_read_(keys_read), keys_read_here_(keys_read_here) {}
 
   std::string_view name() const override { return inner_->name(); }
   Result<std::optional<BlockRecord>> Get(std::string_view key) override {
-    ++*keys_read_;
+    Count(1);
     return inner_->Get(key);
   }
   Result<std::vector<std::optional<BlockRecord>>> MultiGet(std::span<const std::string> keys) override {
-    *keys_read_ += keys.size();
+    Count(keys.size());
     return inner_->MultiGet(keys);
   }
   Result<std::optional<std::string>> KeyOfSlot(uint32_t slot) override { return inner_->KeyOfSlot(slot); }
@@ -38,8 +42,15 @@ class CountingBlockIndexStore final : public BlockIndexStore {
   Status Compact() override { return inner_->Compact(); }
 
  private:
+  void Count(uint64_t n) {
+    *keys_read_ += n;
+    if (keys_read_here_ != nullptr && std::this_thread::get_id() == here_) *keys_read_here_ += n;
+  }
+
   std::unique_ptr<BlockIndexStore> inner_;
   std::atomic<uint64_t>* keys_read_;
+  std::atomic<uint64_t>* keys_read_here_;
+  const std::thread::id here_ = std::this_thread::get_id();
 };
 
 }  // namespace kvtier::testing
