@@ -203,7 +203,8 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
                             if (it == pending_acquires_.end()) return;  // its session went away
                             Waits later;
                             NvmeTier::Batch reads_together(&mover_->nvme());
-                            ResolveMissing(ns, tenant, all, entries, std::move(recs), true, it->second.results, &later);
+                            ResolveMissing(it->second.session, ns, tenant, all, entries, std::move(recs), true,
+                                           it->second.results, &later);
                             it = pending_acquires_.find(acq);  // promotions may have touched the table
                             if (it == pending_acquires_.end()) return;
                             it->second.outstanding += later.promoting.size() + later.queued.size();
@@ -222,7 +223,7 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
       for (size_t i : missing) wanted.push_back(hashes[i]);
       recs = mover_->FindMany(ns, wanted);
     }
-    ResolveMissing(ns, tenant, hashes, missing, std::move(recs), done != nullptr, out, &w);
+    ResolveMissing(session, ns, tenant, hashes, missing, std::move(recs), done != nullptr, out, &w);
   }
   if (w.promoting.empty() && w.queued.empty()) return out;
   const uint64_t acq = next_pending_++;
@@ -232,15 +233,24 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
   return std::nullopt;
 }
 
-void ChainWalk::ResolveMissing(NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
+void ChainWalk::ResolveMissing(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
                                std::span<const size_t> missing, Result<std::vector<std::optional<BlockRecord>>> recs,
                                bool can_wait, std::vector<CacheResult>& out, Waits* w) {
   const bool ask_lower = AvailableLower(0) < lower_->size();
   for (size_t k = 0; k < missing.size(); ++k) {
     const size_t i = missing[k];
-    const BlockId again = blocks_->Find(ns, hashes[i]);  // an earlier entry may have started it
-    if (again != kNoBlock && blocks_->block(again).promoting()) {
-      w->promoting.emplace_back(i, again);
+    // An earlier entry may have started it; after a read off the control thread, anyone
+    // may have stored or promoted it meanwhile.
+    if (const BlockId again = blocks_->Find(ns, hashes[i]); again != kNoBlock) {
+      const Block& b = blocks_->block(again);
+      if (b.promoting()) {
+        w->promoting.emplace_back(i, again);
+      } else if (auto tier = blocks_->ReadableTier(b); tier && hooks_.ref(session, again)) {
+        out[i].tier = *tier;
+        out[i].page = b.page[TierIndex(*tier)];
+      } else {
+        out[i].status = StatusCode::kUnavailable;
+      }
       continue;
     }
     std::optional<BlockRecord> rec;

@@ -165,8 +165,9 @@ class ChainWalk {
     std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;
   };
   // Settles each of an Acquire's `missing` entries with its index record (or none) from
-  // `recs`: found nowhere (in `out`), or a promotion started or queued (in `w`).
-  void ResolveMissing(NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
+  // `recs`: found in memory after all (referenced for `session`), or nowhere (in `out`),
+  // or a promotion started or queued (in `w`).
+  void ResolveMissing(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
                       std::span<const size_t> missing, Result<std::vector<std::optional<BlockRecord>>> recs,
                       bool can_wait, std::vector<CacheResult>& out, Waits* w);
   // Pending Acquire `acq` waits for `w`.

@@ -235,6 +235,21 @@ TEST_P(CacheNvmeTest, AnAcquireOfManyColdBlocksReadsTheIndexOffTheControlThread)
   acquire(chain);
   EXPECT_EQ(keys_read.load(), chain.size());
   EXPECT_EQ(keys_read_here.load(), 0u) << "24 blocks read on the control thread";
+  // Stored again by another engine while the read is off the thread: that entry is served
+  // from the host tier, never promoted into a second block of the same key.
+  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
+  Settle();
+  std::optional<std::vector<CacheResult>> got;
+  ASSERT_FALSE(cm_->Acquire(*session_, chain, [&](std::vector<CacheResult> r) { got = std::move(r); }).has_value());
+  auto other = Attach("t");
+  Store(*other, {chain[5]});
+  ASSERT_TRUE(Pump([&] { return got.has_value(); }));
+  for (size_t i = 0; i < chain.size(); ++i) {
+    ASSERT_EQ((*got)[i].status, StatusCode::kOk) << i;
+    EXPECT_TRUE(CheckBlockPattern(chain[i], {cm_->pool((*got)[i].tier)->PageAddress((*got)[i].page), 32 * 1024}));
+  }
+  EXPECT_EQ((*got)[5].tier, TierKind::kHost);
+  (void)cm_->Release(*session_, TierKind::kHost, {}, chain);
   ExpectConsistent();
 }
 
