@@ -81,6 +81,20 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     return *pages;
   }
 
+  // Drops every host copy (write-through: the blocks stay on NVMe).
+  void EvictHost() {
+    (void)cm_->Evict(TierKind::kHost, 64 * kPage);
+    Settle();
+  }
+  // `chain` stored 8 blocks at a time (write-through), then on NVMe only.
+  void StoreOnNvmeOnly(const std::vector<BlockHash>& chain) {
+    for (size_t at = 0; at < chain.size(); at += 8) {
+      Store(*session_, std::vector<BlockHash>(chain.begin() + at, chain.begin() + std::min(at + 8, chain.size())));
+      Settle();
+    }
+    EvictHost();
+  }
+
   std::vector<CacheResult> AcquireAndWait(SessionCache& s, const std::vector<BlockHash>& hashes) {
     std::optional<std::vector<CacheResult>> got;
     auto now = cm_->Acquire(s, hashes, [&](std::vector<CacheResult> r) { got = std::move(r); });
@@ -134,13 +148,8 @@ TEST_P(CacheNvmeTest, ALongColdChainReadsTheIndexOnlyToItsFirstMiss) {
   EXPECT_LE(keys_read.load(), ChainWalk::kFirstIndexProbe) << "read past the first miss";
   // Evicted from host, the stored prefix is found on NVMe with few reads: a prefix longer
   // than one probe takes the next, larger one.
-  auto warm = HashChain(78, 40);
-  for (size_t at = 0; at < warm.size(); at += 8) {
-    Store(*session_, std::vector<BlockHash>(warm.begin() + at, warm.begin() + at + 8));
-    Settle();
-  }
-  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
-  Settle();
+  const auto warm = HashChain(78, 40);
+  StoreOnNvmeOnly(warm);
   std::vector<BlockHash> long_chain = warm;
   long_chain.insert(long_chain.end(), chain.begin() + 100, chain.end());
   keys_read = 0;
@@ -158,13 +167,8 @@ TEST_P(CacheNvmeTest, ALookupThatCanWaitReadsTheIndexPastItsFirstProbeOffTheCont
   std::atomic<uint64_t> keys_read{0}, keys_read_here{0};
   store_ = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read, &keys_read_here);
   Open(/*host_pages=*/16, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
-  auto warm = HashChain(78, 40);
-  for (size_t at = 0; at < warm.size(); at += 8) {
-    Store(*session_, std::vector<BlockHash>(warm.begin() + at, warm.begin() + at + 8));
-    Settle();
-  }
-  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
-  Settle();
+  const auto warm = HashChain(78, 40);
+  StoreOnNvmeOnly(warm);
   std::vector<BlockHash> long_chain = warm;
   const auto tail = HashChain(79, 100);  // stored by nobody
   long_chain.insert(long_chain.end(), tail.begin(), tail.end());
@@ -185,8 +189,7 @@ TEST_P(CacheNvmeTest, ALookupThatCanWaitReadsTheIndexPastItsFirstProbeOffTheCont
   ASSERT_TRUE(at_once.has_value());
   EXPECT_EQ(at_once->matched, head.size());
   // Gone before its read comes back: no answer, nothing left waiting.
-  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
-  Settle();
+  EvictHost();
   auto other = Attach("t");
   bool answered = false;
   ASSERT_FALSE(cm_->Lookup(*other, long_chain, [&](CacheLookup) { answered = true; }).has_value());
@@ -208,13 +211,8 @@ TEST_P(CacheNvmeTest, AnAcquireOfManyColdBlocksReadsTheIndexOffTheControlThread)
   std::atomic<uint64_t> keys_read{0}, keys_read_here{0};
   store_ = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read, &keys_read_here);
   Open(/*host_pages=*/48, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
-  auto chain = HashChain(81, 24);
-  for (size_t at = 0; at < chain.size(); at += 8) {
-    Store(*session_, std::vector<BlockHash>(chain.begin() + at, chain.begin() + at + 8));
-    Settle();
-  }
-  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
-  Settle();
+  const auto chain = HashChain(81, 24);
+  StoreOnNvmeOnly(chain);
   ASSERT_EQ(cm_->Counts(TierKind::kHost).cached, 0u);
   auto acquire = [&](const std::vector<BlockHash>& hashes) {
     keys_read = keys_read_here = 0;
@@ -230,15 +228,13 @@ TEST_P(CacheNvmeTest, AnAcquireOfManyColdBlocksReadsTheIndexOffTheControlThread)
   const std::vector<BlockHash> few(chain.begin(), chain.begin() + 8);
   acquire(few);
   EXPECT_EQ(keys_read_here.load(), few.size()) << "a few blocks: read on the control thread";
-  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
-  Settle();
+  EvictHost();
   acquire(chain);
   EXPECT_EQ(keys_read.load(), chain.size());
   EXPECT_EQ(keys_read_here.load(), 0u) << "24 blocks read on the control thread";
   // Stored again by another engine while the read is off the thread: that entry is served
   // from the host tier, never promoted into a second block of the same key.
-  (void)cm_->Evict(TierKind::kHost, 64 * kPage);
-  Settle();
+  EvictHost();
   std::optional<std::vector<CacheResult>> got;
   ASSERT_FALSE(cm_->Acquire(*session_, chain, [&](std::vector<CacheResult> r) { got = std::move(r); }).has_value());
   auto other = Attach("t");
