@@ -161,7 +161,7 @@ TEST(KvctlDrain, MovesGpuBlocksDownToNvmeRefusesGpuLeasesAndARestartKeepsThem) {
   opts.page_bytes = "64KiB";
   opts.segment_bytes = "1MiB";
   opts.gpu_capacity = "4MiB";
-  opts.gpu_segment_bytes = "1MiB";
+  opts.gpu_segment_bytes = "2MiB";  // a VMM granule
   opts.nvme_capacity = "32MiB";
   DaemonProcess d(opts);
   ASSERT_TRUE(d.Start().ok()) << d.Log();

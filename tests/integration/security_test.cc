@@ -72,8 +72,8 @@ class MultiUser : public ::testing::Test {
     o.host_capacity = "4MiB";  // 64 pages of 64 KiB
     o.page_bytes = "64KiB";
     o.segment_bytes = "512KiB";
-    o.gpu_capacity = "2MiB";
-    o.gpu_segment_bytes = "512KiB";
+    o.gpu_capacity = "8MiB";  // segments of a VMM granule: the cuda backend exports them as fds
+    o.gpu_segment_bytes = "2MiB";
     o.nvme_capacity = "16MiB";
     o.nvme_yaml = "    write_policy: write_through\n";
     o.socket_yaml = "  group: " + std::to_string(kEngines) + "\n";
@@ -231,7 +231,7 @@ TEST_F(MultiUser, UnknownUsersAreRefusedAndTheSocketIsTheGroupsOnly) {
 // (a legacy CUDA IPC handle would map the whole allocation): an engine of another tenant
 // never has it mapped, on the cuda backend as on the host-emulated one.
 TEST_F(MultiUser, ATenantsGpuSegmentsAreNeverMappedByAnotherTenant) {
-  DaemonProcess d(Options(kTwoTenants));  // 32 GPU pages in 4 segments
+  DaemonProcess d(Options(kTwoTenants));  // 128 GPU pages in 4 segments
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const auto chain = HashChain(21, 4);
