@@ -2,8 +2,9 @@
 //   1. kernels vs the CPU reference on fresh random data: gather/scatter bit-exact for both
 //      layouts and 1- and 2-byte elements, int8/fp8 quantization within QuantErrorBound;
 //   2. a two-process CUDA IPC test: this process (the daemon's role) allocates a shareable
-//      allocation through CudaDeviceBackend and passes its fd (SCM_RIGHTS) to engine A,
-//      which maps it and writes; engine B maps it and reads the same bytes;
+//      allocation through CudaDeviceBackend and passes its fd (SCM_RIGHTS) or legacy
+//      handle to engine A (this program exec'd), which maps it and writes; engine B maps
+//      it and reads the same bytes;
 //   3. bandwidth, each against its baseline in the same run: gather/scatter between device
 //      layouts and device pages vs cudaMemcpy device-to-device of the same bytes; gather
 //      into pinned host pages (D2H) and scatter from them (H2D) vs cudaMemcpy; both layouts;
@@ -16,9 +17,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -208,12 +211,18 @@ int RecvFd(int sock) {
   return fd;
 }
 
-// Child: imports the allocation by fd and writes (A) or reads and checks (B) the pattern.
-int Engine(int sock, uint64_t bytes, bool writer, const DeviceAllocation& legacy) {
+// An engine process (`kvtier-gpu-check --ipc-engine w|r SOCK BYTES`, exec'd: CUDA cannot
+// be used in a child forked after its parent initialized it): reads the legacy flag and
+// handle from SOCK, then the descriptor unless legacy, imports the allocation, and writes
+// (A) or reads and checks (B) the pattern.
+int Engine(int sock, uint64_t bytes, bool writer) {
+  std::array<uint8_t, 1 + kIpcHandleBytes> head;
+  if (::read(sock, head.data(), head.size()) != static_cast<ssize_t>(head.size())) return 9;
+  const bool legacy = head[0] != 0;
   auto dev = OpenCudaDeviceBackend();
   if (!dev.ok()) return 10;
-  int fd = legacy.legacy_ipc ? -1 : RecvFd(sock);
-  auto p = (*dev)->Import(0, fd, legacy.ipc_handle.data(), bytes);
+  const int fd = legacy ? -1 : RecvFd(sock);
+  auto p = (*dev)->Import(0, fd, head.data() + 1, bytes);
   if (!p.ok()) {
     std::fprintf(stderr, "engine import: %s\n", p.status().ToString().c_str());
     return 11;
@@ -246,10 +255,20 @@ bool CheckIpc(DeviceBackend& dev, std::string* how) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::close(sv[0]);
-      ::_exit(Engine(sv[1], bytes, writer, *a));
+      const std::string sock = std::to_string(sv[1]), size = std::to_string(bytes);
+      ::execl("/proc/self/exe", "kvtier-gpu-check", "--ipc-engine", writer ? "w" : "r", sock.c_str(), size.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
     }
     ::close(sv[1]);
-    if (!a->legacy_ipc) SendFd(sv[0], a->fd);
+    std::array<uint8_t, 1 + kIpcHandleBytes> head{};
+    head[0] = a->legacy_ipc ? 1 : 0;
+    std::memcpy(head.data() + 1, a->ipc_handle.data(), kIpcHandleBytes);
+    if (::write(sv[0], head.data(), head.size()) != static_cast<ssize_t>(head.size()) ||
+        (!a->legacy_ipc && !SendFd(sv[0], a->fd))) {
+      std::fprintf(stderr, "FAIL sending the allocation to engine %s\n", writer ? "A" : "B");
+      ok = false;
+    }
     int status = 0;
     ::waitpid(pid, &status, 0);
     ::close(sv[0]);
@@ -394,6 +413,9 @@ std::string Key(const std::string& name) {
 // kvtier-gpu-check [--json FILE]: the table on stdout, the same figures as JSON in FILE.
 int main(int argc, char** argv) {
   using namespace kvtier;
+  if (argc == 5 && std::string(argv[1]) == "--ipc-engine") {
+    return Engine(std::atoi(argv[3]), std::strtoull(argv[4], nullptr, 10), std::string(argv[2]) == "w");
+  }
   const char* json_path = argc > 2 && std::string(argv[1]) == "--json" ? argv[2] : nullptr;
   auto dev = OpenCudaDeviceBackend();
   if (!dev.ok()) {
