@@ -11,7 +11,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" .devcarry
 programs=("$build/bin/kvtierd" "$build/bin/kvctl" "$build/bin/kvtier-bench" "$build/bin/kvtier-gpu-check"
-  "$build/tests/integration_test" "$(command -v fio)" "$(command -v redis-server)" "$(command -v redis-benchmark)")
+  "$build/tests/integration_test" "$build/tests/kernels_test" "$(command -v fio)" "$(command -v redis-server)" "$(command -v redis-benchmark)")
 for p in "${programs[@]}"; do strip -o "$stage/bin/$(basename "$p")" "$p"; done
 # The runtime the device's own libc and libstdc++ provide (newer there) stays behind.
 runtime='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s)\.so'

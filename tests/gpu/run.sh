@@ -6,9 +6,9 @@
 # the run's budget (RUN_BUDGET_S, default 520 s) is spent:
 #   1. kvtier-gpu-check: kernels vs the CPU reference, two-process CUDA IPC, bandwidth
 #      ratios (gpu_check.md, gpu_check.json);
-#   2. the GPU-tier integration tests with tiers.gpu.backend cuda, on VMM fds and again on
-#      legacy cudaIpcMemHandles (KVTIER_CUDA_IPC=legacy), each test in its own process
-#      (gpu_tests.txt);
+#   2. the device backend's cuda tests (kernels_test), and the GPU-tier integration tests
+#      with tiers.gpu.backend cuda, on VMM fds and again on legacy cudaIpcMemHandles
+#      (KVTIER_CUDA_IPC=legacy), each test in its own process (gpu_tests.txt);
 #   3. kvtier-bench kv and demotion on the cuda backend (gpu_bench.json);
 #   4. server-class CPU figures: kvtier-bench nvme, soak --seconds 60, rpc, pipeline
 #      (cpu_bench.json).
@@ -69,6 +69,12 @@ tests=(GpuTier.TwoEnginesShareAGpuBlockThroughTheDaemon GpuTier.DemotionFromGpuT
   MultiUser.ATenantsGpuSegmentsAreNeverMappedByAnotherTenant
   MultiUser.TheSamePromptNeverHitsAcrossTenantsOnAnyTierOrAcrossRestart
   KvctlDrain.MovesGpuBlocksDownToNvmeRefusesGpuLeasesAndARestartKeepsThem)
+# The backend's own tests on cuda (its import is in-process: VMM only).
+if stage "kernels_test cuda" 60 kernels_test --gtest_filter='*cuda*' >>"$out/gpu_tests.txt"; then
+  echo "PASS kernels_test cuda" | tee -a "$out/gpu_tests.txt"
+else
+  echo "FAIL kernels_test cuda" | tee -a "$out/gpu_tests.txt"
+fi
 for ipc in vmm legacy; do
   for t in "${tests[@]}"; do
     if (
