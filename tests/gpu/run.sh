@@ -49,14 +49,14 @@ stage() {
   local l
   l=$(left)
   if ((l < 15)); then
-    echo "SKIPPED $name: run budget spent" | tee -a "$log"
+    echo "SKIPPED $name: run budget spent" | tee -a "$log" >&2
     return 1
   fi
   ((limit > l)) && limit=$l
   echo "== $name (limit ${limit}s, $((SECONDS - start))s in)" >>"$log"
   timeout -k 5 "$limit" "$@" 2>>"$log"
   local rc=$?
-  ((rc == 0)) || echo "FAILED $name: exit $rc" | tee -a "$log"
+  ((rc == 0)) || echo "FAILED $name: exit $rc" | tee -a "$log" >&2
   return $rc
 }
 
@@ -93,7 +93,8 @@ bench() {  # bench FILE NAME LIMIT ARGS...
   local file=$1 name=$2 limit=$3
   shift 3
   local j
-  j=$(stage "kvtier-bench $name" "$limit" kvtier-bench "$@" --json) || j=null
+  # A bench that fails still prints its figures (what failed is in them and in log.txt).
+  j=$(stage "kvtier-bench $name" "$limit" kvtier-bench "$@" --json)
   [[ -n $j ]] || j=null
   printf '%s"%s": %s' "$([[ -s $file ]] && echo ', ')" "$name" "$j" >>"$file"
 }
