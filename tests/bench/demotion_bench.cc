@@ -86,6 +86,11 @@ int RunDemotionBench(const BenchArgs& args) {
     auto p = (*reader)->Allocate(TierKind::kHost, 1);
     const std::vector<CommitEntry> e = {{(*p)[0], one[0], {}}};
     if (!p.ok() || !(*reader)->Commit(TierKind::kHost, e).ok()) return 1;
+    // Held (referenced) for the run: a burst churns the whole host tier in tens of
+    // milliseconds, and the reader does not look between phases, so a block it only
+    // looked up would rightly be evicted as the least recently used.
+    auto held = (*reader)->Acquire(one);
+    if (!held.ok() || !(*held)[0].status.ok()) return 1;
   }
   std::atomic<bool> burst{false}, stop{false};
   std::atomic<uint64_t> gpu_commits{0}, failures{0};
