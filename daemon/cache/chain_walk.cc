@@ -198,7 +198,7 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
     for (size_t i : missing) wanted.push_back(hashes[i]);
     mover_->FindManyAsync(ns, wanted,
                           [this, acq, ns, tenant, all = std::vector<BlockHash>(hashes.begin(), hashes.end()),
-                           entries = std::vector<size_t>(missing.begin(), missing.end())](auto recs) mutable {
+                           entries = std::vector<size_t>(missing.begin(), missing.end())](auto recs) {
                             auto it = pending_acquires_.find(acq);
                             if (it == pending_acquires_.end()) return;  // its session went away
                             Waits later;

@@ -62,18 +62,19 @@ Result<std::optional<BlockRecord>> NvmeMover::Find(NamespaceId ns, const BlockHa
   return nvme_->Find(namespaces_->BlockKey(ns, hash));
 }
 
-Result<std::vector<std::optional<BlockRecord>>> NvmeMover::FindMany(NamespaceId ns, std::span<const BlockHash> hashes) {
+std::vector<std::string> NvmeMover::BlockKeys(NamespaceId ns, std::span<const BlockHash> hashes) const {
   std::vector<std::string> keys;
   keys.reserve(hashes.size());
   for (const BlockHash& h : hashes) keys.push_back(namespaces_->BlockKey(ns, h));
-  return nvme_->FindMany(keys);
+  return keys;
+}
+
+Result<std::vector<std::optional<BlockRecord>>> NvmeMover::FindMany(NamespaceId ns, std::span<const BlockHash> hashes) {
+  return nvme_->FindMany(BlockKeys(ns, hashes));
 }
 
 void NvmeMover::FindManyAsync(NamespaceId ns, std::span<const BlockHash> hashes, NvmeTier::FindManyDone done) {
-  std::vector<std::string> keys;
-  keys.reserve(hashes.size());
-  for (const BlockHash& h : hashes) keys.push_back(namespaces_->BlockKey(ns, h));
-  nvme_->FindManyAsync(std::move(keys), std::move(done));
+  nvme_->FindManyAsync(BlockKeys(ns, hashes), std::move(done));
 }
 
 // ---- spills ----------------------------------------------------------------------------

@@ -116,6 +116,8 @@ class NvmeMover {
  private:
   NvmeMover(std::unique_ptr<NvmeTier> nvme, const Options& options, BlockTable* blocks, NamespaceTable* namespaces,
             CacheCounters* counters, Hooks hooks);
+  // The index keys of `hashes` in `ns`.
+  std::vector<std::string> BlockKeys(NamespaceId ns, std::span<const BlockHash> hashes) const;
   // The registered-buffer index of the host segment holding `page` (registered on first
   // use: registration pins, and so faults in, the whole segment).
   int BufferIndex(PageId page);

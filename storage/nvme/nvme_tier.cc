@@ -105,9 +105,9 @@ void NvmeTier::FindManyAsync(std::vector<std::string> keys, FindManyDone done) {
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
   BlockIndexStore* store = store_.get();  // outlives reader_, which is stopped first
-  reader_->Submit([weak, post, store, keys = std::move(keys), done = std::move(done)](std::stop_token) {
+  reader_->Submit([weak, post, store, keys = std::move(keys), done = std::move(done)](std::stop_token) mutable {
     auto recs = store->MultiGet(keys);
-    post([weak, keys, recs = std::move(recs), done]() mutable {
+    post([weak, keys = std::move(keys), recs = std::move(recs), done = std::move(done)]() mutable {
       auto self = weak.lock();
       if (!self) return;
       if (recs.ok()) {

@@ -124,6 +124,14 @@ inline Result<DaemonStats> StatsOf(const std::string& socket, bool with_sessions
   return c->Stats(with_sessions);
 }
 
+// A tier's entry in `s`, or nullptr when the daemon has no such tier.
+inline const TierStatsInfo* TierOf(const DaemonStats& s, TierKind t) {
+  for (const auto& x : s.tiers) {
+    if (x.tier == t) return &x;
+  }
+  return nullptr;
+}
+
 // The metrics URL a daemon logged at start ("" if none within 10 s).
 inline std::string MetricsUrl(const DaemonProcess& d) {
   // The line that names it may reach the log a moment after the socket is up.

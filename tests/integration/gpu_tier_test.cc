@@ -201,13 +201,6 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
-const TierStatsInfo* GpuTierOf(const DaemonStats& s) {
-  for (const auto& t : s.tiers) {
-    if (t.tier == TierKind::kGpu) return &t;
-  }
-  return nullptr;
-}
-
 TEST(GpuTier, AnEngineKilledWithGpuPagesLeasedGivesThemBack) {
   DaemonProcess d(GpuDaemon("8MiB"));  // 8 GPU pages
   ASSERT_TRUE(d.Start().ok()) << d.Log();
@@ -233,20 +226,19 @@ TEST(GpuTier, AnEngineKilledWithGpuPagesLeasedGivesThemBack) {
   ASSERT_TRUE(leased.Wait()) << d.Log();
   auto held = StatsOf(d.socket_path());
   ASSERT_TRUE(held.ok());
-  ASSERT_NE(GpuTierOf(*held), nullptr);
-  ASSERT_EQ(GpuTierOf(*held)->leased_pages, 4u) << "engine exited " << engine.Join();
+  ASSERT_NE(TierOf(*held, TierKind::kGpu), nullptr);
+  ASSERT_EQ(TierOf(*held, TierKind::kGpu)->leased_pages, 4u) << "engine exited " << engine.Join();
   engine.Kill9();
   EXPECT_EQ(engine.Join(), 128 + SIGKILL);
   // The daemon sees the session's socket close and takes the pages back.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   uint32_t free_pages = 0, leased_pages = 1;
-  while (std::chrono::steady_clock::now() < deadline) {
+  EXPECT_TRUE(WaitUntil([&] {
     auto s = StatsOf(d.socket_path());
-    ASSERT_TRUE(s.ok());
-    free_pages = GpuTierOf(*s)->free_pages, leased_pages = GpuTierOf(*s)->leased_pages;
-    if (leased_pages == 0 && free_pages == GpuTierOf(*s)->capacity_pages) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+    if (!s.ok()) return false;
+    const TierStatsInfo* gpu = TierOf(*s, TierKind::kGpu);
+    free_pages = gpu->free_pages, leased_pages = gpu->leased_pages;
+    return leased_pages == 0 && free_pages == gpu->capacity_pages;
+  })) << d.Log();
   EXPECT_EQ(leased_pages, 0u);
   EXPECT_EQ(free_pages, 8u);
   // Another engine leases its share and writes it.

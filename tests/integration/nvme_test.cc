@@ -87,13 +87,6 @@ DaemonStats Stats(const DaemonProcess& d) {
   return s.ok() ? *s : DaemonStats{};
 }
 
-const TierStatsInfo* Tier(const DaemonStats& s, TierKind t) {
-  for (const auto& x : s.tiers) {
-    if (x.tier == t) return &x;
-  }
-  return nullptr;
-}
-
 void ExpectAccountingExact(const DaemonStats& s) {
   for (const auto& t : s.tiers) {
     EXPECT_EQ(t.free_pages + t.leased_pages + t.inflight_pages + t.cached_pages + t.referenced_pages, t.capacity_pages)
@@ -105,7 +98,7 @@ void ExpectAccountingExact(const DaemonStats& s) {
 bool WaitForNvmeBlocks(const DaemonProcess& d, uint64_t n) {
   return WaitUntil([&] {
     DaemonStats s = Stats(d);
-    const TierStatsInfo* nv = Tier(s, TierKind::kNvme);
+    const TierStatsInfo* nv = TierOf(s, TierKind::kNvme);
     return nv && nv->ready && nv->blocks >= n && nv->inflight_pages == 0;
   });
 }
@@ -140,11 +133,11 @@ TEST_P(NvmeDaemonTest, WarmRestartServesDemotedBlocksWithTheirBytes) {
     }
   }
   DaemonStats before = Stats(d);
-  const TierStatsInfo* nv = Tier(before, TierKind::kNvme);
+  const TierStatsInfo* nv = TierOf(before, TierKind::kNvme);
   ASSERT_NE(nv, nullptr);
   ASSERT_TRUE(WaitForNvmeBlocks(d, 60)) << "demotions did not reach NVMe";
   before = Stats(d);
-  const uint64_t on_nvme = Tier(before, TierKind::kNvme)->blocks;
+  const uint64_t on_nvme = TierOf(before, TierKind::kNvme)->blocks;
   EXPECT_GE(on_nvme, 60u);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 
@@ -364,7 +357,7 @@ TEST_P(NvmeDaemonTest, InjectedIoErrorsRefuseTheSpillAndTheDaemonKeepsServing) {
     DaemonStats s = Stats(d);
     EXPECT_GE(s.io_errors, 1u) << fault;
     // Only the spills that succeeded are indexed: nothing after a failed write or sync.
-    EXPECT_EQ(Tier(s, TierKind::kNvme)->blocks, ok) << fault;
+    EXPECT_EQ(TierOf(s, TierKind::kNvme)->blocks, ok) << fault;
     EXPECT_TRUE(c->Ping().ok()) << fault;
     auto l = c->Lookup(chain);
     ASSERT_TRUE(l.ok());
