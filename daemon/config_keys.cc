@@ -564,9 +564,10 @@ const std::vector<ConfigKey>& ConfigKeys() {
       {"events.max_replay_peers", "8", "Most connections to the replay socket; one past it is shut down when accepted.",
        KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_replay_peers)},
       {"events.token_ids", "false",
-       "BlockStored carries each block's token ids, as the engine committed them. Off by "
-       "default: every subscriber (on a shared host, every tenant's engines) would read every "
-       "tenant's prompts. Routers that index by tokens (Dynamo's) need it on.",
+       "BlockStored carries each block's token ids and extra keys (vLLM's: LoRA name, image ids, "
+       "cache salt), as the engine committed them. Off by default: every subscriber (on a shared "
+       "host, every tenant's engines) would read every tenant's prompts and cache salts. Routers "
+       "that index by tokens (Dynamo's) need it on.",
        KVTIER_CONFIG_SET(Boolean(key, n), events.options.token_ids)},
       {"events.max_topics_per_tenant", "64",
        "Most topics one tenant's engines hold (a topic per routable id, data-parallel rank and "

@@ -362,9 +362,18 @@ Dispatcher::Reply Dispatcher::OnCommit(SessionContext& ctx, const fb::Request& r
     }
     tokens = std::span<const uint32_t>(m.token_ids()->data(), m.token_ids()->size());
   }
+  std::vector<std::string> extra;
+  if (m.extra_keys() && m.extra_keys()->size() > 0) {
+    KVTIER_ASSIGN_OR_RETURN(extra, SplitExtraKeys({m.extra_keys()->data(), m.extra_keys()->size()}, n));
+  }
+  const std::string_view lora = m.lora_name() ? m.lora_name()->string_view() : std::string_view();
+  if (lora.size() > StoredKeys::kMaxLoraName) {
+    return InvalidArgument("commit lora_name longer than " + std::to_string(StoredKeys::kMaxLoraName) + " bytes");
+  }
   std::vector<PageId> pages(n);
   for (size_t i = 0; i < n; ++i) pages[i] = m.pages()->Get(static_cast<flatbuffers::uoffset_t>(i));
-  auto results = cache_->Commit(ctx.cache, *tier, pages, hashes, parents, m.retain(), tokens);
+  auto results = cache_->Commit(ctx.cache, *tier, pages, hashes, parents, m.retain(),
+                                {.tokens = tokens, .extra = extra, .lora_name = lora, .lora_id = m.lora_id()});
   return {fb::Reply::CommitReply, fb::CreateCommitReply(builder_, Results(builder_, results)).Union()};
 }
 

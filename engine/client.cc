@@ -118,8 +118,8 @@ Result<std::vector<PageId>> Client::Allocate(TierKind tier, uint32_t count) {
 
 // ---- Commit ----
 Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain,
-                                   std::span<const uint32_t> token_ids) {
-  KVTIER_RETURN_IF_ERROR(CheckTokenIds(entries.size(), token_ids));
+                                   const CommitKeys& keys) {
+  KVTIER_RETURN_IF_ERROR(CheckTokenIds(entries.size(), keys.token_ids));
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   std::vector<BlockHash> hashes, parents;
   std::vector<PageId> pages;
@@ -139,12 +139,15 @@ Result<Ticket> Client::StartCommit(TierKind tier, std::span<const CommitEntry> e
   auto pv = b.CreateVector(pages);
   auto hv = HashesToWire(b, hashes);
   auto parv = HashesToWire(b, parents);
-  auto tv = token_ids.empty() ? flatbuffers::Offset<flatbuffers::Vector<uint32_t>>()
-                              : b.CreateVector(token_ids.data(), token_ids.size());
-  KVTIER_ASSIGN_OR_RETURN(
-      Ticket t,
-      conn->Send(fb::Op::Commit,
-                 fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain, conn->session().epoch, tv).Union()));
+  auto tv = keys.token_ids.empty() ? flatbuffers::Offset<flatbuffers::Vector<uint32_t>>()
+                                   : b.CreateVector(keys.token_ids.data(), keys.token_ids.size());
+  auto ev = keys.extra_keys.empty() ? flatbuffers::Offset<flatbuffers::Vector<uint8_t>>()
+                                    : b.CreateVector(keys.extra_keys.data(), keys.extra_keys.size());
+  auto lv = keys.lora_name.empty() ? flatbuffers::Offset<flatbuffers::String>() : b.CreateString(keys.lora_name);
+  KVTIER_ASSIGN_OR_RETURN(Ticket t,
+                          conn->Send(fb::Op::Commit, fb::CreateCommit(b, TierToWire(tier), pv, hv, parv, retain,
+                                                                      conn->session().epoch, tv, ev, lv, keys.lora_id)
+                                                         .Union()));
   lease_ends_[t] = {tier, std::move(pages)};
   return t;
 }
@@ -173,8 +176,8 @@ Result<std::vector<BlockResult>> Client::WaitCommit(Ticket t) {
 }
 
 Result<std::vector<BlockResult>> Client::Commit(TierKind tier, std::span<const CommitEntry> entries, bool retain,
-                                                std::span<const uint32_t> token_ids) {
-  KVTIER_ASSIGN_OR_RETURN(Ticket t, StartCommit(tier, entries, retain, token_ids));
+                                                const CommitKeys& keys) {
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, StartCommit(tier, entries, retain, keys));
   return WaitCommit(t);
 }
 
@@ -360,12 +363,11 @@ Result<KvTransfer> TransferFor(const ModelLayout& layout, const EngineKv& kv) {
 
 Result<std::vector<BlockResult>> Client::StoreBlocks(const EngineKv& kv, std::span<const uint32_t> engine_blocks,
                                                      std::span<const BlockHash> hashes,
-                                                     std::span<const BlockHash> parents,
-                                                     std::span<const uint32_t> token_ids) {
+                                                     std::span<const BlockHash> parents, const CommitKeys& keys) {
   if (engine_blocks.size() != hashes.size() || (!parents.empty() && parents.size() != hashes.size())) {
     return InvalidArgument("StoreBlocks: one engine block and hash (and parent) per block");
   }
-  KVTIER_RETURN_IF_ERROR(CheckTokenIds(hashes.size(), token_ids));  // before leasing anything
+  KVTIER_RETURN_IF_ERROR(CheckTokenIds(hashes.size(), keys.token_ids));  // before leasing anything
   for (uint32_t b : engine_blocks) {
     if (b >= kv.num_blocks) return InvalidArgument("StoreBlocks: engine block out of range");
   }
@@ -388,7 +390,7 @@ Result<std::vector<BlockResult>> Client::StoreBlocks(const EngineKv& kv, std::sp
   for (size_t i = 0; i < pages.size(); ++i) {
     entries.push_back({pages[i], hashes[i], parents.empty() ? BlockHash() : parents[i]});
   }
-  return Commit(TierKind::kHost, entries, /*retain=*/false, token_ids);
+  return Commit(TierKind::kHost, entries, /*retain=*/false, keys);
 }
 
 Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,

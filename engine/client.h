@@ -113,6 +113,18 @@ struct CommitEntry {
   BlockHash parent;  // empty: no parent (first block of a sequence)
 };
 
+// What an engine hashed the blocks of a commit from, which kvtierd announces with their
+// BlockStored events (routers index by them); never part of a block's identity.
+struct CommitKeys {
+  // Empty, or the layout's tokens_per_block tokens of each block in entry order.
+  std::span<const uint32_t> token_ids;
+  // Empty, or one msgpack array with an entry per block, nil or an array: vLLM's
+  // BlockStored.extra_keys (LoRA name, (multimodal id, offset) pairs, cache salt, ...).
+  std::span<const uint8_t> extra_keys;
+  std::string_view lora_name;  // empty: none
+  uint32_t lora_id = 0;        // 0: none
+};
+
 class SegmentMap;
 class Connection;
 
@@ -135,11 +147,10 @@ class Client {
   // Turns leased pages into blocks. With `retain`, the session keeps a reference to each.
   // Per entry: OK (duplicate when the key existed: the page was freed and the existing
   // copy kept), kFailedPrecondition (not a page this session leased), kUnavailable (the
-  // block is being read from NVMe right now: retry). `token_ids`: empty, or the layout's
-  // tokens_per_block tokens of each entry's block in entry order, which kvtierd announces
-  // with the block's BlockStored event (routers index by them); kInvalidArgument else.
+  // block is being read from NVMe right now: retry). `keys` as CommitKeys says; tokens of
+  // another count, or extra keys that are not an entry per block, are kInvalidArgument.
   Result<std::vector<BlockResult>> Commit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false,
-                                          std::span<const uint32_t> token_ids = {});
+                                          const CommitKeys& keys = {});
   // Releases leased pages or references: one status per page, then one per hash; OK, or
   // kFailedPrecondition where the session held nothing.
   Result<std::vector<Status>> Release(TierKind tier, std::span<const PageId> pages,
@@ -172,7 +183,7 @@ class Client {
   Result<Ticket> StartAllocate(TierKind tier, uint32_t count);
   Result<std::vector<PageId>> WaitAllocate(Ticket t);
   Result<Ticket> StartCommit(TierKind tier, std::span<const CommitEntry> entries, bool retain = false,
-                             std::span<const uint32_t> token_ids = {});
+                             const CommitKeys& keys = {});
   Result<std::vector<BlockResult>> WaitCommit(Ticket t);
   Result<Ticket> StartRelease(TierKind tier, std::span<const PageId> pages, std::span<const BlockHash> hashes = {});
   Result<std::vector<Status>> WaitRelease(Ticket t);
@@ -195,12 +206,11 @@ class Client {
   // ---- KV transfer helpers (offload-connector mode) ----
   // Store: leases host pages, gathers engine blocks engine_blocks[i] into them on the
   // engine's stream (all layers, one launch), waits for the copy, and commits them as
-  // hashes[i] (parents[i], when given; token_ids as Commit's). Per-block results as
+  // hashes[i] (parents[i], when given; keys as Commit's). Per-block results as
   // Commit's; Allocate's errors.
   Result<std::vector<BlockResult>> StoreBlocks(const EngineKv& kv, std::span<const uint32_t> engine_blocks,
                                                std::span<const BlockHash> hashes,
-                                               std::span<const BlockHash> parents = {},
-                                               std::span<const uint32_t> token_ids = {});
+                                               std::span<const BlockHash> parents = {}, const CommitKeys& keys = {});
   // Load: acquires the chain's cached prefix (AcquirePrefix: NVMe blocks are promoted
   // first), scatters it into engine blocks engine_blocks[0..n), waits, and releases it
   // without waiting for the reply: one round trip. Returns n, the number of leading

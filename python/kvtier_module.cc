@@ -183,6 +183,15 @@ std::vector<BlockHash> ParentsOf(const std::optional<std::vector<py::bytes>>& hs
   return out;
 }
 
+// A commit's keys over storage the caller keeps alive (`extra`: the msgpack bytes).
+CommitKeys KeysOf(const std::vector<uint32_t>& token_ids, const std::string& extra, const std::string& lora_name,
+                  uint32_t lora_id) {
+  return {.token_ids = token_ids,
+          .extra_keys = std::span(reinterpret_cast<const uint8_t*>(extra.data()), extra.size()),
+          .lora_name = lora_name,
+          .lora_id = lora_id};
+}
+
 // ---- control client -------------------------------------------------------------------
 
 py::dict StatsDict(const DaemonStats& s) {
@@ -329,7 +338,8 @@ PYBIND11_MODULE(_kvtier, m) {
           "commit",
           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
              const std::optional<std::vector<py::bytes>>& parents, const std::string& tier, bool retain,
-             const std::vector<uint32_t>& token_ids) {
+             const std::vector<uint32_t>& token_ids, const py::bytes& extra_keys, const std::string& lora_name,
+             uint32_t lora_id) {
             if (pages.size() != hashes.size() || (parents && parents->size() != pages.size())) {
               Raise(InvalidArgument("commit: one hash (and parent) per page"));
             }
@@ -340,10 +350,13 @@ PYBIND11_MODULE(_kvtier, m) {
               e[i].hash = HashOf(hashes[i]);
               if (parents) e[i].parent = ParentsOf(std::vector<py::bytes>{(*parents)[i]})[0];
             }
-            return Results(Unwrap(Call(h, [&](Client& c) { return c.Commit(t, e, retain, token_ids); })));
+            const std::string extra = extra_keys;
+            const CommitKeys keys = KeysOf(token_ids, extra, lora_name, lora_id);
+            return Results(Unwrap(Call(h, [&](Client& c) { return c.Commit(t, e, retain, keys); })));
           },
           py::arg("pages"), py::arg("hashes"), py::arg("parents") = py::none(), py::arg("tier") = "host",
-          py::arg("retain") = false, py::arg("token_ids") = std::vector<uint32_t>())
+          py::arg("retain") = false, py::arg("token_ids") = std::vector<uint32_t>(),
+          py::arg("extra_keys") = py::bytes(), py::arg("lora_name") = "", py::arg("lora_id") = 0)
       .def(
           "release",
           [](const Handle& h, const std::vector<PageId>& pages, const std::vector<py::bytes>& hashes,
@@ -411,15 +424,19 @@ PYBIND11_MODULE(_kvtier, m) {
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
              const std::vector<uint32_t>& blocks, const std::vector<py::bytes>& hashes,
              const std::optional<std::vector<py::bytes>>& parents, uintptr_t stream, uint64_t block_stride,
-             const std::vector<uint32_t>& token_ids) {
+             const std::vector<uint32_t>& token_ids, const py::bytes& extra_keys, const std::string& lora_name,
+             uint32_t lora_id) {
             const EngineKv kv = KvOf(layers, num_blocks, kind, stream, block_stride);
             const auto hs = HashesOf(hashes);
             const auto ps = ParentsOf(parents);
-            return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps, token_ids); })));
+            const std::string extra = extra_keys;
+            const CommitKeys keys = KeysOf(token_ids, extra, lora_name, lora_id);
+            return Results(Unwrap(Call(h, [&](Client& c) { return c.StoreBlocks(kv, blocks, hs, ps, keys); })));
           },
           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("blocks"), py::arg("hashes"),
           py::arg("parents") = py::none(), py::arg("stream") = 0, py::arg("block_stride") = 0,
-          py::arg("token_ids") = std::vector<uint32_t>())
+          py::arg("token_ids") = std::vector<uint32_t>(), py::arg("extra_keys") = py::bytes(),
+          py::arg("lora_name") = "", py::arg("lora_id") = 0)
       .def(
           "load_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,

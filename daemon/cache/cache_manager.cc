@@ -80,7 +80,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
     cm->blocks_->SetResidencyListener([events, raw](const BlockTable::Block& b, TierKind tier, bool resident) {
       const std::string& ns = raw->namespaces_.Get(b.ns).encoded;
       if (resident) {
-        events->Stored(ns, tier, b.hash, b.parent, raw->committing_tokens_);
+        events->Stored(ns, tier, b.hash, b.parent, raw->committing_keys_);
       } else {
         events->Removed(ns, tier, b.hash);
       }
@@ -335,9 +335,8 @@ std::optional<Result<std::vector<PageId>>> CacheManager::Allocate(SessionCache& 
 
 std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, std::span<const PageId> pages,
                                               std::span<const BlockHash> hashes, std::span<const BlockHash> parents,
-                                              bool retain, std::span<const uint32_t> tokens) {
+                                              bool retain, const StoredKeys& keys) {
   std::vector<CacheResult> out(pages.size());
-  const size_t tokens_per_page = pages.empty() ? 0 : tokens.size() / pages.size();
   auto& leased = s.leased_[TierIndex(kind)];
   // The NVMe index read once for the request (one MultiGet) for the hashes no block of the
   // namespace has: one already on NVMe becomes this page's copy rather than a new block.
@@ -392,9 +391,9 @@ std::vector<CacheResult> CacheManager::Commit(SessionCache& s, TierKind kind, st
     r.duplicate = existing != kNoBlock || on_nvme.has_value();
     if (on_nvme) blocks_->SetNvmeSlot(id, on_nvme->slot);
     if (retain) Ref(s, id);
-    committing_tokens_ = tokens.subspan(i * tokens_per_page, tokens_per_page);
+    committing_keys_ = keys.Block(i, pages.size());
     blocks_->Reside(id, kind, page);
-    committing_tokens_ = {};
+    committing_keys_ = {};
     r.page = page;
     ++(r.duplicate ? counters_.commits_duplicate : counters_.commits_stored);
     blocks_->NoteUse(id, clock_->NowNanos(), /*hit=*/false);

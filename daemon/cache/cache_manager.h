@@ -190,11 +190,12 @@ class CacheManager {
   // pages[i] becomes block hashes[i] (parent parents[i], or none if parents is empty or
   // the parent hash is all zero). Per entry: kFailedPrecondition if the page is not
   // leased by this session; duplicate=true when the key existed (the page is freed, or
-  // with `retain` the existing block is referenced instead). `tokens`: empty, or the
-  // same number of tokens for each page, announced with each block's BlockStored event.
+  // with `retain` the existing block is referenced instead). `keys` (tokens: empty, or
+  // the same number for each page; extra keys: empty, or one per page) are announced with
+  // each block's BlockStored event.
   std::vector<CacheResult> Commit(SessionCache& s, TierKind tier, std::span<const PageId> pages,
                                   std::span<const BlockHash> hashes, std::span<const BlockHash> parents, bool retain,
-                                  std::span<const uint32_t> tokens = {});
+                                  const StoredKeys& keys = {});
   // Per page then per hash: kOk, or kFailedPrecondition when the session holds nothing
   // there.
   std::vector<StatusCode> Release(SessionCache& s, TierKind tier, std::span<const PageId> pages,
@@ -352,9 +353,9 @@ class CacheManager {
   int64_t last_unspillable_log_ns_ = -60'000'000'000;  // clock_ time of the last such line
   NamespaceTable namespaces_;
   std::unique_ptr<BlockTable> blocks_;
-  // The tokens of the block Commit is making resident, for the residency listener's
+  // The keys of the block Commit is making resident, for the residency listener's
   // BlockStored; empty at every other time.
-  std::span<const uint32_t> committing_tokens_;
+  StoredKeys committing_keys_;
   std::unique_ptr<BlockWorkers> workers_;               // null unless a tier needs them
   std::unique_ptr<GpuDemoter> gpu_demoter_;             // null without a GPU tier
   std::unique_ptr<NvmeMover> mover_;                    // null without an NVMe tier

@@ -59,7 +59,8 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
   const bool group = tagged && e.group.index >= 0;
   const bool kind = tagged && stored && !e.group.kind.empty();
   const bool window = tagged && stored && e.group.sliding_window > 0;
-  const uint32_t n = (stored ? 8 : 3) + group + kind + window;
+  const bool extra = tagged && stored && !e.extra_keys.empty();
+  const uint32_t n = (stored ? 8 : 3) + extra + group + kind + window;
   if (tagged) {
     pk.pack_map(n);
   } else {
@@ -82,13 +83,26 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
     field("block_size");
     pk.pack_uint32(e.block_size);
     field("lora_id");
-    pk.pack_nil();
+    if (e.lora_id != 0) {
+      pk.pack_uint32(e.lora_id);
+    } else {
+      pk.pack_nil();
+    }
   }
   field("medium");
   PackStr(pk, EventMedium(e.tier));
   if (stored) {
     field("lora_name");
-    pk.pack_nil();
+    if (!e.lora_name.empty()) {
+      PackStr(pk, e.lora_name);
+    } else {
+      pk.pack_nil();
+    }
+  }
+  if (extra) {  // each entry as SplitExtraKeys checked it
+    field("extra_keys");
+    pk.pack_array(static_cast<uint32_t>(e.extra_keys.size()));
+    for (const std::string& k : e.extra_keys) pk.pack(msgpack::unpack(k.data(), k.size()).get());
   }
   if (group) {
     field("group_idx");
@@ -105,6 +119,51 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
 }
 
 }  // namespace
+
+StoredKeys StoredKeys::Block(size_t i, size_t blocks) const {
+  StoredKeys k{.lora_name = lora_name, .lora_id = lora_id};
+  if (blocks > 0 && !tokens.empty() && tokens.size() % blocks == 0) {
+    const size_t per = tokens.size() / blocks;
+    k.tokens = tokens.subspan(i * per, per);
+  }
+  if (extra.size() == blocks) k.extra = extra.subspan(i, 1);
+  return k;
+}
+
+Result<std::vector<std::string>> SplitExtraKeys(std::span<const uint8_t> bytes, size_t blocks) {
+  // Limits far above what vLLM's keys need (a LoRA name, a salt, digests and multimodal
+  // ids with offsets per block), low enough that one Commit cannot make the daemon build
+  // a large object tree.
+  constexpr size_t kMaxKeysPerBlock = 64, kMaxKeyBytes = 4096, kMaxDepth = 4;
+  const msgpack::unpack_limit limit(std::max<size_t>(blocks, kMaxKeysPerBlock), 0, kMaxKeyBytes, kMaxKeyBytes, 0,
+                                    kMaxDepth);
+  msgpack::object_handle oh;
+  size_t offset = 0;
+  try {
+    oh = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), offset, nullptr, nullptr, limit);
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("commit extra_keys: not one msgpack object within the limits (") + e.what() +
+                           ")");
+  }
+  if (offset != bytes.size()) return InvalidArgument("commit extra_keys: bytes after its msgpack array");
+  const msgpack::object& top = oh.get();
+  if (top.type != msgpack::type::ARRAY || top.via.array.size != blocks) {
+    return InvalidArgument("commit extra_keys must be a msgpack array of one entry per page (" +
+                           std::to_string(blocks) + ")");
+  }
+  std::vector<std::string> out;
+  out.reserve(blocks);
+  for (uint32_t i = 0; i < top.via.array.size; ++i) {
+    const msgpack::object& entry = top.via.array.ptr[i];
+    if (entry.type != msgpack::type::NIL && entry.type != msgpack::type::ARRAY) {
+      return InvalidArgument("commit extra_keys: entry " + std::to_string(i) + " is neither nil nor an array");
+    }
+    msgpack::sbuffer buf;
+    msgpack::pack(buf, entry);
+    out.emplace_back(buf.data(), buf.size());
+  }
+  return out;
+}
 
 std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, KvEventEncoding encoding,
                              std::optional<uint32_t> dp_rank) {

@@ -350,7 +350,7 @@ KvEvent* KvEvents::Append(Topic& t, const Announced& ns, KvEvent::Kind kind, Tie
 }
 
 void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
-                   const BlockHash* parent, std::span<const uint32_t> tokens) {
+                   const BlockHash* parent, const StoredKeys& keys) {
   MutexLock lock(&mu_);
   auto it = by_namespace_.find(encoded_ns);
   if (it == by_namespace_.end()) return;
@@ -358,26 +358,31 @@ void KvEvents::Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tie
   const uint64_t h = EventHash(hash, ns.hashes);
   const std::optional<uint64_t> p =
       parent && !parent->empty() ? std::optional(EventHash(*parent, ns.hashes)) : std::nullopt;
-  for (Topic* t : ns.topics) AddTo(*t, ns, kind, tier, h, p, tokens);
+  for (Topic* t : ns.topics) AddTo(*t, ns, kind, tier, h, p, keys);
 }
 
 void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t h,
-                     std::optional<uint64_t> p, std::span<const uint32_t> tokens) {
-  if (!options_.token_ids || tokens.size() != ns.block_size) tokens = {};
+                     std::optional<uint64_t> p, StoredKeys keys) {
+  if (!options_.token_ids || keys.tokens.size() != ns.block_size) keys.tokens = {};
+  if (!options_.token_ids || keys.extra.size() != 1) keys.extra = {};
   const bool signed_hashes = ns.hashes == EventHashForm::kSglang;
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored
-  // joins the previous BlockStored (vLLM's form) when both have tokens or neither has.
+  // joins the previous BlockStored (vLLM's form) when both have tokens or neither has,
+  // likewise extra keys, and both name the same LoRA adapter.
   if (!t.pending.empty()) {
     KvEvent& last = t.pending.back();
     const bool joins = last.kind == kind && last.tier == tier && last.signed_hashes == signed_hashes &&
                        last.group == ns.group && last.block_size == ns.block_size &&
                        last.hashes.size() < options_.batch_size &&
                        (kind == KvEvent::Kind::kRemoved ||
-                        (p && last.hashes.back() == *p && last.token_ids.empty() == tokens.empty()));
+                        (p && last.hashes.back() == *p && last.token_ids.empty() == keys.tokens.empty() &&
+                         last.extra_keys.empty() == keys.extra.empty() && last.lora_name == keys.lora_name &&
+                         last.lora_id == keys.lora_id));
     if (joins) {
       if (!Admit(ns.tenant)) return;
       last.hashes.push_back(h);
-      last.token_ids.insert(last.token_ids.end(), tokens.begin(), tokens.end());
+      last.token_ids.insert(last.token_ids.end(), keys.tokens.begin(), keys.tokens.end());
+      last.extra_keys.insert(last.extra_keys.end(), keys.extra.begin(), keys.extra.end());
       return;
     }
   }
@@ -386,7 +391,10 @@ void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind
   e->hashes.push_back(h);
   if (kind == KvEvent::Kind::kStored) {
     e->parent = p;
-    e->token_ids.assign(tokens.begin(), tokens.end());
+    e->token_ids.assign(keys.tokens.begin(), keys.tokens.end());
+    e->extra_keys.assign(keys.extra.begin(), keys.extra.end());
+    e->lora_name = keys.lora_name;
+    e->lora_id = keys.lora_id;
   }
 }
 

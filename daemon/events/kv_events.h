@@ -11,13 +11,14 @@
 //
 //   tagged (default;   {"type": "BlockStored", "block_hashes": [hash, ...],
 //   vLLM since PR       "parent_block_hash": hash or nil, "token_ids": [token, ...],
-//   #42892)             "block_size": tokens, "lora_id": nil, "medium": medium,
-//                       "lora_name": nil[, "group_idx": index,
-//                       "kv_cache_spec_kind": kind, "kv_cache_spec_sliding_window": tokens]}
+//   #42892)             "block_size": tokens, "lora_id": id or nil, "medium": medium,
+//                       "lora_name": name or nil[, "extra_keys": [nil or [key, ...], ...]]
+//                       [, "group_idx": index, "kv_cache_spec_kind": kind,
+//                       "kv_cache_spec_sliding_window": tokens]}
 //                      {"type": "BlockRemoved", "block_hashes": [...], "medium": medium
 //                       [, "group_idx": index]}
-//   positional         ["BlockStored", [hash, ...], parent or nil, [token, ...], block_size, nil,
-//   (older vLLM)        medium, nil]
+//   positional         ["BlockStored", [hash, ...], parent or nil, [token, ...], block_size,
+//   (older vLLM)        lora_id or nil, medium, lora_name or nil]
 //                      ["BlockRemoved", [hash, ...], medium]
 //
 // The group fields are sent for a namespace whose engine named its KV cache group at Hello
@@ -30,7 +31,13 @@
 // among them on a shared host, would read every tenant's prompts); then block_size tokens
 // per hash, as the engine sent them with its Commit, or none (an engine that sent none; a
 // block announced again on another tier, since kvtierd keeps no tokens). A BlockStored's
-// blocks all have tokens or none do.
+// blocks all have tokens or none do. extra_keys (what else vLLM hashed a block from: LoRA
+// name, (multimodal id, offset) pairs, cache salt, prompt-embedding digests) likewise: only
+// with events.token_ids (the cache salt isolates a tenant's prefixes; image ids identify its
+// inputs), one entry per hash as the engine sent them with its Commit (Commit.extra_keys),
+// tagged encoding only (the older vLLM of the positional one has no such field), and a
+// BlockStored's blocks all have them or none do. lora_id and lora_name are always sent as
+// the engine committed them (one adapter per BlockStored).
 //
 // A block hash is announced in the form of the engine that attached to its namespace
 // (Hello.event_hashes): vLLM's, an unsigned 64-bit integer of its last 8 bytes read
@@ -155,11 +162,26 @@ struct KvEventsOptions {
   // An ipc:// endpoint's socket file is made mode 0660, group ipc_gid (-1: the daemon's):
   // only the daemon's user and that group (the engine socket's) may subscribe.
   int64_t ipc_gid = -1;
-  bool token_ids = false;                    // BlockStored carries the blocks' tokens
+  bool token_ids = false;                    // BlockStored carries the blocks' tokens and extra keys
   uint32_t max_topics_per_tenant = 64;       // topics a tenant's engines may hold (lingering ones count)
   int64_t topic_linger_ns = 30'000'000'000;  // a topic's life after its last engine detaches
   bool operator==(const KvEventsOptions&) const = default;
 };
+// What an engine hashed the blocks of one Commit from (Commit.token_ids, extra_keys,
+// lora_name, lora_id), for their BlockStored events; never part of a block's identity.
+struct StoredKeys {
+  static constexpr size_t kMaxLoraName = 256;  // bytes: a longer name is refused at Commit
+  std::span<const uint32_t> tokens;            // empty, or the same number for each block
+  std::span<const std::string> extra;          // empty, or one msgpack object (nil or an array) per block
+  std::string_view lora_name;                  // empty: none
+  uint32_t lora_id = 0;                        // 0: none
+  // Block i's keys (its tokens when they are `tokens_per_block` each).
+  StoredKeys Block(size_t i, size_t blocks) const;
+};
+// Commit.extra_keys (one msgpack array of an entry per block, each nil or an array) split
+// into one msgpack object per block; kInvalidArgument, saying why, for anything else.
+Result<std::vector<std::string>> SplitExtraKeys(std::span<const uint8_t> msgpack, size_t blocks);
+
 // The default publish endpoint's file, in the data directory.
 inline constexpr std::string_view kDefaultPublishFile = "kv-events.sock";
 // `options` with an empty publish endpoint made ipc://DATA_DIR/kv-events.sock (absolute).
@@ -170,9 +192,12 @@ struct KvEvent {
   enum class Kind : uint8_t { kStored, kRemoved };
   Kind kind = Kind::kStored;
   std::vector<uint64_t> hashes;
-  std::optional<uint64_t> parent;   // kStored: of hashes[0]
-  uint32_t block_size = 0;          // kStored: tokens per block
-  std::vector<uint32_t> token_ids;  // kStored: block_size per hash, or none
+  std::optional<uint64_t> parent;       // kStored: of hashes[0]
+  uint32_t block_size = 0;              // kStored: tokens per block
+  std::vector<uint32_t> token_ids;      // kStored: block_size per hash, or none
+  std::vector<std::string> extra_keys;  // kStored: one msgpack object per hash, or none
+  std::string lora_name;                // kStored: empty: none
+  uint32_t lora_id = 0;                 // kStored: 0: none
   TierKind tier = TierKind::kHost;
   bool signed_hashes = false;  // hashes (and parent) are int64 bit patterns (SGLang's form)
   EventGroup group;            // the namespace's KV cache group (tagged encoding only)
@@ -249,12 +274,12 @@ class KvEvents {
                                 uint32_t tokens_per_block, const EventSource& source = {});
   // The engine of `link` detached: its topic lingers if it was the topic's last (0: none).
   void RemoveNamespace(uint64_t link);
-  // A block became findable in `tier` (with its tokens when known: exactly the
-  // namespace's block size, else none are sent) / stopped being findable there. Events of
-  // a namespace never added are not published (their topic is unknown).
+  // A block became findable in `tier` (with its keys when known: its tokens when exactly
+  // the namespace's block size, else none are sent) / stopped being findable there. Events
+  // of a namespace never added are not published (their topic is unknown).
   void Stored(std::string_view encoded_ns, TierKind tier, const BlockHash& hash, const BlockHash& parent,
-              std::span<const uint32_t> tokens = {}) {
-    Add(encoded_ns, KvEvent::Kind::kStored, tier, hash, &parent, tokens);
+              const StoredKeys& keys = {}) {
+    Add(encoded_ns, KvEvent::Kind::kStored, tier, hash, &parent, keys);
   }
   void Removed(std::string_view encoded_ns, TierKind tier, const BlockHash& hash) {
     Add(encoded_ns, KvEvent::Kind::kRemoved, tier, hash, nullptr, {});
@@ -302,10 +327,10 @@ class KvEvents {
   // REQUIRES: mu_ held. The topic's batch to append to, or nullptr when full.
   KvEvent* Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier) KVTIER_REQUIRES(mu_);
   void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
-           const BlockHash* parent, std::span<const uint32_t> tokens);
+           const BlockHash* parent, const StoredKeys& keys);
   // REQUIRES: mu_ held.
   void AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t hash,
-             std::optional<uint64_t> parent, std::span<const uint32_t> tokens) KVTIER_REQUIRES(mu_);
+             std::optional<uint64_t> parent, StoredKeys keys) KVTIER_REQUIRES(mu_);
   // REQUIRES: mu_ held. Ends the topics that lingered past topic_linger (unlinked, their
   // charges and routable ids released) and returns them for their retraction.
   std::vector<TopicKey> EndIdleTopics(int64_t now_ns) KVTIER_REQUIRES(mu_);

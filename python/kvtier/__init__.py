@@ -270,12 +270,16 @@ class Client:
         return self._c.page_address(page, tier)
 
     def commit(self, pages: Sequence[int], hashes: Sequence[bytes], parents: Optional[Sequence[bytes]] = None,
-               tier: str = "host", retain: bool = False, token_ids: Sequence[int] = ()) -> list[BlockResult]:
+               tier: str = "host", retain: bool = False, token_ids: Sequence[int] = (), extra_keys: bytes = b"",
+               lora_name: str = "", lora_id: int = 0) -> list[BlockResult]:
         """Leased pages become blocks ``hashes[i]`` (parent ``parents[i]``; b"" for none).
-        ``token_ids``: none, or the layout's tokens_per_block tokens of each block in
-        order, announced with its KV event (routers index blocks by them)."""
+        What the blocks were hashed from, announced with their KV events (routers index
+        blocks by them), never part of a block's identity: ``token_ids``, none or the
+        layout's tokens_per_block tokens of each block in order; ``extra_keys``, none or one
+        msgpack array with an entry per block, nil or an array (vLLM's
+        ``BlockStored.extra_keys``); the LoRA adapter's ``lora_name`` and ``lora_id``."""
         return _results(self._c.commit(list(pages), list(hashes), None if parents is None else list(parents), tier,
-                                       retain, list(token_ids)))
+                                       retain, list(token_ids), extra_keys, lora_name, lora_id))
 
     def release(self, pages: Iterable[int] = (), hashes: Iterable[bytes] = (), tier: str = "host") -> list[Code]:
         """Releases leased pages or references; one status per page, then per hash."""
@@ -323,14 +327,16 @@ class Client:
 
     def store_kv(self, kv_caches, block_ids: Sequence[int], hashes: Sequence[bytes],
                  parents: Optional[Sequence[bytes]] = None, *, kv_layout: str = "kv_first",
-                 token_ids: Sequence[int] = ()) -> list[BlockResult]:
+                 token_ids: Sequence[int] = (), extra_keys: bytes = b"", lora_name: str = "",
+                 lora_id: int = 0) -> list[BlockResult]:
         """Stores engine blocks ``block_ids[i]`` of a paged KV cache (tensors as kv_view
-        takes them, or a KvView) as ``hashes[i]`` (``token_ids`` as commit's). All layers
-        of all blocks move in one gather; returns one BlockResult per block (as commit)."""
+        takes them, or a KvView) as ``hashes[i]`` (``token_ids``, ``extra_keys``,
+        ``lora_name`` and ``lora_id`` as commit's). All layers of all blocks move in one
+        gather; returns one BlockResult per block (as commit)."""
         v = kv_caches if isinstance(kv_caches, KvView) else self.kv_view(kv_caches, kv_layout)
         return _results(self._c.store_blocks(v.pointers, v.num_blocks, v.kind, list(block_ids), list(hashes),
                                              None if parents is None else list(parents), v.stream, v.block_stride,
-                                             list(token_ids)))
+                                             list(token_ids), extra_keys, lora_name, lora_id))
 
     def load_kv(self, kv_caches, chain: Sequence[bytes], block_ids: Sequence[int], *,
                 kv_layout: str = "kv_first") -> int:

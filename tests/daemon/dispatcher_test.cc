@@ -197,24 +197,36 @@ TEST_F(DispatcherTest, CommitCountMismatchIsInvalid) {
   EXPECT_TRUE(cache_->CheckInvariants().ok());
 }
 
-TEST_F(DispatcherTest, CommitTokensAreWholeBlocksOrInvalidAndLeaveThePageLeased) {
+// Tokens, extra keys and the LoRA name a Commit carries for KV events: whole blocks of
+// tokens, an entry of extra keys per page, a bounded name; else kInvalidArgument naming the
+// field, and the page stays leased.
+TEST_F(DispatcherTest, CommitKeysThatDoNotFitItsPagesAreInvalidAndLeaveThePageLeased) {
   SessionContext ctx(1);
   ASSERT_EQ(Hello(ctx, fb::Role::Engine)->status(), fb::Status::Ok);
   ASSERT_EQ(Allocate(ctx, 1)->status(), fb::Status::Ok);
-  auto commit = [&](size_t tokens) {
-    return Call(ctx, [tokens](flatbuffers::FlatBufferBuilder& b) {
+  const std::vector<uint8_t> one_salt = {0x91, 0x91, 0xa1, 's'};  // [["s"]]
+  const std::vector<uint8_t> two_nils = {0x92, 0xc0, 0xc0};       // [nil, nil]
+  auto commit = [&](size_t tokens, const std::vector<uint8_t>& extra, const std::string& lora) {
+    return Call(ctx, [&](flatbuffers::FlatBufferBuilder& b) {
       auto pages = b.CreateVector(std::vector<uint32_t>{0});
       auto hashes = b.CreateVector(std::vector<uint8_t>(16, 3));
       auto ids = b.CreateVector(std::vector<uint32_t>(tokens, 5));
+      auto ev = b.CreateVector(extra);
+      auto name = b.CreateString(lora);
       return std::make_pair(fb::Op::Commit,
-                            fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, 0, ids).Union());
+                            fb::CreateCommit(b, fb::Tier::Host, pages, hashes, 0, false, 0, ids, ev, name, 1).Union());
     });
   };
-  const fb::Response* bad = commit(ctx.layout.tokens_per_block + 1);
-  EXPECT_EQ(bad->status(), fb::Status::InvalidArgument);
-  ASSERT_NE(bad->message(), nullptr);
-  EXPECT_NE(bad->message()->str().find("token_ids"), std::string::npos);
-  EXPECT_EQ(commit(ctx.layout.tokens_per_block)->status(), fb::Status::Ok);  // still leased, so it commits
+  const uint32_t block = ctx.layout.tokens_per_block;
+  for (const auto& [bad, field] : std::vector<std::pair<const fb::Response*, std::string>>{
+           {commit(block + 1, {}, ""), "token_ids"},
+           {commit(block, two_nils, ""), "extra_keys"},
+           {commit(block, one_salt, std::string(StoredKeys::kMaxLoraName + 1, 'a')), "lora_name"}}) {
+    EXPECT_EQ(bad->status(), fb::Status::InvalidArgument) << field;
+    ASSERT_NE(bad->message(), nullptr);
+    EXPECT_NE(bad->message()->str().find(field), std::string::npos) << bad->message()->str();
+  }
+  EXPECT_EQ(commit(block, one_salt, "adapter")->status(), fb::Status::Ok);  // still leased, so it commits
   (void)dispatcher_->SessionClosed(ctx, false);
   EXPECT_TRUE(cache_->CheckInvariants().ok());
 }

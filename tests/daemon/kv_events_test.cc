@@ -8,11 +8,14 @@
 #include <array>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <msgpack.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
+#include <tuple>
 #include <zmq.hpp>
 
 #include "tests/support/test_util.h"
@@ -175,8 +178,10 @@ struct Message {
   std::vector<std::pair<std::string, std::vector<uint64_t>>> events;  // tag, hashes
   std::vector<std::vector<uint32_t>> tokens;                          // per event
   std::vector<int> groups;                                            // per event: group_idx, -1 when absent
-  std::optional<uint32_t> dp_rank;                                    // the batch's
-  bool negative_hashes = false;                                       // some hash was sent as a negative integer
+  std::vector<std::string> extra;   // per event: extra_keys as msgpack-c prints it, "" when absent
+  std::vector<std::string> lora;    // per event: "lora_name/lora_id" as msgpack-c prints them
+  std::optional<uint32_t> dp_rank;  // the batch's
+  bool negative_hashes = false;     // some hash was sent as a negative integer
 };
 
 // Hashes as their 64-bit patterns, whether sent unsigned or (SGLang's form) signed.
@@ -207,6 +212,11 @@ Message Decode(std::vector<zmq::message_t>& parts) {
     m.events.emplace_back(e["type"].as<std::string>(), Hashes(e["block_hashes"], &m.negative_hashes));
     m.tokens.push_back(e.count("token_ids") ? e["token_ids"].as<std::vector<uint32_t>>() : std::vector<uint32_t>());
     m.groups.push_back(e.count("group_idx") ? e["group_idx"].as<int>() : -1);
+    std::ostringstream extra, lora;
+    if (e.count("extra_keys")) extra << e["extra_keys"];
+    if (e.count("lora_name")) lora << e["lora_name"] << "/" << e["lora_id"];
+    m.extra.push_back(extra.str());
+    m.lora.push_back(lora.str());
   }
   return m;
 }
@@ -571,8 +581,8 @@ TEST(KvEvents, WithoutTokenIdsOnABlockStoredCarriesNoTokens) {
   ASSERT_NE(s, nullptr);
   const auto chain = HashChain(4, 2);
   Attach(*s->events, "ns", "t", "m", 4);
-  s->events->Stored("ns", TierKind::kHost, chain[0], BlockHash(), std::vector<uint32_t>{1, 2, 3, 4});
-  s->events->Stored("ns", TierKind::kHost, chain[1], chain[0], std::vector<uint32_t>{5, 6, 7, 8});
+  s->events->Stored("ns", TierKind::kHost, chain[0], BlockHash(), {.tokens = std::vector<uint32_t>{1, 2, 3, 4}});
+  s->events->Stored("ns", TierKind::kHost, chain[1], chain[0], {.tokens = std::vector<uint32_t>{5, 6, 7, 8}});
   std::vector<Message> got = Receive(s->sub, 1);
   ASSERT_EQ(got.size(), 1u);
   ASSERT_EQ(got[0].events.size(), 1u);
@@ -590,17 +600,99 @@ TEST(KvEvents, ABlocksTokensGoWithItsBlockStoredAndOnlyWholeBlocksOfThem) {
   const auto chain = HashChain(4, 4);
   const std::vector<uint32_t> t0 = {1, 2, 3, 4}, t1 = {5, 6, 7, 8}, short_one = {9, 9};
   Attach(*events, "ns", "t", "m", 4);
-  events->Stored("ns", TierKind::kHost, chain[0], BlockHash(), t0);
-  events->Stored("ns", TierKind::kHost, chain[1], chain[0], t1);         // joins: both have tokens
-  events->Stored("ns", TierKind::kHost, chain[2], chain[1]);             // none: its own event
-  events->Stored("ns", TierKind::kHost, chain[3], chain[2], short_one);  // not a block's worth: none
-  std::vector<std::pair<size_t, std::vector<uint32_t>>> got;             // hashes, tokens per BlockStored
+  events->Stored("ns", TierKind::kHost, chain[0], BlockHash(), {.tokens = t0});
+  events->Stored("ns", TierKind::kHost, chain[1], chain[0], {.tokens = t1});         // joins: both have tokens
+  events->Stored("ns", TierKind::kHost, chain[2], chain[1]);                         // none: its own event
+  events->Stored("ns", TierKind::kHost, chain[3], chain[2], {.tokens = short_one});  // not a block's worth: none
+  std::vector<std::pair<size_t, std::vector<uint32_t>>> got;                         // hashes, tokens per BlockStored
   for (const Message& m : Receive(sub, 4)) {
     for (size_t i = 0; i < m.events.size(); ++i) got.emplace_back(m.events[i].second.size(), m.tokens[i]);
   }
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0], (std::pair<size_t, std::vector<uint32_t>>{2, {1, 2, 3, 4, 5, 6, 7, 8}}));
   EXPECT_EQ(got[1], (std::pair<size_t, std::vector<uint32_t>>{2, {}}));
+}
+
+// One msgpack array of `entries` (already packed objects).
+std::vector<uint8_t> PackedArray(
+    std::initializer_list<std::function<void(msgpack::packer<msgpack::sbuffer>&)>> entries) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_array(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) e(pk);
+  return std::vector<uint8_t>(buf.data(), buf.data() + buf.size());
+}
+
+// What else vLLM hashed a block from (a cache salt, an image's id and offset) goes with its
+// BlockStored, one entry per hash, only where tokens may go; the LoRA adapter always.
+TEST(KvEvents, ABlocksExtraKeysAndLoraAdapterGoWithItsBlockStoredAsVllmSendsThem) {
+  auto salted = [](msgpack::packer<msgpack::sbuffer>& pk) {
+    pk.pack_array(2);
+    pk.pack(std::string("salt-1"));
+    pk.pack_array(2);
+    pk.pack(std::string("img-7"));
+    pk.pack(3);
+  };
+  auto none = [](msgpack::packer<msgpack::sbuffer>& pk) { pk.pack_nil(); };
+  auto keys = SplitExtraKeys(PackedArray({salted, none, none}), 3);
+  ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+  const auto chain = HashChain(4, 6);
+  for (bool token_ids : {true, false}) {
+    KvEventsOptions o = LoopbackOptions();
+    o.token_ids = token_ids;
+    auto s = Subscribe(o);
+    ASSERT_NE(s, nullptr);
+    Attach(*s->events, "ns", "t", "m", 4);
+    const StoredKeys commit{.extra = *keys, .lora_name = "adapter-a", .lora_id = 3};
+    for (size_t i = 0; i < 3; ++i) {
+      s->events->Stored("ns", TierKind::kHost, chain[i], i ? chain[i - 1] : BlockHash(), commit.Block(i, 3));
+    }
+    // Another adapter's block never joins the first adapter's BlockStored.
+    s->events->Stored("ns", TierKind::kHost, chain[3], chain[2], {.lora_name = "adapter-b", .lora_id = 4});
+    std::vector<std::tuple<size_t, std::string, std::string>> got;  // hashes, extra keys, lora
+    for (const Message& m : Receive(s->sub, 4)) {
+      for (size_t i = 0; i < m.events.size(); ++i) got.emplace_back(m.events[i].second.size(), m.extra[i], m.lora[i]);
+    }
+    const std::string extra = token_ids ? R"([["salt-1",["img-7",3]],null,null])" : "";
+    EXPECT_EQ(got, (std::vector<std::tuple<size_t, std::string, std::string>>{{3, extra, R"("adapter-a"/3)"},
+                                                                              {1, "", R"("adapter-b"/4)"}}))
+        << "token_ids " << token_ids;
+  }
+}
+
+TEST(KvEvents, ExtraKeysThatAreNotAnEntryPerBlockAreRefusedSayingWhy) {
+  auto str = [](msgpack::packer<msgpack::sbuffer>& pk) { pk.pack(std::string("s")); };
+  auto arr = [](msgpack::packer<msgpack::sbuffer>& pk) {
+    pk.pack_array(1);
+    pk.pack(std::string("s"));
+  };
+  auto map = [](msgpack::packer<msgpack::sbuffer>& pk) {
+    pk.pack_array(1);
+    pk.pack_map(1);
+    pk.pack(1);
+    pk.pack(2);
+  };
+  auto deep = [](msgpack::packer<msgpack::sbuffer>& pk) {
+    for (int i = 0; i < 8; ++i) pk.pack_array(1);
+    pk.pack_nil();
+  };
+  EXPECT_TRUE(SplitExtraKeys(PackedArray({arr, arr}), 2).ok());
+  std::vector<uint8_t> trailing = PackedArray({arr});
+  trailing.push_back(0xc0);
+  const std::vector<uint8_t> garbage = {0xdd, 0xff, 0xff, 0xff, 0xff};  // array32 of 4G entries, none there
+  for (const auto& [bytes, blocks, why] : std::vector<std::tuple<std::vector<uint8_t>, size_t, std::string>>{
+           {PackedArray({arr}), 2, "one entry per page (2)"},
+           {PackedArray({str}), 1, "neither nil nor an array"},
+           {PackedArray({map}), 1, "within the limits"},
+           {PackedArray({deep}), 1, "within the limits"},
+           {trailing, 1, "bytes after"},
+           {garbage, 1, "within the limits"},
+           {{}, 1, "within the limits"}}) {
+    auto r = SplitExtraKeys(bytes, blocks);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+  }
 }
 
 TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {

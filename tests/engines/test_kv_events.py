@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 
+from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from vllm.lora.request import LoRARequest
 
 from kvtier_testing.daemon import Daemon
 from kvtier_testing.ports import PortLease
@@ -65,6 +67,74 @@ def test_vllms_own_event_classes_decode_every_message_of_kvtierd_under_load(mode
         for prev, h in zip(e.block_hashes, e.block_hashes[1:]):
             assert parent_of[h] == prev
     assert removed and set(removed) <= set(parent_of)  # evictions, of blocks announced before
+
+
+class _OwnEvents:
+    """Stands in for the scheduler's event publisher: keeps the batches vLLM's own block
+    pool makes (what a vLLM without kvtier would publish)."""
+
+    def __init__(self):
+        self.batches = []
+
+    def publish(self, batch) -> None:
+        self.batches.append(batch)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _by_hash(events) -> dict:
+    """Each announced block: hash -> (tokens, extra keys, LoRA name, LoRA id)."""
+    out = {}
+    for e in events:
+        if not isinstance(e, BlockStored):
+            continue
+        extra = e.extra_keys or [None] * len(e.block_hashes)
+        for i, h in enumerate(e.block_hashes):
+            key = u64(h) if isinstance(h, bytes) else h
+            out[key] = (list(e.token_ids[i * e.block_size:(i + 1) * e.block_size]),
+                        None if extra[i] is None else tuple(extra[i]), e.lora_name, e.lora_id)
+    return out
+
+
+def test_a_blocks_extra_keys_and_lora_adapter_are_announced_as_vllms_own_block_pool_announces_them(
+        model_dir, tmp_path):
+    """Requests with a cache salt and with a LoRA adapter through vLLM's scheduler: every
+    block kvtierd announces carries the tokens, extra keys, LoRA name and id that vLLM's own
+    BlockStored for the same hash carries (vLLM's events captured from its scheduler)."""
+    endpoint = f"ipc://{tmp_path}/events.sock"
+    with Daemon(page_bytes=64 << 10, pages=256,
+                extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms, token_ids: true}}\n") as d:
+        sub = Subscriber(endpoint)
+        time.sleep(0.5)  # the subscription lands before the first namespace attaches
+        config = vllm_config(model_dir, d.socket)
+        config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+        engine = Engine(config, 256)
+        own = _OwnEvents()
+        engine.scheduler.kv_event_publisher = own
+        try:
+            prompts = {r: [(11 * i + j) % 500 + 3 for j in range(6 * BLOCK + 5)] for i, r in enumerate("sla")}
+            engine.add("s", prompts["s"], 1, cache_salt="tenant-salt")
+            engine.add("l", prompts["l"], 1, lora_request=LoRARequest("adapter-a", 7, "/adapters/a"))
+            engine.add("a", prompts["a"], 1)
+            engine.run()
+            assert engine.connector_stats["stored_blocks"] == 3 * 6
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(
+                    _by_hash(e for _, b in sub.messages for e in b.events)) < 18:
+                time.sleep(0.05)
+        finally:
+            engine.close()
+            sub.close()
+    assert sub.failures == []
+    ours = _by_hash(e for _, b in sub.messages for e in b.events)
+    theirs = _by_hash(e for b in own.batches for e in b.events)
+    assert len(ours) == 18 and set(ours) <= set(theirs)
+    assert {h: theirs[h] for h in ours} == ours
+    # What they carry: the salt on a salted prompt's first block only, the adapter's name
+    # on each of its blocks, nothing on a plain prompt's.
+    extra = sorted((v[1], v[2], v[3]) for v in ours.values() if v[1] or v[2])
+    assert extra == sorted([(("tenant-salt",), None, None)] + [(("adapter-a",), "adapter-a", 7)] * 6)
 
 
 def _http(port: int, method: str, path: str, body=None):

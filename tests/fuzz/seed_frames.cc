@@ -61,7 +61,10 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedStreams() {
       std::vector<BlockHash> parents = {BlockHash(), chain[0], chain[1]};
       auto h = HashesToWire(b, chain);
       auto p = HashesToWire(b, parents);
-      return fb::CreateCommit(b, fb::Tier::Host, pages, h, p, false);
+      // Extra keys as vLLM's events carry them: [["salt"], nil, [["img", 3]]].
+      auto extra = b.CreateVector(
+          std::vector<uint8_t>{0x93, 0x91, 0xa4, 's', 'a', 'l', 't', 0xc0, 0x91, 0x92, 0xa3, 'i', 'm', 'g', 0x03});
+      return fb::CreateCommit(b, fb::Tier::Host, pages, h, p, false, 0, 0, extra, b.CreateString("adapter"), 7);
     });
   };
   auto lookup = [&](uint64_t id) {

@@ -89,7 +89,7 @@ TEST(Events, ASubscriberDecodingAsLlmDoesSeesEveryStoreAndRemovalAndReplayFillsI
       FillBlockPattern(chain[i], (*c)->PageBytes(TierKind::kHost, (*pages)[0]).first(layout.block_bytes));
       const std::vector<CommitEntry> e = {{(*pages)[0], chain[i], i ? chain[i - 1] : BlockHash()}};
       const std::vector<uint32_t> tokens(layout.tokens_per_block, static_cast<uint32_t>(7000 + i));  // a prompt
-      auto r = (*c)->Commit(TierKind::kHost, e, /*retain=*/false, tokens);
+      auto r = (*c)->Commit(TierKind::kHost, e, /*retain=*/false, {.token_ids = tokens});
       ASSERT_TRUE(r.ok() && (*r)[0].status.ok()) << (r.ok() ? (*r)[0].status : r.status()).ToString() << d.Log();
       if (i % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // several messages
     }

@@ -74,6 +74,17 @@ def test_token_ids_of_a_commit_are_whole_blocks_or_refused(daemon):
         assert c.commit([p], hashes(1, seed=6), token_ids=list(range(LAYOUT.tokens_per_block)))[0].ok
 
 
+def test_extra_keys_of_a_commit_are_an_entry_per_block_or_refused(daemon):
+    with kvtier.Client(LAYOUT, daemon.socket, hash_bytes=32) as c:
+        [p] = c.allocate(1)
+        # msgpack [nil, nil] for one block, ["salt"] (an entry that is not an array), a cut map
+        for bad in (b"\x92\xc0\xc0", b"\x91\xa4salt", b"\xde"):
+            with pytest.raises(kvtier.InvalidArgumentError, match="extra_keys"):
+                c.commit([p], hashes(1, seed=7), extra_keys=bad)
+        # [["salt"]]: the page was still leased
+        assert c.commit([p], hashes(1, seed=7), extra_keys=b"\x91\x91\xa4salt", lora_name="a", lora_id=2)[0].ok
+
+
 def test_writes_through_one_view_are_seen_through_another(daemon):
     with kvtier.Client(LAYOUT, daemon.socket) as c:
         [p] = c.allocate(1)

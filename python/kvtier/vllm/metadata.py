@@ -4,6 +4,7 @@ workers send back (vLLM sums them across workers and logs them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from kvtier.vllm._base import KVConnectorMetadata, KVConnectorStats, KVConnectorWorkerMetadata
 
@@ -26,6 +27,10 @@ class StoreSpec:
     block_ids: list
     token_ids: list  # the tokens of each block (kvtierd announces them with its KV events)
     indices: list = field(default_factory=list)  # each block's index in the request's table of the group
+    # What else vLLM hashed each block from, in its events' form (BlockStored.extra_keys:
+    # a tuple or None per block), or None; and the request's LoRA adapter (name, id).
+    extra_keys: Optional[list] = None
+    lora: tuple = ("", 0)
 
 
 @dataclass

@@ -38,6 +38,11 @@ from kvtier.vllm.metadata import (KvtierConnectorMetadata, KvtierConnectorStats,
                                   StoreSpec)
 from kvtier.vllm.settings import Settings
 
+try:  # vLLM's own per-block extra keys (LoRA, multimodal ids, cache salt, prompt embeddings)
+    from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event_extra_keys
+except ImportError:  # a vLLM without them publishes none either
+    generate_block_hash_extra_keys = to_event_extra_keys = None
+
 log = logging.getLogger("kvtier.vllm")
 
 # Hashes per Lookup call: well under the daemon's per-request entry limit (15,405).
@@ -57,6 +62,16 @@ class _Request:
     load: Optional[tuple] = None                    # (first token, end token) to load
     hit: int = 0                                    # the token the last lookup's hit ends at
     own_junction: int = 0                           # vLLM's own shared_prefix_boundary at the lookup
+
+
+def event_extra_keys(request, blocks: list, block_size: int) -> Optional[list]:
+    """What else vLLM hashed each of the request's blocks (ascending indices of
+    ``block_size`` tokens) from, in the form its own BlockStored events carry
+    (``extra_keys``), or None where no block has any."""
+    if to_event_extra_keys is None:
+        return None
+    keys = [generate_block_hash_extra_keys(request, b * block_size, (b + 1) * block_size, 0)[0] for b in blocks]
+    return to_event_extra_keys(keys) if any(k is not None for k in keys) else None
 
 
 class Scheduler:
@@ -349,8 +364,10 @@ class Scheduler:
         keys = [bytes(hashes[plan.block_key_index(b)]) for b in blocks]
         parents = [bytes(hashes[plan.block_key_index(b - 1)]) if b > 0 else b"" for b in blocks]
         token_ids = [t for b in blocks for t in tokens[b * bs:(b + 1) * bs]]
+        lora = getattr(request, "lora_request", None)
         meta.stores.append(StoreSpec(req_id, plan.index, keys, parents, [table[b] for b in blocks], token_ids,
-                                     list(blocks)))
+                                     list(blocks), event_extra_keys(request, blocks, bs),
+                                     (lora.lora_name, lora.lora_int_id) if lora else ("", 0)))
         self._held.add(req_id)
 
     def has_pending_block_frees(self) -> bool:

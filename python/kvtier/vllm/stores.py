@@ -41,6 +41,12 @@ class _Chunk:
     ready: object     # CUDA event the copy waits for, or None
 
 
+def _msgpack(obj) -> bytes:
+    import msgspec  # vLLM's own encoder; only needed where vLLM gave a request extra keys
+
+    return msgspec.msgpack.encode(obj)
+
+
 class StoreQueue:
     def __init__(self, clients: list, views: list, stream=None):
         self._clients = clients
@@ -142,9 +148,11 @@ class StoreQueue:
         try:
             if chunk.ready is not None:
                 self._stream.wait_event(chunk.ready)
+            extra = _msgpack(store.extra_keys[part]) if store.extra_keys else b""
             results = self._clients[store.group].call(
                 lambda c: c.store_kv(view, store.block_ids[part], hashes, store.parents[part],
-                                     token_ids=chunk.tokens))
+                                     token_ids=chunk.tokens, extra_keys=extra, lora_name=store.lora[0],
+                                     lora_id=store.lora[1]))
         except kvtier.Error as e:
             counts["store_refused_blocks"] += len(hashes)
             log.warning("kvtierd refused a store of %d blocks of group %d for %s: %s", len(hashes), store.group,

@@ -83,9 +83,10 @@ class EngineLoop:
         self.preempted: set = set()  # requests vLLM preempted at least once
 
     # ---- requests ----
-    def add(self, req_id: str, prompt: list, max_tokens: int) -> Request:
+    def add(self, req_id: str, prompt: list, max_tokens: int, **request_args) -> Request:
+        """A greedy request; `request_args` go to vLLM's Request (cache_salt, lora_request)."""
         sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        req = Request(req_id, list(prompt), sp, None, block_hasher=self.hasher)
+        req = Request(req_id, list(prompt), sp, None, block_hasher=self.hasher, **request_args)
         self.scheduler.add_request(req)
         self.outputs[req_id] = []
         return req
