@@ -153,7 +153,7 @@ def test_preempted_hybrid_requests_resume_and_generate_what_vllm_alone_does(fami
         e.close()
 
 
-def test_a_failed_hybrid_load_is_recomputed_whole_and_nothing_computed_over_it_is_stored(family):
+def test_a_failed_hybrid_load_is_recomputed_whole_and_stored_again_but_nothing_computed_over_it(family):
     n = FAMILIES[family[0]][1]
     p = prompt(n, 4)
     want = reference(family, [("a", p, 6), ("b", p, 6), ("c", p, 6)])
@@ -172,9 +172,9 @@ def test_a_failed_hybrid_load_is_recomputed_whole_and_nothing_computed_over_it_i
         assert serve(b, [("b", p, 6)], before_worker=hook) == {"b": want["b"]}
         assert fired
         assert b.connector_stats["load_failed_blocks"] > 0
-        assert b.connector_stats.get("stored_blocks", 0) == 0
-        assert b.connector_stats["stores_skipped_after_failed_load"] > 0
+        assert b.connector_stats["stored_blocks"] > 0  # what it computed again, after the failure
         assert serve(c, [("c", p, 6)]) == {"c": want["c"]}  # whatever B stored is exact
+        assert c.connector_stats["loaded_blocks"] > 0
     finally:
         for e in (a, b, c):
             e.close()

@@ -90,6 +90,15 @@ class GroupPlan:
     hashes_per_block: int   # vLLM block hashes per block of this group
     window_blocks: int = 0  # WINDOW: blocks before a hit position that the hit needs
     sliding_window: int = 0  # tokens (sliding window or attention chunk), for events
+    # Ranks a block's tokens are spread over: decode context parallelism's size for the
+    # attention groups vLLM shards (each rank holds block_size / shards of its tokens in
+    # its block of the same id), else 1.
+    shards: int = 1
+
+    @property
+    def rank_block_size(self) -> int:
+        """Tokens of a block one rank holds."""
+        return self.block_size // self.shards
 
     def block_key_index(self, block: int) -> int:
         """The index in request.block_hashes of the hash naming block `block` (the hash
@@ -97,14 +106,18 @@ class GroupPlan:
         return (block + 1) * self.hashes_per_block - 1
 
 
-def group_plans(kv_cache_config, hash_block_size: int) -> tuple:
+def group_plans(kv_cache_config, hash_block_size: int, dcp: int = 1) -> tuple:
+    """The plan of every group. Under decode context parallelism (`dcp` > 1) a group
+    whose spec vLLM shards (``dcp_sharded``: attention) has blocks of dcp x its spec's
+    block size, as vLLM's scheduler counts and hashes them."""
     if kv_cache_config is None or not kv_cache_config.kv_cache_groups:
         raise kvtier.InvalidArgumentError("kvtier.vllm needs vLLM's KV cache config with at least one group")
     plans = []
     for i, group in enumerate(kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
         kind, role = spec_kind(spec)
-        bs = int(spec.block_size)
+        shards = dcp if getattr(spec, "dcp_sharded", False) else 1
+        bs = int(spec.block_size) * shards
         if bs % hash_block_size:
             raise kvtier.InvalidArgumentError(f"KV cache group {i} has blocks of {bs} tokens, not a multiple of "
                                               f"vLLM's hash block size {hash_block_size}")
@@ -116,7 +129,7 @@ def group_plans(kv_cache_config, hash_block_size: int) -> tuple:
             window = int(spec.attention_chunk_size)
             blocks = _cdiv(window, bs)
         plans.append(GroupPlan(i, kind, role, bs, bs // hash_block_size, max(blocks, 1 if role == WINDOW else 0),
-                               window))
+                               window, shards))
     return tuple(plans)
 
 
@@ -134,7 +147,7 @@ class KvtierLayout(KVConnectorHandshakeMetadata):
     kv_layout: str      # kvtier.kv layout name: paged, kv_first, block_first
     group: int = 0
     kind: str = "full_attention"
-    stores: bool = True  # whether this rank stores the group (MLA: rank 0 of each TP group only)
+    stores: bool = True  # whether this rank stores the group (MLA: the first DCP group of each TP group only)
 
     def kvtier_layout(self) -> "kvtier.Layout":
         return kvtier.Layout(self.model, layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
@@ -179,19 +192,30 @@ def describe_kv_caches(tensors: list, spec, num_blocks: int) -> tuple:
 
 
 def rank_facts(vllm_config) -> dict:
-    """This worker's tensor-, pipeline- and context-parallel ranks and sizes."""
+    """This worker's tensor-, pipeline- and decode-context-parallel ranks and sizes, the
+    tokens a DCP rank takes in turn (``interleave``) and the prefill-context-parallel
+    size. Ranks are 0 where vLLM's groups are not initialized (its scheduler's process,
+    tests)."""
     pc = vllm_config.parallel_config
     facts = {"tp": (0, int(getattr(pc, "tensor_parallel_size", 1))),
              "pp": (0, int(getattr(pc, "pipeline_parallel_size", 1))),
-             "dcp": int(getattr(pc, "decode_context_parallel_size", 1) or 1),
+             "dcp": (0, int(getattr(pc, "decode_context_parallel_size", 1) or 1)),
+             "interleave": int(getattr(pc, "cp_kv_cache_interleave_size", 1) or 1),
              "pcp": int(getattr(pc, "prefill_context_parallel_size", 1) or 1)}
     try:
         from vllm.distributed.parallel_state import get_pp_group, get_tp_group  # type: ignore
 
         facts["tp"] = (get_tp_group().rank_in_group, facts["tp"][1])
         facts["pp"] = (get_pp_group().rank_in_group, facts["pp"][1])
-    except Exception:  # noqa: BLE001 - not initialized (tests, a single process)
+    except Exception:  # noqa: BLE001 - not initialized
         pass
+    if facts["dcp"][1] > 1:
+        try:
+            from vllm.distributed.parallel_state import get_dcp_group  # type: ignore
+
+            facts["dcp"] = (get_dcp_group().rank_in_group, facts["dcp"][1])
+        except Exception:  # noqa: BLE001 - not initialized
+            pass
     return facts
 
 
@@ -224,11 +248,14 @@ def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model
         tensors = [t.unflatten(0, (num_blocks, ratio)) for t in tensors]
     first = tensors[0]
     (tp, tps), (pp, pps) = ranks["tp"], ranks["pp"]
-    bs = plan.block_size
+    bs = plan.rank_block_size
     kv_pairs = (plan.kind not in ("mla_attention", "sliding_window_mla") and plan.role != STATE
                 and hasattr(spec, "num_kv_heads") and (kind != "paged" or first.shape[-1] == 2 * int(spec.head_size)))
     replicated = plan.kind in ("mla_attention", "sliding_window_mla")  # every TP rank holds the same latent
     tp_part = "tp*" if replicated else f"tp{tp}of{tps}"
+    if plan.shards > 1:  # each rank of a DCP group holds its own tokens of every block
+        dcp, dcps = ranks["dcp"]
+        tp_part += f"|dcp{dcp}of{dcps}i{ranks['interleave']}"
     if kv_pairs:
         dtype = kv_dtype_name(first.dtype, cache_dtype)
         if groups == 1 and plan.kind == "full_attention":
@@ -261,4 +288,4 @@ def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model
              f"{tp_part}|pp{pp}of{pps}")
     return KvtierLayout(model, layers=len(raw), kv_heads=heads, head_dim=dim, dtype="int8",
                         tokens_per_block=tokens, kv_layout="paged", group=plan.index, kind=plan.kind,
-                        stores=not replicated or tp == 0), raw
+                        stores=not replicated or tp < plan.shards), raw

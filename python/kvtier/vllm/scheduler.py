@@ -93,6 +93,7 @@ class Scheduler:
         # copies done (get_finished's finished-sending set).
         self._held: set = set()
         self._freeing: set = set()  # finished requests held until their finished_sending
+        self._settled: dict = {}    # loads every worker reported since the last step: {request: landed}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         self._hash_size_warned = False
 
@@ -223,8 +224,8 @@ class Scheduler:
 
     # ---- each step's plan ----
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
-        meta = KvtierConnectorMetadata(loads=self._pending_loads)
-        self._pending_loads = []
+        meta = KvtierConnectorMetadata(loads=self._pending_loads, settled=self._settled)
+        self._pending_loads, self._settled = [], {}
         scheduled = scheduler_output.num_scheduled_tokens
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
         fresh = meta.fresh_blocks
@@ -376,15 +377,23 @@ class Scheduler:
         return bool(self._freeing)
 
     def update_connector_output(self, connector_output) -> None:
-        """Held requests the workers are done with are no longer pending frees. Stores the
-        workers skipped only because another request's load failed in the step are planned
-        again from the request's next step, unless vLLM recomputes the request (a block of
-        its table failed to load). Mamba states are not: vLLM hands each off once."""
+        """Held requests the workers are done with are no longer pending frees. Loads
+        every worker reported are settled in the next step's metadata; a request whose load
+        failed on some rank has its stores planned again from its first failed block (vLLM
+        recomputes from there). Stores the workers skipped only because another request's
+        load failed in the step are planned again from the request's next step, unless vLLM
+        recomputes the request (a block of its table failed to load). Mamba states are not:
+        vLLM hands each off once."""
         self._freeing.difference_update(getattr(connector_output, "finished_sending", None) or ())
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        if not isinstance(meta, KvtierWorkerMetadata) or not meta.skipped:
+        if not isinstance(meta, KvtierWorkerMetadata):
             return
         invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        for req_id, landed in meta.loads.items():
+            self._settled[req_id] = landed
+            state = self._requests.get(req_id)
+            if not landed and state is not None:
+                self._replan_from_failure(state, invalid)
         for req_id, groups in meta.skipped.items():
             state = self._requests.get(req_id)
             if state is None or any(b in invalid for table in state.tables for b in table):
@@ -400,6 +409,22 @@ class Scheduler:
                     continue
                 state.done = min(state.done, first * plan.block_size)
                 self.stats.data["stores_replanned"] += len(indices)
+
+    def _replan_from_failure(self, state: _Request, invalid: set) -> None:
+        """Stores of a request planned again from its first block that failed to load (a
+        failure of a model of several groups is the request's: vLLM starts it again, and
+        _start plans from where it starts)."""
+        for plan, table in zip(self._s.plans, state.tables):
+            first = next((i for i, b in enumerate(table) if b in invalid), None)
+            if first is None:
+                continue
+            if plan.role == PREFIX:
+                state.prefix_done[plan.index] = min(state.prefix_done[plan.index], first)
+            elif plan.role == WINDOW:
+                state.window_done[plan.index] = {i for i in state.window_done[plan.index] if i < first}
+            else:
+                continue
+            state.done = min(state.done, first * plan.block_size)
 
     def request_finished(self, request) -> bool:
         """Whether vLLM must keep the request's blocks until the workers report its

@@ -57,15 +57,16 @@ class Settings:
         block_size = int(cc.block_size)
         if kv_cache_config is None:
             raise kvtier.InvalidArgumentError("kvtier.vllm needs vLLM's KV cache config (vLLM >= 0.30)")
-        hash_bs = int(getattr(kv_cache_config, "hash_block_size", 0) or block_size)
-        plans = group_plans(kv_cache_config, hash_bs)
-        unit = math.lcm(*(p.block_size for p in plans))
         ranks = rank_facts(vllm_config)
-        if ranks["dcp"] > 1 or ranks["pcp"] > 1:
-            # vLLM hashes block_size x dcp x pcp tokens per hash there, while each rank
-            # holds a shard of a block: not a layout kvtier can name yet.
-            raise kvtier.InvalidArgumentError("kvtier.vllm does not support decode/prefill context parallelism "
-                                              f"(dcp {ranks['dcp']}, pcp {ranks['pcp']})")
+        if ranks["pcp"] > 1:
+            # vLLM 0.32's KV cache manager and block hashes do not count prefill context
+            # parallelism (it passes pcp 1), so what a rank's block holds is not named here.
+            raise kvtier.InvalidArgumentError("kvtier.vllm does not support prefill context parallelism "
+                                              f"(pcp {ranks['pcp']})")
+        dcp = ranks["dcp"][1]
+        hash_bs = int(getattr(kv_cache_config, "hash_block_size", 0) or block_size * dcp)
+        plans = group_plans(kv_cache_config, hash_bs, dcp)
+        unit = math.lcm(*(p.block_size for p in plans))
         checkpoint = int(extra("checkpoint_tokens", 0) or 0)
         if checkpoint <= 0:
             checkpoint = int(getattr(cc, "prefix_cache_retention_interval", 0) or 0)

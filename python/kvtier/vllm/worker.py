@@ -10,6 +10,17 @@ every such request, whether its rank stores or not). Before a step writes a bloc
 vLLM handed out again, the target of a load) the worker waits for the copies that read
 it; a Mamba state's copy ends before the next step starts.
 
+Stores wait while a load is unsettled: from the step in which a request loads until the
+scheduler says whether that load landed on every rank (``settled``, from every worker's
+report in the step's worker metadata), every store this worker is handed is held. On
+another rank of a tensor- or context-parallel group a load may fail where this rank's
+landed, and this rank's KV of the tokens computed since (the request's, and a request's
+that shares the block through vLLM's prefix cache) is then computed over it. All the
+loads a store waited for landed: it is queued; one failed: it is dropped, the scheduler
+plans the failed request's stores again from its failed block (vLLM recomputes it) and
+the others' from the dropped ones, as for a failure on this rank. Held stores whose
+blocks vLLM hands out again meanwhile are dropped.
+
 The time the step spends in the connector's hooks (``blocking_s``) and the time from the
 step's first hook to its last (``step_s``, ``steps``) are in the connector's stats."""
 
@@ -40,7 +51,10 @@ class Worker:
         self.clients: list = []
         self._views: list = []
         self._load_errors: set = set()
-        self._poisoned: set = set()  # requests whose load failed: never stored
+        self._own_failed: set = set()  # requests whose load failed on this rank in this step
+        self._unsettled: set = set()   # requests that loaded, until the scheduler settles them
+        self._waiting: list = []       # stores held meanwhile: [(loads it waits for, (store, part, tokens, state))]
+        self._loads: dict = {}         # this step's loads for the scheduler: {req: whether they landed here}
         self._recv_done: set = set()    # requests whose asynchronous load ran (ok or not)
         self._recv_failed: set = set()  # ... and failed
         self._stores: Optional[StoreQueue] = None
@@ -102,6 +116,7 @@ class Worker:
         if self._fenced is meta or self._stores is None:
             return
         self._fenced = meta
+        self.settle(meta)
         waited = self._stores.wait_states()
         writes = set(meta.fresh_blocks)
         for load in meta.loads:
@@ -110,16 +125,39 @@ class Worker:
             waited = True
         self.stats.data["store_fence_waits"] += waited
 
+    def settle(self, meta: KvtierConnectorMetadata) -> None:
+        """The scheduler's word on earlier steps' loads: the stores held for them are
+        queued (all landed) or dropped (one failed; planned again); a held store whose
+        blocks vLLM hands out again in this step is dropped (a later miss)."""
+        self._unsettled.difference_update(meta.settled)
+        failed = {r for r, ok in meta.settled.items() if not ok}
+        fresh = set(meta.fresh_blocks)
+        waiting, self._waiting = self._waiting, []
+        for waits, chunk in waiting:
+            store, part = chunk[0], chunk[1]
+            if waits & failed or fresh.intersection(store.block_ids[part]):
+                self.stats.data["stores_skipped_after_failed_load"] += len(store.hashes[part])
+                if waits & failed and store.req_id not in failed and store.indices:
+                    self._skipped.setdefault(store.req_id, {}).setdefault(store.group, set()).update(
+                        store.indices[part])
+            elif waits - set(meta.settled):
+                self._waiting.append((waits - set(meta.settled), chunk))
+            else:
+                self._stores.submit(*chunk)
+
     def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
         self.fence(meta)
+        self._own_failed = set()
         for load in meta.loads:
             n = self._load(load)
             self.stats.data["loaded_blocks"] += n
+            self._unsettled.add(load.req_id)
+            self._loads[load.req_id] = self._loads.get(load.req_id, True) and n == len(load.block_ids)
             if load.is_async:
                 self._recv_done.add(load.req_id)
             if n < len(load.block_ids):
                 self.stats.data["load_failed_blocks"] += len(load.block_ids) - n
-                self._poisoned.add(load.req_id)
+                self._own_failed.add(load.req_id)
                 if load.is_async:  # a hybrid model's failure is the request's (vLLM recomputes it whole)
                     self._recv_failed.add(load.req_id)
                 else:
@@ -144,10 +182,10 @@ class Worker:
         failed_step = bool(self._load_errors)
         for store in meta.stores:
             self._held.add(store.req_id)
-            if failed_step or store.req_id in self._poisoned:
+            if failed_step:
                 # Tokens of this step may attend over blocks that were never loaded.
                 self.stats.data["stores_skipped_after_failed_load"] += len(store.hashes)
-                if store.req_id not in self._poisoned and store.indices:
+                if store.req_id not in self._own_failed and store.indices:
                     # Only a neighbour's load failed: the scheduler plans these again
                     # unless vLLM recomputes the request (its blocks hold a failed one).
                     self._skipped.setdefault(store.req_id, {}).setdefault(store.group, set()).update(store.indices)
@@ -161,16 +199,20 @@ class Worker:
                 part = slice(i, i + self._s.chunk)
                 # an opaque run of other geometry: its events carry no tokens
                 tokens = store.token_ids[i * per_block:part.stop * per_block] if geometry else []
-                self._stores.submit(store, part, tokens, state)
+                if self._unsettled:
+                    self._waiting.append((set(self._unsettled), (store, part, tokens, state)))
+                else:
+                    self._stores.submit(store, part, tokens, state)
 
     def get_finished(self, finished_req_ids) -> tuple:
         """(requests finished sending: held ones whose copies are done, requests whose
         asynchronous load ran, those of them whose load failed)."""
-        self._poisoned.difference_update(finished_req_ids)
         finished = self._held.intersection(finished_req_ids)
         self._held -= finished
         self._finishing |= finished
-        sent = {r for r in self._finishing if self._stores is None or not self._stores.in_flight(r)}
+        waiting = {chunk[0].req_id for _, chunk in self._waiting}
+        sent = {r for r in self._finishing
+                if r not in waiting and (self._stores is None or not self._stores.in_flight(r))}
         self._finishing -= sent
         if self._stores is not None:
             for k, v in self._stores.take_counts().items():
@@ -180,9 +222,10 @@ class Worker:
         return sent, done, failed
 
     def take_worker_metadata(self) -> Optional[KvtierWorkerMetadata]:
-        if not self._skipped:
+        if not self._skipped and not self._loads:
             return None
-        out, self._skipped = KvtierWorkerMetadata(self._skipped), {}
+        out = KvtierWorkerMetadata(self._skipped, self._loads)
+        self._skipped, self._loads = {}, {}
         return out
 
     def take_load_errors(self) -> set:

@@ -22,7 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                         VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.sampling_params import SamplingParams
@@ -48,7 +49,7 @@ MOD = 9973.0
 
 def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompute", hash_algo: str = "sha256",
                 cache_dtype: str = "auto", max_num_seqs: int = 8, batched_tokens: int = 2048,
-                extra: Optional[dict] = None) -> VllmConfig:
+                extra: Optional[dict] = None, parallel: Optional[dict] = None) -> VllmConfig:
     """A real VllmConfig over the tiny model; with `socket`, the kvtier connector."""
     mc = ModelConfig(model=model_dir, tokenizer=model_dir, dtype="float32", seed=0, max_model_len=8192,
                      skip_tokenizer_init=True)
@@ -62,7 +63,7 @@ def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompu
                               kv_role="kv_both", kv_load_failure_policy=policy,
                               kv_connector_extra_config={"socket": socket, "timeout_ms": 3000, **(extra or {})})
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=kt,
-                      device_config=DeviceConfig("cpu"))
+                      parallel_config=ParallelConfig(**(parallel or {})), device_config=DeviceConfig("cpu"))
 
 
 class EngineLoop:
@@ -74,6 +75,8 @@ class EngineLoop:
     scheduler: Scheduler
     connector = None
     worker = None
+    workers: list = []  # several workers (ranks) instead of `worker`, combined by `aggregator`
+    aggregator = None   # vLLM's KVOutputAggregator over `workers`
 
     def __init__(self) -> None:
         self.tables: dict = {}
@@ -102,9 +105,8 @@ class EngineLoop:
         self.on_scheduled(out)
         if before_worker is not None:
             before_worker(out)
-        invalid, stats, results, worker_meta = set(), None, None, None
-        w = self.worker
-        if w is not None:
+        workers = self.workers or ([self.worker] if self.worker is not None else [])
+        for w in workers:
             w.handle_preemptions(out.kv_connector_metadata)  # before the step writes a block
             w.bind_connector_metadata(out.kv_connector_metadata)
             w.start_load_kv(None)
@@ -117,22 +119,25 @@ class EngineLoop:
             tok = self.forward(rid, computed[rid], out.num_scheduled_tokens[rid])
             if tok is not None:
                 sampled[i] = [tok]
-        if w is not None:
-            w.wait_for_save()
-            # What vLLM's KVConnectorModelRunnerMixin collects after every step.
-            results = w.get_transfer_results(out.finished_req_ids)
-            invalid = w.get_block_ids_with_load_errors()
-            stats = w.get_kv_connector_stats()
-            worker_meta = w.build_connector_worker_meta()
-            w.clear_connector_metadata()
-        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=sampled,
-                                kv_connector_output=KVConnectorOutput(
-                                    invalid_block_ids=invalid, kv_connector_stats=stats,
-                                    finished_sending=results.finished_sending if results else None,
-                                    finished_recving=results.finished_recving if results else None,
-                                    failed_recving=results.failed_recving if results else set(),
-                                    kv_connector_worker_meta=worker_meta))
+        outputs = []
+        for w in workers or [None]:
+            kvo = KVConnectorOutput()
+            if w is not None:
+                w.wait_for_save()
+                # What vLLM's KVConnectorModelRunnerMixin collects after every step.
+                results = w.get_transfer_results(out.finished_req_ids)
+                kvo = KVConnectorOutput(invalid_block_ids=w.get_block_ids_with_load_errors(),
+                                        kv_connector_stats=w.get_kv_connector_stats(),
+                                        finished_sending=results.finished_sending,
+                                        finished_recving=results.finished_recving,
+                                        failed_recving=results.failed_recving,
+                                        kv_connector_worker_meta=w.build_connector_worker_meta())
+                w.clear_connector_metadata()
+            outputs.append(ModelRunnerOutput(req_ids=req_ids,
+                                             req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                             sampled_token_ids=sampled, kv_connector_output=kvo))
+        # Several workers: their outputs combined as vLLM's executor combines them.
+        mro = outputs[0] if len(outputs) == 1 else self.aggregator.aggregate(outputs)
         finished = []
         for eco in self.scheduler.update_from_output(out, mro).values():
             s = getattr(eco, "scheduler_stats", None)
@@ -165,7 +170,7 @@ class EngineLoop:
         raise TimeoutError(f"requests unfinished after {max_steps} steps / {seconds} s")
 
     def close(self) -> None:
-        for c in (self.connector, self.worker):
+        for c in (self.connector, self.worker, *self.workers):
             if c is not None:
                 c.shutdown()
 

@@ -181,8 +181,30 @@ class Engine:
             w.save_kv_layer(name, kv, None)
         w.wait_for_save()
         w.get_finished(set())
+        self._report(errors)
         w.clear_connector_metadata()
         return computed_from
+
+    def _report(self, errors=()) -> None:
+        """What vLLM hands the scheduler side after a step: the workers' metadata (which
+        loads landed; the scheduler settles them in the next step's metadata)."""
+        self.scheduler.update_connector_output(SimpleNamespace(
+            kv_connector_worker_meta=self.worker.build_connector_worker_meta(), invalid_block_ids=set(errors),
+            finished_sending=None))
+
+    def _empty_step(self, finished: set) -> set:
+        """A step that schedules nothing (vLLM steps so while it holds finished requests);
+        the requests finished sending."""
+        w = self.worker
+        meta = self.scheduler.build_connector_meta(SchedulerOutput([], CachedRequestData(), {}))
+        w.handle_preemptions(meta)
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(SimpleNamespace(attn_metadata=None, no_compile_layers={}))
+        w.wait_for_save()
+        sent, _ = w.get_finished(finished)
+        self._report()
+        w.clear_connector_metadata()
+        return sent or set()
 
     def prefill(self, request: Request, compute: Callable[[int, list], None],
                 reserve_decode_tokens: int = 0) -> tuple:
@@ -220,6 +242,7 @@ class Engine:
     def flush(self) -> None:
         """Waits for the worker's queued stores (later steps of a running engine see them
         done) and collects their counts into the worker's stats."""
+        self._empty_step(set())  # stores held for the settlement of a step's loads are queued
         self.worker._worker._stores.drain()
         self.worker.get_finished(set())
 
@@ -230,16 +253,9 @@ class Engine:
         held, _ = self.scheduler.request_finished(request, block_ids)
         finished, deadline = {request.request_id}, time.monotonic() + timeout_s
         while held:
-            w = self.worker
-            meta = self.scheduler.build_connector_meta(SchedulerOutput([], CachedRequestData(), {}))
-            w.handle_preemptions(meta)
-            w.bind_connector_metadata(meta)
-            w.start_load_kv(SimpleNamespace(attn_metadata=None, no_compile_layers={}))
-            w.wait_for_save()
-            sent, _ = w.get_finished(finished)
-            w.clear_connector_metadata()
+            sent = self._empty_step(finished)
             finished = set()
-            if request.request_id in (sent or ()):
+            if request.request_id in sent:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"request {request.request_id} held past {timeout_s} s")
