@@ -279,3 +279,25 @@ def test_a_mamba_prompt_that_parts_before_the_last_full_block_hits_at_a_checkpoi
     finally:
         a.close()
         b.close()
+
+
+def test_fp8_mla_formats_each_have_a_namespace_of_their_own():
+    """MLA latents in fp8 move as opaque runs: a packed format (fp8_ds_mla: latents with
+    their scales) never shares a namespace with plain fp8 latents, even at one run size."""
+    import torch
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
+
+    from kvtier.vllm.layout import group_layout, group_plans
+
+    models = {}
+    for cache_dtype in ("fp8", "fp8_e4m3", "fp8_ds_mla"):
+        spec = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=656, dtype=torch.uint8,
+                                cache_dtype_str=cache_dtype)
+        config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+        [plan] = group_plans(config, 16)
+        tensors = [torch.zeros((8, 1, 16, 656), dtype=torch.uint8)]
+        layout, _ = group_layout(plan, spec, tensors, 8, model_id="m", ranks={"tp": (0, 1), "pp": (0, 1)},
+                                 cache_dtype=cache_dtype, groups=1)
+        models[cache_dtype] = layout.model
+    assert models["fp8"] == models["fp8_e4m3"] and "|fp8_e4m3|" in models["fp8"]
+    assert models["fp8_ds_mla"] != models["fp8"] and "fp8_e4m3:fp8_ds_mla" in models["fp8_ds_mla"]

@@ -34,13 +34,15 @@ of several KV cache groups loads asynchronously (the request waits a step for it
 Failures are misses. A block that could not be loaded (the daemon went away, a block was
 evicted between lookup and load) is reported through ``get_block_ids_with_load_errors``
 (several groups: the request, through ``failed_recving``) so vLLM recomputes it (``kv_load_failure_policy: recompute``; under vLLM's default ``fail``
-the request fails instead); nothing computed in a step with a failed load, and nothing of
-a request whose load failed, is ever stored. The connector reconnects to a restarted
+the request fails instead); nothing computed in a step with a failed load is stored, and
+while a load is unsettled (until every rank reported it landed) every store is held, then
+dropped if it failed anywhere; the blocks vLLM recomputes are stored. The connector reconnects to a restarted
 kvtierd by itself (``kvtier.resilient``). The namespace carries everything that changes
 the bytes of a block: model, group and its kind, layers, heads, head size, dtype, tokens
-per block, the physical order inside a block, and the tensor- and pipeline-parallel rank
-(MLA: not the tensor rank, rank 0 stores for all); two instances that differ in any of
-them miss, never read each other's bytes.
+per block, the physical order inside a block, the tensor- and pipeline-parallel rank
+(MLA: not the tensor rank, rank 0 stores for all) and under decode context parallelism
+the DCP rank, size and interleave; two instances that differ in any of them miss, never
+read each other's bytes.
 
 Extra config keys: ``socket`` (default $KVTIER_SOCKET or ./var/kvtierd.sock),
 ``timeout_ms`` (default 5000), ``lookup_wait_ms`` (default 2: how long the scheduler

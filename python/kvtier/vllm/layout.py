@@ -284,6 +284,8 @@ def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model
         elem = f"state{facts}"
     else:
         elem = kv_dtype_name(first.dtype, cache_dtype)
+        if str(cache_dtype or "").startswith("fp8") and cache_dtype not in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+            elem += f":{cache_dtype}"  # a packed format (fp8_ds_mla: latents with their scales) is its own
     model = (f"{model_id}|g{plan.index}of{groups}:{plan.kind}:w{plan.sliding_window}|{elem}|bs{bs}|{order}|"
              f"{tp_part}|pp{pp}of{pps}")
     return KvtierLayout(model, layers=len(raw), kv_heads=heads, head_dim=dim, dtype="int8",

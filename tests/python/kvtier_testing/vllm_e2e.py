@@ -316,7 +316,10 @@ SERVICES = {"kvtier": KvtierService, "lmcache": LMCacheService}
 
 # What each family needs from vLLM beyond the common flags (docs/integrations.md).
 FAMILY_DTYPES = {"mamba": "bfloat16"}  # vLLM's CPU GDN kernels want bf16
-FAMILY_ARGS = {"mamba": ["--mamba-cache-mode", "align"]}
+# vLLM prefers its AMX MLA backend on CPUs with AMX tiles, and that one takes bf16 or
+# quantized weights only ("expect weight to be bfloat16, float16, int8, ..."): the float32
+# test model runs on the reference CPU MLA backend everywhere.
+FAMILY_ARGS = {"mamba": ["--mamba-cache-mode", "align"], "mla": ["--attention-backend", "CPU_MLA"]}
 
 
 def engine_facts(log: str) -> dict:
