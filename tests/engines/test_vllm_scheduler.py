@@ -159,13 +159,14 @@ def test_a_failed_load_is_recomputed_and_stored_again_but_nothing_computed_over_
             e.close()
 
 
-def test_a_store_skipped_for_a_neighbours_failed_load_is_planned_again(model_dir, daemon):
+def test_a_neighbours_stores_wait_for_a_failed_load_to_settle_and_are_kept(model_dir, daemon):
     # B's step has two requests: "b" loads a prefix A stored (its load fails: kvtierd
-    # restarted empty before the worker loads) and "n" computes a prompt of its own. The
-    # step stores nothing; "n" is not recomputed, so its blocks are stored from its next
-    # step on, and C finds them.
+    # restarted empty before the worker loads) and "n" computes a prompt of its own and
+    # finishes in that step (one token). The step's stores wait for the load to settle:
+    # b's are dropped (vLLM recomputes b, whose recomputed blocks are stored after), n's
+    # are kept, though n finished, and C finds them.
     p, q = prompt(320, 14), prompt(320, 15)  # 20 full blocks each
-    want = reference(model_dir, [("a", p, 6), ("b", p, 6), ("n", q, 6), ("c", q, 6)])
+    want = reference(model_dir, [("a", p, 6), ("b", p, 6), ("n", q, 1), ("c", q, 6)])
     a = Engine(vllm_config(model_dir, daemon.socket), 128)
     # Lookups answered within the scheduler's call: both requests start in B's first step.
     b = Engine(vllm_config(model_dir, daemon.socket, extra={"lookup_wait_ms": 2000}), 128)
@@ -173,16 +174,19 @@ def test_a_store_skipped_for_a_neighbours_failed_load_is_planned_again(model_dir
     try:
         assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
         hook, fired = _restart_daemon_before_the_load(daemon, b, "b")
+        failing_step = []
 
         def both_in_one_step(out):
             if not fired and "b" in out.num_scheduled_tokens:
                 assert "n" in out.num_scheduled_tokens, "the test needs b and n in one step"
+                failing_step.append(True)
             hook(out)
 
-        got = serve(b, [("b", p, 6), ("n", q, 6)], before_worker=both_in_one_step)
-        assert fired and got == {"b": want["b"], "n": want["n"]}
-        assert b.connector_stats["stores_skipped_after_failed_load"] >= 20
-        assert b.connector_stats["stores_replanned"] == 20  # n's; b is recomputed and never stored
+        got = serve(b, [("b", p, 6), ("n", q, 1)], before_worker=both_in_one_step)
+        assert fired and failing_step and got == {"b": want["b"], "n": want["n"]}
+        assert b.finished["n"] is not None
+        assert b.connector_stats["stores_skipped_after_failed_load"] >= 1  # b's, computed over the failure
+        assert b.connector_stats["stored_blocks"] == 20 + 20  # n's, and b's recomputed ones
         assert serve(c, [("c", q, 6)]) == {"c": want["c"]}
         assert c.connector_stats["loaded_blocks"] == 19  # all but the block holding the last token
     finally:

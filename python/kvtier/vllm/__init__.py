@@ -34,9 +34,10 @@ of several KV cache groups loads asynchronously (the request waits a step for it
 Failures are misses. A block that could not be loaded (the daemon went away, a block was
 evicted between lookup and load) is reported through ``get_block_ids_with_load_errors``
 (several groups: the request, through ``failed_recving``) so vLLM recomputes it (``kv_load_failure_policy: recompute``; under vLLM's default ``fail``
-the request fails instead); nothing computed in a step with a failed load is stored, and
-while a load is unsettled (until every rank reported it landed) every store is held, then
-dropped if it failed anywhere; the blocks vLLM recomputes are stored. The connector reconnects to a restarted
+the request fails instead); while a same-step load is unsettled (until every rank reported
+it) every store is held, and the stores of the requests vLLM then recomputes are dropped:
+nothing computed over a failed load is stored, on any rank; the blocks vLLM recomputes
+are. The connector reconnects to a restarted
 kvtierd by itself (``kvtier.resilient``). The namespace carries everything that changes
 the bytes of a block: model, group and its kind, layers, heads, head size, dtype, tokens
 per block, the physical order inside a block, the tensor- and pipeline-parallel rank

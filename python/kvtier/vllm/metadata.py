@@ -40,34 +40,29 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     # Block ids vLLM handed to requests this step (written by this step; vLLM's block pool
     # is one for every group): no store may still be copying from them.
     fresh_blocks: list = field(default_factory=list)
-    # Requests whose loads every worker has reported since the last step: True where every
-    # rank's load landed, False where one failed (their stores held since are dropped).
-    settled: dict = field(default_factory=dict)
+    # Requests whose same-step loads every worker reported since the last step, and those
+    # of them (or of the requests sharing a failed block) vLLM recomputes: the workers drop
+    # their held stores and queue the others'.
+    settled: set = field(default_factory=set)
+    recomputed: set = field(default_factory=set)
 
 
 @dataclass
 class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
-    """What the workers tell the scheduler after a step: the stores they skipped only
-    because another request's load failed in the step, {request: {group: block indices}}
-    (the scheduler plans them again if vLLM does not recompute the request), and the
-    requests that loaded in the step, {request: whether every load of it landed} (vLLM's
-    aggregator combines every rank's: a load is good only where it landed on all)."""
+    """What the workers tell the scheduler after a step: the requests that loaded in the
+    step (same-step loads), {request: whether every load of it landed} (vLLM's aggregator
+    combines every rank's: a load landed only where it landed on all)."""
 
-    skipped: dict = field(default_factory=dict)
     loads: dict = field(default_factory=dict)
 
     def aggregate(self, other: "KvtierWorkerMetadata") -> "KvtierWorkerMetadata":
-        for req, groups in getattr(other, "skipped", {}).items():
-            mine = self.skipped.setdefault(req, {})
-            for g, idx in groups.items():
-                mine.setdefault(g, set()).update(idx)
         for req, ok in getattr(other, "loads", {}).items():
             self.loads[req] = self.loads.get(req, True) and ok
         return self
 
 
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
-            "store_refused_blocks", "stores_skipped_after_failed_load", "stores_replanned", "states_stored",
+            "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored",
             "store_fence_waits", "blocking_s", "step_s", "steps")
 
 

@@ -93,7 +93,8 @@ class Scheduler:
         # copies done (get_finished's finished-sending set).
         self._held: set = set()
         self._freeing: set = set()  # finished requests held until their finished_sending
-        self._settled: dict = {}    # loads every worker reported since the last step: {request: landed}
+        self._settled: set = set()     # same-step loads every worker reported since the last step
+        self._recomputed: set = set()  # ... and the requests vLLM recomputes for their failures
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         self._hash_size_warned = False
 
@@ -224,8 +225,8 @@ class Scheduler:
 
     # ---- each step's plan ----
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
-        meta = KvtierConnectorMetadata(loads=self._pending_loads, settled=self._settled)
-        self._pending_loads, self._settled = [], {}
+        meta = KvtierConnectorMetadata(loads=self._pending_loads, settled=self._settled, recomputed=self._recomputed)
+        self._pending_loads, self._settled, self._recomputed = [], set(), set()
         scheduled = scheduler_output.num_scheduled_tokens
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
         fresh = meta.fresh_blocks
@@ -377,38 +378,25 @@ class Scheduler:
         return bool(self._freeing)
 
     def update_connector_output(self, connector_output) -> None:
-        """Held requests the workers are done with are no longer pending frees. Loads
-        every worker reported are settled in the next step's metadata; a request whose load
-        failed on some rank has its stores planned again from its first failed block (vLLM
-        recomputes from there). Stores the workers skipped only because another request's
-        load failed in the step are planned again from the request's next step, unless vLLM
-        recomputes the request (a block of its table failed to load). Mamba states are not:
-        vLLM hands each off once."""
+        """Held requests the workers are done with are no longer pending frees. Same-step
+        loads every worker reported are settled in the next step's metadata, with the
+        requests vLLM recomputes (a load of theirs failed on some rank, or a block of their
+        table did): the workers drop those requests' held stores and queue the others', and
+        their stores are planned again from their first failed block."""
         self._freeing.difference_update(getattr(connector_output, "finished_sending", None) or ())
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        if not isinstance(meta, KvtierWorkerMetadata):
+        if not isinstance(meta, KvtierWorkerMetadata) or not meta.loads:
             return
         invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
-        for req_id, landed in meta.loads.items():
-            self._settled[req_id] = landed
+        recomputed = {r for r, landed in meta.loads.items() if not landed}
+        if invalid:
+            recomputed |= {r for r, st in self._requests.items() if any(b in invalid for t in st.tables for b in t)}
+        self._settled |= set(meta.loads)
+        self._recomputed |= recomputed
+        for req_id in recomputed:
             state = self._requests.get(req_id)
-            if not landed and state is not None:
+            if state is not None:
                 self._replan_from_failure(state, invalid)
-        for req_id, groups in meta.skipped.items():
-            state = self._requests.get(req_id)
-            if state is None or any(b in invalid for table in state.tables for b in table):
-                continue
-            for g, indices in groups.items():
-                plan = self._s.plans[g]
-                first = min(indices)
-                if plan.role == PREFIX:
-                    state.prefix_done[g] = min(state.prefix_done[g], first)
-                elif plan.role == WINDOW:
-                    state.window_done[g] -= set(indices)
-                else:
-                    continue
-                state.done = min(state.done, first * plan.block_size)
-                self.stats.data["stores_replanned"] += len(indices)
 
     def _replan_from_failure(self, state: _Request, invalid: set) -> None:
         """Stores of a request planned again from its first block that failed to load (a

@@ -10,16 +10,19 @@ every such request, whether its rank stores or not). Before a step writes a bloc
 vLLM handed out again, the target of a load) the worker waits for the copies that read
 it; a Mamba state's copy ends before the next step starts.
 
-Stores wait while a load is unsettled: from the step in which a request loads until the
-scheduler says whether that load landed on every rank (``settled``, from every worker's
-report in the step's worker metadata), every store this worker is handed is held. On
-another rank of a tensor- or context-parallel group a load may fail where this rank's
-landed, and this rank's KV of the tokens computed since (the request's, and a request's
-that shares the block through vLLM's prefix cache) is then computed over it. All the
-loads a store waited for landed: it is queued; one failed: it is dropped, the scheduler
-plans the failed request's stores again from its failed block (vLLM recomputes it) and
-the others' from the dropped ones, as for a failure on this rank. Held stores whose
-blocks vLLM hands out again meanwhile are dropped.
+Stores wait while a load is unsettled: from the step in which a request loads in the
+step (a model of one KV cache group) until the scheduler has heard from every rank whether
+that load landed (each worker reports its loads in the step's worker metadata, and vLLM
+combines them), every store this worker is handed is held. A failed load leaves blocks
+unwritten, and the KV of every token computed over them since — the request's own, and a
+request's that shares such a block through vLLM's prefix cache — is wrong, on every rank
+of a tensor- or context-parallel group, including ranks whose own load landed. The
+scheduler's word (``settled``, ``recomputed``): held stores of the requests vLLM recomputes
+are dropped (their blocks are stored again once recomputed), the others queued, a finished
+request's among them (vLLM keeps its blocks until the worker reports it). Held stores
+whose blocks vLLM hands out again meanwhile are dropped. An asynchronous load (several
+groups) settles nothing: the request is not computed in its step, and vLLM combines every
+rank's failures before it is.
 
 The time the step spends in the connector's hooks (``blocking_s``) and the time from the
 step's first hook to its last (``step_s``, ``steps``) are in the connector's stats."""
@@ -51,8 +54,7 @@ class Worker:
         self.clients: list = []
         self._views: list = []
         self._load_errors: set = set()
-        self._own_failed: set = set()  # requests whose load failed on this rank in this step
-        self._unsettled: set = set()   # requests that loaded, until the scheduler settles them
+        self._unsettled: set = set()   # requests that loaded in a step, until the scheduler settles them
         self._waiting: list = []       # stores held meanwhile: [(loads it waits for, (store, part, tokens, state))]
         self._loads: dict = {}         # this step's loads for the scheduler: {req: whether they landed here}
         self._recv_done: set = set()    # requests whose asynchronous load ran (ok or not)
@@ -62,7 +64,6 @@ class Worker:
         self._finishing: set = set()  # ... that finished: reported when their copies are done
         self._fenced = None           # the metadata whose block writes were fenced
         self._step_start = 0.0        # when this step's first hook ran (0: between steps)
-        self._skipped: dict = {}      # stores skipped for a neighbour's failed load: {req: {group: indices}}
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         cfg = self._kv_cache_config
@@ -126,38 +127,33 @@ class Worker:
         self.stats.data["store_fence_waits"] += waited
 
     def settle(self, meta: KvtierConnectorMetadata) -> None:
-        """The scheduler's word on earlier steps' loads: the stores held for them are
-        queued (all landed) or dropped (one failed; planned again); a held store whose
+        """The scheduler's word on earlier steps' loads: held stores of the requests vLLM
+        recomputes are dropped, those whose loads all settled are queued; a held store whose
         blocks vLLM hands out again in this step is dropped (a later miss)."""
         self._unsettled.difference_update(meta.settled)
-        failed = {r for r, ok in meta.settled.items() if not ok}
         fresh = set(meta.fresh_blocks)
         waiting, self._waiting = self._waiting, []
         for waits, chunk in waiting:
             store, part = chunk[0], chunk[1]
-            if waits & failed or fresh.intersection(store.block_ids[part]):
+            if store.req_id in meta.recomputed or fresh.intersection(store.block_ids[part]):
                 self.stats.data["stores_skipped_after_failed_load"] += len(store.hashes[part])
-                if waits & failed and store.req_id not in failed and store.indices:
-                    self._skipped.setdefault(store.req_id, {}).setdefault(store.group, set()).update(
-                        store.indices[part])
-            elif waits - set(meta.settled):
-                self._waiting.append((waits - set(meta.settled), chunk))
+            elif waits - meta.settled:
+                self._waiting.append((waits - meta.settled, chunk))
             else:
                 self._stores.submit(*chunk)
 
     def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
         self.fence(meta)
-        self._own_failed = set()
         for load in meta.loads:
             n = self._load(load)
             self.stats.data["loaded_blocks"] += n
-            self._unsettled.add(load.req_id)
-            self._loads[load.req_id] = self._loads.get(load.req_id, True) and n == len(load.block_ids)
             if load.is_async:
                 self._recv_done.add(load.req_id)
+            else:
+                self._unsettled.add(load.req_id)
+                self._loads[load.req_id] = self._loads.get(load.req_id, True) and n == len(load.block_ids)
             if n < len(load.block_ids):
                 self.stats.data["load_failed_blocks"] += len(load.block_ids) - n
-                self._own_failed.add(load.req_id)
                 if load.is_async:  # a hybrid model's failure is the request's (vLLM recomputes it whole)
                     self._recv_failed.add(load.req_id)
                 else:
@@ -179,17 +175,8 @@ class Worker:
         return n
 
     def wait_for_save(self, meta: KvtierConnectorMetadata) -> None:
-        failed_step = bool(self._load_errors)
         for store in meta.stores:
             self._held.add(store.req_id)
-            if failed_step:
-                # Tokens of this step may attend over blocks that were never loaded.
-                self.stats.data["stores_skipped_after_failed_load"] += len(store.hashes)
-                if store.req_id not in self._own_failed and store.indices:
-                    # Only a neighbour's load failed: the scheduler plans these again
-                    # unless vLLM recomputes the request (its blocks hold a failed one).
-                    self._skipped.setdefault(store.req_id, {}).setdefault(store.group, set()).update(store.indices)
-                continue
             if not self.handshake.groups[store.group].stores:
                 continue  # another rank stores this replicated group
             per_block = len(store.token_ids) // max(1, len(store.hashes))
@@ -222,10 +209,9 @@ class Worker:
         return sent, done, failed
 
     def take_worker_metadata(self) -> Optional[KvtierWorkerMetadata]:
-        if not self._skipped and not self._loads:
+        if not self._loads:
             return None
-        out = KvtierWorkerMetadata(self._skipped, self._loads)
-        self._skipped, self._loads = {}, {}
+        out, self._loads = KvtierWorkerMetadata(self._loads), {}
         return out
 
     def take_load_errors(self) -> set:
