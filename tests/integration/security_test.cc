@@ -554,7 +554,9 @@ TEST_F(MultiUser, AsTenantsWorstRequestsLeaveTheControlLoopServing) {
   stop = true;
   health.join();
   EXPECT_EQ(attacker.Join(), 0) << d.Log();
-  const double bound = (20 + 4 * base) * (kSanitized ? 5 : 1);
+  // Under a sanitizer the daemon runs 5-15 times slower (TSan's own figure) while the
+  // rest of the suite runs beside it; the stall this guards against is seconds.
+  const double bound = (20 + 4 * base) * (kSanitized ? 15 : 1);
   EXPECT_GT(during, 0);
   EXPECT_LE(during, bound) << "the other session's lookup p99 during the attack, ms (baseline " << base << ")";
   EXPECT_EQ(answered.load(), probes.load()) << "/healthz unanswered during the attack";
