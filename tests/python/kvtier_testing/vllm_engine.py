@@ -75,7 +75,7 @@ class EngineLoop:
     scheduler: Scheduler
     connector = None
     worker = None
-    workers: list = []  # several workers (ranks) instead of `worker`, combined by `aggregator`
+    workers: tuple = ()  # several workers (ranks) instead of `worker`, combined by `aggregator`
     aggregator = None   # vLLM's KVOutputAggregator over `workers`
 
     def __init__(self) -> None:
