@@ -49,7 +49,8 @@ void PackHashes(Packer& pk, const std::vector<uint64_t>& hashes, bool is_signed)
 
 // One event, as a map keyed by field name (tagged) or an array in field order
 // (positional); both name the same fields in the same order.
-void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
+// `buf` is the buffer `pk` writes to: extra keys, already msgpack, are appended as they are.
+void PackEvent(msgpack::sbuffer& buf, Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
   const bool tagged = encoding == KvEventEncoding::kTagged;
   auto field = [&](std::string_view name) {
     if (tagged) PackStr(pk, name);
@@ -99,10 +100,10 @@ void PackEvent(Packer& pk, const KvEvent& e, KvEventEncoding encoding) {
       pk.pack_nil();
     }
   }
-  if (extra) {  // each entry as SplitExtraKeys checked it
+  if (extra) {  // each entry one msgpack object, as SplitExtraKeys checked and packed it
     field("extra_keys");
     pk.pack_array(static_cast<uint32_t>(e.extra_keys.size()));
-    for (const std::string& k : e.extra_keys) pk.pack(msgpack::unpack(k.data(), k.size()).get());
+    for (const std::string& k : e.extra_keys) buf.write(k.data(), k.size());
   }
   if (group) {
     field("group_idx");
@@ -172,7 +173,7 @@ std::string EncodeEventBatch(double timestamp, std::span<const KvEvent> events, 
   pk.pack_array(3);
   pk.pack_double(timestamp);
   pk.pack_array(static_cast<uint32_t>(events.size()));
-  for (const KvEvent& e : events) PackEvent(pk, e, encoding);
+  for (const KvEvent& e : events) PackEvent(buf, pk, e, encoding);
   if (dp_rank) {
     pk.pack_uint32(*dp_rank);
   } else {

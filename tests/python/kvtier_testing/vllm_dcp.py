@@ -29,22 +29,13 @@ import vllm.distributed.parallel_state as parallel_state
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
+from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    MLAAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    KVCacheTensor,
-    compute_layout_strides,
-    create_kv_cache_views,
-)
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, create_kv_cache_views
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvtier_testing.vllm_engine import BLOCK, MOD, Engine, EngineLoop, vllm_config
+from kvtier_testing.vllm_engine import BLOCK, MOD, Engine, EngineLoop, block_hasher, one_group_cache, vllm_config
 
 
 @dataclass
@@ -95,12 +86,7 @@ class DcpEngine(EngineLoop):
         else:
             spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=mc.get_num_kv_heads(pc),
                                      head_size=mc.get_head_size(), dtype=torch.float32)
-        names = [f"model.layers.{i}.self_attn.attn" for i in range(self.layers)]
-        strides = compute_layout_strides(spec, num_blocks, self.layers, layout)
-        tensor = KVCacheTensor(size=spec.page_size_bytes * num_blocks * self.layers, layers=names,
-                               layer_stride=strides[0], block_stride=strides[1])
-        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
-                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        names, tensor, self.kv_cache_config = one_group_cache(spec, self.layers, num_blocks, layout)
         # What vLLM's engine core does before it makes the scheduler and the workers.
         self.block, hash_block = resolve_kv_cache_block_sizes(self.kv_cache_config, config)
         self.kv_cache_config.hash_block_size = hash_block
@@ -121,9 +107,7 @@ class DcpEngine(EngineLoop):
             self.connector.set_xfer_handshake_metadata_pp_aware(
                 {(0, r): w.get_handshake_metadata() for r, w in enumerate(self.workers)})
             self.aggregator = KVOutputAggregator.from_connector(self.workers[0], len(self.workers))
-        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
-        init_none_hash(hash_fn)
-        self.hasher = get_request_block_hasher(hash_block, hash_fn)
+        self.hasher = block_hasher(config, hash_block)
 
     # ---- the model runner's part ----
     def slot(self, req_id: str, p: int) -> tuple:

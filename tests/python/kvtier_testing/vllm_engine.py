@@ -66,6 +66,25 @@ def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompu
                       parallel_config=ParallelConfig(**(parallel or {})), device_config=DeviceConfig("cpu"))
 
 
+def one_group_cache(spec, layers: int, num_blocks: int, layout: KVCacheLayout) -> tuple:
+    """(layer names, the KVCacheTensor, the KVCacheConfig) of `layers` layers of one KV
+    cache group of `spec`, in one tensor laid out in `layout`."""
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+    strides = compute_layout_strides(spec, num_blocks, layers, layout)  # bytes, [L, B, H, N, C]
+    tensor = KVCacheTensor(size=spec.page_size_bytes * num_blocks * layers, layers=names, layer_stride=strides[0],
+                           block_stride=strides[1])
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor], kv_cache_groups=[KVCacheGroupSpec(names,
+                                                                                                                spec)])
+    return names, tensor, config
+
+
+def block_hasher(config: VllmConfig, block_size: int):
+    """vLLM's block hasher for requests, over `block_size` tokens a hash."""
+    hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(block_size, hash_fn)
+
+
 class EngineLoop:
     """vLLM's engine-core step around a scheduler and a worker-side connector: schedule,
     the worker's loads, the forward pass (the subclass's `forward`), the worker's stores and
@@ -186,13 +205,7 @@ class Engine(EngineLoop):
         heads, dim = mc.get_num_kv_heads(config.parallel_config), mc.get_head_size()
         dtype = torch.uint8 if str(config.cache_config.cache_dtype).startswith("fp8") else torch.float32
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=dim, dtype=dtype)
-        names = [f"model.layers.{i}.self_attn.attn" for i in range(self.layers)]
-        page = spec.page_size_bytes
-        strides = compute_layout_strides(spec, num_blocks, self.layers, layout)  # bytes, [L, B, H, N, C]
-        tensor = KVCacheTensor(size=page * num_blocks * self.layers, layers=names, layer_stride=strides[0],
-                               block_stride=strides[1])
-        self.kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
-                                             kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        names, tensor, self.kv_cache_config = one_group_cache(spec, self.layers, num_blocks, layout)
         self.raw = torch.zeros(tensor.size, dtype=torch.int8)
         self.views = create_kv_cache_views(self.raw, spec, num_blocks, layout, tensor)
         self.fp8 = dtype == torch.uint8
@@ -206,9 +219,7 @@ class Engine(EngineLoop):
             self.worker.register_kv_caches(dict(zip(names, self.views)))
             # What vLLM's engine core does once every worker registered its caches.
             self.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
-        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
-        init_none_hash(hash_fn)
-        self.hasher = get_request_block_hasher(BLOCK, hash_fn)
+        self.hasher = block_hasher(config, BLOCK)
 
     # ---- the model runner's part ----
     def _value(self, layer: int, block: int, off: int) -> float:

@@ -30,19 +30,13 @@ import torch
 from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import (
-    get_kv_cache_configs,
-    get_request_block_hasher,
-    init_none_hash,
-    resolve_kv_cache_block_sizes,
-)
+from vllm.v1.core.kv_cache_utils import get_kv_cache_configs, resolve_kv_cache_block_sizes
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvtier_testing.vllm_engine import EngineLoop
+from kvtier_testing.vllm_engine import EngineLoop, block_hasher
 from vllm.v1.worker.utils import allocate_kv_cache
 
 MOD = 9973.0
@@ -131,9 +125,7 @@ class HybridEngine(EngineLoop):
             self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, self.kv_cache_config)
             self.worker.register_kv_caches(dict(self.kv))
             self.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
-        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
-        init_none_hash(hash_fn)
-        self.hasher = get_request_block_hasher(hash_bs, hash_fn)
+        self.hasher = block_hasher(config, hash_bs)
 
     # ---- the model runner's part ----
     def _cell(self, group: int, block: int, off: int) -> torch.Tensor:
