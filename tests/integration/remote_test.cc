@@ -598,9 +598,9 @@ TEST(RemoteHostile, ANodeThatLiesIsNeverServedAndCannotGrowTheDaemon) {
   enum Mode : int { kHuge, kWrongType, kMoved, kManyMasters };
   std::atomic<int> mode{kHuge};
   std::atomic<int> next_port{0};
-  const std::string huge = "$300000000\r\n" + std::string(64 << 20, 'x');
+  const auto huge = std::make_shared<const std::string>("$300000000\r\n" + std::string(64 << 20, 'x'));
   const std::string many = FakeRedisNode::SlotsForMany(1024);
-  FakeRedisNode node([&](const std::vector<std::string>& a) -> std::string {
+  FakeRedisNode node([&](const std::vector<std::string>& a) -> FakeRedisNode::Reply {
     const std::string& cmd = a[0];
     if (cmd == "CLUSTER") return mode == kManyMasters ? many : FakeRedisNode::SlotsForOne(node.port());
     if (cmd == "PING") return "+PONG\r\n";
@@ -610,7 +610,8 @@ TEST(RemoteHostile, ANodeThatLiesIsNeverServedAndCannotGrowTheDaemon) {
     }
     if (cmd == "EXISTS") return ":1\r\n";
     if (cmd == "GET") {
-      return mode == kHuge ? huge : "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+      if (mode == kHuge) return huge;
+      return "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
     }
     return "-ERR unknown command\r\n";
   });
@@ -657,7 +658,8 @@ TEST(RemoteHostile, ANodeThatLiesIsNeverServedAndCannotGrowTheDaemon) {
   const uint64_t rss_peak = ProcStatusKb(d.pid(), "VmHWM");  // a buffer since freed counts too
   const std::string url = MetricsUrl(d);
   EXPECT_GE(Metric(url, "kvtier_remote_oversized_replies_total"), 1) << "the huge value was never asked for";
-  EXPECT_GE(Metric(url, "kvtier_remote_checksum_failures_total"), 12) << "the refused values were not counted";
+  EXPECT_GE(Metric(url, "kvtier_remote_checksum_failures_total"), 12) << "the refused values were not counted\n"
+                                                                      << d.Log();
   EXPECT_GE(Metric(url, "kvtier_remote_redirects_total"), 12);
   // The map is read again on the refresh thread, at most every 200 ms after a MOVED.
   EXPECT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_remote_slot_maps_refused_total") >= 1; }))

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -97,46 +98,63 @@ Status FakeRedisNode::Start(int fixed_port) {
 }
 
 void FakeRedisNode::Run() {
+  // A connection's reply goes out as its socket takes it, so a client that reads slowly (or
+  // not at all) never holds up the others, and its next command is read only once the
+  // reply before it has gone (Redis, too, stops reading from a client whose output
+  // buffer is full). A connection is closed when its reader makes no progress for kStall.
+  constexpr auto kStall = std::chrono::seconds(2);
   struct Conn {
     int fd;
     std::string in;
+    std::shared_ptr<const std::string> out;
+    size_t sent = 0;
+    std::chrono::steady_clock::time_point progress;
+    bool sending() const { return out != nullptr && sent < out->size(); }
   };
   std::vector<Conn> conns;
   for (;;) {
     std::vector<pollfd> p = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    for (const Conn& c : conns) p.push_back({c.fd, POLLIN, 0});
-    if (::poll(p.data(), p.size(), 1000) < 0 && errno != EINTR) break;
+    for (const Conn& c : conns) p.push_back({c.fd, static_cast<short>(c.sending() ? POLLOUT : POLLIN), 0});
+    if (::poll(p.data(), p.size(), 100) < 0 && errno != EINTR) break;
     if (p[0].revents) break;
     if (p[1].revents & POLLIN) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) conns.push_back({fd, {}});
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) conns.push_back({fd, {}, nullptr, 0, std::chrono::steady_clock::now()});
     }
+    const auto now = std::chrono::steady_clock::now();
     for (size_t i = 2; i < p.size(); ++i) {
-      if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       Conn& c = conns[i - 2];
-      char buf[65536];
-      const ssize_t n = ::read(c.fd, buf, sizeof(buf));
-      if (n <= 0) {
+      bool close = false;
+      if (!c.sending() && (p[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+        char buf[65536];
+        const ssize_t n = ::read(c.fd, buf, sizeof(buf));
+        close = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+        if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+      }
+      std::vector<std::string> args;
+      while (!close) {
+        if (!c.sending()) {
+          const long used = ParseCommand(c.in, &args);
+          if (used <= 0) break;
+          c.in.erase(0, static_cast<size_t>(used));
+          ++commands_;
+          c.out = handler_(args).bytes;
+          c.sent = 0;
+          c.progress = now;
+          continue;
+        }
+        const ssize_t k = ::send(c.fd, c.out->data() + c.sent, c.out->size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+          c.sent += static_cast<size_t>(k);
+          c.progress = now;
+          continue;
+        }
+        close = (k < 0 && errno != EAGAIN && errno != EINTR) || now - c.progress > kStall;
+        break;
+      }
+      if (close) {
         ::close(c.fd);
         c.fd = -1;
-        continue;
-      }
-      c.in.append(buf, static_cast<size_t>(n));
-      std::vector<std::string> args;
-      for (long used; (used = ParseCommand(c.in, &args)) > 0;) {
-        c.in.erase(0, static_cast<size_t>(used));
-        ++commands_;
-        const std::string out = handler_(args);
-        // Blocking writes, bounded: a client that stops reading ends its connection.
-        size_t at = 0;
-        while (at < out.size()) {
-          pollfd w{c.fd, POLLOUT, 0};
-          if (::poll(&w, 1, 2000) <= 0) break;
-          const ssize_t k = ::send(c.fd, out.data() + at, out.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
-          if (k <= 0 && errno != EAGAIN && errno != EINTR) break;
-          if (k > 0) at += static_cast<size_t>(k);
-        }
-        if (at < out.size()) break;
       }
     }
     std::erase_if(conns, [](const Conn& c) { return c.fd < 0; });

@@ -3,11 +3,13 @@
 // replies it must not trust: it listens on a loopback port below the kernel's ephemeral
 // range (bound and kept, so no other process can take it between pick and use), reads
 // RESP commands and answers each with whatever `handler` returns (raw RESP bytes). One
-// thread serves every connection with poll; every wait is bounded; the destructor closes
-// everything.
+// thread serves every connection with poll and non-blocking sockets: a client that stops
+// reading holds up no other (it is closed after 2 s without progress); every wait is
+// bounded; the destructor closes everything.
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,9 +20,16 @@ namespace kvtier::testing {
 
 class FakeRedisNode {
  public:
+  // Raw RESP bytes, owned or shared (a reply of megabytes sent many times is not copied).
+  struct Reply {
+    Reply(std::string raw) : bytes(std::make_shared<const std::string>(std::move(raw))) {}  // NOLINT
+    Reply(const char* raw) : Reply(std::string(raw)) {}                                     // NOLINT
+    Reply(std::shared_ptr<const std::string> raw) : bytes(std::move(raw)) {}                // NOLINT
+    std::shared_ptr<const std::string> bytes;
+  };
   // The command's arguments (e.g. {"GET", "k"}) to the raw reply; an empty reply answers
   // nothing (a frozen node).
-  using Handler = std::function<std::string(const std::vector<std::string>& args)>;
+  using Handler = std::function<Reply(const std::vector<std::string>& args)>;
   explicit FakeRedisNode(Handler handler);
   ~FakeRedisNode();
 
