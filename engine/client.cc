@@ -395,39 +395,67 @@ Result<std::vector<BlockResult>> Client::StoreBlocks(const EngineKv& kv, std::sp
 
 Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,
                                   std::span<const uint32_t> engine_blocks) {
+  KVTIER_ASSIGN_OR_RETURN(KvLoad load, StartLoad(kv, chain, engine_blocks));
+  const Status st = ScatterLayers(load, 0, load.transfer.geometry.num_layers, kv.stream, /*wait=*/true);
+  (void)FinishLoad(load);
+  KVTIER_RETURN_IF_ERROR(st);
+  return load.loaded;
+}
+
+Result<KvLoad> Client::StartLoad(const EngineKv& kv, std::span<const BlockHash> chain,
+                                 std::span<const uint32_t> engine_blocks) {
   if (engine_blocks.size() < chain.size()) return InvalidArgument("LoadBlocks: fewer engine blocks than hashes");
   for (size_t i = 0; i < chain.size(); ++i) {
     if (engine_blocks[i] >= kv.num_blocks) return InvalidArgument("LoadBlocks: engine block out of range");
   }
   KVTIER_RETURN_IF_ERROR(segments_->EnsureDevice());
-  KVTIER_ASSIGN_OR_RETURN(KvTransfer t, TransferFor(options_.layout, kv));
+  KvLoad load;
+  KVTIER_ASSIGN_OR_RETURN(load.transfer, TransferFor(options_.layout, kv));
   KVTIER_ASSIGN_OR_RETURN(std::vector<BlockResult> got, AcquirePrefix(chain));
-  std::span<const BlockHash> prefix = chain.first(std::min(got.size(), chain.size()));
-  size_t n = 0;
-  std::vector<uint8_t*> addrs;
-  std::vector<BlockHash> held;
-  for (size_t i = 0; i < prefix.size(); ++i) {
+  const size_t prefix = std::min(got.size(), chain.size());
+  for (size_t i = 0; i < prefix; ++i) {
     if (!got[i].status.ok()) continue;
-    held.push_back(prefix[i]);
-    if (n == i) {  // the loaded prefix stops at the first block not acquired
+    load.held.push_back(chain[i]);
+    if (load.loaded == i) {  // the loaded prefix stops at the first block not acquired
       void* a = PageAddress(got[i].tier, got[i].page);
       if (a == nullptr) continue;
-      addrs.push_back(static_cast<uint8_t*>(a));
-      ++n;
+      load.pages.push_back(static_cast<uint8_t*>(a));
+      load.blocks.push_back(engine_blocks[i]);
+      ++load.loaded;
     }
   }
-  Status st;
-  if (n > 0) {
-    DeviceBackend* device = segments_->device();
-    t.blocks = engine_blocks.data();
-    t.pages = addrs.data();
-    t.count = static_cast<uint32_t>(n);
-    st = device->Scatter(t, kv.stream);
-    if (st.ok()) st = device->Synchronize(kv.stream);
+  load.transfer.blocks = load.blocks.data();
+  load.transfer.pages = load.pages.data();
+  load.transfer.count = static_cast<uint32_t>(load.loaded);
+  return load;
+}
+
+Status Client::ScatterLayers(const KvLoad& load, uint32_t first, uint32_t last, void* stream, bool wait) {
+  const KvGeometry& g = load.transfer.geometry;
+  if (load.finished) return InvalidArgument("ScatterLayers: the load is finished");
+  if (first > last || last > g.num_layers) return InvalidArgument("ScatterLayers: layers out of range");
+  if (load.loaded == 0 || first == last) return Status::Ok();
+  // Layers [first, last) of a page are one run from slab (first, 0): the transfer of
+  // those layers alone, over pages offset to it.
+  KvTransfer t = load.transfer;
+  t.geometry.num_layers = last - first;
+  for (uint32_t l = first; l < last; ++l) t.layers[l - first] = load.transfer.layers[l];
+  std::vector<uint8_t*> pages;
+  if (first > 0) {
+    pages.reserve(load.loaded);
+    for (uint8_t* p : load.pages) pages.push_back(p + g.PageSlabOffset(first, 0));
+    t.pages = pages.data();
   }
-  if (!held.empty()) (void)ReleaseUnwaited(held);
-  KVTIER_RETURN_IF_ERROR(st);
-  return n;
+  DeviceBackend* device = segments_->device();
+  KVTIER_RETURN_IF_ERROR(device->Scatter(t, stream));
+  return wait ? device->Synchronize(stream) : Status::Ok();
+}
+
+Status Client::FinishLoad(KvLoad& load) {
+  if (load.finished) return InvalidArgument("FinishLoad: the load is finished");
+  load.finished = true;
+  if (load.held.empty()) return Status::Ok();
+  return ReleaseUnwaited(load.held);
 }
 
 }  // namespace kvtier

@@ -95,6 +95,22 @@ struct EngineKv {
   uint64_t block_stride_bytes = 0;  // kBlockFirst: bytes between blocks (0: dense, 2 x slab)
 };
 
+// A load StartLoad began: the leading blocks of its chain that kvtierd holds for it, their
+// pages and engine blocks. Moved, never copied; ended by FinishLoad.
+struct KvLoad {
+  size_t loaded = 0;             // leading blocks of the chain acquired (0: a miss)
+  KvTransfer transfer;           // every layer; blocks and pages point into the vectors below
+  std::vector<uint32_t> blocks;  // engine blocks of the loaded prefix
+  std::vector<uint8_t*> pages;   // their page addresses
+  std::vector<BlockHash> held;   // the references FinishLoad releases
+  bool finished = false;
+  KvLoad() = default;
+  KvLoad(KvLoad&&) = default;
+  KvLoad& operator=(KvLoad&&) = default;
+  KvLoad(const KvLoad&) = delete;
+  KvLoad& operator=(const KvLoad&) = delete;
+};
+
 struct BlockResult {
   Status status;                    // OK, or why this entry failed
   TierKind tier = TierKind::kHost;  // where the block can be read
@@ -217,6 +233,17 @@ class Client {
   // blocks loaded (0 on a miss). REQUIRES: engine_blocks.size() >= chain.size().
   Result<size_t> LoadBlocks(const EngineKv& kv, std::span<const BlockHash> chain,
                             std::span<const uint32_t> engine_blocks);
+  // The same load in layers (an engine that waits for each layer before computing it):
+  // StartLoad acquires the chain's cached prefix as LoadBlocks does (one round trip) and
+  // holds it; ScatterLayers enqueues layers [first, last) of its `loaded` blocks on
+  // `stream` (the engine's, or a side stream) and waits for them when `wait`; FinishLoad
+  // releases the prefix without waiting for the reply, after every scatter of it has
+  // completed (the pages may be reused then). A load not finished holds its blocks until
+  // the session ends. kInvalidArgument for layers out of range or a finished load.
+  Result<KvLoad> StartLoad(const EngineKv& kv, std::span<const BlockHash> chain,
+                           std::span<const uint32_t> engine_blocks);
+  Status ScatterLayers(const KvLoad& load, uint32_t first, uint32_t last, void* stream, bool wait);
+  Status FinishLoad(KvLoad& load);
 
   // ---- memory ----
   // The bytes of a page this session may address (host tier; the GPU tier when it is

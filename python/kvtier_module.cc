@@ -123,6 +123,12 @@ struct Page {
   size_t size;
 };
 
+// A load StartLoad began (Client::StartLoad), with the client that holds its blocks.
+struct LayeredLoad {
+  Handle handle;
+  std::shared_ptr<KvLoad> load;
+};
+
 Handle Connect(const py::dict& layout, const std::string& socket, const std::string& name, size_t hash_bytes,
                int timeout_ms, const std::string& device, int cuda_device, const std::string& routable_id,
                int data_parallel_rank, const std::string& event_hashes, int event_group,
@@ -438,6 +444,17 @@ PYBIND11_MODULE(_kvtier, m) {
           py::arg("token_ids") = std::vector<uint32_t>(), py::arg("extra_keys") = py::bytes(),
           py::arg("lora_name") = "", py::arg("lora_id") = 0)
       .def(
+          "start_load",
+          [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
+             const std::vector<py::bytes>& chain, const std::vector<uint32_t>& blocks, uint64_t block_stride) {
+            const EngineKv kv = KvOf(layers, num_blocks, kind, 0, block_stride);
+            const auto hs = HashesOf(chain);
+            KvLoad load = Unwrap(Call(h, [&](Client& c) { return c.StartLoad(kv, hs, blocks); }));
+            return LayeredLoad{h, std::make_shared<KvLoad>(std::move(load))};
+          },
+          py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("chain"), py::arg("blocks"),
+          py::arg("block_stride") = 0)
+      .def(
           "load_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
              const std::vector<py::bytes>& chain, const std::vector<uint32_t>& blocks, uintptr_t stream,
@@ -448,6 +465,19 @@ PYBIND11_MODULE(_kvtier, m) {
           },
           py::arg("layers"), py::arg("num_blocks"), py::arg("kind"), py::arg("chain"), py::arg("blocks"),
           py::arg("stream") = 0, py::arg("block_stride") = 0);
+
+  py::class_<LayeredLoad>(m, "KvLoad")
+      .def_property_readonly("loaded", [](const LayeredLoad& l) { return l.load->loaded; })
+      .def(
+          "scatter",
+          [](const LayeredLoad& l, uint32_t first, uint32_t last, uintptr_t stream, bool wait) {
+            Check(Call(l.handle, [&](Client& c) {
+              return c.ScatterLayers(*l.load, first, last, reinterpret_cast<void*>(stream), wait);
+            }));
+          },
+          py::arg("first"), py::arg("last"), py::arg("stream") = 0, py::arg("wait") = true)
+      .def("finish",
+           [](const LayeredLoad& l) { Check(Call(l.handle, [&](Client& c) { return c.FinishLoad(*l.load); })); });
 
   py::class_<ControlClient, std::shared_ptr<ControlClient>>(m, "ControlClient")
       .def(py::init([](const std::string& socket, const std::string& name, int timeout_ms) {

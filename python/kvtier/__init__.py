@@ -349,6 +349,19 @@ class Client:
         return self._c.load_blocks(v.pointers, v.num_blocks, v.kind, list(chain), list(block_ids), v.stream,
                                    v.block_stride)
 
+    def start_load(self, view: KvView, chain: Sequence[bytes], block_ids: Sequence[int]) -> _kvtier.KvLoad:
+        """load_kv in layers, for an engine that waits for each layer before computing it:
+        holds the cached prefix of ``chain`` (one round trip) and returns a KvLoad whose
+        ``loaded`` leading blocks ``scatter(first, last, stream=, wait=)`` moves layer
+        range by layer range into ``block_ids`` (enqueued on the CUDA stream ``stream``,
+        0: the default stream; waiting for the copy when ``wait``); ``finish()`` gives the
+        blocks back once every scatter has completed. Calls on the KvLoad take this
+        client's lock."""
+        if not view.writable:
+            raise InvalidArgumentError("a KV layer is read-only: a load writes into it")
+        return self._c.start_load(view.pointers, view.num_blocks, view.kind, list(chain), list(block_ids),
+                                  view.block_stride)
+
 
 class ControlClient:
     """An operator's session: ``stats()`` as a dict (tiers, hits, sessions)."""

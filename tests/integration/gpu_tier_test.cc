@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -127,32 +128,65 @@ TEST(GpuTier, DemotionFromGpuToHostKeepsTheBytes) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// An engine's KV in its device memory, one tensor per layer: random in `src` (A's), zeros
+// in B's.
+struct TwoEngines {
+  TwoEngines(const ModelLayout& layout, KvLayoutKind kind, uint32_t num_blocks, uint32_t seed)
+      : g{kind, layout.num_layers, num_blocks, layout.tokens_per_block, layout.kv_heads, layout.head_dim, 2},
+        a_kv{kind, num_blocks, {}, nullptr},
+        b_kv{kind, num_blocks, {}, nullptr} {
+    std::mt19937 rng(seed);
+    src.assign(layout.num_layers, std::vector<uint8_t>(g.LayerTensorBytes()));
+    for (auto& t : src) {
+      for (auto& b : t) b = static_cast<uint8_t>(rng());
+      a_mem.push_back(std::make_unique<DeviceBuffer>(g.LayerTensorBytes()));
+      b_mem.push_back(std::make_unique<DeviceBuffer>(g.LayerTensorBytes()));
+      ok = ok && a_mem.back()->Upload(t).ok() && b_mem.back()->Upload(std::vector<uint8_t>(t.size(), 0)).ok();
+      a_kv.layers.push_back(a_mem.back()->data());
+      b_kv.layers.push_back(b_mem.back()->data());
+    }
+  }
+  // B's tensors as they are now.
+  std::vector<std::vector<uint8_t>> Downloaded() const {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& m : b_mem) {
+      auto bytes = m->Download();
+      out.push_back(bytes.ok() ? std::move(*bytes) : std::vector<uint8_t>());
+    }
+    return out;
+  }
+  // Whether slab (to[i], c) of B's layer l holds slab (from[i], c) of A's, for every block i
+  // and kv c; whether it is still zeros when !moved.
+  bool Moved(const std::vector<std::vector<uint8_t>>& dst, uint32_t l, std::span<const uint32_t> from,
+             std::span<const uint32_t> to, bool moved = true) const {
+    const std::vector<uint8_t> zeros(g.SlabBytes(), 0);
+    for (size_t i = 0; i < to.size(); ++i) {
+      for (uint32_t c = 0; c < 2; ++c) {
+        const uint8_t* want = moved ? src[l].data() + g.EngineSlabOffset(from[i], c) : zeros.data();
+        if (std::memcmp(dst[l].data() + g.EngineSlabOffset(to[i], c), want, g.SlabBytes()) != 0) return false;
+      }
+    }
+    return true;
+  }
+  KvGeometry g;
+  std::vector<std::vector<uint8_t>> src;
+  std::vector<std::unique_ptr<DeviceBuffer>> a_mem, b_mem;
+  EngineKv a_kv, b_kv;
+  bool ok = true;
+};
+
 TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
   DaemonProcess d(GpuDaemon());
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const ModelLayout layout = TestLayout();  // 2 layers, 2 heads, dim 64, bf16, 16 tokens
   for (KvLayoutKind kind : {KvLayoutKind::kKvFirst, KvLayoutKind::kBlockFirst}) {
-    const uint32_t num_blocks = 8;
-    KvGeometry g{kind, layout.num_layers, num_blocks, layout.tokens_per_block, layout.kv_heads, layout.head_dim, 2};
-    std::mt19937 rng(static_cast<uint32_t>(kind) + 3);
-    // The engine's KV in its device memory: random in A's, zeros in B's.
-    std::vector<std::vector<uint8_t>> src(layout.num_layers, std::vector<uint8_t>(g.LayerTensorBytes()));
-    std::vector<std::unique_ptr<DeviceBuffer>> a_mem, b_mem;
-    EngineKv a_kv{kind, num_blocks, {}, nullptr}, b_kv{kind, num_blocks, {}, nullptr};
-    for (auto& t : src) {
-      for (auto& b : t) b = static_cast<uint8_t>(rng());
-      a_mem.push_back(std::make_unique<DeviceBuffer>(g.LayerTensorBytes()));
-      b_mem.push_back(std::make_unique<DeviceBuffer>(g.LayerTensorBytes()));
-      ASSERT_TRUE(a_mem.back()->Upload(t).ok());
-      ASSERT_TRUE(b_mem.back()->Upload(std::vector<uint8_t>(g.LayerTensorBytes(), 0)).ok());
-      a_kv.layers.push_back(a_mem.back()->data());
-      b_kv.layers.push_back(b_mem.back()->data());
-    }
+    TwoEngines e(layout, kind, 8, static_cast<uint32_t>(kind) + 3);
+    ASSERT_TRUE(e.ok);
     const auto chain = HashChain(40 + static_cast<int>(kind), 3);
     auto a = Client::Connect(GpuEngine(d, "store"));
     ASSERT_TRUE(a.ok());
     const std::vector<uint32_t> from = {6, 1, 4};
-    auto stored = (*a)->StoreBlocks(a_kv, from, chain);
+    auto stored = (*a)->StoreBlocks(e.a_kv, from, chain);
     ASSERT_TRUE(stored.ok()) << stored.status().ToString();
     for (const auto& r : *stored) EXPECT_TRUE(r.status.ok());
     auto b = Client::Connect(GpuEngine(d, "load"));
@@ -164,7 +198,7 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
       return Metric(before->metrics_url, std::string("kvtier_rpc_duration_seconds_count{op=\"") + op + "\"}");
     };
     const double lookups = ops("lookup"), acquires = ops("acquire"), releases = ops("release");
-    auto loaded = (*b)->LoadBlocks(b_kv, chain, to);
+    auto loaded = (*b)->LoadBlocks(e.b_kv, chain, to);
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     EXPECT_EQ(*loaded, 3u);
     // The Release is not waited for: a later request on the session comes after it.
@@ -173,30 +207,74 @@ TEST(GpuTier, StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages) {
     EXPECT_EQ(ops("lookup"), lookups);
     EXPECT_EQ(ops("acquire"), acquires + 1);
     EXPECT_EQ(ops("release"), releases + 1);
-    std::vector<std::vector<uint8_t>> dst;
-    for (const auto& m : b_mem) {
-      auto bytes = m->Download();
-      ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
-      dst.push_back(std::move(*bytes));
-    }
-    for (uint32_t l = 0; l < layout.num_layers; ++l) {
-      for (size_t i = 0; i < 3; ++i) {
-        for (uint32_t c = 0; c < 2; ++c) {
-          EXPECT_EQ(std::memcmp(dst[l].data() + g.EngineSlabOffset(to[i], c),
-                                src[l].data() + g.EngineSlabOffset(from[i], c), g.SlabBytes()),
-                    0)
-              << "layer " << l << " block " << i << " kv " << c;
-        }
-      }
-    }
+    const auto dst = e.Downloaded();
+    for (uint32_t l = 0; l < layout.num_layers; ++l) EXPECT_TRUE(e.Moved(dst, l, from, to)) << "layer " << l;
     // Blocks not named stay untouched.
-    EXPECT_TRUE(std::all_of(dst[0].begin() + g.EngineSlabOffset(5, 0),
-                            dst[0].begin() + g.EngineSlabOffset(5, 0) + g.SlabBytes(),
+    EXPECT_TRUE(std::all_of(dst[0].begin() + e.g.EngineSlabOffset(5, 0),
+                            dst[0].begin() + e.g.EngineSlabOffset(5, 0) + e.g.SlabBytes(),
                             [](uint8_t v) { return v == 0; }));
     // Nothing stays referenced after the helpers.
     auto s = StatsOf(d.socket_path());
     ASSERT_TRUE(s.ok());
     for (const auto& t : s->tiers) EXPECT_EQ(t.referenced_pages, 0u) << t.name;
+  }
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A load in layers, as an engine that waits for each layer does: StartLoad holds the
+// chain's present prefix (one Acquire), each ScatterLayers moves only its layers, in any
+// order, and FinishLoad gives the blocks back.
+TEST(GpuTier, ALoadInLayersMovesOnlyTheLayersAskedAndHoldsItsBlocksUntilFinished) {
+  DaemonProcess d(GpuDaemon());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ModelLayout layout = TestLayout();
+  layout.num_layers = 4;
+  layout.block_bytes = layout.NaturalBlockBytes();
+  for (KvLayoutKind kind : {KvLayoutKind::kKvFirst, KvLayoutKind::kBlockFirst}) {
+    TwoEngines e(layout, kind, 8, static_cast<uint32_t>(kind) + 11);
+    ASSERT_TRUE(e.ok);
+    ClientOptions so = GpuEngine(d, "store"), lo = GpuEngine(d, "load");
+    so.layout = lo.layout = layout;
+    auto a = Client::Connect(so);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    const auto chain = HashChain(60 + static_cast<int>(kind), 4);
+    const std::vector<uint32_t> from = {2, 5, 0};
+    // Three of the chain's four blocks are cached: the load is their prefix.
+    ASSERT_TRUE((*a)->StoreBlocks(e.a_kv, from, std::span(chain).first(3)).ok());
+    auto b = Client::Connect(lo);
+    ASSERT_TRUE(b.ok());
+    const std::vector<uint32_t> to = {1, 6, 3, 4};
+    auto load = (*b)->StartLoad(e.b_kv, chain, to);
+    ASSERT_TRUE(load.ok()) << load.status().ToString();
+    ASSERT_EQ(load->loaded, 3u);
+    auto referenced = [&] {
+      auto s = StatsOf(d.socket_path());
+      uint64_t n = 0;
+      for (const auto& t : s->tiers) n += t.referenced_pages;
+      return n;
+    };
+    EXPECT_EQ(referenced(), 3u);
+    const std::span<const uint32_t> moved_to = std::span(to).first(3);
+    // Layer 2, then layers 0 and 1 together: layer 3 is untouched until it is asked.
+    ASSERT_TRUE((*b)->ScatterLayers(*load, 2, 3, e.b_kv.stream, true).ok());
+    auto dst = e.Downloaded();
+    EXPECT_TRUE(e.Moved(dst, 2, from, moved_to));
+    for (uint32_t l : {0u, 1u, 3u}) EXPECT_TRUE(e.Moved(dst, l, from, moved_to, false)) << "layer " << l;
+    ASSERT_TRUE((*b)->ScatterLayers(*load, 0, 2, e.b_kv.stream, true).ok());
+    dst = e.Downloaded();
+    for (uint32_t l : {0u, 1u, 2u}) EXPECT_TRUE(e.Moved(dst, l, from, moved_to)) << "layer " << l;
+    EXPECT_TRUE(e.Moved(dst, 3, from, moved_to, false));
+    EXPECT_EQ((*b)->ScatterLayers(*load, 3, 5, e.b_kv.stream, true).code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE((*b)->ScatterLayers(*load, 3, 4, e.b_kv.stream, true).ok());
+    dst = e.Downloaded();
+    for (uint32_t l = 0; l < 4; ++l) EXPECT_TRUE(e.Moved(dst, l, from, moved_to)) << "layer " << l;
+    // The engine block past the prefix is never written.
+    EXPECT_TRUE(e.Moved(dst, 0, {}, std::span(to).subspan(3), false));
+    ASSERT_TRUE((*b)->FinishLoad(*load).ok());
+    ASSERT_TRUE((*b)->Ping().ok());  // after the unwaited Release
+    EXPECT_EQ(referenced(), 0u);
+    EXPECT_EQ((*b)->ScatterLayers(*load, 0, 1, e.b_kv.stream, true).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ((*b)->FinishLoad(*load).code(), StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }

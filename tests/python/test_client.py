@@ -186,6 +186,34 @@ def test_store_kv_and_load_kv_move_paged_torch_tensors_exactly(daemon):
             c.store_kv([t.float() for t in layers], [0], chain[:1])
 
 
+def test_a_load_in_layers_moves_each_layer_when_asked_and_holds_its_blocks_until_finished(daemon):
+    blocks = 6
+    layers = [torch.randn(2, blocks, 16, 2, 64).to(torch.bfloat16) for _ in range(LAYOUT.layers)]
+    chain = hashes(3, seed=9, size=16)
+    with kvtier.Client(LAYOUT, daemon.socket, device="host-emulated") as c:
+        assert all(r.ok for r in c.store_kv(layers, [5, 1], chain[:2], [b""] + chain[:1]))
+        out = [torch.zeros_like(t) for t in layers]
+        load = c.start_load(c.kv_view(out), chain, [0, 2, 4])
+        assert load.loaded == 2  # the cached prefix
+        def referenced():
+            return sum(t["referenced_pages"] for t in kvtier.ControlClient(daemon.socket).stats()["tiers"].values())
+
+        assert referenced() == 2
+        load.scatter(1, 2)
+        assert torch.equal(layers[1][:, [5, 1]], out[1][:, [0, 2]])
+        assert not out[0].any()
+        load.scatter(0, 1)
+        assert torch.equal(layers[0][:, [5, 1]], out[0][:, [0, 2]])
+        assert not out[0][:, 4].any() and not out[1][:, 4].any()
+        with pytest.raises(kvtier.InvalidArgumentError, match="out of range"):
+            load.scatter(1, 3)
+        load.finish()
+        c.ping()
+        assert referenced() == 0
+        with pytest.raises(kvtier.InvalidArgumentError, match="finished"):
+            load.scatter(0, 1)
+
+
 @pytest.mark.parametrize("kwargs", [{"timeout_ms": -1}, {"timeout_ms": 0}, {"hash_bytes": 20}])
 def test_bad_client_arguments_raise_kvtier_errors(daemon, kwargs):
     with pytest.raises(kvtier.InvalidArgumentError):
