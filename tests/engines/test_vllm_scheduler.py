@@ -16,6 +16,8 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 import kvtier
 import kvtier.vllm
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
 from kvtier_testing.vllm_engine import BLOCK, Engine, vllm_config
 
 # Layouts whose block of one layer is one dense run (vLLM's layer- or block-outermost
@@ -430,3 +432,99 @@ def test_vllm_starts_and_serves_with_no_kvtierd(model_dir, tmp_path):
         assert e.connector_stats.get("stored_blocks", 0) == 0
     finally:
         e.close()
+
+
+LAYERWISE = {"layerwise_loads": True}
+
+
+@pytest.mark.parametrize("layout", [KVCacheLayout.LBHNC, KVCacheLayout.BLNHC], ids=lambda l: l.name)
+def test_layerwise_loads_move_each_layer_before_vllm_computes_it(model_dir, daemon, layout):
+    # B's loads move layer by layer while its forward runs, each layer waited for by the
+    # stand-in model as vLLM's attention layers wait (wait_for_layer_load): B loads the
+    # bytes A computed and generates what vLLM alone does.
+    p = prompt(300, 21)
+    q = p[:260] + prompt(60, 22)  # shares 16 full blocks with p
+    want = reference(model_dir, [("a", p, 8), ("b", q, 8)])
+    a = Engine(vllm_config(model_dir, daemon.socket), 128, layout)
+    b = Engine(vllm_config(model_dir, daemon.socket, extra=LAYERWISE), 128, layout)
+    try:
+        assert serve(a, [("a", p, 8)]) == {"a": want["a"]}
+        assert serve(b, [("b", q, 8)]) == {"b": want["b"]}
+        assert b.connector_stats["layer_load_steps"] == 1
+        assert b.connector_stats["loaded_blocks"] == 16
+        assert b.connector_stats["load_failed_blocks"] == 0
+        for i in range(16):
+            assert b.block_bytes("b", i) == a.block_bytes("a", i)
+    finally:
+        a.close()
+        b.close()
+
+
+class _FailingLayer:
+    """A KvLoad whose scatter of one layer fails (the device refused the copy)."""
+
+    def __init__(self, load, layer: int, failed: list):
+        self._load, self._layer, self._failed = load, layer, failed
+
+    @property
+    def loaded(self):
+        return self._load.loaded
+
+    def scatter(self, first, last, **kw):
+        if first <= self._layer < last:
+            self._failed.append(first)
+            raise kvtier.InternalError(f"injected: layer {self._layer} not moved")
+        self._load.scatter(first, last, **kw)
+
+    def finish(self):
+        self._load.finish()
+
+
+@pytest.mark.parametrize("how", ["a layer fails to move", "the model does not wait"])
+def test_a_layerwise_load_that_fails_midway_is_recomputed_and_nothing_computed_over_it_is_stored(
+        model_dir, daemon, monkeypatch, how):
+    # B's layer-wise load fails after the forward began: layer 1 of its blocks cannot be
+    # moved (layer 0 was), or the model computes without waiting for its layers. vLLM hears
+    # of it after the step, recomputes the request from its first loaded block, and the
+    # blocks computed over the failed load are never stored; the recomputed ones are, and
+    # C loads them and computes what vLLM alone computes.
+    p = prompt(320, 23)
+    want = reference(model_dir, [("a", p, 6), ("b", p, 6), ("c", p, 6)])
+    a = Engine(vllm_config(model_dir, daemon.socket), 128)
+    b = Engine(vllm_config(model_dir, daemon.socket, extra=LAYERWISE), 128)
+    c = Engine(vllm_config(model_dir, daemon.socket, extra=LAYERWISE), 128)
+    try:
+        assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
+        failed = []
+        start_load = kvtier.Client.start_load
+        if how == "a layer fails to move":
+            def failing(self, view, chain, ids):
+                load = start_load(self, view, chain, ids)
+                return _FailingLayer(load, 1, failed) if not failed else load
+
+            monkeypatch.setattr(kvtier.Client, "start_load", failing)
+        else:
+            monkeypatch.setattr(b.worker, "wait_for_layer_load", failed.append)
+        got = serve(b, [("b", p, 6)])
+        monkeypatch.undo()
+        assert failed
+        assert got == {"b": want["b"]}
+        assert b.connector_stats["load_failed_blocks"] == 19
+        assert b.connector_stats["stores_skipped_after_failed_load"] > 0
+        assert b.connector_stats["stored_blocks"] == 20  # the recomputed prompt, once
+        assert serve(c, [("c", p, 6)]) == {"c": want["c"]}
+        assert c.connector_stats["loaded_blocks"] == 19
+        assert c.connector_stats["layer_load_steps"] == 1
+    finally:
+        for e in (a, b, c):
+            e.close()
+
+
+def test_layerwise_loads_ask_vllm_for_piecewise_cuda_graphs_and_a_bad_value_is_named(model_dir, daemon):
+    cls = KVConnectorFactory.get_connector_class(vllm_config(model_dir, daemon.socket).kv_transfer_config)
+    assert cls is kvtier.vllm.KvtierConnector
+    assert cls.requires_piecewise_for_cudagraph({"layerwise_loads": True}) is True
+    assert cls.requires_piecewise_for_cudagraph({"layerwise_loads": "false"}) is False
+    assert cls.requires_piecewise_for_cudagraph({}) is False
+    with pytest.raises(kvtier.InvalidArgumentError, match="layerwise_loads"):
+        Engine(vllm_config(model_dir, daemon.socket, extra={"layerwise_loads": "sometimes"}), 64)

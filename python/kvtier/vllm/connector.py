@@ -36,6 +36,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         side = self._scheduler if self._scheduler is not None else self._worker
         return list(side.clients)
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:
+        """Layer-wise loads wait between attention layers, which a full CUDA graph would
+        replay without: vLLM then captures piecewise graphs."""
+        return Settings.layerwise(extra_config)
+
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a best-effort cache: a dropped store is a later miss
@@ -68,7 +74,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.start_load_kv(self._get_connector_metadata())
 
     def wait_for_layer_load(self, layer_name: str):
-        return  # every layer was loaded in start_load_kv
+        """With layerwise_loads: before the layer computes, its layer of the step's loads
+        has moved (or, on CUDA, the engine's stream waits for it)."""
+        with self._hook():
+            self._worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs):
         return  # all layers are stored together after the step (one gather a chunk)

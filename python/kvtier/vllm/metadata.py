@@ -63,7 +63,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
 
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
             "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored",
-            "store_fence_waits", "blocking_s", "step_s", "steps")
+            "store_fence_waits", "layer_load_steps", "blocking_s", "step_s", "steps")
 
 
 @dataclass

@@ -44,6 +44,19 @@ class Settings:
     drop_last_hit: bool       # EAGLE/MTP: vLLM recomputes the last hit block
     ranks: dict
     plans: tuple              # layout.GroupPlan per KV cache group
+    layerwise_loads: bool = False  # a one-group attention model's loads move layer by layer
+
+    @staticmethod
+    def layerwise(extra_config: Optional[dict]) -> bool:
+        """``layerwise_loads`` of kv_connector_extra_config: true/false (or "true"/"false");
+        anything else is an InvalidArgumentError naming it."""
+        value = (extra_config or {}).get("layerwise_loads", False)
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+            return value.strip().lower() in ("true", "1")
+        if isinstance(value, bool) or value in (0, 1):
+            return bool(value)
+        raise kvtier.InvalidArgumentError(f"kv_connector_extra_config.layerwise_loads must be true or false, "
+                                          f"not {value!r}")
 
     @staticmethod
     def read(vllm_config, kv_transfer_config, kv_cache_config) -> "Settings":
@@ -93,7 +106,8 @@ class Settings:
             model_id=str(extra("model_id", None) or getattr(vllm_config.model_config, "model", "model")),
             hash_bytes=hash_bytes_for(getattr(cc, "prefix_caching_hash_algo", None)),
             hash_block_size=hash_bs, unit=unit, checkpoint_tokens=checkpoint,
-            drop_last_hit=bool(drop is not None and drop()), ranks=ranks, plans=plans)
+            drop_last_hit=bool(drop is not None and drop()), ranks=ranks, plans=plans,
+            layerwise_loads=Settings.layerwise({"layerwise_loads": extra("layerwise_loads", False)}))
 
     def connect(self, layouts: list, device: str, role: str) -> list:
         """One self-reconnecting client per group's namespace."""

@@ -24,6 +24,13 @@ whose blocks vLLM hands out again meanwhile are dropped. An asynchronous load (s
 groups) settles nothing: the request is not computed in its step, and vLLM combines every
 rank's failures before it is.
 
+With ``layerwise_loads`` on, a one-group attention model's loads move layer by layer
+while the model computes (kvtier.vllm.layers): ``start_load_kv`` only takes hold of the
+blocks (one round trip a chunk), each attention layer waits for its own layer, and the
+loads end after the forward pass, where a layer that failed to move fails every such load
+of the step (reported, recomputed, and nothing computed over it stored, as above). Other
+models, and asynchronous loads, load every layer in ``start_load_kv``.
+
 The time the step spends in the connector's hooks (``blocking_s``) and the time from the
 step's first hook to its last (``step_s``, ``steps``) are in the connector's stats."""
 
@@ -36,6 +43,7 @@ from typing import Optional
 
 import kvtier
 from kvtier.kv import kv_args
+from kvtier.vllm.layers import LayerLoads
 from kvtier.vllm.layout import STATE, KvtierHandshake, group_layout
 from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, KvtierWorkerMetadata, LoadSpec
 from kvtier.vllm.settings import Settings
@@ -63,21 +71,26 @@ class Worker:
         self._held: set = set()       # requests the scheduler planned a store for (it holds them at finish)
         self._finishing: set = set()  # ... that finished: reported when their copies are done
         self._fenced = None           # the metadata whose block writes were fenced
+        self._layered: Optional[LayerLoads] = None  # layer-wise loads (settings.layerwise_loads)
+        self._layered_specs: list = []  # this step's layer-wise LoadSpecs, with their loaded counts
         self._step_start = 0.0        # when this step's first hook ran (0: between steps)
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         cfg = self._kv_cache_config
         cache_dtype = getattr(self._vllm_config.cache_config, "cache_dtype", None)
-        layouts, tensors_by_group, device = [], [], None
+        layouts, tensors_by_group, device, layer_of = [], [], None, {}
         for plan, group in zip(self._s.plans, cfg.kv_cache_groups):
-            seen, tensors = set(), []
+            seen, tensors = {}, []
             for name in group.layer_names:
                 t = kv_caches.get(name)
-                # Layers sharing another layer's cache (cross-layer KV sharing) own no storage.
-                if t is None or (t.data_ptr(), tuple(t.stride())) in seen:
+                if t is None:
                     continue
-                seen.add((t.data_ptr(), tuple(t.stride())))
-                tensors.append(t)
+                # Layers sharing another layer's cache (cross-layer KV sharing) own no storage.
+                key = (t.data_ptr(), tuple(t.stride()))
+                if key not in seen:
+                    seen[key] = len(tensors)
+                    tensors.append(t)
+                layer_of[name] = seen[key]
             if not tensors:
                 raise kvtier.InvalidArgumentError(f"KV cache group {plan.index} ({plan.kind}) has no KV tensors")
             layout, tensors = group_layout(plan, group.kv_cache_spec, tensors, int(cfg.num_blocks),
@@ -95,6 +108,9 @@ class Worker:
         store_views = self._views if stream is None else [dataclasses.replace(v, stream=stream.cuda_stream)
                                                           for v in self._views]
         self._stores = StoreQueue(self._s.connect(layouts, device, "worker-store"), store_views, stream)
+        if self._s.layerwise_loads and len(self._s.plans) == 1 and self._s.plans[0].role != STATE:
+            self._layered = LayerLoads(layer_of, layouts[0].layers, side_stream(self._views[0]),
+                                       wait_s=max(1.0, self._s.timeout_ms / 1000.0))
         self.handshake = KvtierHandshake(tuple(layouts))
         for l in layouts:
             log.info("kvtier.vllm worker: group %d (%s), %d layers, %s, namespace model %s", l.group, l.kind,
@@ -144,28 +160,50 @@ class Worker:
 
     def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
         self.fence(meta)
+        self.end_layer_loads()
+        held = []
         for load in meta.loads:
-            n = self._load(load)
-            self.stats.data["loaded_blocks"] += n
-            if load.is_async:
-                self._recv_done.add(load.req_id)
-            else:
-                self._unsettled.add(load.req_id)
-                self._loads[load.req_id] = self._loads.get(load.req_id, True) and n == len(load.block_ids)
-            if n < len(load.block_ids):
-                self.stats.data["load_failed_blocks"] += len(load.block_ids) - n
-                if load.is_async:  # a hybrid model's failure is the request's (vLLM recomputes it whole)
-                    self._recv_failed.add(load.req_id)
-                else:
-                    self._load_errors.update(load.block_ids[n:])
+            layered = self._layered is not None and not load.is_async
+            n = self._load(load, held if layered else None)
+            if layered:
+                self._layered_specs.append((load, n))
+            self._landed(load, n)
+        if held:
+            self._layered.start(held)
+            self.stats.data["layer_load_steps"] += 1
 
-    def _load(self, load: LoadSpec) -> int:
+    def _landed(self, load: LoadSpec, n: int) -> None:
+        """Counts and reports a load whose first `n` blocks landed."""
+        self.stats.data["loaded_blocks"] += n
+        if load.is_async:
+            self._recv_done.add(load.req_id)
+        else:
+            self._unsettled.add(load.req_id)
+            self._loads[load.req_id] = self._loads.get(load.req_id, True) and n == len(load.block_ids)
+        if n < len(load.block_ids):
+            self.stats.data["load_failed_blocks"] += len(load.block_ids) - n
+            if load.is_async:  # a hybrid model's failure is the request's (vLLM recomputes it whole)
+                self._recv_failed.add(load.req_id)
+            else:
+                self._load_errors.update(load.block_ids[n:])
+
+    def _load(self, load: LoadSpec, held: Optional[list]) -> int:
+        """Loads the chain's cached prefix chunk by chunk; with `held`, only takes hold of
+        each chunk's blocks and appends its KvLoad there (the layers move later)."""
         client, view, chunk = self.clients[load.group], self._views[load.group], self._s.chunk
         n = 0
         for i in range(0, len(load.hashes), chunk):
             hashes, ids = load.hashes[i:i + chunk], load.block_ids[i:i + chunk]
             try:
-                got = client.call(lambda c: c.load_kv(view, hashes, ids))
+                if held is None:
+                    got = client.call(lambda c: c.load_kv(view, hashes, ids))
+                else:
+                    kv_load = client.call(lambda c: c.start_load(view, hashes, ids))
+                    got = kv_load.loaded
+                    if got:
+                        held.append(kv_load)
+                    else:
+                        kv_load.finish()
             except kvtier.Error as e:
                 log.warning("load of %d blocks of group %d for %s failed: %s", len(hashes), load.group, load.req_id, e)
                 got = 0
@@ -174,7 +212,29 @@ class Worker:
                 break
         return n
 
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._layered is not None:
+            self._layered.wait(layer_name)
+
+    def end_layer_loads(self) -> None:
+        """After the forward pass: the step's layer-wise loads have moved every layer, or
+        every block of them is a failed load."""
+        if self._layered is None or not self._layered_specs:
+            return
+        specs, self._layered_specs = self._layered_specs, []
+        error = self._layered.finish()
+        if error is None:
+            return
+        log.warning("layer-wise loads of %d requests failed: %s", len(specs), error)
+        for load, n in specs:
+            if n:
+                self.stats.data["loaded_blocks"] -= n
+                self.stats.data["load_failed_blocks"] += n
+                self._loads[load.req_id] = False
+                self._load_errors.update(load.block_ids[:n])
+
     def wait_for_save(self, meta: KvtierConnectorMetadata) -> None:
+        self.end_layer_loads()
         for store in meta.stores:
             self._held.add(store.req_id)
             if not self.handshake.groups[store.group].stores:
@@ -209,16 +269,19 @@ class Worker:
         return sent, done, failed
 
     def take_worker_metadata(self) -> Optional[KvtierWorkerMetadata]:
+        self.end_layer_loads()
         if not self._loads:
             return None
         out, self._loads = KvtierWorkerMetadata(self._loads), {}
         return out
 
     def take_load_errors(self) -> set:
+        self.end_layer_loads()
         errors, self._load_errors = self._load_errors, set()
         return errors
 
     def close(self) -> None:
+        self.end_layer_loads()
         if self._stores is not None:
             self._stores.close()
         for c in self.clients:

@@ -8,9 +8,11 @@ roles, the per-layer KV views made by vLLM's ``create_kv_cache_views`` for each
 ``KVCacheLayout``, ``ModelRunnerOutput``/``KVConnectorOutput``, and the handshake the
 engine core does after the workers registered their caches.
 
-What stands in for the model runner: ``forward`` writes each token's KV as a function of
-its token and of the previous token's KV *read from the cache* (so a block that was not
-loaded, or loaded wrong, changes every later value), and samples a token from the last
+What stands in for the model runner: ``forward`` goes layer by layer, calling the
+connector's ``wait_for_layer_load`` before each layer as vLLM's attention layers do, and
+writes each token's KV of a layer as a function of its token and of the previous token's
+KV of that layer *read from the cache* (so a block, or a layer of it, that was not loaded,
+or loaded wrong, changes every later value), and samples a token from the last layer's last
 value. Two engines that computed the same prefix hold the same bytes; an engine whose
 loads were wrong produces other tokens than one without kvtier.
 """
@@ -205,7 +207,8 @@ class Engine(EngineLoop):
         heads, dim = mc.get_num_kv_heads(config.parallel_config), mc.get_head_size()
         dtype = torch.uint8 if str(config.cache_config.cache_dtype).startswith("fp8") else torch.float32
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=dim, dtype=dtype)
-        names, tensor, self.kv_cache_config = one_group_cache(spec, self.layers, num_blocks, layout)
+        self.names, tensor, self.kv_cache_config = one_group_cache(spec, self.layers, num_blocks, layout)
+        names = self.names
         self.raw = torch.zeros(tensor.size, dtype=torch.int8)
         self.views = create_kv_cache_views(self.raw, spec, num_blocks, layout, tensor)
         self.fp8 = dtype == torch.uint8
@@ -227,22 +230,23 @@ class Engine(EngineLoop):
         cell = t[block, 0, off, 0]
         return float(cell) if not self.fp8 else float(int(cell))
 
-    def _write(self, block: int, off: int, v: float) -> None:
-        for layer, t in enumerate(self.views):
-            if self.fp8:
-                t[block, :, off, :] = (int(v) + layer) % 256
-            else:
-                t[block, :, off, :] = v + layer
+    def _write(self, layer: int, block: int, off: int, v: float) -> None:
+        self.views[layer][block, :, off, :] = (int(v) % 256) if self.fp8 else v
 
     def forward(self, req_id: str, start: int, count: int) -> Optional[int]:
+        # Layer by layer, as vLLM's attention layers: each waits for its layer's loads
+        # (wait_for_layer_load) and reads its own layer's earlier values.
         tokens = self.scheduler.requests[req_id].all_token_ids
         table = self.tables[req_id]
         mod = 256 if self.fp8 else MOD
         v = 0.0
-        for p in range(start, start + count):
-            prev = self._value(0, table[(p - 1) // BLOCK], (p - 1) % BLOCK) if p > 0 else 0.0
-            v = (prev * 31 + tokens[p] * 7 + 1) % mod
-            self._write(table[p // BLOCK], p % BLOCK, v)
+        for layer, name in enumerate(self.names):
+            if self.worker is not None:
+                self.worker.wait_for_layer_load(name)
+            for p in range(start, start + count):
+                prev = self._value(layer, table[(p - 1) // BLOCK], (p - 1) % BLOCK) if p > 0 else 0.0
+                v = (prev * 31 + tokens[p] * 7 + 1 + layer) % mod
+                self._write(layer, table[p // BLOCK], p % BLOCK, v)
         if start + count == len(tokens):
             return int(v) % 500 + 3
         return None
