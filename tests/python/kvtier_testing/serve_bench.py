@@ -204,6 +204,9 @@ def session(a: argparse.Namespace, config: str, model_dir: str, work: str, rnd: 
             if xfer.get("step_s"):
                 out[name]["blocking_share"] = xfer.get("blocking_s", 0.0) / xfer["step_s"]
                 out[name]["connector_steps"] = xfer.get("steps", 0)
+                for k in ("lookups", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "layer_load_steps"):
+                    if k in xfer:
+                        out[name][k] = xfer[k]
         return out
     finally:
         if server is not None:
