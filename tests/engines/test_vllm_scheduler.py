@@ -64,18 +64,25 @@ def test_vllm_loads_kvtier_as_its_own_connector(model_dir, daemon):
         e.close()
 
 
+LAYERWISE = {"layerwise_loads": True}
+
+
+@pytest.mark.parametrize("layerwise", [False, True], ids=["whole", "layerwise"])
 @pytest.mark.parametrize("layout", SUPPORTED, ids=lambda l: l.name)
-def test_a_prefix_one_instance_computed_is_loaded_exactly_by_another(model_dir, daemon, layout):
+def test_a_prefix_one_instance_computed_is_loaded_exactly_by_another(model_dir, daemon, layout, layerwise):
+    # layerwise: B's loads move layer by layer while its forward runs, each layer waited for
+    # by the stand-in model as vLLM's attention layers wait (wait_for_layer_load).
     p = prompt(300, 1)  # 18 full blocks and a partial one
     q = p[:260] + prompt(60, 2)  # shares 16 full blocks with p
     want = reference(model_dir, [("a", p, 8), ("b", q, 8)])
     a = Engine(vllm_config(model_dir, daemon.socket), 128, layout)
-    b = Engine(vllm_config(model_dir, daemon.socket), 128, layout)
+    b = Engine(vllm_config(model_dir, daemon.socket, extra=LAYERWISE if layerwise else None), 128, layout)
     try:
         assert serve(a, [("a", p, 8)]) == {"a": want["a"]}
         assert a.connector_stats.get("stored_blocks", 0) >= 18
         got = serve(b, [("b", q, 8)])
         assert got == {"b": want["b"]}
+        assert b.connector_stats["layer_load_steps"] == (1 if layerwise else 0)
         assert b.connector_stats["loaded_blocks"] == 16
         assert b.connector_stats["load_failed_blocks"] == 0
         for i in range(16):  # the bytes B loaded are the bytes A computed
@@ -432,32 +439,6 @@ def test_vllm_starts_and_serves_with_no_kvtierd(model_dir, tmp_path):
         assert e.connector_stats.get("stored_blocks", 0) == 0
     finally:
         e.close()
-
-
-LAYERWISE = {"layerwise_loads": True}
-
-
-@pytest.mark.parametrize("layout", [KVCacheLayout.LBHNC, KVCacheLayout.BLNHC], ids=lambda l: l.name)
-def test_layerwise_loads_move_each_layer_before_vllm_computes_it(model_dir, daemon, layout):
-    # B's loads move layer by layer while its forward runs, each layer waited for by the
-    # stand-in model as vLLM's attention layers wait (wait_for_layer_load): B loads the
-    # bytes A computed and generates what vLLM alone does.
-    p = prompt(300, 21)
-    q = p[:260] + prompt(60, 22)  # shares 16 full blocks with p
-    want = reference(model_dir, [("a", p, 8), ("b", q, 8)])
-    a = Engine(vllm_config(model_dir, daemon.socket), 128, layout)
-    b = Engine(vllm_config(model_dir, daemon.socket, extra=LAYERWISE), 128, layout)
-    try:
-        assert serve(a, [("a", p, 8)]) == {"a": want["a"]}
-        assert serve(b, [("b", q, 8)]) == {"b": want["b"]}
-        assert b.connector_stats["layer_load_steps"] == 1
-        assert b.connector_stats["loaded_blocks"] == 16
-        assert b.connector_stats["load_failed_blocks"] == 0
-        for i in range(16):
-            assert b.block_bytes("b", i) == a.block_bytes("a", i)
-    finally:
-        a.close()
-        b.close()
 
 
 class _FailingLayer:

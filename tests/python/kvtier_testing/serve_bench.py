@@ -100,6 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 round, 8 prompts (a smoke run)")
     p.add_argument("--start-timeout", type=float, default=600.0)
     p.add_argument("--keep", action="store_true", help="keep the work directory (model, logs, results)")
+    p.add_argument("--save", default="", help="also write the JSON object to this file")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     if a.quick:
@@ -280,6 +281,9 @@ def main(argv=None) -> int:
             print(f"work directory kept: {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+    if a.save:
+        with open(a.save, "w") as f:
+            json.dump(out, f, indent=1)
     if a.json:
         print(json.dumps(out, indent=1))
     else:
