@@ -76,6 +76,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_layer_load(self, layer_name: str):
         """With layerwise_loads: before the layer computes, its layer of the step's loads
         has moved (or, on CUDA, the engine's stream waits for it)."""
+        if not self._worker.layer_loads_active:
+            return  # every step calls it for every attention layer: nothing to time
         with self._hook():
             self._worker.wait_for_layer_load(layer_name)
 

@@ -212,6 +212,11 @@ class Worker:
                 break
         return n
 
+    @property
+    def layer_loads_active(self) -> bool:
+        """Whether this step has layer-wise loads moving."""
+        return self._layered is not None and self._layered.active
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._layered is not None:
             self._layered.wait(layer_name)
