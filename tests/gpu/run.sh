@@ -65,7 +65,9 @@ stage gpu-check 180 kvtier-gpu-check --json "$out/gpu_check.json" | tee "$out/gp
 
 # 2. The GPU-tier tests on the cuda backend, on both IPC paths.
 tests=(GpuTier.TwoEnginesShareAGpuBlockThroughTheDaemon GpuTier.DemotionFromGpuToHostKeepsTheBytes
-  GpuTier.StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages GpuTier.AnEngineKilledWithGpuPagesLeasedGivesThemBack
+  GpuTier.StoreAndLoadHelpersMoveKvBetweenEngineLayoutsAndPages
+  GpuTier.ALoadInLayersMovesOnlyTheLayersAskedAndHoldsItsBlocksUntilFinished
+  GpuTier.AnEngineKilledWithGpuPagesLeasedGivesThemBack
   MultiUser.ATenantsGpuSegmentsAreNeverMappedByAnotherTenant
   MultiUser.TheSamePromptNeverHitsAcrossTenantsOnAnyTierOrAcrossRestart
   KvctlDrain.MovesGpuBlocksDownToNvmeRefusesGpuLeasesAndARestartKeepsThem)
