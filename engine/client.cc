@@ -399,7 +399,7 @@ Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash>
   const Status st = ScatterLayers(load, 0, load.transfer.geometry.num_layers, kv.stream, /*wait=*/true);
   (void)FinishLoad(load);
   KVTIER_RETURN_IF_ERROR(st);
-  return load.loaded;
+  return load.loaded();
 }
 
 Result<KvLoad> Client::StartLoad(const EngineKv& kv, std::span<const BlockHash> chain,
@@ -416,17 +416,16 @@ Result<KvLoad> Client::StartLoad(const EngineKv& kv, std::span<const BlockHash> 
   for (size_t i = 0; i < prefix; ++i) {
     if (!got[i].status.ok()) continue;
     load.held.push_back(chain[i]);
-    if (load.loaded == i) {  // the loaded prefix stops at the first block not acquired
+    if (load.loaded() == i) {  // the loaded prefix stops at the first block not acquired
       void* a = PageAddress(got[i].tier, got[i].page);
       if (a == nullptr) continue;
       load.pages.push_back(static_cast<uint8_t*>(a));
       load.blocks.push_back(engine_blocks[i]);
-      ++load.loaded;
     }
   }
   load.transfer.blocks = load.blocks.data();
   load.transfer.pages = load.pages.data();
-  load.transfer.count = static_cast<uint32_t>(load.loaded);
+  load.transfer.count = static_cast<uint32_t>(load.loaded());
   return load;
 }
 
@@ -434,7 +433,7 @@ Status Client::ScatterLayers(const KvLoad& load, uint32_t first, uint32_t last, 
   const KvGeometry& g = load.transfer.geometry;
   if (load.finished) return InvalidArgument("ScatterLayers: the load is finished");
   if (first > last || last > g.num_layers) return InvalidArgument("ScatterLayers: layers out of range");
-  if (load.loaded == 0 || first == last) return Status::Ok();
+  if (load.loaded() == 0 || first == last) return Status::Ok();
   // Layers [first, last) of a page are one run from slab (first, 0): the transfer of
   // those layers alone, over pages offset to it.
   KvTransfer t = load.transfer;
@@ -442,7 +441,7 @@ Status Client::ScatterLayers(const KvLoad& load, uint32_t first, uint32_t last, 
   for (uint32_t l = first; l < last; ++l) t.layers[l - first] = load.transfer.layers[l];
   std::vector<uint8_t*> pages;
   if (first > 0) {
-    pages.reserve(load.loaded);
+    pages.reserve(load.loaded());
     for (uint8_t* p : load.pages) pages.push_back(p + g.PageSlabOffset(first, 0));
     t.pages = pages.data();
   }

@@ -98,12 +98,13 @@ struct EngineKv {
 // A load StartLoad began: the leading blocks of its chain that kvtierd holds for it, their
 // pages and engine blocks. Moved, never copied; ended by FinishLoad.
 struct KvLoad {
-  size_t loaded = 0;             // leading blocks of the chain acquired (0: a miss)
   KvTransfer transfer;           // every layer; blocks and pages point into the vectors below
   std::vector<uint32_t> blocks;  // engine blocks of the loaded prefix
   std::vector<uint8_t*> pages;   // their page addresses
   std::vector<BlockHash> held;   // the references FinishLoad releases
   bool finished = false;
+  // Leading blocks of the chain acquired (0: a miss).
+  size_t loaded() const { return pages.size(); }
   KvLoad() = default;
   KvLoad(KvLoad&&) = default;
   KvLoad& operator=(KvLoad&&) = default;
@@ -235,7 +236,7 @@ class Client {
                             std::span<const uint32_t> engine_blocks);
   // The same load in layers (an engine that waits for each layer before computing it):
   // StartLoad acquires the chain's cached prefix as LoadBlocks does (one round trip) and
-  // holds it; ScatterLayers enqueues layers [first, last) of its `loaded` blocks on
+  // holds it; ScatterLayers enqueues layers [first, last) of its `loaded()` blocks on
   // `stream` (the engine's, or a side stream) and waits for them when `wait`; FinishLoad
   // releases the prefix without waiting for the reply, after every scatter of it has
   // completed (the pages may be reused then). A load not finished holds its blocks until

@@ -467,7 +467,7 @@ PYBIND11_MODULE(_kvtier, m) {
           py::arg("stream") = 0, py::arg("block_stride") = 0);
 
   py::class_<LayeredLoad>(m, "KvLoad")
-      .def_property_readonly("loaded", [](const LayeredLoad& l) { return l.load->loaded; })
+      .def_property_readonly("loaded", [](const LayeredLoad& l) { return l.load->loaded(); })
       .def(
           "scatter",
           [](const LayeredLoad& l, uint32_t first, uint32_t last, uintptr_t stream, bool wait) {

@@ -246,7 +246,7 @@ TEST(GpuTier, ALoadInLayersMovesOnlyTheLayersAskedAndHoldsItsBlocksUntilFinished
     const std::vector<uint32_t> to = {1, 6, 3, 4};
     auto load = (*b)->StartLoad(e.b_kv, chain, to);
     ASSERT_TRUE(load.ok()) << load.status().ToString();
-    ASSERT_EQ(load->loaded, 3u);
+    ASSERT_EQ(load->loaded(), 3u);
     auto referenced = [&] {
       auto s = StatsOf(d.socket_path());
       uint64_t n = 0;

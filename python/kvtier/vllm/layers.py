@@ -25,9 +25,10 @@ log = logging.getLogger("kvtier.vllm")
 
 
 class LayerLoads:
-    def __init__(self, layer_of: dict, layers: int, stream=None, wait_s: float = 30.0):
+    def __init__(self, layer_of: dict, stream=None, wait_s: float = 30.0):
         self._layer_of = layer_of  # layer name -> index of its tensor in the group's view
-        self._layers = layers
+        self._indices = frozenset(layer_of.values())
+        self._layers = len(self._indices)
         self._stream = stream      # a torch.cuda.Stream on CUDA; None on the CPU
         self._wait_s = wait_s
         self._loads: list = []     # KvLoads of this step
@@ -105,8 +106,8 @@ class LayerLoads:
         elif self._events:
             self._events[-1].synchronize()
         error = self._error
-        if error is None and len(self._waited) < len(set(self._layer_of.values())):
-            missing = sorted(set(self._layer_of.values()) - self._waited)
+        if error is None and len(self._waited) < self._layers:
+            missing = sorted(self._indices - self._waited)
             error = f"the model computed layers {missing[:4]} without waiting for their load"
         for load in self._loads:
             try:

@@ -27,6 +27,17 @@ def round_to_unit(tokens: int, unit: int) -> int:
     return -(-tokens // unit) * unit
 
 
+def _flag(key: str, value) -> bool:
+    """A true/false setting of kv_connector_extra_config (a bool, 0/1, or the words "true" /
+    "false" / "1" / "0"); anything else is an InvalidArgumentError naming it."""
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in ("true", "1", "false", "0"):
+        return word in ("true", "1")
+    if isinstance(value, bool) or (word is None and value in (0, 1)):
+        return bool(value)
+    raise kvtier.InvalidArgumentError(f"kv_connector_extra_config.{key} must be true or false, not {value!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     socket: str
@@ -48,15 +59,9 @@ class Settings:
 
     @staticmethod
     def layerwise(extra_config: Optional[dict]) -> bool:
-        """``layerwise_loads`` of kv_connector_extra_config: true/false (or "true"/"false");
-        anything else is an InvalidArgumentError naming it."""
-        value = (extra_config or {}).get("layerwise_loads", False)
-        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-            return value.strip().lower() in ("true", "1")
-        if isinstance(value, bool) or value in (0, 1):
-            return bool(value)
-        raise kvtier.InvalidArgumentError(f"kv_connector_extra_config.layerwise_loads must be true or false, "
-                                          f"not {value!r}")
+        """``layerwise_loads`` of kv_connector_extra_config (vLLM asks before the config
+        is read: requires_piecewise_for_cudagraph)."""
+        return _flag("layerwise_loads", (extra_config or {}).get("layerwise_loads", False))
 
     @staticmethod
     def read(vllm_config, kv_transfer_config, kv_cache_config) -> "Settings":
@@ -107,7 +112,7 @@ class Settings:
             hash_bytes=hash_bytes_for(getattr(cc, "prefix_caching_hash_algo", None)),
             hash_block_size=hash_bs, unit=unit, checkpoint_tokens=checkpoint,
             drop_last_hit=bool(drop is not None and drop()), ranks=ranks, plans=plans,
-            layerwise_loads=Settings.layerwise({"layerwise_loads": extra("layerwise_loads", False)}))
+            layerwise_loads=_flag("layerwise_loads", extra("layerwise_loads", False)))
 
     def connect(self, layouts: list, device: str, role: str) -> list:
         """One self-reconnecting client per group's namespace."""

@@ -109,7 +109,7 @@ class Worker:
                                                           for v in self._views]
         self._stores = StoreQueue(self._s.connect(layouts, device, "worker-store"), store_views, stream)
         if self._s.layerwise_loads and len(self._s.plans) == 1 and self._s.plans[0].role != STATE:
-            self._layered = LayerLoads(layer_of, layouts[0].layers, side_stream(self._views[0]),
+            self._layered = LayerLoads(layer_of, side_stream(self._views[0]),
                                        wait_s=max(1.0, self._s.timeout_ms / 1000.0))
         self.handshake = KvtierHandshake(tuple(layouts))
         for l in layouts:
