@@ -103,8 +103,8 @@ class LayerLoads:
             return None
         if self._thread is not None:
             self._thread.join()
-        elif self._events:
-            self._events[-1].synchronize()
+        else:  # every copy enqueued, those of a layer that failed midway too, before the blocks go back
+            self._stream.synchronize()
         error = self._error
         if error is None and len(self._waited) < self._layers:
             missing = sorted(self._indices - self._waited)

@@ -75,8 +75,8 @@ def one_group_cache(spec, layers: int, num_blocks: int, layout: KVCacheLayout) -
     strides = compute_layout_strides(spec, num_blocks, layers, layout)  # bytes, [L, B, H, N, C]
     tensor = KVCacheTensor(size=spec.page_size_bytes * num_blocks * layers, layers=names, layer_stride=strides[0],
                            block_stride=strides[1])
-    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor], kv_cache_groups=[KVCacheGroupSpec(names,
-                                                                                                                spec)])
+    groups = [KVCacheGroupSpec(names, spec)]
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor], kv_cache_groups=groups)
     return names, tensor, config
 
 
