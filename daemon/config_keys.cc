@@ -253,8 +253,11 @@ const std::vector<ConfigKey>& ConfigKeys() {
          return Status::Ok();
        }},
       {"protocol.heartbeat_ttl", "0",
-       "A session that sends nothing (not even Ping) for this long is expired: its references "
-       "are dropped and its leased pages quarantined until its process exits. 0: never.",
+       "A session that sends nothing for this long is expired: it is told why, its references "
+       "are dropped and its leased pages quarantined until its process exits. Clients (protocol "
+       "minor 7) send keepalives while their process runs, so this expires engines that stopped "
+       "running (SIGSTOP, a frozen cgroup) and older clients; a load whose session expired under "
+       "it fails. 0: never.",
        KVTIER_CONFIG_SET((Duration(key, n, 100'000'000, INT64_MAX, true, "0 or at least 100ms")),
                          server.heartbeat_ttl_ns)},
       {"protocol.hello_timeout", "10s",

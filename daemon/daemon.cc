@@ -260,6 +260,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   d->info_.max_frame_bytes = config.server.max_frame_bytes;
   d->info_.max_entries_per_request = config.max_entries_per_request;
   d->info_.gpu_device = config.gpu_device;
+  d->info_.heartbeat_ttl_ms =
+      static_cast<uint32_t>(std::min<int64_t>(config.server.heartbeat_ttl_ns / 1'000'000, UINT32_MAX));
 
   Server* server = d->server_.get();
   d->dispatcher_ = std::make_unique<Dispatcher>(

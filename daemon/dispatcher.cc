@@ -99,6 +99,10 @@ void Dispatcher::HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame
   Reply reply = Serve(ctx, r);
   if (reply.later && reply.status.ok()) return;  // answered later through ctx.async_sink
   const Status st = reply.status;
+  if (reply.silent && st.ok()) {
+    chain_ns_ = Observe(static_cast<int>(r.op_type()), start, st);
+    return;
+  }
   Send(builder_, sink, r.id(), std::move(reply));
   chain_ns_ = Observe(static_cast<int>(r.op_type()), start, st);
 }
@@ -175,6 +179,7 @@ Dispatcher::Reply Dispatcher::Serve(SessionContext& ctx, const fb::Request& req)
 
 Dispatcher::Reply Dispatcher::OnPing(SessionContext&, const fb::Request& req) {
   const auto* p = req.op_as_Ping();
+  if (p->no_reply()) return Reply::Silent();  // a keepalive: the frame itself was the point
   const uint8_t* data = p->payload() ? p->payload()->data() : nullptr;
   const size_t size = p->payload() ? p->payload()->size() : 0;
   return {fb::Reply::Pong, fb::CreatePong(builder_, builder_.CreateVector(data, size)).Union()};
@@ -297,7 +302,8 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
   const uint16_t minor = std::min<uint16_t>(m.minor(), kProtocolMinor);
   return {fb::Reply::Welcome,
           fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec, segs,
-                            info_->max_frame_bytes, version, info_->max_entries_per_request)
+                            info_->max_frame_bytes, version, info_->max_entries_per_request,
+                            info_->heartbeat_ttl_ms)
               .Union(),
           std::move(fds)};
 }

@@ -82,6 +82,7 @@ struct DaemonInfo {
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
   int gpu_device = 0;  // the CUDA device of the GPU tier
+  uint32_t heartbeat_ttl_ms = 0;  // protocol.heartbeat_ttl (0: sessions never expire)
 };
 
 class Dispatcher {
@@ -93,7 +94,8 @@ class Dispatcher {
   Dispatcher(CacheManager* cache, const DaemonInfo* info, const Clock* clock, MetricsRegistry* metrics,
              SessionVisitor sessions, const TenantResolver* tenants);
 
-  // Verifies and serves one whole frame (prefix included), sending exactly one response.
+  // Verifies and serves one whole frame (prefix included), sending exactly one response
+  // (none to a keepalive Ping).
   void HandleFrame(SessionContext& ctx, std::span<const uint8_t> frame, ReplySink& sink);
   // The frames served back to back (one read's worth) are done: the next HandleFrame reads
   // the clock afresh instead of starting where the last one ended.
@@ -120,7 +122,8 @@ class Dispatcher {
 
   // What a handler answers: an error status, or a body built in the builder it was given
   // (with the descriptors the frame carries), or "later" (the handler arranged for the
-  // response to go through the session's async_sink). Handlers `return SomeError(...)`.
+  // response to go through the session's async_sink), or nothing at all (a keepalive Ping).
+  // Handlers `return SomeError(...)`.
   struct Reply {
     Reply(Status s) : status(std::move(s)) {}  // NOLINT(google-explicit-constructor): errors convert
     Reply(fb::Reply type, BodyOffset body, std::vector<int> fds = {}) : type(type), body(body), fds(std::move(fds)) {}
@@ -129,12 +132,18 @@ class Dispatcher {
       r.later = true;
       return r;
     }
+    static Reply Silent() {
+      Reply r(Status::Ok());
+      r.silent = true;
+      return r;
+    }
 
     Status status;
     fb::Reply type = fb::Reply::NONE;
     BodyOffset body;
     std::vector<int> fds;
     bool later = false;
+    bool silent = false;
   };
   using Handler = Reply (Dispatcher::*)(SessionContext& ctx, const fb::Request& req);
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/post.hpp>
 #include <filesystem>
 #include <optional>
@@ -100,26 +101,37 @@ void Server::NoteUnwatched(const SessionContext& ctx) {
   }
 }
 
-void Server::WatchQuarantine(uint64_t id, int pidfd) {
-  if (pidfd < 0) {
+void Server::WatchQuarantine(uint64_t id, int fd, QuarantineWatch watch) {
+  if (fd < 0) {
     // Nothing tells when the process is gone: its mappings may outlive any timeout, so the
     // pages stay out of use until kvtierd restarts (new segments).
     ++unwatched_quarantines_;
     return;
   }
-  auto d = std::make_shared<asio::posix::stream_descriptor>(io_, pidfd);
+  auto d = std::make_shared<asio::posix::stream_descriptor>(io_, fd);
   quarantines_[id] = d;
-  ArmQuarantine(id, d);
+  ArmQuarantine(id, d, watch);
 }
 
-void Server::ArmQuarantine(uint64_t id, std::shared_ptr<asio::posix::stream_descriptor> d) {
-  d->async_wait(asio::posix::stream_descriptor::wait_read, [this, id, d](const boost::system::error_code& ec) {
+void Server::ArmQuarantine(uint64_t id, std::shared_ptr<asio::posix::stream_descriptor> d, QuarantineWatch watch) {
+  d->async_wait(asio::posix::stream_descriptor::wait_read, [this, id, d, watch](const boost::system::error_code& ec) {
     if (ec) return;
-    if (!PidfdExited(d->native_handle())) {  // a wakeup that was not an exit
-      ArmQuarantine(id, d);
+    const int fd = d->native_handle();
+    if (watch == QuarantineWatch::kSocket) {
+      // Whatever the socket's holder still sends is dropped unread (descriptors with it).
+      std::array<uint8_t, 4096> scratch;
+      for (int i = 0; i < 16 && ::recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT) > 0; ++i) {
+      }
+    }
+    const bool gone = watch == QuarantineWatch::kSocket ? PeerHungUp(fd) : PidfdExited(fd);
+    if (!gone) {  // a wakeup that was not the end
+      ArmQuarantine(id, d, watch);
       return;
     }
-    KVTIER_LOG(INFO) << "quarantine " << id << ": its process exited; pages free again";
+    KVTIER_LOG(INFO) << "quarantine " << id
+                     << (watch == QuarantineWatch::kSocket ? ": its socket's last holder closed it"
+                                                           : ": its process exited")
+                     << "; pages free again";
     quarantines_.erase(id);
     dispatcher_->QuarantineOver(id);
   });
@@ -139,9 +151,12 @@ void Server::ScheduleHeartbeatCheck() {
     }
     for (auto& s : expired) {
       ++expired_;
+      const int64_t silent_ms = (now - s->last_active_ns()) / 1'000'000;
       KVTIER_LOG(WARNING) << "session " << s->ctx().id << " (pid " << s->ctx().pid << ") sent nothing for "
-                          << (now - s->last_active_ns()) / 1'000'000 << " ms, over protocol.heartbeat_ttl: expired";
-      s->Close();
+                          << silent_ms << " ms, over protocol.heartbeat_ttl: expired";
+      s->End(Aborted("session expired: nothing received for " + std::to_string(silent_ms) +
+                     " ms, over kvtierd's protocol.heartbeat_ttl; its references were dropped and pages read "
+                     "through them since may hold other blocks' bytes: connect again"));
     }
     ScheduleHeartbeatCheck();
   });
@@ -236,7 +251,9 @@ void Server::Start(Dispatcher* dispatcher) {
     if ((per_uid_[uid] += delta) == 0) per_uid_.erase(uid);
   };
   session_host_.remove = [this](SessionId id) { Remove(id); };
-  session_host_.watch_quarantine = [this](uint64_t id, int pidfd) { WatchQuarantine(id, pidfd); };
+  session_host_.watch_quarantine = [this](uint64_t id, int fd, QuarantineWatch watch) {
+    WatchQuarantine(id, fd, watch);
+  };
   session_host_.note_unwatched = [this](const SessionContext& ctx) { NoteUnwatched(ctx); };
   Accept();
   ScheduleHeartbeatCheck();

@@ -14,7 +14,10 @@
 // before 6.5) and closes when it exits, socket open or not; with a heartbeat TTL, a
 // session silent for longer is expired. A session that ends while its process still
 // lives (it closed the socket, or was expired) has its leased pages quarantined until the
-// process exits: its mappings cannot be revoked, so the pages are not reused under it. A
+// process exits: its mappings cannot be revoked, so the pages are not reused under it. One
+// whose process exited while another process holds the socket (forked from it) has them
+// quarantined until that socket's last holder closes it. An expired session is told why
+// (an error frame with request id 0) before its socket closes. A
 // process that cannot be watched (an old kernel, a peer in another PID namespace) may
 // live: its ended session's pages stay quarantined until kvtierd restarts.
 // Peer credentials that cannot be read close the connection (never a default identity).
@@ -76,8 +79,8 @@ class Server {
   uint64_t sessions_expired() const { return expired_; }
   // Connections closed for sending no Hello in time, or to make way for a newer one.
   uint64_t sessions_without_hello_closed() const { return hello_closed_; }
-  // Quarantines waiting for a process to exit, and those that wait for a restart since
-  // their process could not be watched.
+  // Quarantines waiting for a process to exit (or a socket's last holder to close it), and
+  // those that wait for a restart since their process could not be watched.
   size_t quarantines() const { return quarantines_.size() + unwatched_quarantines_; }
   // Sessions whose peer's process kvtierd could not watch (OpenPeerPidfd failed).
   uint64_t sessions_unwatched() const { return unwatched_sessions_; }
@@ -86,12 +89,12 @@ class Server {
   Server(boost::asio::io_context& io, const Options& options, IsAdmin is_admin, const Clock* clock);
   void Accept();
   void Remove(SessionId id);
-  // Frees quarantine `id` once the process behind `pidfd` (owned) exits; with pidfd -1,
-  // keeps it until kvtierd stops.
-  void WatchQuarantine(uint64_t id, int pidfd);
+  // Frees quarantine `id` once `fd` (owned) says its holder is gone (QuarantineWatch);
+  // with fd -1, keeps it until kvtierd stops.
+  void WatchQuarantine(uint64_t id, int fd, QuarantineWatch watch);
   // A session whose process cannot be watched: counted, and logged the first time.
   void NoteUnwatched(const SessionContext& ctx);
-  void ArmQuarantine(uint64_t id, std::shared_ptr<boost::asio::posix::stream_descriptor> d);
+  void ArmQuarantine(uint64_t id, std::shared_ptr<boost::asio::posix::stream_descriptor> d, QuarantineWatch watch);
   void ScheduleHeartbeatCheck();
   void ScheduleHelloCheck();
   // Room for a connection from `uid`: OK, making way by closing the oldest connection

@@ -90,21 +90,40 @@ void Session::Close() {
   if (closed_) return;
   closed_ = true;
   if (counted_) host_->count_uid(cred_.uid, -1);
+  // A process kvtierd cannot watch may live on with its mappings: its leases wait too. So
+  // may a process forked from it that inherited the socket (and mappings the client did
+  // not keep from it) after the watched one exited: then the leases wait for the socket's
+  // last holder to close it.
+  const bool process_lives = !pidfd_ || !PidfdExited(pidfd_->native_handle());
+  const bool socket_held = !process_lives && !PeerHungUp(socket_.native_handle());
+  int socket_watch = socket_held ? ::fcntl(socket_.native_handle(), F_DUPFD_CLOEXEC, 0) : -1;
   boost::system::error_code ec;
   socket_.close(ec);
-  // A process kvtierd cannot watch may live on with its mappings: its leases wait too.
-  const bool may_live = !pidfd_ || !PidfdExited(pidfd_->native_handle());
-  const uint64_t quarantine = host_->dispatcher->SessionClosed(ctx_, may_live);
-  if (quarantine != 0) {
+  const uint64_t quarantine = host_->dispatcher->SessionClosed(ctx_, process_lives || socket_held);
+  if (quarantine != 0 && socket_held) {
+    KVTIER_LOG(NOTICE) << "session " << ctx_.id << ": its process (pid " << ctx_.pid
+                       << ") exited while another process holds its socket: its leased pages are quarantined "
+                          "until that socket is closed";
+    host_->watch_quarantine(quarantine, socket_watch, QuarantineWatch::kSocket);  // -1 (no dup): until restart
+    socket_watch = -1;
+  } else if (quarantine != 0) {
     if (pidfd_) {
       KVTIER_LOG(NOTICE) << "session " << ctx_.id << " ended while its process (pid " << ctx_.pid
                          << (ctx_.engine_pid ? ", " + std::to_string(ctx_.engine_pid) + " in its namespace" : "")
                          << ") lives: its leased pages are quarantined until it exits";
     }
-    host_->watch_quarantine(quarantine, pidfd_ ? ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0) : -1);
+    host_->watch_quarantine(quarantine, pidfd_ ? ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0) : -1,
+                            QuarantineWatch::kProcess);
   }
+  if (socket_watch >= 0) ::close(socket_watch);
   if (pidfd_) pidfd_->close(ec);
   host_->remove(ctx_.id);
+}
+
+void Session::End(const Status& why) {
+  if (closed_) return;
+  host_->dispatcher->RejectConnection(ctx_, why, *this);  // written now if the socket takes it
+  Close();
 }
 
 void Session::Read() {

@@ -25,6 +25,11 @@
 
 namespace kvtier {
 
+// What a quarantine waits for: the session's process to exit (its pidfd), or the last
+// holder of the session's socket to close it (a child that inherited the socket and the
+// mappings outlived the process that connected).
+enum class QuarantineWatch { kProcess, kSocket };
+
 // What a Session needs of the server that owns it, and no more: the clock, the dispatcher
 // its frames go to, the output bound, and what the server keeps about its sessions (the
 // connections per uid, the set of sessions, quarantines, unwatched peers). Server fills
@@ -38,8 +43,10 @@ struct SessionHost {
   std::function<void(uid_t uid, int delta)> count_uid;
   // The session ended: forget it.
   std::function<void(SessionId id)> remove;
-  // Frees quarantine `id` once the process behind `pidfd` (owned) exits; -1: at restart.
-  std::function<void(uint64_t id, int pidfd)> watch_quarantine;
+  // Frees quarantine `id` once `fd` (owned) says its holder is gone: a pidfd, when the
+  // process exits; a socket (QuarantineWatch::kSocket), when every process that holds its
+  // other end has closed it. -1: at restart.
+  std::function<void(uint64_t id, int fd, QuarantineWatch watch)> watch_quarantine;
   // The peer's process cannot be watched.
   std::function<void(const SessionContext& ctx)> note_unwatched;
 };
@@ -69,8 +76,12 @@ class Session : public std::enable_shared_from_this<Session>, public ReplySink {
   // Answers the connection with `why` (an error frame, request id 0) and closes it.
   void Refuse(const Status& why);
   // Idempotent. Drops the session's cache state and forgets it; leased pages go into
-  // quarantine while the peer's process lives, or for good when it cannot be watched.
+  // quarantine while the peer's process lives or another process holds the socket, or for
+  // good when the process cannot be watched.
   void Close();
+  // Tells the peer why its session ends (an error frame, request id 0, if the socket takes
+  // it now) and closes it (heartbeat expiry).
+  void End(const Status& why);
 
   int64_t last_active_ns() const { return last_active_ns_; }
   uid_t uid() const { return cred_.uid; }

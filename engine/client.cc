@@ -310,6 +310,11 @@ Status Client::Ping(size_t payload_bytes) {
   return conn->Ping(payload_bytes);
 }
 
+Status Client::Alive() {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
+  return conn->Alive();
+}
+
 // ---- accessors ----
 std::span<uint8_t> Client::PageBytes(TierKind tier, PageId page) const { return segments_->PageBytes(tier, page); }
 bool Client::PageWritable(TierKind tier, PageId page) const {
@@ -397,8 +402,9 @@ Result<size_t> Client::LoadBlocks(const EngineKv& kv, std::span<const BlockHash>
                                   std::span<const uint32_t> engine_blocks) {
   KVTIER_ASSIGN_OR_RETURN(KvLoad load, StartLoad(kv, chain, engine_blocks));
   const Status st = ScatterLayers(load, 0, load.transfer.geometry.num_layers, kv.stream, /*wait=*/true);
-  (void)FinishLoad(load);
+  const Status finished = FinishLoad(load);
   KVTIER_RETURN_IF_ERROR(st);
+  KVTIER_RETURN_IF_ERROR(finished);  // e.g. read after the session ended: not a load
   return load.loaded();
 }
 
@@ -454,6 +460,12 @@ Status Client::FinishLoad(KvLoad& load) {
   if (load.finished) return InvalidArgument("FinishLoad: the load is finished");
   load.finished = true;
   if (load.held.empty()) return Status::Ok();
+  // Every scatter of the load has completed: its bytes are the blocks' only if the session
+  // (and so its references) outlived them.
+  if (Status alive = Alive(); !alive.ok()) {
+    return Aborted("the session ended while a load read its blocks (" + alive.message() +
+                   "): the pages may hold other blocks' bytes; count the load as failed");
+  }
   return ReleaseUnwaited(load.held);
 }
 

@@ -24,7 +24,12 @@
 // is waited for once.
 //
 // Closing the client (or the process dying) ends the session: the daemon returns its
-// leased pages to free and drops its references.
+// leased pages to free and drops its references. So does kvtierd when the session sends
+// nothing for protocol.heartbeat_ttl: the client keeps it alive with keepalive Pings from a
+// thread of its own while its process runs, and a process that stopped (SIGSTOP) finds out
+// through Alive(), FinishLoad and LoadBlocks, which fail a load whose session ended before
+// its bytes were read. Pool mappings are not inherited by fork(): a forked child that
+// touches a page faults.
 //
 // Thread-compatible: use one Client per thread, or serialize calls.
 
@@ -186,6 +191,12 @@ class Client {
   Result<std::vector<BlockResult>> AcquirePrefix(std::span<const BlockHash> chain);
   // Round trip with `payload_bytes` of payload each way.
   Status Ping(size_t payload_bytes = 0);
+  // Whether the session still lives, without a round trip (Connection::Alive): bytes read
+  // through acquired pages are the acquired blocks' only if this is OK after the read (a
+  // session kvtierd ended dropped its references, and the pages may be rewritten). Else
+  // kAborted (kvtierd expired the session), kUnavailable (the connection is gone) or
+  // kFailedPrecondition after Close().
+  Status Alive();
   // Ends the session now: the daemon returns its leased pages and drops its references.
   // The pool mappings stay until the Client is destroyed, so memory views taken with
   // PageBytes do not fault (their bytes may be reused by the daemon). Every later call is
@@ -241,6 +252,9 @@ class Client {
   // releases the prefix without waiting for the reply, after every scatter of it has
   // completed (the pages may be reused then). A load not finished holds its blocks until
   // the session ends. kInvalidArgument for layers out of range or a finished load.
+  // FinishLoad (and so LoadBlocks) fails with kAborted when the session ended before it was
+  // called (kvtierd expired it, stopped or crashed): the scattered bytes may be other
+  // blocks' and the load must count as failed.
   Result<KvLoad> StartLoad(const EngineKv& kv, std::span<const BlockHash> chain,
                            std::span<const uint32_t> engine_blocks);
   Status ScatterLayers(const KvLoad& load, uint32_t first, uint32_t last, void* stream, bool wait);

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "protocol/base/defaults.h"
@@ -23,8 +24,68 @@ Result<std::unique_ptr<Connection>> Connection::Open(const std::string& socket_p
 }
 
 Connection::~Connection() {
+  if (keepalive_ && owner_pid_ != ::getpid()) {
+    (void)keepalive_.release();  // a forked child: that thread is not in this process
+  } else if (keepalive_) {
+    {
+      MutexLock lock(&keepalive_mu_);
+      keepalive_stop_ = true;
+    }
+    keepalive_cv_.notify_all();
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);  // a keepalive blocked on a full socket returns
+    keepalive_->join();
+  }
   for (int fd : fds_) ::close(fd);
   if (fd_ >= 0) ::close(fd_);
+}
+
+int64_t Connection::NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Connection::StartKeepalive() {
+  if (session_.heartbeat_ttl_ms == 0 || keepalive_) return;
+  flatbuffers::FlatBufferBuilder b(64);
+  fb::PingBuilder ping(b);
+  ping.add_no_reply(true);
+  const auto op = ping.Finish().Union();
+  // Never answered, so its id is never waited for; one no ticket can take.
+  b.FinishSizePrefixed(fb::CreateRequest(b, UINT64_MAX, fb::Op::Ping, op));
+  keepalive_frame_.assign(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  // A third of the TTL: two keepalives may be late (a loaded host) before the daemon expires
+  // the session.
+  const auto period = std::chrono::milliseconds(std::max<uint32_t>(session_.heartbeat_ttl_ms / 3, 1));
+  owner_pid_ = ::getpid();
+  keepalive_ = std::make_unique<std::thread>([this, period] { Keepalive(period); });
+}
+
+void Connection::Keepalive(std::chrono::nanoseconds period) {
+  MutexLock lock(&keepalive_mu_);
+  while (!keepalive_stop_) {
+    keepalive_cv_.wait_for(lock.native(), period, [this] {
+      keepalive_mu_.AssertHeld();
+      return keepalive_stop_;
+    });
+    if (keepalive_stop_) break;
+    if (NowNs() - last_send_ns_.load(std::memory_order_relaxed) < period.count()) continue;
+    lock.Unlock();
+    bool sent = false;
+    {
+      MutexLock write(&write_mu_);
+      sent = SendFrame(fd_, keepalive_frame_, {}).ok();
+      if (sent) last_send_ns_.store(NowNs(), std::memory_order_relaxed);
+    }
+    lock.Lock();
+    if (!sent) break;  // the caller finds the failure on its next call
+  }
+}
+
+Status Connection::Alive() {
+  if (!broken_.ok()) return broken_;
+  if (!PeerHungUp(fd_)) return Status::Ok();
+  broken_ = RefusalOr(Unavailable("kvtierd ended this session (it closed the connection)"));
+  return broken_;
 }
 
 Status Connection::Dial(const std::string& path) {
@@ -79,6 +140,8 @@ Status Connection::Hello(const HelloArgs& args, WelcomeHandler on_welcome) {
     if (w->namespace_id()) session_.namespace_id = w->namespace_id()->str();
     session_.max_frame_bytes = w->max_frame_bytes();
     session_.max_entries_per_request = w->max_entries_per_request();
+    session_.heartbeat_ttl_ms = w->heartbeat_ttl_ms();
+    StartKeepalive();
     return Status::Ok();
   });
 }
@@ -113,7 +176,12 @@ Result<Ticket> Connection::Queue(fb::Op type, flatbuffers::Offset<void> op) {
 
 Status Connection::Flush() {
   if (batch_.empty()) return broken_;
-  Status st = broken_.ok() ? SendFrame(fd_, batch_, {}) : broken_;
+  Status st = broken_;
+  if (st.ok()) {
+    MutexLock write(&write_mu_);
+    st = SendFrame(fd_, batch_, {});
+    if (keepalive_) last_send_ns_.store(NowNs(), std::memory_order_relaxed);
+  }
   batch_.clear();
   if (!st.ok()) {
     batch_ids_.clear();

@@ -10,20 +10,34 @@
 // (the daemon refused something it could not attribute) breaks the connection: every
 // later call returns that status.
 //
-// Thread-compatible: one thread at a time.
+// Keepalive: when Welcome says sessions expire (heartbeat_ttl_ms > 0), a thread of the
+// connection sends a keepalive Ping (no reply) whenever nothing was sent for a third of
+// that, so a session whose process runs never expires for being quiet (a long prefill, a
+// GC pause, a loaded host) and drops references its engine is reading. A process that does
+// not run (SIGSTOP, a frozen cgroup) still expires, and learns it through Alive().
+//
+// Thread-compatible: one thread at a time (the keepalive thread only writes whole frames,
+// under its own lock).
 
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "engine/segment_map.h"
 #include "protocol/base/layout.h"
+#include "protocol/base/mutex.h"
 #include "protocol/base/status.h"
 #include "protocol/codec.h"
 #include "protocol/framing.h"
@@ -57,6 +71,8 @@ class Connection {
     // refused here, before anything is sent, so the connection stays usable.
     uint32_t max_frame_bytes = 0;
     uint32_t max_entries_per_request = 0;
+    // protocol.heartbeat_ttl (0: sessions never expire, or a daemon before minor 7).
+    uint32_t heartbeat_ttl_ms = 0;
   };
 
   // Connects to `socket_path` (empty: $KVTIER_SOCKET, else the default) and says Hello.
@@ -102,6 +118,11 @@ class Connection {
 
   // Round trip with `payload_bytes` of payload each way (any session may Ping).
   Status Ping(size_t payload_bytes);
+  // Whether the session still lives, without a round trip: OK, or why it ended — the
+  // daemon closed it (expired it, stopped, or crashed: its message when it sent one, else
+  // kUnavailable) or the connection broke earlier. Pages read through references are only
+  // known to hold the referenced blocks' bytes if the session lived until after the read.
+  Status Alive();
 
   const Session& session() const { return session_; }
   int timeout_ms() const { return timeout_ms_; }
@@ -127,6 +148,10 @@ class Connection {
   Status RefusalOr(Status failed);
   Status Parse(std::span<const uint8_t> frame, fb::Reply expected,
                const std::function<Status(const fb::Response&)>& parse);
+  // Starts the keepalive thread when the daemon says sessions expire.
+  void StartKeepalive();
+  void Keepalive(std::chrono::nanoseconds period);
+  static int64_t NowNs();
 
   int fd_ = -1;
   int timeout_ms_;
@@ -142,6 +167,16 @@ class Connection {
   std::unordered_map<Ticket, std::vector<uint8_t>> stash_;
   Status broken_;
   Session session_;
+
+  // Writes of whole frames: the caller's, and the keepalive thread's.
+  Mutex write_mu_;
+  std::atomic<int64_t> last_send_ns_{0};
+  std::vector<uint8_t> keepalive_frame_;  // set before the thread starts; read-only after
+  Mutex keepalive_mu_;
+  std::condition_variable keepalive_cv_;
+  bool keepalive_stop_ KVTIER_GUARDED_BY(keepalive_mu_) = false;
+  std::unique_ptr<std::thread> keepalive_;
+  pid_t owner_pid_ = 0;  // the process that started keepalive_ (a forked child has no such thread)
 };
 
 }  // namespace kvtier

@@ -37,6 +37,14 @@ Status SegmentMap::Map(const SegmentGrantView& g) {
     if (g.fd < 0) return Internal("segment without a descriptor");
     void* addr = ::mmap(nullptr, g.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0);
     if (addr == MAP_FAILED) return ErrnoStatus(errno, "mmap of a pool segment");
+    // A process forked from this one (multiprocessing's fork, a daemonizing launcher) gets
+    // no copy of the mapping: pages the daemon frees when this process ends must not stay
+    // writable, or even readable, in a child it cannot see.
+    if (::madvise(addr, g.bytes, MADV_DONTFORK) != 0) {
+      const int err = errno;
+      ::munmap(addr, g.bytes);
+      return ErrnoStatus(err, "madvise(MADV_DONTFORK) of a pool segment");
+    }
     m.addr = static_cast<uint8_t*>(addr);
     if (g.tier == TierKind::kHost && EnsureDevice().ok() && device_->name() == "cuda") {
       // Pinned and mapped for the device: the gather kernel writes it over the bus.

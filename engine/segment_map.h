@@ -4,7 +4,9 @@
 //
 // A host segment is mmap'ed from the descriptor the daemon sent; a GPU segment is
 // imported through the DeviceBackend (by descriptor, or by legacy IPC handle). A segment
-// granted again (the daemon renewed its memory) replaces the old mapping. Thread-compatible.
+// granted again (the daemon renewed its memory) replaces the old mapping. Mappings are not
+// inherited by fork() (MADV_DONTFORK): a child touching them faults, as it would touch
+// pages the daemon hands to others once this process ends. Thread-compatible.
 
 #include <cstdint>
 #include <map>

@@ -1,6 +1,7 @@
 #include "protocol/framing.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -151,6 +152,11 @@ Result<size_t> RecvSome(int fd, std::span<uint8_t> buf, std::deque<int>* fds) {
     }
     return static_cast<size_t>(n);
   }
+}
+
+bool PeerHungUp(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 }  // namespace kvtier

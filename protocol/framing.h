@@ -102,4 +102,8 @@ Status SendFrame(int fd, std::span<const uint8_t> frame, std::span<const int> fd
 // read on a non-blocking socket, or its SO_RCVTIMEO ran out) gives kUnavailable.
 Result<size_t> RecvSome(int fd, std::span<uint8_t> buf, std::deque<int>* fds);
 
+// Whether every holder of the other end of the connected socket `fd` has closed it (or shut
+// it down for writing): POLLRDHUP, seen with data still unread. Never blocks.
+bool PeerHungUp(int fd);
+
 }  // namespace kvtier

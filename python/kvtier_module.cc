@@ -425,6 +425,7 @@ PYBIND11_MODULE(_kvtier, m) {
       .def(
           "ping", [](const Handle& h, size_t payload) { Check(Call(h, [&](Client& c) { return c.Ping(payload); })); },
           py::arg("payload_bytes") = 0)
+      .def("alive", [](const Handle& h) { Check(Call(h, [](Client& c) { return c.Alive(); })); })
       .def(
           "store_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,

@@ -311,6 +311,12 @@ class Client:
     def ping(self, payload_bytes: int = 0) -> None:
         self._c.ping(payload_bytes)
 
+    def alive(self) -> None:
+        """Raises when the session has ended (no round trip): bytes read through acquired
+        pages are the blocks' only if this does not raise after the read (kvtierd drops an
+        expired session's references, and the pages may be rewritten)."""
+        self._c.alive()
+
     # ---- whole paged KV caches ----
     def kv_view(self, kv_caches: Sequence, kv_layout: str = "kv_first") -> KvView:
         """Checks a paged KV cache once and describes it for store_kv/load_kv, which then

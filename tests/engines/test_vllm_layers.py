@@ -30,10 +30,11 @@ class _Stream:
 
 
 class _Load:
-    """A KvLoad whose scatter of `fail_at` raises (the device refused the copy)."""
+    """A KvLoad whose scatter of `fail_at` raises (the device refused the copy), and whose
+    finish raises when `expired` (kvtierd ended the session while the layers were read)."""
 
-    def __init__(self, calls, name, fail_at=None):
-        self._calls, self._name, self._fail_at = calls, name, fail_at
+    def __init__(self, calls, name, fail_at=None, expired=False):
+        self._calls, self._name, self._fail_at, self._expired = calls, name, fail_at, expired
         self.loaded = 4
 
     def scatter(self, first, last, stream=0, wait=True):
@@ -44,6 +45,8 @@ class _Load:
 
     def finish(self):
         self._calls.log.append(f"finish {self._name}")
+        if self._expired:
+            raise kvtier.AbortedError("injected: the session ended while a load read its blocks")
 
 
 @pytest.fixture
@@ -97,3 +100,16 @@ def test_a_layer_that_fails_midway_fails_the_step_and_every_copy_enqueued_ends_b
     assert log.index("scatter a 1") < log.index("sync side") < log.index("finish a") < log.index("finish b")
     # Layers past the failure wait for the last event enqueued (their results are recomputed).
     assert log.count("engine waits event 0") == 3
+
+
+def test_a_session_that_ended_while_the_layers_were_read_fails_the_step(calls):
+    # Every layer moved and was waited for, but kvtierd expired the session meanwhile (the
+    # engine was stopped past protocol.heartbeat_ttl): the bytes may be other blocks'.
+    side = _Stream(calls, "side")
+    ll = LayerLoads(LAYERS, side)
+    ll.start([_Load(calls, "a"), _Load(calls, "b", expired=True)])
+    for name in LAYERS:
+        ll.wait(name)
+    error = ll.finish()
+    assert error is not None and "session ended" in error
+    assert calls.log[-2:] == ["finish a", "finish b"]  # every load is given back all the same

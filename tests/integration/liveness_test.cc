@@ -2,6 +2,8 @@
 // go silent leave their leased pages quarantined until the process exits; an engine in
 // another PID namespace is watched by its pidfd; kvtierd speaks systemd's notify protocol.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -36,7 +38,9 @@ bool Eventually(const DaemonProcess& d, const std::function<bool(const TierStats
       std::chrono::seconds(5));
 }
 
-TEST(Liveness, ASilentSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
+// A process that stops running (SIGSTOP; its client's keepalive thread stops with it) is
+// expired after protocol.heartbeat_ttl; its leases wait for it to exit, and it is told why.
+TEST(Liveness, AStoppedSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
   DaemonProcess::Options o;
   o.extra_yaml = "protocol:\n  heartbeat_ttl: 300ms\n";
   DaemonProcess d(o);
@@ -46,18 +50,182 @@ TEST(Liveness, ASilentSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
     auto c = Client::Connect(EngineOptions(d.socket_path(), "hung"));
     if (!c.ok() || !(*c)->Allocate(TierKind::kHost, 3).ok()) return 10;
     leased.Signal();
-    go.Wait();                          // silent, alive, still mapping its pages
-    return (*c)->Ping().ok() ? 11 : 0;  // expired: the daemon closed it
+    go.Wait();  // stopped here, still mapping its pages
+    const Status alive = (*c)->Alive();
+    if (alive.code() != StatusCode::kAborted || alive.message().find("heartbeat_ttl") == std::string::npos) return 11;
+    return (*c)->Ping().ok() ? 12 : 0;  // expired: the daemon closed it
   });
   ASSERT_TRUE(leased.Wait());
+  ASSERT_EQ(::kill(hung.pid(), SIGSTOP), 0);
   EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.leased_pages == 0 && t.quarantined_pages == 3; }))
       << d.Log();
+  ASSERT_EQ(::kill(hung.pid(), SIGCONT), 0);
   go.Signal();
   EXPECT_EQ(hung.Join(), 0);
   // The process is gone: the pages are free again.
   EXPECT_TRUE(Eventually(
       d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0 && t.free_pages == t.capacity_pages; }));
   EXPECT_NE(d.Log().find("heartbeat_ttl"), std::string::npos);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A small host tier for the tests below: 16 pages of 64 KiB in one segment.
+DaemonProcess::Options SmallHost(const std::string& extra_yaml = "") {
+  DaemonProcess::Options o;
+  o.host_capacity = "1MiB";
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "1MiB";
+  o.extra_yaml = extra_yaml;
+  return o;
+}
+
+// A quiet engine (a long prefill, a GC pause, a loaded host) holds references past the
+// TTL: its client's keepalives keep the session, so the blocks it reads are not re-leased
+// and rewritten under it while others store (issue: 4 of 4 pages read with other bytes).
+TEST(Liveness, AQuietEngineKeepsItsReferencesPastTheHeartbeatTtl) {
+  DaemonProcess d(SmallHost("protocol:\n  heartbeat_ttl: 300ms\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto chain = HashChain(0x9e1d, 4);
+  {
+    auto writer = Client::Connect(EngineOptions(d.socket_path(), "writer"));
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE(Store(**writer, TierKind::kHost, chain, 1).ok());
+  }
+  auto reader = Client::Connect(EngineOptions(d.socket_path(), "reader"));
+  ASSERT_TRUE(reader.ok());
+  auto held = (*reader)->Acquire(chain);
+  ASSERT_TRUE(held.ok());
+  for (const auto& r : *held) ASSERT_TRUE(r.status.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // four TTLs without a call
+  // 32 blocks into the 12 pages the reader does not hold: every cached page is re-leased.
+  {
+    auto writer = Client::Connect(EngineOptions(d.socket_path(), "churn"));
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE(Store(**writer, TierKind::kHost, HashChain(0xc4u, 32), 2).ok());
+  }
+  size_t intact = 0;
+  for (size_t i = 0; i < held->size(); ++i) {
+    intact += CheckPage(**reader, TierKind::kHost, (*held)[i].page, Salted(chain[i], 1), kBlock);
+  }
+  EXPECT_EQ(intact, chain.size()) << "pages read with other blocks' bytes";
+  EXPECT_TRUE((*reader)->Alive().ok());
+  EXPECT_TRUE((*reader)->Ping().ok());
+  EXPECT_EQ(d.Log().find("heartbeat_ttl: expired"), std::string::npos) << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// An engine stopped in the middle of a load (SIGSTOP past the TTL) loses its session and
+// its references; the blocks' pages are re-leased and rewritten. When it runs again, the
+// scatter reads whatever is there, and FinishLoad fails the load (kAborted) so that the
+// engine recomputes instead of using those bytes.
+TEST(Liveness, AnEngineStoppedDuringALoadFailsTheLoadItsExpiredSessionHeld) {
+  DaemonProcess d(SmallHost("protocol:\n  heartbeat_ttl: 300ms\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const ModelLayout layout = TestLayout();
+  const auto chain = HashChain(0x57a1, 4);
+  {
+    auto writer = Client::Connect(EngineOptions(d.socket_path(), "writer"));
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE(Store(**writer, TierKind::kHost, chain, 1).ok());
+  }
+  Pipe started, go;
+  EngineProcess engine([&]() -> int {
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "stopped"));
+    if (!c.ok()) return 10;
+    constexpr uint32_t kBlocks = 8;
+    const uint64_t layer_bytes = layout.block_bytes / layout.num_layers * kBlocks;
+    std::vector<std::vector<uint8_t>> layers(layout.num_layers, std::vector<uint8_t>(layer_bytes));
+    EngineKv kv;
+    kv.num_blocks = kBlocks;
+    for (auto& l : layers) kv.layers.push_back(l.data());
+    const std::vector<uint32_t> blocks = {0, 1, 2, 3};
+    auto load = (*c)->StartLoad(kv, chain, blocks);
+    if (!load.ok() || load->loaded() != chain.size()) return 11;
+    started.Signal();
+    go.Wait();  // stopped here, holding the blocks
+    if (!(*c)->ScatterLayers(*load, 0, layout.num_layers, nullptr, true).ok()) return 12;
+    const Status finished = (*c)->FinishLoad(*load);
+    if (finished.code() != StatusCode::kAborted) return 13;
+    // LoadBlocks says the same for a load whose session has ended.
+    auto again = (*c)->LoadBlocks(kv, chain, blocks);
+    return again.ok() ? 14 : 0;
+  });
+  ASSERT_TRUE(started.Wait());
+  ASSERT_EQ(::kill(engine.pid(), SIGSTOP), 0);
+  EXPECT_TRUE(WaitUntil([&] { return d.Log().find("heartbeat_ttl: expired") != std::string::npos; },
+                        std::chrono::seconds(5)))
+      << d.Log();
+  {
+    auto writer = Client::Connect(EngineOptions(d.socket_path(), "churn"));
+    ASSERT_TRUE(writer.ok());
+    ASSERT_TRUE(Store(**writer, TierKind::kHost, HashChain(0xc5u, 32), 2).ok());
+  }
+  ASSERT_EQ(::kill(engine.pid(), SIGCONT), 0);
+  go.Signal();
+  EXPECT_EQ(engine.Join(), 0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// A process forked from an engine after it leased pages (multiprocessing's fork, a
+// daemonizing launcher) outlives it, holding the socket. Its pool mappings were not
+// inherited: its writes fault instead of landing in pages the daemon gives others, and the
+// daemon keeps the exited engine's leases quarantined until the socket's last holder is
+// gone (issue: 0 of 8 blocks read back intact).
+TEST(Liveness, AChildForkedFromAnEngineNeverWritesPagesTheDaemonGaveOthers) {
+  constexpr uint32_t kPages = 8;
+  DaemonProcess::Options o = SmallHost();
+  o.host_capacity = o.segment_bytes = "2MiB";  // 32 pages: the engine's 8 and the victim's stay under the watermark
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);  // the child writes a byte there if its writes went through
+  Pipe forked, go;
+  EngineProcess parent([&]() -> int {
+    auto c = Client::Connect(EngineOptions(d.socket_path(), "forking"));
+    if (!c.ok()) return 10;
+    auto pages = (*c)->Allocate(TierKind::kHost, kPages);
+    if (!pages.ok()) return 11;
+    std::vector<uint8_t*> views;
+    for (PageId p : *pages) views.push_back(static_cast<uint8_t*>((*c)->PageAddress(TierKind::kHost, p)));
+    if (::fork() == 0) {
+      ::close(report[0]);
+      const rlimit no_core{0, 0};
+      (void)::setrlimit(RLIMIT_CORE, &no_core);  // its fault is expected: no core file
+      go.Wait();
+      for (uint8_t* v : views) std::memset(v, 0x41, kBlock);  // faults: not mapped here
+      const char wrote = 'w';
+      (void)!::write(report[1], &wrote, 1);
+      ::_exit(0);
+    }
+    forked.Signal();
+    ::_exit(0);  // the engine ends; its child lives on with the socket
+  });
+  ::close(report[1]);
+  ASSERT_TRUE(forked.Wait());
+  EXPECT_EQ(parent.Join(), 0);
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) {
+    return t.quarantined_pages == kPages && t.leased_pages == 0;
+  })) << d.Log();
+  // Another engine of the tenant stores 8 blocks: into the engine's pages, were they free
+  // (the allocator hands out the pages freed last first).
+  const auto chain = HashChain(0xf0c, kPages);
+  {
+    auto victim = Client::Connect(EngineOptions(d.socket_path(), "victim"));
+    ASSERT_TRUE(victim.ok());
+    ASSERT_TRUE(Store(**victim, TierKind::kHost, chain, 1).ok());
+  }
+  go.Signal();
+  char wrote = 0;
+  EXPECT_EQ(::read(report[0], &wrote, 1), 0) << "the forked child wrote through the engine's mappings";
+  ::close(report[0]);
+  auto reader = Client::Connect(EngineOptions(d.socket_path(), "reader"));
+  ASSERT_TRUE(reader.ok());
+  const Hits h = Probe(**reader, chain, 1);
+  EXPECT_EQ(h.verified, chain.size());
+  EXPECT_EQ(h.foreign, 0u) << "blocks served with the forked child's bytes";
+  // The child died: nothing holds the socket, the quarantine ends.
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0; })) << d.Log();
+  EXPECT_NE(d.Log().find("another process holds its socket"), std::string::npos) << d.Log();
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
@@ -96,7 +264,7 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
   o.host_capacity = "4MiB";  // 64 pages of 64 KiB, in 8 segments
   o.page_bytes = "64KiB";
   o.segment_bytes = "512KiB";
-  o.extra_yaml = "protocol:\n  heartbeat_ttl: 2s\n";  // room to read its session before it expires
+  o.extra_yaml = "protocol:\n  heartbeat_ttl: 500ms\n";
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   Pipe leased, go, wrote, done;
@@ -108,7 +276,7 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
     std::vector<uint8_t*> views;
     for (PageId p : *pages) views.push_back(static_cast<uint8_t*>((*c)->PageAddress(TierKind::kHost, p)));
     leased.Signal();
-    go.Wait();                                              // silent until expired, mappings kept
+    go.Wait();                                              // stopped until expired, mappings kept
     for (uint8_t* v : views) std::memset(v, 0x41, kBlock);  // the late writes of a stale engine
     wrote.Signal();
     done.Wait();
@@ -128,6 +296,7 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
     EXPECT_TRUE(x.watched);
   }
   EXPECT_TRUE(seen);
+  ASSERT_EQ(::kill(stale.pid(), SIGSTOP), 0);  // no keepalive from a stopped process: it expires
   EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) {
     return t.quarantined_pages == kPages && t.leased_pages == 0;
   })) << d.Log();
@@ -138,6 +307,7 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
     ASSERT_TRUE(victim.ok());
     ASSERT_TRUE(Store(**victim, TierKind::kHost, chain, 1).ok());
   }
+  ASSERT_EQ(::kill(stale.pid(), SIGCONT), 0);
   go.Signal();
   ASSERT_TRUE(wrote.Wait());
   auto reader = Client::Connect(EngineOptions(d.socket_path(), "reader"));

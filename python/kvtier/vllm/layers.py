@@ -9,8 +9,9 @@ engine's stream (a freed block may still be read by earlier kernels), with an ev
 each layer, and ``wait`` makes the engine's stream wait for the layer's event (the host
 never blocks); on the CPU a thread moves the layers and ``wait`` blocks until the layer's
 turn has come. ``finish`` (after the forward pass) waits for every layer and gives the
-blocks back; it returns what failed: a layer that could not be moved, or a layer the model
-computed without waiting for it. Either way every block of the step's layer-wise loads is a
+blocks back; it returns what failed: a layer that could not be moved, a layer the model
+computed without waiting for it, or a session kvtierd ended before the layers were read (its
+references dropped, the pages possibly rewritten). Either way every block of the step's layer-wise loads is a
 failed load (the tokens computed over it are recomputed; the worker holds and drops their
 stores as for any failed load).
 """
@@ -112,8 +113,8 @@ class LayerLoads:
         for load in self._loads:
             try:
                 load.finish()
-            except Exception as e:  # noqa: BLE001 - the session ended: its references with it
-                log.warning("releasing a layer-wise load failed: %s", e)
+            except Exception as e:  # noqa: BLE001 - the session ended while the layers were read
+                error = error or f"the session ended under the loads: {e}"
         self._loads, self._events, self._waited = [], [], set()
         self._thread, self._error, self._moved = None, None, 0
         return error
