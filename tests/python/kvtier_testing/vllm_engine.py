@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import torch
 
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                         VllmConfig)
+                         SpeculativeConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.sampling_params import SamplingParams
@@ -60,8 +60,10 @@ MOD = 9973.0
 
 def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompute", hash_algo: str = "sha256",
                 cache_dtype: str = "auto", max_num_seqs: int = 8, batched_tokens: int = 2048,
-                extra: Optional[dict] = None, parallel: Optional[dict] = None) -> VllmConfig:
-    """A real VllmConfig over the tiny model; with `socket`, the kvtier connector."""
+                extra: Optional[dict] = None, parallel: Optional[dict] = None,
+                speculative: Optional[dict] = None) -> VllmConfig:
+    """A real VllmConfig over the tiny model; with `socket`, the kvtier connector; with
+    `speculative`, vLLM's SpeculativeConfig of those fields (e.g. an EAGLE drafter)."""
     mc = ModelConfig(model=model_dir, tokenizer=model_dir, dtype="float32", seed=0, max_model_len=8192,
                      skip_tokenizer_init=True)
     cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True, prefix_caching_hash_algo=hash_algo,
@@ -73,8 +75,12 @@ def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompu
         kt = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
                               kv_role="kv_both", kv_load_failure_policy=policy,
                               kv_connector_extra_config={"socket": socket, "timeout_ms": 3000, **(extra or {})})
+    pc = ParallelConfig(**(parallel or {}))
+    spec = None
+    if speculative is not None:
+        spec = SpeculativeConfig(**speculative, target_model_config=mc, target_parallel_config=pc)
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=kt,
-                      parallel_config=ParallelConfig(**(parallel or {})), device_config=DeviceConfig("cpu"))
+                      parallel_config=pc, device_config=DeviceConfig("cpu"), speculative_config=spec)
 
 
 def one_group_cache(spec, layers: int, num_blocks: int, layout: KVCacheLayout) -> tuple:

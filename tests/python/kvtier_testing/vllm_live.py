@@ -198,3 +198,46 @@ class LiveEngine:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         cleanup_dist_env_and_memory()
+
+
+def _serve_isolated(conn, model_dir, socket, requests, kw) -> None:
+    try:
+        e = LiveEngine(model_dir, socket, **kw)
+        try:
+            out = e.generate(requests)
+            conn.send(("ok", out, dict(e.connector_stats), {
+                "async_scheduling": bool(e.config.scheduler_config.async_scheduling),
+                "speculative": str(getattr(e.config.speculative_config, "method", None))}))
+        finally:
+            e.close()
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}", {}, {}))
+    finally:
+        conn.close()
+
+
+def serve_isolated(model_dir: str, socket: Optional[str], requests: list, *, timeout_s: float = 300.0,
+                   **kw) -> tuple:
+    """``LiveEngine(model_dir, socket, **kw).generate(requests)`` in a process of its own
+    (spawned): (outputs, connector stats, facts of the config vLLM made). For engines
+    whose process-wide state a later engine in the same process cannot live with (vLLM
+    0.32's speculative decoders leave its Triton kernel overrides half rebound)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_serve_isolated, args=(child, model_dir, socket, requests, kw), daemon=True)
+    p.start()
+    child.close()
+    try:
+        if not parent.poll(timeout_s):
+            raise TimeoutError(f"the engine process answered nothing within {timeout_s} s")
+        status, out, stats, facts = parent.recv()
+    finally:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if status != "ok":
+        raise RuntimeError(f"the engine process failed: {out}")
+    return out, stats, facts
