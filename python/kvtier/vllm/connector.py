@@ -125,6 +125,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def build_kv_connector_stats(cls, data: Optional[dict] = None):
         return KvtierConnectorStats(data=dict(data or {}))
 
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        """The connector's counters on vLLM's /metrics (vllm:kvtier_<counter>_total per
+        engine). vLLM's MultiConnector needs every member with stats to have them."""
+        from kvtier.vllm.prom import KvtierPromMetrics
+
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def shutdown(self):
         for side in (self._scheduler, self._worker):
             if side is not None:

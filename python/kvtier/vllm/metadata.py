@@ -45,25 +45,49 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     # their held stores and queue the others'.
     settled: set = field(default_factory=set)
     recomputed: set = field(default_factory=set)
+    # The scheduler knows the workers' layouts (they need not send their handshake again).
+    has_handshake: bool = False
 
 
 @dataclass
 class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     """What the workers tell the scheduler after a step: the requests that loaded in the
     step (same-step loads), {request: whether every load of it landed} (vLLM's aggregator
-    combines every rank's: a load landed only where it landed on all)."""
+    combines every rank's: a load landed only where it landed on all); and each rank's
+    handshake, {(pp rank, tp rank): KvtierHandshake}, until the scheduler has one (vLLM's
+    MultiConnector hands the scheduler only its first member's handshake metadata)."""
 
     loads: dict = field(default_factory=dict)
+    handshakes: dict = field(default_factory=dict)
 
     def aggregate(self, other: "KvtierWorkerMetadata") -> "KvtierWorkerMetadata":
         for req, ok in getattr(other, "loads", {}).items():
             self.loads[req] = self.loads.get(req, True) and ok
+        self.handshakes.update(getattr(other, "handshakes", {}))
         return self
 
 
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
             "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored",
             "store_fence_waits", "layer_load_steps", "blocking_s", "step_s", "steps")
+
+# vLLM's /metrics names of the counters (vllm:kvtier_<name>_total), with their help.
+PROM_HELP = {
+    "lookups": "Lookups of a request's prefix in kvtierd.",
+    "hit_blocks": "Blocks the lookups found.",
+    "lookups_not_ready": "Times the scheduler was told 'not yet' while a lookup was in flight.",
+    "loaded_blocks": "Blocks loaded from kvtierd into the engine's KV cache.",
+    "load_failed_blocks": "Blocks whose load failed (vLLM recomputes them).",
+    "stored_blocks": "Blocks stored into kvtierd.",
+    "store_refused_blocks": "Blocks kvtierd refused to store.",
+    "stores_skipped_after_failed_load": "Stores dropped because a load they were computed over failed.",
+    "states_stored": "Mamba states stored.",
+    "store_fence_waits": "Steps that waited for a store copy still reading a block they write.",
+    "layer_load_steps": "Steps whose loads moved layer by layer.",
+    "blocking_s": "Seconds the steps spent in the connector's hooks.",
+    "step_s": "Seconds from each step's first connector hook to its last.",
+    "steps": "Steps the connector saw.",
+}
 
 
 @dataclass

@@ -239,7 +239,8 @@ class Scheduler:
 
     # ---- each step's plan ----
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
-        meta = KvtierConnectorMetadata(loads=self._pending_loads, settled=self._settled, recomputed=self._recomputed)
+        meta = KvtierConnectorMetadata(loads=self._pending_loads, settled=self._settled, recomputed=self._recomputed,
+                                       has_handshake=bool(self.clients))
         self._pending_loads, self._settled, self._recomputed = [], set(), set()
         scheduled = scheduler_output.num_scheduled_tokens
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
@@ -399,6 +400,10 @@ class Scheduler:
         their stores are planned again from their first failed block."""
         self._freeing.difference_update(getattr(connector_output, "finished_sending", None) or ())
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(meta, KvtierWorkerMetadata) and meta.handshakes and not self.clients:
+            # vLLM's handshake gave the scheduler another connector's metadata (kvtier inside a
+            # MultiConnector, after NIXL): the layouts come with the first step's output.
+            self.set_handshake(meta.handshakes)
         if not isinstance(meta, KvtierWorkerMetadata) or not meta.loads:
             return
         invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())

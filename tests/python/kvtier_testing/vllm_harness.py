@@ -66,7 +66,8 @@ def vllm_config(model: str, layers: int, kv_heads: int, head_dim: int, dtype: st
     return SimpleNamespace(model_config=ModelConfig(model, layers, kv_heads, head_dim, dtype),
                            parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, rank=0),
                            cache_config=SimpleNamespace(block_size=block_size, cache_dtype="auto",
-                                                        prefix_caching_hash_algo="sha256"),
+                                                        prefix_caching_hash_algo="sha256", enable_prefix_caching=True),
+                           scheduler_config=SimpleNamespace(async_scheduling=False),
                            kv_transfer_config=KVTransferConfig(extra))
 
 

