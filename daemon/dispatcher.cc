@@ -302,8 +302,7 @@ Dispatcher::Reply Dispatcher::OnHello(SessionContext& ctx, const fb::Request& re
   const uint16_t minor = std::min<uint16_t>(m.minor(), kProtocolMinor);
   return {fb::Reply::Welcome,
           fb::CreateWelcome(builder_, kProtocolMajor, minor, ctx.id, info_->epoch, ns, tiers_vec, segs,
-                            info_->max_frame_bytes, version, info_->max_entries_per_request,
-                            info_->heartbeat_ttl_ms)
+                            info_->max_frame_bytes, version, info_->max_entries_per_request, info_->heartbeat_ttl_ms)
               .Union(),
           std::move(fds)};
 }

@@ -81,7 +81,7 @@ struct DaemonInfo {
   int64_t started_ns = 0;  // Clock::NowNanos() at start
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t max_entries_per_request = kDefaultMaxEntriesPerRequest;
-  int gpu_device = 0;  // the CUDA device of the GPU tier
+  int gpu_device = 0;             // the CUDA device of the GPU tier
   uint32_t heartbeat_ttl_ms = 0;  // protocol.heartbeat_ttl (0: sessions never expire)
 };
 

@@ -152,8 +152,8 @@ void Server::ScheduleHeartbeatCheck() {
     for (auto& s : expired) {
       ++expired_;
       const int64_t silent_ms = (now - s->last_active_ns()) / 1'000'000;
-      KVTIER_LOG(WARNING) << "session " << s->ctx().id << " (pid " << s->ctx().pid << ") sent nothing for "
-                          << silent_ms << " ms, over protocol.heartbeat_ttl: expired";
+      KVTIER_LOG(WARNING) << "session " << s->ctx().id << " (pid " << s->ctx().pid << ") sent nothing for " << silent_ms
+                          << " ms, over protocol.heartbeat_ttl: expired";
       s->End(Aborted("session expired: nothing received for " + std::to_string(silent_ms) +
                      " ms, over kvtierd's protocol.heartbeat_ttl; its references were dropped and pages read "
                      "through them since may hold other blocks' bytes: connect again"));

@@ -152,8 +152,8 @@ TEST(Liveness, AnEngineStoppedDuringALoadFailsTheLoadItsExpiredSessionHeld) {
   });
   ASSERT_TRUE(started.Wait());
   ASSERT_EQ(::kill(engine.pid(), SIGSTOP), 0);
-  EXPECT_TRUE(WaitUntil([&] { return d.Log().find("heartbeat_ttl: expired") != std::string::npos; },
-                        std::chrono::seconds(5)))
+  EXPECT_TRUE(
+      WaitUntil([&] { return d.Log().find("heartbeat_ttl: expired") != std::string::npos; }, std::chrono::seconds(5)))
       << d.Log();
   {
     auto writer = Client::Connect(EngineOptions(d.socket_path(), "churn"));

@@ -5,7 +5,7 @@ dense model:
 | mode | servers | what it shows |
 |---|---|---|
 | `--dp N` | one server with `--data-parallel-size N` (N engine cores) with kvtier; C, vLLM alone | prompts sent to DP rank 0 (vLLM's `X-data-parallel-rank` header) store their prefixes; the same prefixes sent to rank 1 are hits from kvtier (rank 1's own prefix cache never saw them); kvtierd's KV events name the rank that stored each block; rank 1's TTFT on its first use of a prefix against C's |
-| `--pd` | a prefill and a decode server, each with vLLM's `MultiConnector` of `NixlConnector` (`kv_buffer_device: cpu`, UCX over TCP on loopback) and kvtier; C | the proxy protocol of vLLM's toy P/D proxy: prefill with `max_tokens: 1` and `do_remote_decode`, then decode with the `kv_transfer_params` the prefill answered; the prefill side stores into kvtier; after the prefill server is killed and started again its prompts' prefixes are hits from kvtier |
+| `--pd` | a prefill and a decode server, each with vLLM's `MultiConnector` of `NixlConnector` (`kv_buffer_device: cpu`, UCX over TCP on loopback) and kvtier; C | the proxy protocol of vLLM's toy P/D proxy: prefill with `max_tokens: 1` and `do_remote_decode`, then decode with the `kv_transfer_params` the prefill answered; the prefill side stores into kvtier; after the prefill server is killed and started again (and one probe request of a prompt of its own), its prompts' prefixes are hits from kvtier |
 
 Outputs (greedy, `ignore_eos`) are compared token for token with C's. Both print the keys
 `outputs_equal`, `prefix_tokens_hit`, `errors` (and `--pd`:
@@ -232,9 +232,16 @@ def run_pd(a, work: str) -> dict:
         stats = kvtier.ControlClient(daemon.socket).stats()
         held = sum(t["cached_pages"] + t["referenced_pages"] for t in stats["tiers"].values())
         prefill_local = settled_counter(prefill, "vllm:prefix_cache_hits_total")
-        # The prefill server dies and comes back: its own prefix cache is gone, kvtier's is not.
+        # The prefill server dies and comes back, as a new pod would (another NIXL side
+        # channel): its own prefix cache is gone, kvtier's is not. One request of a prompt of
+        # its own goes first, as a proxy's readiness probe: the decode server's first NIXL
+        # handshake with a restarted prefill server timed out (5 s) on most tries here, and
+        # kvtier's scheduler inside a MultiConnector learns the layouts from the first step.
         prefill.stop()
+        prefill.env = nixl_env()
         start_all([prefill], a.start_timeout)
+        warmup = pd_complete(prefill, decode, [rng.randrange(3, vocab) for _ in range(2 * a.block_size)], 2,
+                             a.request_timeout)
         hits0 = settled_counter(prefill, HITS)
         for i, (_, pb) in enumerate(prompts):
             checks.check(pd_complete(prefill, decode, pb, a.max_tokens, a.request_timeout),
@@ -250,6 +257,7 @@ def run_pd(a, work: str) -> dict:
                 # prefix cache holds what it computed)
                 "prefix_tokens_hit": int(hits_after), "prefix_tokens_hit_after_prefill_restart": int(hits_after),
                 "kvtier_blocks_after_prefills": int(held), "prefill_own_prefix_cache_hits": int(prefill_local),
+                "probe_after_prefill_restart_error": warmup.error,
                 **checks.fields(), "command_prefill": " ".join(prefill.command)}
     finally:
         for s in servers:
