@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "storage/policy/eviction_policy.h"
+#include "storage/policy/retention_policy.h"
+#include "storage/policy/session_table.h"
 
 namespace kvtier {
 namespace {
@@ -13,8 +15,21 @@ namespace {
 // One simulated tier: block identities -> policy ids (dense, reused like the daemon's).
 class SimTier {
  public:
-  SimTier(std::unique_ptr<EvictionPolicy> policy, uint64_t capacity, uint32_t identities)
-      : policy_(std::move(policy)), capacity_(capacity), id_of_(identities, kNoBlock) {}
+  // With `retention`, the policy is wrapped in a RetentionPolicy whose classes the owner
+  // sets (SetRetention) and a block gets on arrival (`class_of`).
+  SimTier(std::unique_ptr<EvictionPolicy> policy, uint64_t capacity, uint32_t identities, const SessionTable* classes)
+      : capacity_(capacity), id_of_(identities, kNoBlock), classes_(classes) {
+    if (classes != nullptr) {
+      auto r = std::make_unique<RetentionPolicy>(std::move(policy));
+      retention_ = r.get();
+      policy = std::move(r);
+    }
+    policy_ = std::move(policy);
+  }
+
+  void SetRetention(uint32_t block, Retention r, int64_t expected, uint32_t depth) {
+    if (retention_ != nullptr && Has(block)) retention_->SetRetention(id_of_[block], r, expected, depth);
+  }
 
   bool Has(uint32_t block) const { return id_of_[block] != kNoBlock; }
   bool Full() const { return size_ >= capacity_; }
@@ -34,6 +49,9 @@ class SimTier {
     ++size_;
     const BlockId parent = parent_block != kNoBlock && Has(parent_block) ? id_of_[parent_block] : kNoBlock;
     policy_->Insert(id, parent, block);
+    if (classes_ != nullptr && classes_->Class(block) != Retention::kOrdinary) {
+      retention_->SetRetention(id, classes_->Class(block), classes_->ExpectedReturn(block), classes_->Depth(block));
+    }
   }
   void Remove(uint32_t block) {
     const BlockId id = id_of_[block];
@@ -54,24 +72,39 @@ class SimTier {
 
  private:
   std::unique_ptr<EvictionPolicy> policy_;
+  RetentionPolicy* retention_ = nullptr;
   uint64_t capacity_;
   std::vector<BlockId> id_of_;
   std::vector<uint32_t> block_of_;
   std::vector<BlockId> free_;
   uint64_t size_ = 0;
+  const SessionTable* classes_ = nullptr;
 };
 
 }  // namespace
 
 Result<SimResult> Simulate(const Trace& trace, const SimConfig& cfg) {
   if (cfg.host_capacity == 0) return InvalidArgument("host capacity must be at least one block");
+  // The session hints, in trace time; their class changes go to both tiers.
+  const bool hints = cfg.hints && trace.has_sessions;
+  SimTier* tiers[2] = {nullptr, nullptr};
+  SessionTable::Options so;
+  so.max_ttl_ns = static_cast<int64_t>(cfg.max_ttl_s * 1e9);
+  SessionTable sessions(so, [&](uint32_t block, Retention r, int64_t expected, uint32_t depth) {
+    for (SimTier* t : tiers) {
+      if (t != nullptr) t->SetRetention(block, r, expected, depth);
+    }
+  });
+  const SessionTable* classes = hints ? &sessions : nullptr;
   KVTIER_ASSIGN_OR_RETURN(auto hp, MakeEvictionPolicy(cfg.host_policy, cfg.host_capacity));
-  SimTier host(std::move(hp), cfg.host_capacity, trace.unique_blocks);
+  SimTier host(std::move(hp), cfg.host_capacity, trace.unique_blocks, classes);
   std::unique_ptr<SimTier> nvme;
   if (cfg.nvme_capacity > 0) {
     KVTIER_ASSIGN_OR_RETURN(auto np, MakeEvictionPolicy(cfg.nvme_policy, cfg.nvme_capacity));
-    nvme = std::make_unique<SimTier>(std::move(np), cfg.nvme_capacity, trace.unique_blocks);
+    nvme = std::make_unique<SimTier>(std::move(np), cfg.nvme_capacity, trace.unique_blocks, classes);
   }
+  tiers[0] = &host;
+  tiers[1] = nvme.get();
   std::vector<uint8_t> uses(trace.unique_blocks, 0);
   SimResult r;
   // Room in the host tier: its victim is demoted when the NVMe tier admits it.
@@ -90,6 +123,8 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& cfg) {
   };
   for (const TraceRequest& q : trace.requests) {
     const auto& b = q.blocks;
+    const int64_t now = q.timestamp_ms * 1'000'000;
+    if (hints) sessions.Expire(now);
     size_t j = 0;
     while (j < b.size() && (host.Has(b[j]) || (nvme && nvme->Has(b[j])))) {
       ++(host.Has(b[j]) ? r.host_hits : r.nvme_hits);
@@ -113,6 +148,10 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& cfg) {
         host.Touch(b[i]);
       else
         bring_in(b[i], i ? b[i - 1] : kNoBlock);
+    }
+    if (hints && !q.session_id.empty()) {
+      const int64_t ttl = q.cache_ttl_s < 0 ? -1 : static_cast<int64_t>(q.cache_ttl_s * 1e9);
+      (void)sessions.Request(q.session_id, now, b, ttl, q.session_end);
     }
   }
   return r;

@@ -9,6 +9,9 @@
 // tier, host victims are demoted into it (optionally only blocks used at least twice) and
 // NVMe hits are promoted back; a hit counts on either tier.
 // Belady's MIN (evict the block used furthest in the future) is the optimum reference.
+// With `hints`, a trace's session fields (session id, TTL, end) drive the same session
+// table and retention classes as the daemon's (storage/policy/session_table.h), in trace
+// time, over each tier's policy.
 
 #include <cstdint>
 #include <string>
@@ -26,6 +29,8 @@ struct SimConfig {
   uint64_t nvme_capacity = 0;  // 0: one tier
   bool nvme_admit_reused_only = false;
   bool per_request = false;  // fill SimResult::request_hits
+  bool hints = false;        // use the trace's session hints (a trace without them: no effect)
+  double max_ttl_s = 3600;   // hints' TTLs are clamped to it
 };
 
 struct SimResult {

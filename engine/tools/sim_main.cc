@@ -5,6 +5,9 @@
 //   kvtier-sim --synthetic SHAPE [--requests N] [--seed S] [--write-trace FILE] ...
 //
 // Hits are prefix hits: block i of a request is a hit only if blocks 0..i all are.
+// A trace with session fields (session_id, cache_ttl_s, session_end) also gets the default
+// policy with those hints (rows "hints": true); every other row, and every row of a trace
+// without them, has "hints": false.
 // Two tiers: the host tier at the fraction, an NVMe tier nvme-factor times larger behind it;
 // Belady's figure for two tiers is MIN over their combined size (an upper bound).
 #include <CLI/CLI.hpp>
@@ -27,7 +30,8 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   auto* trace_opt = app.add_option("--trace", path, "Trace in the Mooncake format (JSON lines with hash_ids)");
   auto* shape_opt = app.add_option("--synthetic", shape,
-                                   "A generated trace instead: conversation, conversation-long, recency, zipf, scan");
+                                   "A generated trace instead: conversation, conversation-long, recency, zipf, scan, "
+                                   "agentic");
   trace_opt->excludes(shape_opt);
   app.add_option("--requests", requests, "Requests of a --synthetic trace")->check(CLI::Range(1u, 10000000u));
   app.add_option("--seed", seed, "Seed of a --synthetic trace");
@@ -72,33 +76,45 @@ int main(int argc, char** argv) {
     double fraction;
     double hit_ratio;
     uint64_t nvme_writes;
+    bool hints = false;
   };
   std::vector<Row> rows;
+  // The default policy runs both ways on a trace with session hints.
+  std::vector<bool> hint_modes = {false};
+  if (trace->has_sessions) hint_modes.push_back(true);
   for (double f : fractions) {
     const uint64_t cap = std::max<uint64_t>(1, static_cast<uint64_t>(f * trace->unique_blocks));
     for (std::string_view p : EvictionPolicyNames()) {
-      SimConfig c;
-      c.host_policy = std::string(p);
-      c.host_capacity = cap;
-      auto r = Simulate(*trace, c);
-      if (!r.ok()) {
-        std::fprintf(stderr, "kvtier-sim: %s\n", r.status().ToString().c_str());
-        return 1;
+      for (bool hints : hint_modes) {
+        if (hints && p != kDefaultEvictionPolicy) continue;
+        SimConfig c;
+        c.host_policy = std::string(p);
+        c.host_capacity = cap;
+        c.hints = hints;
+        auto r = Simulate(*trace, c);
+        if (!r.ok()) {
+          std::fprintf(stderr, "kvtier-sim: %s\n", r.status().ToString().c_str());
+          return 1;
+        }
+        rows.push_back({std::string(p), 1, f, r->hit_ratio(), 0, hints});
       }
-      rows.push_back({std::string(p), 1, f, r->hit_ratio(), 0});
     }
     rows.push_back({"belady", 1, f, SimulateBelady(*trace, cap).hit_ratio(), 0});
     const uint64_t nvme = static_cast<uint64_t>(cap * nvme_factor);
     for (std::string_view p : {std::string_view("lru"), kDefaultEvictionPolicy}) {
       for (bool admit : {false, true}) {
-        SimConfig c;
-        c.host_policy = std::string(p);
-        c.host_capacity = cap;
-        c.nvme_capacity = nvme;
-        c.nvme_admit_reused_only = admit;
-        auto r = Simulate(*trace, c);
-        if (!r.ok()) return 1;
-        rows.push_back({std::string(p) + (admit ? "+admit-reused" : ""), 2, f, r->hit_ratio(), r->nvme_writes});
+        for (bool hints : hint_modes) {
+          if (hints && p != kDefaultEvictionPolicy) continue;
+          SimConfig c;
+          c.host_policy = std::string(p);
+          c.host_capacity = cap;
+          c.nvme_capacity = nvme;
+          c.nvme_admit_reused_only = admit;
+          c.hints = hints;
+          auto r = Simulate(*trace, c);
+          if (!r.ok()) return 1;
+          rows.push_back({std::string(p) + (admit ? "+admit-reused" : ""), 2, f, r->hit_ratio(), r->nvme_writes, hints});
+        }
       }
     }
     rows.push_back({"belady", 2, f, SimulateBelady(*trace, cap + nvme).hit_ratio(), 0});
@@ -114,8 +130,11 @@ int main(int argc, char** argv) {
                      {"seconds", secs},
                      {"results", nlohmann::json::array()}};
     for (const Row& r : rows) {
-      nlohmann::json e{
-          {"policy", r.policy}, {"tiers", r.tiers}, {"capacity_fraction", r.fraction}, {"hit_ratio", r.hit_ratio}};
+      nlohmann::json e{{"policy", r.policy},
+                       {"tiers", r.tiers},
+                       {"capacity_fraction", r.fraction},
+                       {"hit_ratio", r.hit_ratio},
+                       {"hints", r.hints}};
       if (r.tiers == 2) e["nvme_writes"] = r.nvme_writes;
       j["results"].push_back(e);
     }
@@ -132,15 +151,18 @@ int main(int argc, char** argv) {
     std::printf("%-28s", "policy");
     for (double f : fractions) std::printf(" %9.0f%%", 100 * f);
     std::printf("\n");
+    auto label = [](const Row& r) { return r.policy + (r.hints ? " +hints" : ""); };
     std::vector<std::string> names;
     for (const Row& r : rows) {
-      if (r.tiers == tiers && std::find(names.begin(), names.end(), r.policy) == names.end()) names.push_back(r.policy);
+      if (r.tiers == tiers && std::find(names.begin(), names.end(), label(r)) == names.end()) {
+        names.push_back(label(r));
+      }
     }
     for (const std::string& n : names) {
       std::printf("%-28s", n.c_str());
       for (double f : fractions) {
         for (const Row& r : rows) {
-          if (r.tiers == tiers && r.policy == n && r.fraction == f) std::printf(" %9.1f%%", 100 * r.hit_ratio);
+          if (r.tiers == tiers && label(r) == n && r.fraction == f) std::printf(" %9.1f%%", 100 * r.hit_ratio);
         }
       }
       std::printf("\n");

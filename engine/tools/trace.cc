@@ -32,6 +32,11 @@ Result<Trace> LoadTrace(const std::string& path) {
       r.input_length = j.value("input_length", 0u);
       r.output_length = j.value("output_length", 0u);
       for (const auto& h : j.at("hash_ids")) r.hash_ids.push_back(h.get<uint64_t>());
+      if (auto s = j.find("session_id"); s != j.end() && !s->is_null()) {
+        r.session_id = s->is_string() ? s->get<std::string>() : s->dump();
+      }
+      if (auto t = j.find("cache_ttl_s"); t != j.end() && !t->is_null()) r.cache_ttl_s = t->get<double>();
+      r.session_end = j.value("session_end", false);
     } catch (const std::exception& e) {
       return InvalidArgument(path + ":" + std::to_string(lineno) + ": not a trace request: " + e.what());
     }
@@ -54,6 +59,7 @@ Trace MakeTrace(std::string name, std::vector<TraceRequest> requests) {
       prev = it->second;
     }
     t.total_blocks += r.blocks.size();
+    t.has_sessions = t.has_sessions || !r.session_id.empty();
   }
   t.requests = std::move(requests);
   t.unique_blocks = static_cast<uint32_t>(ids.size());
@@ -68,6 +74,9 @@ Status WriteTrace(const Trace& trace, const std::string& path) {
                      {"input_length", r.input_length},
                      {"output_length", r.output_length},
                      {"hash_ids", r.hash_ids}};
+    if (!r.session_id.empty()) j["session_id"] = r.session_id;
+    if (r.cache_ttl_s >= 0) j["cache_ttl_s"] = r.cache_ttl_s;
+    if (r.session_end) j["session_end"] = true;
     out << j.dump() << "\n";
   }
   out.flush();

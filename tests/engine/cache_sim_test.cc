@@ -168,3 +168,85 @@ TEST(CacheSim, AnNvmeTierBehindTheHostAddsHitsAndAdmissionSavesWrites) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// Two sessions paused while one-off requests stream by: with their hints (a TTL covering the
+// pause), their contexts outlive the stream; without, LRU and the default lose them.
+Trace PausedSessions(bool with_sessions) {
+  std::vector<TraceRequest> rs;
+  auto add = [&](int64_t t, std::vector<uint64_t> ids, const char* session) {
+    TraceRequest r;
+    r.timestamp_ms = t;
+    r.hash_ids = std::move(ids);
+    if (with_sessions && session != nullptr) {
+      r.session_id = session;
+      r.cache_ttl_s = 100;
+    }
+    rs.push_back(std::move(r));
+  };
+  add(0, {1, 2, 3, 4}, "a");
+  add(1000, {11, 12, 13, 14}, "b");
+  for (uint64_t i = 0; i < 10; ++i) add(2000 + 1000 * static_cast<int64_t>(i), {100 + 4 * i, 101 + 4 * i, 102 + 4 * i, 103 + 4 * i}, nullptr);
+  add(20'000, {1, 2, 3, 4, 5}, "a");
+  add(21'000, {11, 12, 13, 14, 15}, "b");
+  return MakeTrace("paused", std::move(rs));
+}
+
+TEST(CacheSim, SessionHintsKeepPausedSessionsThroughAStreamOfOneOffRequests) {
+  const Trace hinted = PausedSessions(true), plain = PausedSessions(false);
+  ASSERT_TRUE(hinted.has_sessions);
+  ASSERT_FALSE(plain.has_sessions);
+  SimConfig c;
+  c.host_capacity = 12;
+  c.per_request = true;
+  for (std::string_view policy : {std::string_view("lru"), kDefaultEvictionPolicy}) {
+    c.host_policy = std::string(policy);
+    c.hints = false;
+    auto without = Simulate(hinted, c);
+    c.hints = true;
+    auto with = Simulate(hinted, c);
+    ASSERT_TRUE(without.ok() && with.ok());
+    EXPECT_EQ(without->request_hits.end()[-2] + without->request_hits.back(), 0u) << policy;
+    EXPECT_EQ(with->request_hits.end()[-2], 4u) << policy;
+    EXPECT_EQ(with->request_hits.back(), 4u) << policy;
+    // A trace without session fields: hints change nothing.
+    auto a = Simulate(plain, c);
+    c.hints = false;
+    auto b = Simulate(plain, c);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->request_hits, b->request_hits) << policy;
+  }
+}
+
+TEST(CacheSim, AnEndedSessionsBlocksGoBeforeAnyoneElses) {
+  // "a" ends; "b" is a plain request with no session. With hints a's blocks go first, so
+  // "b" comes back to a hit; without them LRU evicts "b" (older) instead.
+  std::vector<TraceRequest> rs(4);
+  rs[0].timestamp_ms = 0;
+  rs[0].hash_ids = {50, 51};
+  rs[1].timestamp_ms = 1;
+  rs[1].hash_ids = {1, 2};
+  rs[1].session_id = "a";
+  rs[1].cache_ttl_s = 100;
+  rs[1].session_end = true;
+  rs[2].timestamp_ms = 2;
+  rs[2].hash_ids = {60, 61};
+  rs[3].timestamp_ms = 3;
+  rs[3].hash_ids = {50, 51};
+  const Trace t = MakeTrace("ended", std::move(rs));
+  SimConfig c;
+  c.host_policy = "lru";
+  c.host_capacity = 4;
+  c.per_request = true;
+  auto without = Simulate(t, c);
+  c.hints = true;
+  auto with = Simulate(t, c);
+  ASSERT_TRUE(without.ok() && with.ok());
+  EXPECT_EQ(without->request_hits.back(), 0u);
+  EXPECT_EQ(with->request_hits.back(), 2u);
+}
+
+}  // namespace
+}  // namespace kvtier

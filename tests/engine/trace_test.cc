@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "tests/support/test_util.h"
 
@@ -67,6 +69,7 @@ TEST(Trace, WrittenTracesReadBackTheSame) {
 
 TEST(Trace, GeneratedShapesAreDeterministicPerSeed) {
   for (std::string_view shape : TraceShapes()) {
+    if (shape == "agentic") continue;  // sized in sessions: AgenticTracesAreSessionsWithHints
     auto a = GenerateTrace(shape, 500, 1), b = GenerateTrace(shape, 500, 1), c = GenerateTrace(shape, 500, 2);
     ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << shape;
     ASSERT_EQ(a->requests.size(), 500u) << shape;
@@ -84,6 +87,52 @@ TEST(Trace, GeneratedShapesAreDeterministicPerSeed) {
   }
   EXPECT_EQ(GenerateTrace("sawtooth", 10, 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(GenerateTrace("zipf", 0, 1).ok());
+}
+
+TEST(Trace, AgenticTracesAreSessionsWithHintsAndReadBackWithThem) {
+  AgentParams p;
+  p.sessions = 20;
+  p.scale = 0.1;
+  auto a = GenerateAgenticTrace(p, 3), b = GenerateAgenticTrace(p, 3);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->requests.size(), b->requests.size());
+  ASSERT_TRUE(a->has_sessions);
+  std::map<std::string, const TraceRequest*> last;
+  size_t ends = 0, subagents = 0;
+  for (size_t i = 0; i < a->requests.size(); ++i) {
+    const TraceRequest& r = a->requests[i];
+    EXPECT_EQ(r.hash_ids, b->requests[i].hash_ids);
+    ASSERT_FALSE(r.session_id.empty());
+    EXPECT_GT(r.cache_ttl_s, 0);
+    if (i > 0) {
+      EXPECT_GE(r.timestamp_ms, a->requests[i - 1].timestamp_ms);
+    }
+    // A turn extends its session's context: the last turn's whole chain is its prefix.
+    if (auto it = last.find(r.session_id); it != last.end()) {
+      const auto& before = it->second->blocks;
+      ASSERT_GT(r.blocks.size(), before.size());
+      EXPECT_TRUE(std::equal(before.begin(), before.end(), r.blocks.begin())) << r.session_id;
+      EXPECT_FALSE(it->second->session_end);
+    }
+    last[r.session_id] = &r;
+    ends += r.session_end;
+    subagents += r.session_id.find(".sub") != std::string::npos;
+  }
+  EXPECT_GT(ends, 0u);
+  EXPECT_LT(ends, last.size());  // some sessions are abandoned
+  EXPECT_GT(subagents, 0u);
+  TempDir dir;
+  ASSERT_TRUE(WriteTrace(*a, dir.File("a.jsonl")).ok());
+  auto back = LoadTrace(dir.File("a.jsonl"));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_TRUE(back->has_sessions);
+  for (size_t i = 0; i < a->requests.size(); ++i) {
+    EXPECT_EQ(back->requests[i].session_id, a->requests[i].session_id);
+    EXPECT_EQ(back->requests[i].session_end, a->requests[i].session_end);
+    EXPECT_NEAR(back->requests[i].cache_ttl_s, a->requests[i].cache_ttl_s, 1e-9);
+  }
+  p.sessions = 0;
+  EXPECT_EQ(GenerateAgenticTrace(p, 1).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,90 @@
+#pragma once
+// SessionTable: what agentic sessions' hints say of each block, as a retention class
+// (retention_policy.h). A session is a chain of requests of one client (a session id); its
+// hints are how long it expects to be away after a request (a TTL, clamped to max_ttl) and
+// that it has ended. A block used by a live session (within its TTL) is kProtected, with an
+// expected return of the earliest live user's (last request + TTL); a block whose users all
+// ended is kExpendable; otherwise kOrdinary. Shared prefixes (a system prompt, a subagent's
+// parent context) stay protected while any session using them lives; a session that outlives
+// its TTL lapses by itself (Expire). Blocks are the owner's keys (dense small integers); time
+// is the owner's clock (ns).
+//
+// Not thread-safe.
+
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "storage/policy/retention_policy.h"
+
+namespace kvtier {
+
+class SessionTable {
+ public:
+  struct Options {
+    int64_t max_ttl_ns = 3600'000'000'000;  // TTLs above it are clamped
+    size_t max_sessions = 1 << 20;          // sessions beyond it are refused (Request returns false)
+  };
+  // Called for each block whose class changes (its expected return, for kProtected), with
+  // its depth (position in the first chain that held it).
+  using OnChange = std::function<void(uint32_t block, Retention r, int64_t expected_return, uint32_t depth)>;
+
+  explicit SessionTable(Options options, OnChange on_change) : options_(options), on_change_(std::move(on_change)) {}
+
+  // Session `id` sent a request at `now` over `blocks` (its whole context); it expects to be
+  // back within `ttl_ns` (< 0: no hint, the session's last TTL stands; 0: not at all), and
+  // `end` says it has ended. False (and nothing changes) for a new session beyond
+  // max_sessions.
+  bool Request(std::string_view id, int64_t now, std::span<const uint32_t> blocks, int64_t ttl_ns, bool end);
+  // Sessions whose TTL ran out by `now` lapse: their blocks lose the protection they gave.
+  void Expire(int64_t now);
+  // A block's class and expected return now.
+  Retention Class(uint32_t block) const;
+  int64_t ExpectedReturn(uint32_t block) const;
+  uint32_t Depth(uint32_t block) const { return block < blocks_.size() ? blocks_[block].depth : 0; }
+
+  size_t live_sessions() const { return live_; }
+  size_t sessions() const { return sessions_.size(); }
+  uint64_t expired() const { return expired_; }
+  uint64_t clamped() const { return clamped_; }
+
+ private:
+  enum class State : uint8_t { kLive, kEnded, kLapsed };
+  struct Session {
+    State state = State::kLive;
+    int64_t until = 0;  // last request + TTL
+    int64_t ttl = 0;
+    uint64_t version = 0;  // bumps with every request (stale heap entries)
+    std::vector<uint32_t> blocks;
+  };
+  struct Block {
+    std::vector<uint32_t> users;  // sessions that used it (indexes)
+    uint32_t live = 0, ended = 0, lapsed = 0;
+    Retention r = Retention::kOrdinary;
+    int64_t expected = 0;
+    uint32_t depth = 0;
+  };
+  void Recompute(uint32_t block);
+  void Leave(uint32_t session, State to);
+  Block& At(uint32_t block);
+
+  Options options_;
+  OnChange on_change_;
+  std::unordered_map<std::string, uint32_t> index_;
+  std::vector<Session> sessions_;
+  std::vector<Block> blocks_;
+  // (until, session, version): when a live session lapses, earliest first.
+  std::priority_queue<std::tuple<int64_t, uint32_t, uint64_t>, std::vector<std::tuple<int64_t, uint32_t, uint64_t>>,
+                      std::greater<>>
+      deadlines_;
+  size_t live_ = 0;
+  uint64_t expired_ = 0, clamped_ = 0;
+};
+
+}  // namespace kvtier
