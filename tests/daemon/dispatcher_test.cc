@@ -102,6 +102,29 @@ TEST_F(DispatcherTest, NothingButPingBeforeHello) {
   EXPECT_EQ(r->reply_as_Pong()->payload()->size(), 3u);
 }
 
+TEST_F(DispatcherTest, AKeepalivePingIsAnsweredWithNothingAndWelcomeSaysTheTtl) {
+  info_.heartbeat_ttl_ms = 1500;
+  SessionContext ctx(2);
+  const fb::Response* w = Hello(ctx, fb::Role::Engine);
+  ASSERT_EQ(w->status(), fb::Status::Ok);
+  EXPECT_EQ(w->reply_as_Welcome()->heartbeat_ttl_ms(), 1500u);
+  const size_t before = sink_.replies.size();
+  flatbuffers::FlatBufferBuilder b;
+  fb::PingBuilder ping(b);
+  ping.add_no_reply(true);
+  const auto op = ping.Finish().Union();
+  b.FinishSizePrefixed(fb::CreateRequest(b, 99, fb::Op::Ping, op));
+  dispatcher_->HandleFrame(ctx, {b.GetBufferPointer(), b.GetSize()}, sink_);
+  EXPECT_EQ(sink_.replies.size(), before);  // no Pong to read
+  EXPECT_FALSE(ctx.close_after_reply);
+  // A Ping that asks for its Pong gets it.
+  const fb::Response* r = Call(ctx, [](flatbuffers::FlatBufferBuilder& b) {
+    return std::make_pair(fb::Op::Ping, fb::CreatePing(b).Union());
+  });
+  EXPECT_EQ(sink_.replies.size(), before + 1);
+  EXPECT_EQ(r->status(), fb::Status::Ok);
+}
+
 TEST_F(DispatcherTest, EngineHelloGetsWelcomeWithTiersAndOneFdPerSegment) {
   SessionContext ctx(7);
   const fb::Response* r = Hello(ctx, fb::Role::Engine);

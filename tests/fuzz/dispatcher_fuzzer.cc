@@ -1,7 +1,8 @@
 // libFuzzer target: the request dispatcher behind the frame decoder — a byte stream is cut
 // into frames as the server cuts them and served by a real Dispatcher over a real
 // CacheManager (a small memfd host tier), as one session. What must hold: no crash, no
-// sanitizer report, one response per frame and every response a valid frame, and after
+// sanitizer report, one response per frame (none to a valid keepalive Ping, whose no_reply
+// asks for none) and every response a valid frame, and after
 // the session ends the cache manager's accounting is exact (CheckInvariants).
 //
 // Each input gets a fresh CacheManager (about 0.1 ms), so a crash reproduces from its
@@ -106,10 +107,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto r = VerifyRequestFrame((*f)->frame);
       std::fprintf(stderr, "request %s\n", r.ok() ? std::string(OpName((*r)->op_type())).c_str() : "(malformed)");
     }
+    // A verified keepalive (Ping with no_reply) is answered with nothing.
+    auto req = VerifyRequestFrame((*f)->frame);
+    const bool keepalive = req.ok() && (*req)->op_type() == fb::Op::Ping && (*req)->op_as_Ping()->no_reply();
     w->dispatcher->HandleFrame(ctx, (*f)->frame, sink);
-    ++frames;
+    frames += !keepalive;
   }
-  if (sink.responses != frames) __builtin_trap();  // exactly one response per frame
+  if (sink.responses != frames) __builtin_trap();  // exactly one response per frame that asks
   (void)w->dispatcher->SessionClosed(ctx, false);
   if (!w->cache->CheckInvariants().ok()) __builtin_trap();
   return 0;
