@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
           c.hints = hints;
           auto r = Simulate(*trace, c);
           if (!r.ok()) return 1;
-          rows.push_back({std::string(p) + (admit ? "+admit-reused" : ""), 2, f, r->hit_ratio(), r->nvme_writes, hints});
+          rows.push_back(
+              {std::string(p) + (admit ? "+admit-reused" : ""), 2, f, r->hit_ratio(), r->nvme_writes, hints});
         }
       }
     }

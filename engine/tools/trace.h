@@ -62,21 +62,21 @@ std::vector<std::string_view> TraceShapes();
 // tokens (0.1: contexts of ~14K tokens) so a trace replays on a small machine.
 struct AgentParams {
   uint32_t sessions = 120;
-  double turns_mean = 43;            // turns of a session (geometric)
-  double scale = 1.0;                // tokens scale
-  uint32_t system_prompts = 4;       // shared system prompts (tool schemas), Zipf-chosen
+  double turns_mean = 43;       // turns of a session (geometric)
+  double scale = 1.0;           // tokens scale
+  uint32_t system_prompts = 4;  // shared system prompts (tool schemas), Zipf-chosen
   uint32_t system_prompt_tokens = 12'000;
-  uint32_t task_tokens = 6'000;      // the user's first message
-  uint32_t turn_tokens = 3'000;      // tool output + the model's answer a turn appends (mean)
+  uint32_t task_tokens = 6'000;  // the user's first message
+  uint32_t turn_tokens = 3'000;  // tool output + the model's answer a turn appends (mean)
   uint32_t output_tokens = 444;
-  double pause_mean_s = 20;          // tool-call pause between turns (log-normal)
+  double pause_mean_s = 20;  // tool-call pause between turns (log-normal)
   double pause_sigma = 1.0;
-  double session_gap_s = 6;          // mean gap between session starts
-  double subagent_rate = 0.44;       // sessions that fork a subagent from their context
-  uint32_t subagent_turns = 6;       // mean turns of a subagent
-  double abandon_rate = 0.15;        // sessions that stop without session_end
-  double ttl_noise_sigma = 0.3;      // the client's pause estimate (the TTL hint) vs the real pause
-  double ttl_margin = 1.5;           // the TTL a client sends: its estimate x this
+  double session_gap_s = 6;      // mean gap between session starts
+  double subagent_rate = 0.44;   // sessions that fork a subagent from their context
+  uint32_t subagent_turns = 6;   // mean turns of a subagent
+  double abandon_rate = 0.15;    // sessions that stop without session_end
+  double ttl_noise_sigma = 0.3;  // the client's pause estimate (the TTL hint) vs the real pause
+  double ttl_margin = 1.5;       // the TTL a client sends: its estimate x this
 };
 Result<Trace> GenerateAgenticTrace(const AgentParams& p, uint64_t seed);
 

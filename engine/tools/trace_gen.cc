@@ -34,7 +34,8 @@ class Rng {
   }
   // At least 1, geometric with this mean.
   uint32_t Geometric(double mean) {
-    return 1 + static_cast<uint32_t>(std::floor(std::log(1.0 - Uniform()) / std::log(1.0 - 1.0 / std::max(mean, 1.0001))));
+    return 1 +
+           static_cast<uint32_t>(std::floor(std::log(1.0 - Uniform()) / std::log(1.0 - 1.0 / std::max(mean, 1.0001))));
   }
   // Pareto with shape a and scale 1: >= 1, heavy tailed.
   double Pareto(double a) { return std::pow(1.0 - Uniform(), -1.0 / a); }
@@ -154,8 +155,8 @@ class Generator {
         // waits for it.
         std::vector<uint64_t> sub = context;
         for (uint64_t b : Fresh(blocks(p.task_tokens / 2.0))) sub.push_back(b);
-        const double done = Session(p, id + ".sub", std::move(sub), rng_.Geometric(p.subagent_turns), false,
-                                    UINT32_MAX, t + 1.0, blocks);
+        const double done = Session(p, id + ".sub", std::move(sub), rng_.Geometric(p.subagent_turns), false, UINT32_MAX,
+                                    t + 1.0, blocks);
         pause = std::max(pause, done - t + 1.0);
       }
       TraceRequest r;
@@ -212,8 +213,8 @@ Result<Trace> GenerateTrace(std::string_view shape, uint32_t requests, uint64_t 
   else if (shape == "agentic") {
     // Sessions enough for about `requests` requests (a subagent adds a few turns).
     AgentParams p;
-    p.sessions = std::max<uint32_t>(
-        1, static_cast<uint32_t>(requests / (p.turns_mean + p.subagent_rate * p.subagent_turns)));
+    p.sessions =
+        std::max<uint32_t>(1, static_cast<uint32_t>(requests / (p.turns_mean + p.subagent_rate * p.subagent_turns)));
     return GenerateAgenticTrace(p, seed);
   } else
     return InvalidArgument("unknown trace shape '" + std::string(shape) +

@@ -2,57 +2,68 @@
 
 namespace kvtier {
 
+void RetentionPolicy::Count(Retention r, int delta) {
+  if (r == Retention::kProtected) protected_count_ += delta;
+  if (r == Retention::kExpendable) expendable_count_ += delta;
+}
+
 void RetentionPolicy::Insert(BlockId id, BlockId parent, uint64_t key) {
-  if (id >= state_.size()) state_.resize(id + 1);
-  state_[id] = State{};
+  if (id >= resident_.size()) {
+    resident_.resize(id + 1, false);
+    unevictable_.resize(id + 1, false);
+  }
+  resident_[id] = true;
+  unevictable_[id] = false;
   inner_->Insert(id, parent, key);
 }
 
-void RetentionPolicy::Leave(BlockId id) {
-  State& s = state_[id];
-  if (s.r == Retention::kOrdinary) return;
-  if (s.evictable) SetOf(s.r).erase({s.order, id});
-  --(s.r == Retention::kProtected ? protected_count_ : expendable_count_);
-}
-
 void RetentionPolicy::SetRetention(BlockId id, Retention r, int64_t expected_return, uint32_t depth) {
-  State& s = state_[id];
+  if (!resident(id)) return;
+  auto it = classed_.find(id);
+  const Retention was = it == classed_.end() ? Retention::kOrdinary : it->second.r;
   const Order order = r == Retention::kProtected ? Order{expected_return, depth}
-                      : s.r == r                 ? s.order
+                      : was == r                 ? it->second.order
                                                  : Order{++seq_, 0};
-  if (s.r == r && s.order == order) return;
-  const Retention was = s.r;
-  Leave(id);
-  s.r = r;
-  s.order = order;
-  if (r != Retention::kOrdinary) {
-    ++(r == Retention::kProtected ? protected_count_ : expendable_count_);
-    if (s.evictable) SetOf(r).insert({order, id});
+  if (was == r && (r == Retention::kOrdinary || it->second.order == order)) return;
+  const bool evictable = evictable_id(id);
+  if (was != Retention::kOrdinary) {
+    if (evictable) SetOf(was).erase({it->second.order, id});
+    Count(was, -1);
   }
-  // The inner policy decides among ordinary blocks only.
-  if (was == Retention::kOrdinary && r != Retention::kOrdinary) {
-    if (s.evictable) inner_->SetEvictable(id, false);
-  } else if (was != Retention::kOrdinary && r == Retention::kOrdinary) {
-    if (s.evictable) inner_->SetEvictable(id, true);
+  if (r == Retention::kOrdinary) {
+    classed_.erase(it);
+    if (evictable) inner_->SetEvictable(id, true);  // the inner policy decides again
+    return;
+  }
+  Count(r, +1);
+  classed_[id] = Classed{r, order};
+  if (evictable) {
+    SetOf(r).insert({order, id});
+    if (was == Retention::kOrdinary) inner_->SetEvictable(id, false);  // hidden from it
   }
 }
 
 void RetentionPolicy::SetEvictable(BlockId id, bool evictable) {
-  State& s = state_[id];
-  if (s.evictable == evictable) return;
-  s.evictable = evictable;
-  if (s.r == Retention::kOrdinary) {
+  if (evictable_id(id) == evictable) return;
+  unevictable_[id] = !evictable;
+  auto it = classed_.find(id);
+  if (it == classed_.end()) {
     inner_->SetEvictable(id, evictable);
   } else if (evictable) {
-    SetOf(s.r).insert({s.order, id});
+    SetOf(it->second.r).insert({it->second.order, id});
   } else {
-    SetOf(s.r).erase({s.order, id});
+    SetOf(it->second.r).erase({it->second.order, id});
   }
 }
 
 void RetentionPolicy::Erase(BlockId id) {
-  Leave(id);
-  state_[id] = State{};
+  if (auto it = classed_.find(id); it != classed_.end()) {
+    if (evictable_id(id)) SetOf(it->second.r).erase({it->second.order, id});
+    Count(it->second.r, -1);
+    classed_.erase(it);
+  }
+  resident_[id] = false;
+  unevictable_[id] = false;
   inner_->Erase(id);
 }
 

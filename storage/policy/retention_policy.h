@@ -8,13 +8,14 @@
 // order they became so) and back. Protection is soft: a protected block is still a victim
 // when nothing else is evictable, so hints never block an allocation. The inner policy keeps
 // seeing every block's Insert/Touch/Erase; a block outside kOrdinary is marked unevictable
-// to it.
+// to it. Per block this keeps two bits; a classed block's order in a map of its own.
 //
 // Not thread-safe (as EvictionPolicy).
 
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -31,9 +32,12 @@ class RetentionPolicy final : public EvictionPolicy {
   // `id`'s class; `expected_return` (any clock, larger: later) orders kProtected blocks,
   // and among those expected back together the deepest in its chain goes first (`depth`:
   // a prefix hit ends at the first missing block, so a chain is best cut from its end).
-  // REQUIRES: `id` resident.
+  // Ignored for a block not resident here.
   void SetRetention(BlockId id, Retention r, int64_t expected_return = 0, uint32_t depth = 0);
-  Retention retention(BlockId id) const { return id < state_.size() ? state_[id].r : Retention::kOrdinary; }
+  Retention retention(BlockId id) const {
+    auto it = classed_.find(id);
+    return it == classed_.end() ? Retention::kOrdinary : it->second.r;
+  }
   size_t protected_blocks() const { return protected_count_; }
   size_t expendable_blocks() const { return expendable_count_; }
 
@@ -51,16 +55,20 @@ class RetentionPolicy final : public EvictionPolicy {
  private:
   // kExpendable: (when it became so, 0); kProtected: (expected return, depth).
   using Order = std::pair<int64_t, uint32_t>;
-  struct State {
-    Retention r = Retention::kOrdinary;
-    bool evictable = true;
-    Order order{0, 0};
+  struct Classed {
+    Retention r;
+    Order order;
   };
-  std::set<std::pair<Order, BlockId>>& SetOf(Retention r) { return r == Retention::kProtected ? protected_ : expendable_; }
-  void Leave(BlockId id);  // out of this policy's sets (not the inner's)
+  std::set<std::pair<Order, BlockId>>& SetOf(Retention r) {
+    return r == Retention::kProtected ? protected_ : expendable_;
+  }
+  bool resident(BlockId id) const { return id < resident_.size() && resident_[id]; }
+  bool evictable_id(BlockId id) const { return !unevictable_[id]; }
+  void Count(Retention r, int delta);
 
   std::unique_ptr<EvictionPolicy> inner_;
-  std::vector<State> state_;
+  std::vector<bool> resident_, unevictable_;      // by id
+  std::unordered_map<BlockId, Classed> classed_;  // blocks outside kOrdinary
   // Evictable blocks outside kOrdinary, by order.
   std::set<std::pair<Order, BlockId>> expendable_, protected_;
   size_t protected_count_ = 0, expendable_count_ = 0;  // evictable or not

@@ -49,11 +49,11 @@ bool SessionTable::Request(std::string_view id, int64_t now, std::span<const uin
   const uint32_t s = it->second;
   Session& ses = sessions_[s];
   if (ses.state != State::kLive) {  // back after it ended or lapsed: live again
-    for (uint32_t b : ses.blocks) {
+    ForEachBlock(ses, [&](uint32_t b) {
       Block& x = blocks_[b];
       --(ses.state == State::kEnded ? x.ended : x.lapsed);
       ++x.live;
-    }
+    });
     ses.state = State::kLive;
     ++live_;
   }
@@ -69,7 +69,7 @@ bool SessionTable::Request(std::string_view id, int64_t now, std::span<const uin
     if (x.users.empty()) x.depth = static_cast<uint32_t>(i);
     if (std::find(x.users.begin(), x.users.end(), s) == x.users.end()) {
       x.users.push_back(s);
-      ses.blocks.push_back(b);
+      ses.blocks.emplace_back(b, x.gen);
       ++x.live;
     }
   }
@@ -78,20 +78,28 @@ bool SessionTable::Request(std::string_view id, int64_t now, std::span<const uin
     return true;
   }
   deadlines_.emplace(ses.until, s, ses.version);
-  for (uint32_t b : ses.blocks) Recompute(b);
+  ForEachBlock(ses, [&](uint32_t b) { Recompute(b); });
   return true;
+}
+
+void SessionTable::Forget(uint32_t block) {
+  if (block >= blocks_.size()) return;
+  Block& x = blocks_[block];
+  const uint32_t gen = x.gen + 1;
+  x = Block{};
+  x.gen = gen;
 }
 
 void SessionTable::Leave(uint32_t s, State to) {
   Session& ses = sessions_[s];
   ses.state = to;
   --live_;
-  for (uint32_t b : ses.blocks) {
+  ForEachBlock(ses, [&](uint32_t b) {
     Block& x = blocks_[b];
     --x.live;
     ++(to == State::kEnded ? x.ended : x.lapsed);
     Recompute(b);
-  }
+  });
 }
 
 void SessionTable::Expire(int64_t now) {

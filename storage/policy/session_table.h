@@ -44,6 +44,8 @@ class SessionTable {
   bool Request(std::string_view id, int64_t now, std::span<const uint32_t> blocks, int64_t ttl_ns, bool end);
   // Sessions whose TTL ran out by `now` lapse: their blocks lose the protection they gave.
   void Expire(int64_t now);
+  // The block is gone (its key may name another block next): forgotten by every session.
+  void Forget(uint32_t block);
   // A block's class and expected return now.
   Retention Class(uint32_t block) const;
   int64_t ExpectedReturn(uint32_t block) const;
@@ -60,8 +62,8 @@ class SessionTable {
     State state = State::kLive;
     int64_t until = 0;  // last request + TTL
     int64_t ttl = 0;
-    uint64_t version = 0;  // bumps with every request (stale heap entries)
-    std::vector<uint32_t> blocks;
+    uint64_t version = 0;                               // bumps with every request (stale heap entries)
+    std::vector<std::pair<uint32_t, uint32_t>> blocks;  // (block, its generation then)
   };
   struct Block {
     std::vector<uint32_t> users;  // sessions that used it (indexes)
@@ -69,7 +71,15 @@ class SessionTable {
     Retention r = Retention::kOrdinary;
     int64_t expected = 0;
     uint32_t depth = 0;
+    uint32_t gen = 0;  // bumps when forgotten: sessions' entries of an older one are stale
   };
+  // The session's entries that still name their block.
+  template <class Fn>
+  void ForEachBlock(Session& s, Fn fn) {
+    for (const auto& [b, gen] : s.blocks) {
+      if (blocks_[b].gen == gen) fn(b);
+    }
+  }
   void Recompute(uint32_t block);
   void Leave(uint32_t session, State to);
   Block& At(uint32_t block);

@@ -118,9 +118,8 @@ TEST_F(DispatcherTest, AKeepalivePingIsAnsweredWithNothingAndWelcomeSaysTheTtl) 
   EXPECT_EQ(sink_.replies.size(), before);  // no Pong to read
   EXPECT_FALSE(ctx.close_after_reply);
   // A Ping that asks for its Pong gets it.
-  const fb::Response* r = Call(ctx, [](flatbuffers::FlatBufferBuilder& b) {
-    return std::make_pair(fb::Op::Ping, fb::CreatePing(b).Union());
-  });
+  const fb::Response* r = Call(
+      ctx, [](flatbuffers::FlatBufferBuilder& b) { return std::make_pair(fb::Op::Ping, fb::CreatePing(b).Union()); });
   EXPECT_EQ(sink_.replies.size(), before + 1);
   EXPECT_EQ(r->status(), fb::Status::Ok);
 }

@@ -188,7 +188,8 @@ Trace PausedSessions(bool with_sessions) {
   };
   add(0, {1, 2, 3, 4}, "a");
   add(1000, {11, 12, 13, 14}, "b");
-  for (uint64_t i = 0; i < 10; ++i) add(2000 + 1000 * static_cast<int64_t>(i), {100 + 4 * i, 101 + 4 * i, 102 + 4 * i, 103 + 4 * i}, nullptr);
+  for (uint64_t i = 0; i < 10; ++i)
+    add(2000 + 1000 * static_cast<int64_t>(i), {100 + 4 * i, 101 + 4 * i, 102 + 4 * i, 103 + 4 * i}, nullptr);
   add(20'000, {1, 2, 3, 4, 5}, "a");
   add(21'000, {11, 12, 13, 14, 15}, "b");
   return MakeTrace("paused", std::move(rs));

@@ -8,47 +8,14 @@ Runner V2 requires Triton"), so the stand-in model of kvtier_testing.vllm_engine
 between the driver's calls, in the order the runner makes them. Every run is compared
 token for token with vLLM's scheduler without kvtier."""
 
-import random
-
 import pytest
 
-from kvtier_testing.vllm_engine import Engine, vllm_config
-
-
-def prompt(n, seed):
-    rng = random.Random(seed)
-    return [rng.randrange(3, 500) for _ in range(n)]
+from kvtier_testing.vllm_engine import (Engine, prompt, reference, restart_before_the_load_of, serve,
+                                       vllm_config)
 
 
 def v2(model_dir, socket, num_blocks=128, **kw):
     return Engine(vllm_config(model_dir, socket, **kw), num_blocks, runner="v2")
-
-
-def reference(model_dir, requests, num_blocks=256):
-    e = Engine(vllm_config(model_dir, None), num_blocks)
-    for rid, p, n in requests:
-        e.add(rid, p, n)
-    e.run()
-    return {rid: e.outputs[rid] for rid, _, _ in requests}
-
-
-def serve(engine, requests, **kw):
-    for rid, p, n in requests:
-        engine.add(rid, p, n)
-    engine.run(**kw)
-    return {rid: engine.outputs[rid] for rid, _, _ in requests}
-
-
-def restart_before_the_load_of(daemon, req_id):
-    fired = []
-
-    def hook(out):
-        if not fired and any(l.req_id == req_id for l in out.kv_connector_metadata.loads):
-            fired.append(True)
-            daemon.kill9()
-            daemon.start()
-
-    return hook, fired
 
 
 def test_model_runner_v2s_driver_is_vllms_own_and_registers_the_caches(model_dir, daemon):

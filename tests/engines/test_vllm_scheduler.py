@@ -4,7 +4,6 @@ against real kvtierd processes (kvtier_testing.vllm_engine says what stands in f
 model). Every run is compared token for token with the same vLLM scheduler without kvtier.
 """
 
-import random
 import signal
 import threading
 import time
@@ -18,33 +17,13 @@ import kvtier
 import kvtier.vllm
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-from kvtier_testing.vllm_engine import BLOCK, Engine, vllm_config
+from kvtier_testing.vllm_engine import (BLOCK, Engine, prompt, reference, restart_before_the_load_of, serve,
+                                       vllm_config)
 
 # Layouts whose block of one layer is one dense run (vLLM's layer- or block-outermost
 # pages); the others put heads outside blocks, which kvtier refuses by name.
 SUPPORTED = [KVCacheLayout.LBHNC, KVCacheLayout.LBNHC, KVCacheLayout.BLHNC, KVCacheLayout.BLNHC]
 REFUSED = [KVCacheLayout.LHBNC, KVCacheLayout.BHLNC]
-
-
-def prompt(n, seed):
-    rng = random.Random(seed)
-    return [rng.randrange(3, 500) for _ in range(n)]
-
-
-def reference(model_dir, requests, num_blocks=256):
-    """The outputs of vLLM's scheduler without kvtier for [(id, prompt, max_tokens)]."""
-    e = Engine(vllm_config(model_dir, None), num_blocks)
-    for rid, p, n in requests:
-        e.add(rid, p, n)
-    e.run()
-    return {rid: e.outputs[rid] for rid, _, _ in requests}
-
-
-def serve(engine, requests, **kw):
-    for rid, p, n in requests:
-        engine.add(rid, p, n)
-    engine.run(**kw)
-    return {rid: engine.outputs[rid] for rid, _, _ in requests}
 
 
 def test_vllm_loads_kvtier_as_its_own_connector(model_dir, daemon):
@@ -129,21 +108,6 @@ def test_preempted_requests_load_again_and_generate_what_vllm_alone_does(model_d
         e.close()
 
 
-def _restart_daemon_before_the_load(daemon, engine, req_id):
-    """A hook for Engine.step: the first time the scheduler planned a load for req_id,
-    kvtierd is killed and started afresh (its blocks gone) before the worker loads."""
-    fired = []
-
-    def hook(out):
-        meta = out.kv_connector_metadata
-        if not fired and any(load.req_id == req_id for load in meta.loads):
-            fired.append(True)
-            daemon.kill9()
-            daemon.start()
-
-    return hook, fired
-
-
 def test_a_failed_load_is_recomputed_and_stored_again_but_nothing_computed_over_it(model_dir, daemon):
     # B's load fails (kvtierd restarted empty); the step computed over the missing blocks
     # stores nothing; vLLM recomputes the request from its first failed block and B stores
@@ -155,7 +119,7 @@ def test_a_failed_load_is_recomputed_and_stored_again_but_nothing_computed_over_
     c = Engine(vllm_config(model_dir, daemon.socket), 128)
     try:
         assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
-        hook, fired = _restart_daemon_before_the_load(daemon, b, "b")
+        hook, fired = restart_before_the_load_of(daemon, "b")
         assert serve(b, [("b", p, 6)], before_worker=hook) == {"b": want["b"]}
         assert fired
         assert b.connector_stats["load_failed_blocks"] > 0
@@ -182,7 +146,7 @@ def test_a_neighbours_stores_wait_for_a_failed_load_to_settle_and_are_kept(model
     c = Engine(vllm_config(model_dir, daemon.socket), 128)
     try:
         assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
-        hook, fired = _restart_daemon_before_the_load(daemon, b, "b")
+        hook, fired = restart_before_the_load_of(daemon, "b")
         failing_step = []
 
         def both_in_one_step(out):
@@ -209,7 +173,7 @@ def test_under_vllms_fail_policy_a_failed_load_fails_the_request_and_stores_noth
     b = Engine(vllm_config(model_dir, daemon.socket, policy="fail"), 128)
     try:
         serve(a, [("a", p, 4)])
-        hook, fired = _restart_daemon_before_the_load(daemon, b, "b")
+        hook, fired = restart_before_the_load_of(daemon, "b")
         serve(b, [("b", p, 4)], before_worker=hook)
         assert fired
         assert str(b.finished["b"]).lower().endswith("error")

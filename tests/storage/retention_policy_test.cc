@@ -103,5 +103,22 @@ TEST(SessionTable, TtlsAreClampedAndSessionsBeyondTheBoundRefused) {
   EXPECT_EQ(t.sessions(), 2u);
 }
 
+TEST(SessionTable, AForgottenBlockIsNoSessionsAnyMoreWhenItsKeyComesBack) {
+  Changes c;
+  SessionTable t({}, c.Sink());
+  const std::vector<uint32_t> chain = {7, 8};
+  ASSERT_TRUE(t.Request("a", 0, chain, 10 * kSec, false));
+  EXPECT_EQ(t.Class(7), Retention::kProtected);
+  t.Forget(7);  // evicted everywhere; key 7 now names another block
+  EXPECT_EQ(t.Class(7), Retention::kOrdinary);
+  ASSERT_TRUE(t.Request("a", kSec, chain, -1, true));  // a ends, naming the new block 7
+  EXPECT_EQ(t.Class(7), Retention::kExpendable);       // its own use, counted once
+  EXPECT_EQ(t.Class(8), Retention::kExpendable);
+  t.Forget(7);
+  const std::vector<uint32_t> other = {7};
+  ASSERT_TRUE(t.Request("b", 2 * kSec, other, 10 * kSec, false));
+  EXPECT_EQ(t.Class(7), Retention::kProtected);  // b's alone: a's ending does not reach it
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -28,6 +28,7 @@ loads were wrong produces other tokens than one without kvtier.
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Callable, Optional
 
@@ -325,3 +326,43 @@ class Engine(EngineLoop):
         """The bytes of block `index` of a request's table, every layer."""
         b = self.tables[req_id][index]
         return b"".join(t[b].contiguous().view(torch.int8).numpy().tobytes() for t in self.views)
+
+
+# ---- what the tests of this harness share ----
+
+def prompt(n: int, seed: int) -> list:
+    """n random token ids of a seed's own."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def reference(model_dir: str, requests: list, num_blocks: int = 256) -> dict:
+    """The outputs of vLLM's scheduler without kvtier for [(id, prompt, max_tokens)]."""
+    e = Engine(vllm_config(model_dir, None), num_blocks)
+    for rid, p, n in requests:
+        e.add(rid, p, n)
+    e.run()
+    return {rid: e.outputs[rid] for rid, _, _ in requests}
+
+
+def serve(engine: EngineLoop, requests: list, **kw) -> dict:
+    """Serves [(id, prompt, max_tokens)] to the end: {id: output token ids}."""
+    for rid, p, n in requests:
+        engine.add(rid, p, n)
+    engine.run(**kw)
+    return {rid: engine.outputs[rid] for rid, _, _ in requests}
+
+
+def restart_before_the_load_of(daemon, req_id: str) -> tuple:
+    """(hook, fired) for EngineLoop.step: the first time the scheduler planned a load for
+    req_id, kvtierd is killed and started afresh (its blocks gone) before the worker loads."""
+    fired: list = []
+
+    def hook(out) -> None:
+        if not fired and any(load.req_id == req_id for load in out.kv_connector_metadata.loads):
+            fired.append(True)
+            daemon.kill9()
+            daemon.start()
+
+    return hook, fired
+

@@ -5,7 +5,7 @@ dense model:
 | mode | servers | what it shows |
 |---|---|---|
 | `--dp N` | one server with `--data-parallel-size N` (N engine cores) with kvtier; C, vLLM alone | prompts sent to DP rank 0 (vLLM's `X-data-parallel-rank` header) store their prefixes; the same prefixes sent to rank 1 are hits from kvtier (rank 1's own prefix cache never saw them); kvtierd's KV events name the rank that stored each block; rank 1's TTFT on its first use of a prefix against C's |
-| `--pd` | a prefill and a decode server, each with vLLM's `MultiConnector` of `NixlConnector` (`kv_buffer_device: cpu`, UCX over TCP on loopback) and kvtier; C | the proxy protocol of vLLM's toy P/D proxy: prefill with `max_tokens: 1` and `do_remote_decode`, then decode with the `kv_transfer_params` the prefill answered; the prefill side stores into kvtier; after the prefill server is killed and started again (and one probe request of a prompt of its own), its prompts' prefixes are hits from kvtier |
+| `--pd` | a prefill and a decode server, each with vLLM's `MultiConnector` of `NixlConnector` (`kv_buffer_device: cpu`, UCX over TCP on loopback) and kvtier; C | the proxy protocol of vLLM's toy P/D proxy: prefill with `max_tokens: 1` and `do_remote_decode`, then decode with the `kv_transfer_params` the prefill answered; the prefill side stores into kvtier; after the prefill server is killed and started again (and one probe request of a prompt of its own), its prompts' prefixes are hits from kvtier (probe requests go first until one passes: a proxy's readiness check) |
 
 Outputs (greedy, `ignore_eos`) are compared token for token with C's. Both print the keys
 `outputs_equal`, `prefix_tokens_hit`, `errors` (and `--pd`:
@@ -81,19 +81,26 @@ class _Checks:
                 "error_messages": (self.errors + self.detail)[:10]}
 
 
+VOCAB = 512
+
+
+def _model_and_daemon(a, work: str, **daemon_args) -> tuple:
+    """(model dir, kvtierd) of a run: the tiny dense model of the geometry flags, and a
+    kvtierd with a page per block and room for every block of the run."""
+    model_dir = tiny_model.make(os.path.join(work, "model"), layers=a.layers, hidden=a.hidden, heads=a.heads,
+                                kv_heads=a.kv_heads, vocab_size=VOCAB, seed=a.seed)
+    block_bytes = 2 * a.layers * a.kv_heads * (a.hidden // a.heads) * 4 * a.block_size
+    daemon = Daemon(page_bytes=1 << (block_bytes - 1).bit_length(),
+                    pages=max(256, 4 * a.requests * (a.prompt_tokens // a.block_size + 2)), **daemon_args)
+    return model_dir, daemon
+
+
 def run_dp(a, work: str) -> dict:
     from kvtier_testing.vllm_events import Subscriber
 
     rng = random.Random(a.seed)
-    vocab = 512
-    model_dir = tiny_model.make(os.path.join(work, "model"), layers=a.layers, hidden=a.hidden, heads=a.heads,
-                                kv_heads=a.kv_heads, vocab_size=vocab, seed=a.seed)
-    head_dim = a.hidden // a.heads
-    block_bytes = 2 * a.layers * a.kv_heads * head_dim * 4 * a.block_size
-    blocks = max(256, 4 * a.requests * (a.prompt_tokens // a.block_size + 2))
     endpoint = f"ipc://{work}/events.sock"
-    daemon = Daemon(page_bytes=1 << (block_bytes - 1).bit_length(), pages=blocks,
-                    extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms}}\n")
+    model_dir, daemon = _model_and_daemon(a, work, extra_yaml=f"events: {{publish: '{endpoint}', flush_interval: 5ms}}\n")
     sub = Subscriber(endpoint)
     servers: list = []
     try:
@@ -107,7 +114,7 @@ def run_dp(a, work: str) -> dict:
         start_all(servers, a.start_timeout)
         start_s = time.monotonic() - t0
         checks = _Checks()
-        prompts = _prompts(a, rng, vocab)
+        prompts = _prompts(a, rng, VOCAB)
         rank = lambda r: {"X-data-parallel-rank": str(r)}  # noqa: E731 - vLLM's dispatch header
         # Rank 0 computes and stores each prefix; the last rank then serves the same
         # prefixes with other suffixes, C alternating with it (one server at a time).
@@ -195,13 +202,7 @@ def run_pd(a, work: str) -> dict:
     import kvtier
 
     rng = random.Random(a.seed)
-    vocab = 512
-    model_dir = tiny_model.make(os.path.join(work, "model"), layers=a.layers, hidden=a.hidden, heads=a.heads,
-                                kv_heads=a.kv_heads, vocab_size=vocab, seed=a.seed)
-    head_dim = a.hidden // a.heads
-    block_bytes = 2 * a.layers * a.kv_heads * head_dim * 4 * a.block_size
-    daemon = Daemon(page_bytes=1 << (block_bytes - 1).bit_length(),
-                    pages=max(256, 4 * a.requests * (a.prompt_tokens // a.block_size + 2)))
+    model_dir, daemon = _model_and_daemon(a, work)
     servers: list = []
     leases: list = []
     try:
@@ -224,7 +225,7 @@ def run_pd(a, work: str) -> dict:
         start_all(servers, a.start_timeout)
         start_s = time.monotonic() - t0
         checks = _Checks()
-        prompts = _prompts(a, rng, vocab)
+        prompts = _prompts(a, rng, VOCAB)
         for i, (pa, _) in enumerate(prompts):
             checks.check(pd_complete(prefill, decode, pa, a.max_tokens, a.request_timeout),
                          ref.complete(pa, a.max_tokens, a.request_timeout), f"P/D vs C, prompt {i}")
@@ -233,15 +234,21 @@ def run_pd(a, work: str) -> dict:
         held = sum(t["cached_pages"] + t["referenced_pages"] for t in stats["tiers"].values())
         prefill_local = settled_counter(prefill, "vllm:prefix_cache_hits_total")
         # The prefill server dies and comes back, as a new pod would (another NIXL side
-        # channel): its own prefix cache is gone, kvtier's is not. One request of a prompt of
-        # its own goes first, as a proxy's readiness probe: the decode server's first NIXL
-        # handshake with a restarted prefill server timed out (5 s) on most tries here, and
-        # kvtier's scheduler inside a MultiConnector learns the layouts from the first step.
+        # channel): its own prefix cache is gone, kvtier's is not. Requests of a prompt of
+        # their own go first, as a proxy's readiness probe, until one passes (at most 6):
+        # the decode server's NIXL handshake with a restarted prefill server timed out (5 s)
+        # once or twice in a row here on a loaded machine, and kvtier's scheduler inside a
+        # MultiConnector learns the layouts from the first step.
         prefill.stop()
         prefill.env = nixl_env()
         start_all([prefill], a.start_timeout)
-        warmup = pd_complete(prefill, decode, [rng.randrange(3, vocab) for _ in range(2 * a.block_size)], 2,
-                             a.request_timeout)
+        probes_failed = 0
+        for _ in range(6):
+            warmup = pd_complete(prefill, decode, [rng.randrange(3, VOCAB) for _ in range(2 * a.block_size)], 2,
+                                 a.request_timeout)
+            if not warmup.error:
+                break
+            probes_failed += 1
         hits0 = settled_counter(prefill, HITS)
         for i, (_, pb) in enumerate(prompts):
             checks.check(pd_complete(prefill, decode, pb, a.max_tokens, a.request_timeout),
@@ -257,6 +264,7 @@ def run_pd(a, work: str) -> dict:
                 # prefix cache holds what it computed)
                 "prefix_tokens_hit": int(hits_after), "prefix_tokens_hit_after_prefill_restart": int(hits_after),
                 "kvtier_blocks_after_prefills": int(held), "prefill_own_prefix_cache_hits": int(prefill_local),
+                "probes_failed_after_prefill_restart": probes_failed,
                 "probe_after_prefill_restart_error": warmup.error,
                 **checks.fields(), "command_prefill": " ".join(prefill.command)}
     finally:
