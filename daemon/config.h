@@ -122,9 +122,18 @@ struct EventsConfig {
   bool operator==(const EventsConfig& o) const { return enabled == o.enabled && options == o.options; }
 };
 
+// Agentic sessions' hints (sessions.*): as CacheManager::Options::Sessions.
+struct SessionsConfig {
+  int64_t max_ttl_ns = 3'600'000'000'000;
+  uint32_t max_per_tenant = 4096;
+  double protected_share = 0.5;
+  bool operator==(const SessionsConfig&) const = default;
+};
+
 struct DaemonConfig {
   // The socket and its sessions: path, mode, limits (socket.*, protocol.*).
   ServerOptions server;
+  SessionsConfig sessions;
   std::string socket_group;  // empty: the daemon's group (resolved into server.socket_gid)
   std::string data_dir = "./var";
   // This node's name in a fleet (names unknown tenants in the remote tier: "uid=U@name").

@@ -341,6 +341,19 @@ const std::vector<ConfigKey>& ConfigKeys() {
          }
          return Status::Ok();
        }},
+      {"sessions.max_ttl", "1h",
+       "Agentic sessions' hints (SessionHint, vLLM's kv_transfer_params.kvtier): a longer TTL a "
+       "session asks for is clamped to this; a session silent past its TTL loses its protection.",
+       KVTIER_CONFIG_SET((Duration(key, n, 1'000'000'000, INT64_MAX, false, "at least 1s")), sessions.max_ttl_ns)},
+      {"sessions.max_per_tenant", "4096",
+       "Sessions one tenant's hints may hold at once; a new session takes the place of the one "
+       "that ended or lapsed first, and is refused (ResourceExhausted, counted) where all are live.",
+       KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 1 << 24)), sessions.max_per_tenant)},
+      {"sessions.protected_share", "0.5",
+       "The most of each pool tier (GPU, host) one tenant's live sessions may protect, as a "
+       "fraction of its pages: protection beyond it is not given (and counted), so hints never "
+       "pin a tier; protected blocks are still evicted, last, when nothing else can be.",
+       KVTIER_CONFIG_SET(Fraction(key, n), sessions.protected_share)},
       {"metrics.listen", "127.0.0.1", "Address of the Prometheus endpoint (GET /metrics).",
        KVTIER_CONFIG_SET(Path(key, n), metrics_listen)},
       {"metrics.port", "9490",

@@ -171,6 +171,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Open(const DaemonConfig& config, TestHoo
   co.tiers[TierIndex(TierKind::kHost)] = config.host;
   co.max_entries_per_request = config.max_entries_per_request;
   co.max_leased_share = config.security.max_leased_share;
+  co.sessions.max_ttl_ns = config.sessions.max_ttl_ns;
+  co.sessions.max_per_tenant = config.sessions.max_per_tenant;
+  co.sessions.protected_share = config.sessions.protected_share;
   std::tie(co.tenant_limits, co.unknown_limits) = TenantLimitsOf(config.security);
   {
     boost::asio::io_context* io_ctx = &d->io_;

@@ -1,6 +1,7 @@
 #include "daemon/dispatcher.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "protocol/base/logging.h"
 #include "protocol/base/text.h"
@@ -137,6 +138,7 @@ constexpr std::array<Dispatcher::HandlerRow, kOpCount> Dispatcher::kHandlers = {
     {fb::Op::Blocks, &Dispatcher::OnBlocks},
     {fb::Op::Evict, &Dispatcher::OnEvict},
     {fb::Op::Drain, &Dispatcher::OnDrain},
+    {fb::Op::SessionHint, &Dispatcher::OnSessionHint},
 }};
 
 Dispatcher::Reply Dispatcher::Serve(SessionContext& ctx, const fb::Request& req) {
@@ -684,6 +686,33 @@ Dispatcher::Reply Dispatcher::OnDrain(SessionContext& ctx, const fb::Request& re
   return {fb::Reply::DrainReply, fb::CreateDrainReply(builder_, d.draining, d.gpu_blocks_left, d.gpu_blocks_pinned,
                                                       d.host_blocks_unspilled, d.spills_in_flight)
                                      .Union()};
+}
+
+Dispatcher::Reply Dispatcher::OnSessionHint(SessionContext& ctx, const fb::Request& req) {
+  const fb::SessionHint& m = *req.op_as_SessionHint();
+  constexpr size_t kMaxSessionId = 256;
+  if (m.session() == nullptr || m.session()->size() == 0) return InvalidArgument("a session hint needs a session id");
+  if (m.session()->size() > kMaxSessionId) {
+    return InvalidArgument("session id of " + std::to_string(m.session()->size()) + " bytes (at most " +
+                           std::to_string(kMaxSessionId) + ")");
+  }
+  if (m.ttl_ms() < -1) return InvalidArgument("ttl_ms " + std::to_string(m.ttl_ms()) + ": -1 (none) or at least 0");
+  KVTIER_ASSIGN_OR_RETURN(auto hashes, Hashes(ctx, m.hashes()));
+  TenantId tenant = ctx.cache.tenant();
+  NamespaceId ns = ctx.cache.ns();
+  if (ctx.role == fb::Role::Control) {
+    // A router or an operator: a namespace of its tenant (an admin's: any).
+    if (m.namespace_id() == nullptr) return InvalidArgument("a control session's hint names its namespace_id");
+    KVTIER_ASSIGN_OR_RETURN(
+        auto found, cache_->ResolveNamespace(m.namespace_id()->string_view(), ctx.admin ? nullptr : &ctx.tenant));
+    std::tie(tenant, ns) = found;
+  } else if (m.namespace_id() != nullptr) {
+    return InvalidArgument("an engine hints its own namespace: namespace_id is for control sessions");
+  }
+  const int64_t ttl_ns = m.ttl_ms() < 0 ? -1 : m.ttl_ms() * 1'000'000;
+  KVTIER_ASSIGN_OR_RETURN(uint32_t blocks,
+                          cache_->Hint(tenant, ns, m.session()->string_view(), hashes, ttl_ns, m.end()));
+  return {fb::Reply::SessionHintReply, fb::CreateSessionHintReply(builder_, blocks).Union()};
 }
 
 }  // namespace kvtier

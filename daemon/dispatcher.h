@@ -176,6 +176,7 @@ class Dispatcher {
   Reply OnBlocks(SessionContext& ctx, const fb::Request& req);
   Reply OnEvict(SessionContext& ctx, const fb::Request& req);
   Reply OnDrain(SessionContext& ctx, const fb::Request& req);
+  Reply OnSessionHint(SessionContext& ctx, const fb::Request& req);
 
   // kFailedPrecondition for handles of another daemon epoch (0: unchecked).
   Status CheckEpoch(uint64_t epoch) const;

@@ -175,6 +175,30 @@ void Daemon::RegisterMetrics() {
                  "Sessions whose peer's process kvtierd cannot watch (no SO_PEERPIDFD and a pid it cannot see): "
                  "their leased pages stay quarantined until a restart once the session ends.",
                  {}, [server] { return server->sessions_unwatched(); });
+  m.AddCounterFn("kvtier_session_hints_total",
+                 "Agentic sessions' hints taken (SessionHint: engines, routers, vLLM's kv_transfer_params).", {},
+                 [cache] { return cache->session_stats().hints; });
+  m.AddCounterFn("kvtier_session_hints_refused_total",
+                 "Hints of a new agentic session refused: its tenant held sessions.max_per_tenant.", {},
+                 [cache] { return cache->session_stats().refused; });
+  m.AddCounterFn("kvtier_session_protection_over_share_total",
+                 "Blocks a live session's hint would have protected beyond its tenant's "
+                 "sessions.protected_share of a tier: left unprotected.",
+                 {}, [cache] { return cache->session_stats().over_share; });
+  m.AddCounterFn("kvtier_agent_sessions_expired_total",
+                 "Agentic sessions that went quiet past their TTL: their blocks lost the protection they gave.", {},
+                 [cache] { return cache->session_stats().expired; });
+  m.AddGaugeFn("kvtier_agent_sessions", "Agentic sessions known, and live (within their TTL).", {{"state", "known"}},
+               [cache] { return static_cast<double>(cache->session_stats().sessions); });
+  m.AddGaugeFn("kvtier_agent_sessions", "Agentic sessions known, and live (within their TTL).", {{"state", "live"}},
+               [cache] { return static_cast<double>(cache->session_stats().live); });
+  for (TierKind tier : {TierKind::kGpu, TierKind::kHost}) {
+    if (!cache->tier_enabled(tier)) continue;
+    m.AddGaugeFn(
+        "kvtier_protected_blocks", "Blocks a live agentic session protects (evicted after every other block), by tier.",
+        {{"tier", std::string(TierKindName(tier))}},
+        [cache, tier] { return static_cast<double>(cache->session_stats().protected_blocks[TierIndex(tier)]); });
+  }
   m.AddGaugeFn("kvtier_namespaces", "Namespaces (tenant x model) with blocks or sessions.", {},
                [cache] { return static_cast<double>(cache->namespace_count()); });
   m.AddCounterFn("kvtier_gpu_demotions_total", "GPU blocks copied down to host pages under pressure.", {},

@@ -217,6 +217,18 @@ kvtier_status kvtier_lookup(kvtier_client* c, const uint8_t* hashes, size_t n, s
   return kvtier_lookup_wait(c, t, matched, tiers_out, n);
 }
 
+kvtier_status kvtier_hint(kvtier_client* c, const char* session, const uint8_t* hashes, size_t n, int64_t ttl_ms,
+                          int end, uint32_t* blocks) {
+  return Guarded(c, [&]() -> kvtier_status {
+    KVTIER_C_GUARD(c);
+    if (session == nullptr || (n > 0 && hashes == nullptr)) return Fail(c, kvtier::InvalidArgument("NULL argument"));
+    auto r = c->client->Hint(session, Hashes(c, hashes, n), ttl_ms, end != 0);
+    if (!r.ok()) return Fail(c, r.status());
+    if (blocks) *blocks = *r;
+    return Ok(c);
+  });
+}
+
 kvtier_status kvtier_acquire_start(kvtier_client* c, const uint8_t* hashes, size_t n, uint64_t* ticket) {
   return Guarded(c, [&]() -> kvtier_status {
     KVTIER_C_GUARD(c);

@@ -310,6 +310,12 @@ Status Client::Ping(size_t payload_bytes) {
   return conn->Ping(payload_bytes);
 }
 
+Result<uint32_t> Client::Hint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms, bool end) {
+  KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
+  KVTIER_RETURN_IF_ERROR(CheckHashes(chain));
+  return conn->SessionHint(session, chain, ttl_ms, end, {});
+}
+
 Status Client::Alive() {
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   return conn->Alive();

@@ -191,6 +191,15 @@ class Client {
   Result<std::vector<BlockResult>> AcquirePrefix(std::span<const BlockHash> chain);
   // Round trip with `payload_bytes` of payload each way.
   Status Ping(size_t payload_bytes = 0);
+  // An agentic session's hint (protocol minor 8): session `session` (at most 256 bytes)
+  // used the present prefix of `chain` in this session's namespace; it expects to be back
+  // within `ttl_ms` (-1: its last TTL stands) and `end` says it has ended. kvtierd evicts a
+  // live session's blocks after the tenant's others and an ended one's first. Returns the
+  // blocks the hint named. kInvalidArgument for an empty or over-long id or a TTL below -1;
+  // kResourceExhausted when the tenant holds sessions.max_per_tenant sessions;
+  // kUnimplemented from a daemon before minor 8.
+  Result<uint32_t> Hint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms = -1,
+                        bool end = false);
   // Whether the session still lives, without a round trip (Connection::Alive): bytes read
   // through acquired pages are the acquired blocks' only if this is OK after the read (a
   // session kvtierd ended dropped its references, and the pages may be rewritten). Else

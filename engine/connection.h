@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "engine/segment_map.h"
+#include "protocol/base/block_key.h"
 #include "protocol/base/layout.h"
 #include "protocol/base/mutex.h"
 #include "protocol/base/status.h"
@@ -118,6 +119,10 @@ class Connection {
 
   // Round trip with `payload_bytes` of payload each way (any session may Ping).
   Status Ping(size_t payload_bytes);
+  // A SessionHint (protocol minor 8) over `chain` (hashes of the session's size); control
+  // sessions name the namespace (hex), engines leave it empty. The blocks it named.
+  Result<uint32_t> SessionHint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms, bool end,
+                               std::string_view namespace_id);
   // Whether the session still lives, without a round trip: OK, or why it ended — the
   // daemon closed it (expired it, stopped, or crashed: its message when it sent one, else
   // kUnavailable) or the connection broke earlier. Pages read through references are only

@@ -182,6 +182,12 @@ Result<VerifyReport> ControlClient::Verify() {
   return out;
 }
 
+Result<uint32_t> ControlClient::Hint(const std::string& namespace_id, std::string_view session,
+                                     std::span<const BlockHash> chain, int64_t ttl_ms, bool end) {
+  if (namespace_id.empty()) return InvalidArgument("a control session's hint names its namespace");
+  return conn_->SessionHint(session, chain, ttl_ms, end, namespace_id);
+}
+
 Result<std::vector<BlockExplanation>> ControlClient::Explain(std::span<const BlockHash> hashes,
                                                              const std::string& namespace_id) {
   auto& b = conn_->builder();

@@ -149,6 +149,11 @@ class ControlClient {
   Status Ping(size_t payload_bytes = 0);
   // One entry per hash: why it is or is not a hit. `namespace_id` "" asks every namespace
   // the caller may see (a non-admin: its own tenant's).
+  // A router's or an operator's hint for an agentic session of namespace `namespace_id`
+  // (hex; its tenant's, any for an admin): as Client::Hint. kPermissionDenied for another
+  // tenant's namespace, kNotFound for one not in use.
+  Result<uint32_t> Hint(const std::string& namespace_id, std::string_view session, std::span<const BlockHash> chain,
+                        int64_t ttl_ms = -1, bool end = false);
   Result<std::vector<BlockExplanation>> Explain(std::span<const BlockHash> hashes,
                                                 const std::string& namespace_id = "");
   // The top blocks of a tier (nullopt: GPU and host) by hits, or by recency.

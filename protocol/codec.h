@@ -24,8 +24,8 @@ inline constexpr uint16_t kProtocolMajor = 1;
 // Hello.routable_id and Hello.data_parallel_rank. 2: Hello.event_hashes. 3: Hello.pid,
 // SessionInfo.engine_pid and SessionInfo.watched. 4: Hello.event_group, event_spec_kind,
 // event_sliding_window and event_block_tokens. 5: Acquire.prefix. 6: Commit.extra_keys,
-// lora_name and lora_id. 7: Welcome.heartbeat_ttl_ms, Ping.no_reply.
-inline constexpr uint16_t kProtocolMinor = 7;
+// lora_name and lora_id. 7: Welcome.heartbeat_ttl_ms, Ping.no_reply. 8: SessionHint.
+inline constexpr uint16_t kProtocolMinor = 8;
 
 // Verifier limits: far above anything a valid frame needs, low enough to bound work.
 inline constexpr uint32_t kVerifierMaxDepth = 16;

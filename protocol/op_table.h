@@ -46,6 +46,7 @@ inline constexpr std::array kOpTable = {
     OpSpec{fb::Op::Blocks, "blocks", OpAccess::kControl, fb::Reply::BlocksReply},
     OpSpec{fb::Op::Evict, "evict", OpAccess::kAdmin, fb::Reply::EvictReply},
     OpSpec{fb::Op::Drain, "drain", OpAccess::kAdmin, fb::Reply::DrainReply},
+    OpSpec{fb::Op::SessionHint, "session_hint", OpAccess::kSession, fb::Reply::SessionHintReply},
 };
 
 inline constexpr size_t kOpCount = kOpTable.size();

@@ -427,6 +427,14 @@ PYBIND11_MODULE(_kvtier, m) {
           py::arg("payload_bytes") = 0)
       .def("alive", [](const Handle& h) { Check(Call(h, [](Client& c) { return c.Alive(); })); })
       .def(
+          "hint",
+          [](const Handle& h, const std::string& session, const std::vector<py::bytes>& chain, int64_t ttl_ms,
+             bool end) {
+            const auto hs = HashesOf(chain);
+            return Unwrap(Call(h, [&](Client& c) { return c.Hint(session, hs, ttl_ms, end); }));
+          },
+          py::arg("session"), py::arg("chain"), py::arg("ttl_ms") = -1, py::arg("end") = false)
+      .def(
           "store_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
              const std::vector<uint32_t>& blocks, const std::vector<py::bytes>& hashes,
@@ -503,11 +511,25 @@ PYBIND11_MODULE(_kvtier, m) {
             return StatsDict(Unwrap(std::move(s)));
           },
           py::arg("sessions") = false)
-      .def("ping", [](ControlClient& c) {
-        Status st = [&] {
-          py::gil_scoped_release nogil;
-          return c.Ping();
-        }();
-        Check(st);
-      });
+      .def("ping",
+           [](ControlClient& c) {
+             Status st = [&] {
+               py::gil_scoped_release nogil;
+               return c.Ping();
+             }();
+             Check(st);
+           })
+      .def(
+          "hint",
+          [](ControlClient& c, const std::string& namespace_id, const std::string& session,
+             const std::vector<py::bytes>& chain, int64_t ttl_ms, bool end) {
+            const auto hs = HashesOf(chain);
+            Result<uint32_t> r = [&] {
+              py::gil_scoped_release nogil;
+              return c.Hint(namespace_id, session, hs, ttl_ms, end);
+            }();
+            return Unwrap(std::move(r));
+          },
+          py::arg("namespace_id"), py::arg("session"), py::arg("chain"), py::arg("ttl_ms") = -1,
+          py::arg("end") = false);
 }

@@ -138,9 +138,13 @@ void BlockTable::Enter(Tier& t, BlockId id) {
     // A block named as its own parent (a client's mistake, found by fuzzing) has none.
     if (p != kNoBlock && p != id && blocks_[p].page[TierIndex(t.kind)] != kNoPage) parent = p;
   }
-  EvictionPolicy& policy = Policy(t.kind, b.tenant);
+  RetentionPolicy& policy = Policy(t.kind, b.tenant);
   policy.Insert(id, parent, HashBytes(b.hash.bytes(), b.ns));
   if (b.refs > 0) policy.SetEvictable(id, false);
+  if (retention_source_) {
+    const RetentionClass c = retention_source_(b.tenant, id);
+    if (c.r != Retention::kOrdinary) policy.SetRetention(id, c.r, c.expected_return, c.depth);
+  }
 }
 
 void BlockTable::Leave(Tier& t, BlockId id) {
@@ -264,6 +268,7 @@ void BlockTable::Erase(BlockId id) {
   namespaces_->Release(b.ns);
   b.live = false;
   free_ids_.push_back(id);
+  if (erase_listener_) erase_listener_(b.tenant, id);
 }
 
 void BlockTable::Reside(BlockId id, TierKind kind, PageId p) {
@@ -357,16 +362,25 @@ void BlockTable::EndSpill(BlockId id) {
 
 // ---- eviction ------------------------------------------------------------------------
 
-EvictionPolicy& BlockTable::Policy(TierKind kind, TenantId tenant) {
+RetentionPolicy& BlockTable::Policy(TierKind kind, TenantId tenant) {
   Tier& t = T(kind);
   if (t.policy.size() <= tenant) t.policy.resize(tenant + 1);
   auto& p = t.policy[tenant];
   if (!p) {
     auto made = MakeEvictionPolicy(t.policy_name, t.pool->capacity());
     KVTIER_CHECK(made.ok()) << made.status().ToString();  // validated in Open
-    p = std::move(made).value();
+    p = std::make_unique<RetentionPolicy>(std::move(made).value());
   }
   return *p;
+}
+
+void BlockTable::SetRetention(BlockId id, Retention r, int64_t expected_return, uint32_t depth) {
+  const Block& b = blocks_[id];
+  if (!b.live) return;
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
+    if (enabled(kind) && b.page[TierIndex(kind)] != kNoPage)
+      Policy(kind, b.tenant).SetRetention(id, r, expected_return, depth);
+  }
 }
 
 void BlockTable::Touch(std::span<const Use> used) {

@@ -36,6 +36,7 @@
 #include "kernels/device_backend.h"
 #include "storage/policy/eviction_policy.h"
 #include "storage/policy/flat_id_index.h"
+#include "storage/policy/retention_policy.h"
 #include "storage/pool/tier_pool.h"
 
 namespace kvtier {
@@ -155,7 +156,28 @@ class BlockTable {
   BlockId id_limit() const { return static_cast<BlockId>(blocks_.size()); }
 
   // ---- eviction ----
-  EvictionPolicy& Policy(TierKind t, TenantId tenant);
+  // The tenant's policy of tier `t`: the configured one under retention classes
+  // (retention_policy.h), which sessions' hints set (SetRetention).
+  RetentionPolicy& Policy(TierKind t, TenantId tenant);
+  // The block's retention class in every pool tier where it is resident, and in those it
+  // enters later (RetentionSource answers then).
+  void SetRetention(BlockId id, Retention r, int64_t expected_return, uint32_t depth);
+  // Blocks of tier `t` protected now, every tenant's.
+  size_t protected_blocks(TierKind t) const {
+    size_t n = 0;
+    for (const auto& p : T(t).policy) n += p ? p->protected_blocks() : 0;
+    return n;
+  }
+  struct RetentionClass {
+    Retention r = Retention::kOrdinary;
+    int64_t expected_return = 0;
+    uint32_t depth = 0;
+  };
+  using RetentionSource = std::function<RetentionClass(TenantId tenant, BlockId id)>;
+  void SetRetentionSource(RetentionSource source) { retention_source_ = std::move(source); }
+  // Called when a block goes (its id may name another block next).
+  using EraseListener = std::function<void(TenantId tenant, BlockId id)>;
+  void SetEraseListener(EraseListener listener) { erase_listener_ = std::move(listener); }
   // A use of a block readable in `tier`.
   struct Use {
     BlockId id;
@@ -190,7 +212,7 @@ class BlockTable {
     std::string policy_name;
     std::vector<PageState> state;
     std::vector<BlockId> page_block;
-    std::vector<std::unique_ptr<EvictionPolicy>> policy;  // by tenant
+    std::vector<std::unique_ptr<RetentionPolicy>> policy;  // by tenant
     std::vector<uint32_t> cached_by_tenant;
     uint32_t leased = 0, inflight = 0, cached = 0, referenced = 0, quarantined = 0;
     uint64_t blocks = 0;
@@ -226,6 +248,8 @@ class BlockTable {
   std::vector<BlockId> touch_run_;  // Touch's current run, kept to spare an allocation
   FlatIdIndex index_;               // (ns, hash) -> live block
   ResidencyListener residency_listener_;
+  RetentionSource retention_source_;
+  EraseListener erase_listener_;
 };
 
 }  // namespace kvtier

@@ -76,6 +76,24 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
                                                              cm->blocks_.get(), &cm->namespaces_, std::move(hooks)));
     cm->lower_.push_back(std::move(mover));
   }
+  // A block entering a pool tier takes the class its tenant's sessions give it; a block
+  // that goes is forgotten by them.
+  cm->blocks_->SetRetentionSource([raw](TenantId tenant, BlockId id) {
+    BlockTable::RetentionClass c;
+    if (tenant >= raw->session_tables_.size() || !raw->session_tables_[tenant]) return c;
+    const SessionTable& t = *raw->session_tables_[tenant];
+    c.r = t.Class(id);
+    c.expected_return = t.ExpectedReturn(id);
+    c.depth = t.Depth(id);
+    if (c.r == Retention::kProtected && !raw->ProtectionRoom(TierKind::kHost, tenant)) {
+      ++raw->session_counts_.over_share;
+      c.r = Retention::kOrdinary;
+    }
+    return c;
+  });
+  cm->blocks_->SetEraseListener([raw](TenantId tenant, BlockId id) {
+    if (tenant < raw->session_tables_.size() && raw->session_tables_[tenant]) raw->session_tables_[tenant]->Forget(id);
+  });
   if (KvEvents* events = options.events) {
     cm->blocks_->SetResidencyListener([events, raw](const BlockTable::Block& b, TierKind tier, bool resident) {
       const std::string& ns = raw->namespaces_.Get(b.ns).encoded;
@@ -541,6 +559,7 @@ void CacheManager::Tick() {
   }
   PumpLowerPuts();  // a lower tier may be back
   ServePendingAllocates();
+  ExpireSessions();
   EnforceWatermark(TierKind::kHost);
 }
 

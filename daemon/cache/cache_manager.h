@@ -71,6 +71,7 @@
 #include "protocol/framing.h"
 #include "storage/lower_tier.h"
 #include "storage/nvme/nvme_tier.h"
+#include "storage/policy/session_table.h"
 #include "storage/policy/shares.h"
 
 namespace kvtier {
@@ -132,6 +133,16 @@ class CacheManager {
     // Limits of configured tenants by name; every other tenant gets `unknown_limits`.
     std::unordered_map<std::string, TenantLimits> tenant_limits;
     TenantLimits unknown_limits;
+    // Agentic sessions' hints (Hint; storage/policy/session_table.h).
+    struct Sessions {
+      int64_t max_ttl_ns = 3'600'000'000'000;  // longer TTLs are clamped
+      uint32_t max_per_tenant = 4096;          // a tenant's sessions held at once (SessionTable::max_sessions)
+      // The most of each pool tier one tenant's hints may protect, as a fraction of the
+      // tier's pages: protection beyond it is not given (and counted), so hints cannot
+      // pin a tier.
+      double protected_share = 0.5;
+    };
+    Sessions sessions;
   };
 
   // The NVMe tier and how blocks move to it: spills (at least options.max_spills_in_flight
@@ -217,8 +228,34 @@ class CacheManager {
   }
 
   // Periodic housekeeping (the daemon calls it every 100 ms): resumes spilling after an
-  // NVMe back-off, times out waiting Allocates, enforces watermarks.
+  // NVMe back-off, times out waiting Allocates, enforces watermarks, lets sessions whose
+  // TTL ran out lapse.
   void Tick();
+
+  // ---- agentic sessions' hints (cache_sessions.cc) ----
+  // Session `session` of `tenant` used the present prefix of `chain` in namespace `ns` now;
+  // it expects to be back within `ttl_ns` (< 0: its last TTL stands; clamped to
+  // Options::sessions.max_ttl_ns) and `end` says it has ended. Blocks a live session uses are
+  // evicted after every other block of the tenant (up to its protected share), an ended
+  // session's blocks no live one shares before every other (SessionTable). Returns the
+  // blocks the hint named (the chain's prefix resident in a pool tier). kResourceExhausted
+  // when the tenant holds max_per_tenant sessions, all live (the hint is dropped).
+  Result<uint32_t> Hint(TenantId tenant, NamespaceId ns, std::string_view session, std::span<const BlockHash> chain,
+                        int64_t ttl_ns, bool end);
+  // The live namespace whose hex id is `hex` and its tenant, for a control session's hint:
+  // kNotFound when none is, kPermissionDenied when `tenant` (null: an admin, any tenant) is
+  // not its tenant.
+  Result<std::pair<TenantId, NamespaceId>> ResolveNamespace(std::string_view hex, const std::string* tenant);
+  struct SessionStats {
+    uint64_t hints = 0;             // Hint calls that named a session
+    uint64_t refused = 0;           // hints of a new session beyond max_per_tenant live ones
+    uint64_t over_share = 0;        // protections not given: the tenant's share was full
+    uint64_t expired = 0;           // sessions that lapsed (TTL ran out)
+    uint64_t clamped = 0;           // TTLs above max_ttl
+    size_t live = 0, sessions = 0;  // sessions live now / known
+    TierBytes protected_blocks{};   // blocks protected now, by pool tier (TierIndex)
+  };
+  SessionStats session_stats() const;
   // Scrubs the NVMe tier (kvctl verify).
   void VerifyNvme(std::function<void(VerifyReport)> done);
 
@@ -328,6 +365,13 @@ class CacheManager {
   // host tier has no page for it now.
   bool StartGpuDemotion(BlockId id);
   void OnGpuDemoted(BlockId id, const Status& st, bool resident, double seconds);
+  // The tenant's session table, made on first use (cache_sessions.cc).
+  SessionTable& SessionsOf(TenantId tenant);
+  // A block's class from its tenant's session table, in every pool tier it is resident in,
+  // protection withheld where the tenant's share of the tier is full.
+  void ApplyRetention(TenantId tenant, BlockId id, Retention r, int64_t expected_return, uint32_t depth);
+  bool ProtectionRoom(TierKind tier, TenantId tenant);
+  void ExpireSessions();
   // Drops block `id`'s copy in `tier`, remembering the eviction when it was the last.
   void DropCopy(BlockId id, TierKind tier);
   void EnforceWatermark(TierKind tier);
@@ -382,6 +426,8 @@ class CacheManager {
   std::unordered_map<uint64_t, Quarantine> quarantines_;
   uint64_t next_quarantine_ = 1;
   CacheCounters counters_;
+  std::vector<std::unique_ptr<SessionTable>> session_tables_;  // by tenant (null: none yet)
+  SessionStats session_counts_;                                // the counters of session_stats()
   bool draining_ = false;
 };
 

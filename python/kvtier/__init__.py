@@ -311,6 +311,14 @@ class Client:
     def ping(self, payload_bytes: int = 0) -> None:
         self._c.ping(payload_bytes)
 
+    def hint(self, session: str, chain: Sequence[bytes], *, ttl_s: Optional[float] = None, end: bool = False) -> int:
+        """An agentic session's hint: ``session`` used the cached prefix of ``chain`` (this
+        client's namespace); it expects to be back within ``ttl_s`` seconds (None: its last
+        TTL stands) and ``end`` says it has ended. kvtierd then evicts the session's blocks
+        after its tenant's others while it lives, and an ended session's first. Returns the
+        blocks the hint named."""
+        return self._c.hint(session, list(chain), -1 if ttl_s is None else int(ttl_s * 1000), end)
+
     def alive(self) -> None:
         """Raises when the session has ended (no round trip): bytes read through acquired
         pages are the blocks' only if this does not raise after the read (kvtierd drops an
@@ -380,3 +388,9 @@ class ControlClient:
 
     def ping(self) -> None:
         self._c.ping()
+
+    def hint(self, namespace_id: str, session: str, chain: Sequence[bytes], *, ttl_s: Optional[float] = None,
+             end: bool = False) -> int:
+        """A router's or an operator's hint for a session of namespace ``namespace_id`` (its
+        tenant's; any for an admin): as Client.hint."""
+        return self._c.hint(namespace_id, session, list(chain), -1 if ttl_s is None else int(ttl_s * 1000), end)

@@ -41,9 +41,16 @@ bool SessionTable::Request(std::string_view id, int64_t now, std::span<const uin
   Expire(now);
   auto it = index_.find(std::string(id));
   if (it == index_.end()) {
-    if (sessions_.size() >= options_.max_sessions) return false;
-    it = index_.emplace(std::string(id), static_cast<uint32_t>(sessions_.size())).first;
-    sessions_.emplace_back();
+    int64_t slot = -1;
+    if (sessions_.size() >= options_.max_sessions) {
+      slot = Recycle();
+      if (slot < 0) return false;
+    } else {
+      slot = static_cast<int64_t>(sessions_.size());
+      sessions_.emplace_back();
+    }
+    it = index_.emplace(std::string(id), static_cast<uint32_t>(slot)).first;
+    sessions_[slot].id = std::string(id);
     ++live_;
   }
   const uint32_t s = it->second;
@@ -94,12 +101,34 @@ void SessionTable::Leave(uint32_t s, State to) {
   Session& ses = sessions_[s];
   ses.state = to;
   --live_;
+  left_.emplace_back(s, ses.version);
   ForEachBlock(ses, [&](uint32_t b) {
     Block& x = blocks_[b];
     --x.live;
     ++(to == State::kEnded ? x.ended : x.lapsed);
     Recompute(b);
   });
+}
+
+int64_t SessionTable::Recycle() {
+  while (!left_.empty()) {
+    const auto [s, version] = left_.front();
+    left_.pop_front();
+    Session& ses = sessions_[s];
+    if (ses.state == State::kLive || ses.version != version) continue;  // back since it left
+    const bool ended = ses.state == State::kEnded;
+    ForEachBlock(ses, [&](uint32_t b) {
+      Block& x = blocks_[b];
+      x.users.erase(std::find(x.users.begin(), x.users.end(), s));
+      --(ended ? x.ended : x.lapsed);
+      Recompute(b);
+    });
+    index_.erase(ses.id);
+    ses = Session{};
+    ++recycled_;
+    return s;
+  }
+  return -1;
 }
 
 void SessionTable::Expire(int64_t now) {

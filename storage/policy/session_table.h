@@ -12,6 +12,7 @@
 // Not thread-safe.
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <queue>
 #include <span>
@@ -29,7 +30,10 @@ class SessionTable {
  public:
   struct Options {
     int64_t max_ttl_ns = 3600'000'000'000;  // TTLs above it are clamped
-    size_t max_sessions = 1 << 20;          // sessions beyond it are refused (Request returns false)
+    // Sessions held. At the bound a new session takes the place of the one that ended or
+    // lapsed first (its blocks lose the class it gave them); where every session held is
+    // live it is refused (Request returns false).
+    size_t max_sessions = 1 << 20;
   };
   // Called for each block whose class changes (its expected return, for kProtected), with
   // its depth (position in the first chain that held it).
@@ -39,8 +43,8 @@ class SessionTable {
 
   // Session `id` sent a request at `now` over `blocks` (its whole context); it expects to be
   // back within `ttl_ns` (< 0: no hint, the session's last TTL stands; 0: not at all), and
-  // `end` says it has ended. False (and nothing changes) for a new session beyond
-  // max_sessions.
+  // `end` says it has ended. False (and nothing changes) for a new session where
+  // max_sessions are held and all live.
   bool Request(std::string_view id, int64_t now, std::span<const uint32_t> blocks, int64_t ttl_ns, bool end);
   // Sessions whose TTL ran out by `now` lapse: their blocks lose the protection they gave.
   void Expire(int64_t now);
@@ -55,10 +59,12 @@ class SessionTable {
   size_t sessions() const { return sessions_.size(); }
   uint64_t expired() const { return expired_; }
   uint64_t clamped() const { return clamped_; }
+  uint64_t recycled() const { return recycled_; }
 
  private:
   enum class State : uint8_t { kLive, kEnded, kLapsed };
   struct Session {
+    std::string id;
     State state = State::kLive;
     int64_t until = 0;  // last request + TTL
     int64_t ttl = 0;
@@ -82,6 +88,8 @@ class SessionTable {
   }
   void Recompute(uint32_t block);
   void Leave(uint32_t session, State to);
+  // The slot of the session that ended or lapsed first, forgotten; or -1 where none did.
+  int64_t Recycle();
   Block& At(uint32_t block);
 
   Options options_;
@@ -93,8 +101,9 @@ class SessionTable {
   std::priority_queue<std::tuple<int64_t, uint32_t, uint64_t>, std::vector<std::tuple<int64_t, uint32_t, uint64_t>>,
                       std::greater<>>
       deadlines_;
+  std::deque<std::pair<uint32_t, uint64_t>> left_;  // (session, version) in the order they left
   size_t live_ = 0;
-  uint64_t expired_ = 0, clamped_ = 0;
+  uint64_t expired_ = 0, clamped_ = 0, recycled_ = 0;
 };
 
 }  // namespace kvtier

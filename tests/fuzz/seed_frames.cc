@@ -127,6 +127,30 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> SeedStreams() {
       Append(s, f);
     out.emplace_back("errors", s);
   }
+  {
+    // Agentic sessions: an engine's hints (a live session, one that ends, a bad TTL), a
+    // keepalive, and a control session's hint of a namespace.
+    auto hint = [&](uint64_t id, const char* session, int64_t ttl_ms, bool end) {
+      return Frame(id, fb::Op::SessionHint, [&](Builder& b) {
+        return fb::CreateSessionHint(b, b.CreateString(session), HashesToWire(b, chain), ttl_ms, end);
+      });
+    };
+    std::vector<uint8_t> s;
+    for (const auto& f : {EngineHelloFrame(1), alloc(2, 3), commit(3), hint(4, "agent-1", 30000, false),
+                          hint(5, "agent-1", -1, true), hint(6, "agent-2", -5, false)}) {
+      Append(s, f);
+    }
+    Append(s, Frame(7, fb::Op::Ping, [](Builder& b) {
+             fb::PingBuilder p(b);
+             p.add_no_reply(true);
+             return p.Finish();
+           }));
+    Append(s, Frame(8, fb::Op::SessionHint, [&](Builder& b) {
+             return fb::CreateSessionHint(b, b.CreateString("router"), HashesToWire(b, chain), 1000, false,
+                                          b.CreateString("0123456789abcdef"));
+           }));
+    out.emplace_back("sessions", s);
+  }
   out.emplace_back("hello-only", EngineHelloFrame(1));
   return out;
 }

@@ -342,3 +342,16 @@ def test_the_extensions_stub_names_every_function_and_parameter_it_has():
                 continue
             args = members[m].args
             assert [a.arg for a in args.args + args.kwonlyargs if a.arg != "self"] == _native_params(fn), f"{name}.{m}"
+
+
+def test_a_sessions_hint_names_the_blocks_it_found_and_bad_hints_raise(daemon):
+    chain = hashes(4, seed=21, size=16)
+    with kvtier.Client(LAYOUT, daemon.socket) as c:
+        c.commit(c.allocate(3), chain[:3], [b""] + chain[:2])
+        assert c.hint("agent-7", chain, ttl_s=30) == 3  # the cached prefix of the chain
+        assert c.hint("agent-7", chain, end=True) == 3
+        with pytest.raises(kvtier.InvalidArgumentError, match="session id"):
+            c.hint("", chain)
+        with pytest.raises(kvtier.InvalidArgumentError, match="ttl"):
+            c.hint("agent-8", chain, ttl_s=-1)
+        assert c.lookup(chain).matched == 3  # a hint changes no one's blocks

@@ -99,8 +99,27 @@ TEST(SessionTable, TtlsAreClampedAndSessionsBeyondTheBoundRefused) {
   EXPECT_EQ(c.now[1].second, 60 * kSec);
   EXPECT_EQ(t.clamped(), 1u);
   ASSERT_TRUE(t.Request("b", 0, blocks, 10 * kSec, false));
-  EXPECT_FALSE(t.Request("c", 0, blocks, 10 * kSec, false));  // a flood of sessions is bounded
+  EXPECT_FALSE(t.Request("c", 0, blocks, 10 * kSec, false));  // a flood of live sessions is bounded
   EXPECT_EQ(t.sessions(), 2u);
+  // One that ended makes room: the newcomer takes its place, and its blocks lose the class
+  // the ended session gave them.
+  const std::vector<uint32_t> own = {5};
+  ASSERT_TRUE(t.Request("b", kSec, own, -1, true));
+  EXPECT_EQ(c.Of(5), Retention::kExpendable);
+  ASSERT_TRUE(t.Request("c", 2 * kSec, {}, 10 * kSec, false));
+  EXPECT_EQ(t.recycled(), 1u);
+  EXPECT_EQ(t.sessions(), 2u);
+  EXPECT_EQ(c.Of(5), Retention::kOrdinary);
+  EXPECT_EQ(c.Of(1), Retention::kProtected);  // a still uses it
+  // b is a new session if it comes back, and a full table of live ones refuses it.
+  EXPECT_FALSE(t.Request("b", 3 * kSec, own, 10 * kSec, false));
+  // A session back before its turn to be recycled is live again, not recycled.
+  t.Expire(100 * kSec);  // a and c lapse, in that order
+  ASSERT_TRUE(t.Request("a", 101 * kSec, blocks, -1, false));
+  ASSERT_TRUE(t.Request("d", 102 * kSec, own, 10 * kSec, false));  // takes c's slot
+  EXPECT_EQ(c.Of(1), Retention::kProtected);
+  EXPECT_EQ(t.live_sessions(), 2u);
+  EXPECT_FALSE(t.Request("e", 103 * kSec, own, 10 * kSec, false));
 }
 
 TEST(SessionTable, AForgottenBlockIsNoSessionsAnyMoreWhenItsKeyComesBack) {

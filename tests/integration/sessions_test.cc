@@ -1,0 +1,185 @@
+// Agentic sessions' hints through a real kvtierd (SessionHint): a live session's blocks
+// outlive the tenant's others under pressure, an ended session's go first, protection is
+// capped at the tenant's share and never blocks an allocation, lapses with its TTL, and is
+// a tenant's own to give; bad hints are refused by name.
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "engine/control_client.h"
+#include "tests/integration/engine_process.h"
+#include "tests/integration/tenant_blocks.h"
+
+namespace kvtier::testing {
+namespace {
+
+// 16 host pages of 64 KiB, one block each, evicted only to make room for an Allocate (no
+// watermark, no headroom): each test's evictions are the ones it asks for.
+DaemonProcess::Options SixteenPages(const std::string& extra = "") {
+  DaemonProcess::Options o;
+  o.host_capacity = "1MiB";
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "1MiB";
+  o.host_yaml = "    high_watermark: 1\n    low_watermark: 0.99\n    allocation_headroom: 0\n";
+  o.extra_yaml = "security:\n  max_leased_share: 1\n" + extra;
+  return o;
+}
+
+size_t Matched(Client& c, const std::vector<BlockHash>& chain) {
+  auto l = c.Lookup(chain);
+  return l.ok() ? l->matched : 0;
+}
+
+TEST(AgentSessions, ALiveSessionsBlocksOutliveTheTenantsOthersUnderPressure) {
+  DaemonProcess d(SixteenPages());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Connect(EngineOptions(d.socket_path(), "agent"));
+  ASSERT_TRUE(c.ok());
+  const auto x = HashChain(0xa1, 4), y = HashChain(0xb1, 4);
+  ASSERT_TRUE(Store(**c, TierKind::kHost, x, 1).ok());  // x is older than y
+  auto named = (*c)->Hint("agent-1", x, 60'000);
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_EQ(*named, 4u);
+  ASSERT_TRUE(Store(**c, TierKind::kHost, y, 1).ok());
+  // 12 more blocks in the 8 pages left: the 4 evicted are the oldest unprotected: y's.
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(Store(**c, TierKind::kHost, HashChain(0xc1 + i, 4), 1).ok());
+  EXPECT_EQ(Matched(**c, x), 4u) << "the live session's blocks were evicted";
+  EXPECT_LT(Matched(**c, y), 4u);
+  const std::string url = MetricsUrl(d);
+  EXPECT_GE(Metric(url, "kvtier_session_hints_total"), 1.0);
+  EXPECT_EQ(Metric(url, "kvtier_protected_blocks{tier=\"host\"}"), 4.0);
+  EXPECT_EQ(Metric(url, "kvtier_agent_sessions{state=\"live\"}"), 1.0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(AgentSessions, AnEndedSessionsBlocksGoBeforeAnyoneElses) {
+  DaemonProcess d(SixteenPages());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Connect(EngineOptions(d.socket_path(), "agent"));
+  ASSERT_TRUE(c.ok());
+  const auto y = HashChain(0xb2, 4), x = HashChain(0xa2, 4);
+  ASSERT_TRUE(Store(**c, TierKind::kHost, y, 1).ok());  // y is older than x
+  ASSERT_TRUE(Store(**c, TierKind::kHost, x, 1).ok());
+  ASSERT_TRUE((*c)->Hint("agent-2", x, 60'000, /*end=*/true).ok());
+  // 12 more blocks in the 8 pages left: the 4 evicted are the ended session's, not y's.
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(Store(**c, TierKind::kHost, HashChain(0xc2 + i, 4), 1).ok());
+  EXPECT_EQ(Matched(**c, y), 4u) << "an older block went before the ended session's";
+  EXPECT_LT(Matched(**c, x), 4u);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(AgentSessions, ProtectionStopsAtTheTenantsShareNeverBlocksAnAllocationAndLapsesWithItsTtl) {
+  DaemonProcess d(SixteenPages("sessions:\n  protected_share: 0.25\n"));  // 4 of 16 pages
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Connect(EngineOptions(d.socket_path(), "agent"));
+  ASSERT_TRUE(c.ok());
+  const auto x = HashChain(0xa3, 8);
+  ASSERT_TRUE(Store(**c, TierKind::kHost, x, 1).ok());
+  ASSERT_TRUE((*c)->Hint("agent-3", x, 60'000).ok());
+  const std::string url = MetricsUrl(d);
+  EXPECT_EQ(Metric(url, "kvtier_protected_blocks{tier=\"host\"}"), 4.0);
+  EXPECT_GE(Metric(url, "kvtier_session_protection_over_share_total"), 4.0);
+  // Every page at once: protected blocks go too, last.
+  auto pages = (*c)->Allocate(TierKind::kHost, 16);
+  ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+  ASSERT_TRUE((*c)->Release(TierKind::kHost, *pages).ok());
+  // A TTL that runs out lapses by itself.
+  ASSERT_TRUE(Store(**c, TierKind::kHost, x, 1).ok());
+  auto again = (*c)->Hint("agent-4", x, 1500);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 8u);
+  EXPECT_GT(Metric(url, "kvtier_protected_blocks{tier=\"host\"}"), 0.0);
+  EXPECT_TRUE(
+      WaitUntil([&] { return Metric(url, "kvtier_protected_blocks{tier=\"host\"}") == 0.0; }, std::chrono::seconds(5)));
+  EXPECT_GE(Metric(url, "kvtier_agent_sessions_expired_total"), 1.0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+TEST(AgentSessions, BadHintsAreRefusedByNameAndSessionsAreBounded) {
+  DaemonProcess d(SixteenPages("sessions:\n  max_per_tenant: 2\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Connect(EngineOptions(d.socket_path(), "agent"));
+  ASSERT_TRUE(c.ok());
+  const auto x = HashChain(0xa4, 2);
+  auto empty = (*c)->Hint("", x);
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find("session id"), std::string::npos);
+  EXPECT_EQ((*c)->Hint(std::string(300, 's'), x).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*c)->Hint("agent", x, -5).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*c)->Hint("one", x, 1000).ok());
+  ASSERT_TRUE((*c)->Hint("two", x, 1000).ok());
+  auto third = (*c)->Hint("three", x, 1000);
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("sessions.max_per_tenant"), std::string::npos);
+  EXPECT_TRUE((*c)->Hint("one", x, 1000).ok());  // a known session still is
+  EXPECT_GE(Metric(MetricsUrl(d), "kvtier_session_hints_refused_total"), 1.0);
+  EXPECT_TRUE((*c)->Ping().ok());  // the session serves on
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// Routers and operators hint through control sessions, for namespaces of their own tenant
+// (an admin's: any); another tenant's is refused.
+TEST(AgentSessions, ARouterHintsItsTenantsNamespaceAndNoOneElses) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a router as another user";
+  constexpr gid_t kEngines = 41100;
+  constexpr uid_t kOwner = 41101, kOther = 41102;
+  DaemonProcess::Options o =
+      SixteenPages("  tenants: [{name: team_a, uids: [41101]}, {name: team_b, uids: [41102]}]\n");
+  o.socket_yaml = "  group: " + std::to_string(kEngines) + "\n";
+  DaemonProcess d(o);
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto x = HashChain(0xa5, 4);
+  // team_a's engine stores x; its namespace is what routers name.
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  auto as = [&](uid_t uid, const std::function<int()>& body) {
+    EngineProcess p([&]() -> int {
+      const gid_t groups[1] = {kEngines};
+      if (::setgroups(1, groups) != 0 || ::setgid(kEngines) != 0 || ::setuid(uid) != 0) return 30;
+      return body();
+    });
+    return p.Join();
+  };
+  std::string ns;
+  ASSERT_EQ(as(kOwner,
+               [&]() -> int {
+                 auto c = Client::Connect(EngineOptions(d.socket_path(), "team-a-engine"));
+                 if (!c.ok() || !Store(**c, TierKind::kHost, x, 1).ok()) return 31;
+                 const std::string id = (*c)->namespace_id();
+                 return ::write(report[1], id.data(), id.size()) == static_cast<ssize_t>(id.size()) ? 0 : 32;
+               }),
+            0);
+  ::close(report[1]);
+  char buf[128];
+  const ssize_t n = ::read(report[0], buf, sizeof(buf));
+  ::close(report[0]);
+  ASSERT_GT(n, 0);
+  ns.assign(buf, static_cast<size_t>(n));
+  auto hint = [&](uid_t uid) {
+    return as(uid, [&]() -> int {
+      auto r = ControlClient::Connect(ControlOptions(d.socket_path()));
+      if (!r.ok()) return 40;
+      auto h = (*r)->Hint(ns, "router-session", x, 30'000);
+      if (h.ok()) return *h == 4 ? 0 : 41;
+      return h.status().code() == StatusCode::kPermissionDenied ? 42 : 43;
+    });
+  };
+  EXPECT_EQ(hint(kOther), 42) << "another tenant's router hinted team_a's namespace";
+  EXPECT_EQ(hint(kOwner), 0);
+  // kvtierd's own uid (root here) is an admin: any namespace.
+  auto admin = ControlClient::Connect(ControlOptions(d.socket_path()));
+  ASSERT_TRUE(admin.ok());
+  auto h = (*admin)->Hint(ns, "operator", x, 30'000, /*end=*/true);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(*h, 4u);
+  EXPECT_EQ((*admin)->Hint("0000000000000000", "operator", x).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+}  // namespace
+}  // namespace kvtier::testing
