@@ -563,13 +563,24 @@ Dispatcher::Reply Dispatcher::OnStats(SessionContext& ctx, const fb::Request& re
                                    builder_.CreateString(ev->replay_endpoint()), c.subscribers, c.replay_peers,
                                    c.events, c.messages, c.dropped, c.refused, c.retracted, c.first_sequence);
   }
+  std::vector<flatbuffers::Offset<fb::AgentSessionInfo>> agents;
+  if (m.agent_sessions()) {
+    // Other tenants' sessions are an admin's to see.
+    for (const CacheManager::AgentSessionRow& r : cache_->AgentSessions(ctx.admin ? nullptr : &ctx.tenant)) {
+      agents.push_back(fb::CreateAgentSessionInfo(builder_, builder_.CreateString(r.tenant),
+                                                  builder_.CreateString(r.session), builder_.CreateString(r.state),
+                                                  r.ttl_left_ns / 1'000'000, r.requests, r.hit_tokens, r.blocks,
+                                                  r.gpu_blocks, r.host_blocks, r.protected_blocks));
+    }
+  }
+  auto agents_vec = builder_.CreateVector(agents);
   auto body = fb::CreateStatsReply(
                   builder_, builder_.CreateString(info_->version), static_cast<double>(now - info_->started_ns) * 1e-9,
                   builder_.CreateString(info_->metrics_url), info_->epoch, tiers_vec, sessions_vec, session_count,
                   cc.lookups, hits, cc.block_misses, checksum, io_errors, cc.demotions, cc.promotions,
                   static_cast<uint32_t>(cache_->pending_promotions()), cc.gpu_demotions, cc.refetches_after_evict,
                   nvme ? nvme->counters().spill_bytes : 0, nvme ? nvme->counters().fetch_bytes : 0, cache_->draining(),
-                  evictions_total, remote, events, builder_.CreateVector(lower))
+                  evictions_total, remote, events, builder_.CreateVector(lower), agents_vec)
                   .Union();
   return {fb::Reply::StatsReply, body};
 }
@@ -710,8 +721,8 @@ Dispatcher::Reply Dispatcher::OnSessionHint(SessionContext& ctx, const fb::Reque
     return InvalidArgument("an engine hints its own namespace: namespace_id is for control sessions");
   }
   const int64_t ttl_ns = m.ttl_ms() < 0 ? -1 : m.ttl_ms() * 1'000'000;
-  KVTIER_ASSIGN_OR_RETURN(uint32_t blocks,
-                          cache_->Hint(tenant, ns, m.session()->string_view(), hashes, ttl_ns, m.end()));
+  KVTIER_ASSIGN_OR_RETURN(
+      uint32_t blocks, cache_->Hint(tenant, ns, m.session()->string_view(), hashes, ttl_ns, m.end(), m.hit_tokens()));
   return {fb::Reply::SessionHintReply, fb::CreateSessionHintReply(builder_, blocks).Union()};
 }
 

@@ -185,6 +185,10 @@ void Daemon::RegisterMetrics() {
                  "Blocks a live session's hint would have protected beyond its tenant's "
                  "sessions.protected_share of a tier: left unprotected.",
                  {}, [cache] { return cache->session_stats().over_share; });
+  m.AddCounterFn("kvtier_session_hit_tokens_total",
+                 "Tokens agentic sessions' requests loaded from kvtierd, as their engines reported them "
+                 "(SessionHint.hit_tokens; per session: kvctl agents).",
+                 {}, [cache] { return cache->session_stats().hit_tokens; });
   m.AddCounterFn("kvtier_agent_sessions_expired_total",
                  "Agentic sessions that went quiet past their TTL: their blocks lost the protection they gave.", {},
                  [cache] { return cache->session_stats().expired; });

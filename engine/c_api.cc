@@ -218,11 +218,11 @@ kvtier_status kvtier_lookup(kvtier_client* c, const uint8_t* hashes, size_t n, s
 }
 
 kvtier_status kvtier_hint(kvtier_client* c, const char* session, const uint8_t* hashes, size_t n, int64_t ttl_ms,
-                          int end, uint32_t* blocks) {
+                          int end, uint64_t hit_tokens, uint32_t* blocks) {
   return Guarded(c, [&]() -> kvtier_status {
     KVTIER_C_GUARD(c);
     if (session == nullptr || (n > 0 && hashes == nullptr)) return Fail(c, kvtier::InvalidArgument("NULL argument"));
-    auto r = c->client->Hint(session, Hashes(c, hashes, n), ttl_ms, end != 0);
+    auto r = c->client->Hint(session, Hashes(c, hashes, n), ttl_ms, end != 0, hit_tokens);
     if (!r.ok()) return Fail(c, r.status());
     if (blocks) *blocks = *r;
     return Ok(c);

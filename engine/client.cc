@@ -310,10 +310,11 @@ Status Client::Ping(size_t payload_bytes) {
   return conn->Ping(payload_bytes);
 }
 
-Result<uint32_t> Client::Hint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms, bool end) {
+Result<uint32_t> Client::Hint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms, bool end,
+                              uint64_t hit_tokens) {
   KVTIER_ASSIGN_OR_RETURN(Connection * conn, Conn());
   KVTIER_RETURN_IF_ERROR(CheckHashes(chain));
-  return conn->SessionHint(session, chain, ttl_ms, end, {});
+  return conn->SessionHint(session, chain, ttl_ms, end, {}, hit_tokens);
 }
 
 Status Client::Alive() {

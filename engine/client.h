@@ -195,11 +195,12 @@ class Client {
   // used the present prefix of `chain` in this session's namespace; it expects to be back
   // within `ttl_ms` (-1: its last TTL stands) and `end` says it has ended. kvtierd evicts a
   // live session's blocks after the tenant's others and an ended one's first. Returns the
-  // blocks the hint named. kInvalidArgument for an empty or over-long id or a TTL below -1;
-  // kResourceExhausted when the tenant holds sessions.max_per_tenant sessions;
-  // kUnimplemented from a daemon before minor 8.
+  // blocks the hint named. `hit_tokens`: what the session's request loaded from kvtierd (the
+  // session's listing sums them). kInvalidArgument for an empty or over-long id or a TTL
+  // below -1; kResourceExhausted when the tenant holds sessions.max_per_tenant live
+  // sessions; kUnimplemented from a daemon before minor 8.
   Result<uint32_t> Hint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms = -1,
-                        bool end = false);
+                        bool end = false, uint64_t hit_tokens = 0);
   // Whether the session still lives, without a round trip (Connection::Alive): bytes read
   // through acquired pages are the acquired blocks' only if this is OK after the read (a
   // session kvtierd ended dropped its references, and the pages may be rewritten). Else

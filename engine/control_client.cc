@@ -28,9 +28,9 @@ int ControlClient::fd() const { return conn_->fd(); }
 
 Status ControlClient::Ping(size_t payload_bytes) { return conn_->Ping(payload_bytes); }
 
-Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
+Result<DaemonStats> ControlClient::Stats(bool with_sessions, bool with_agents) {
   auto& b = conn_->builder();
-  KVTIER_ASSIGN_OR_RETURN(Ticket t, conn_->Send(fb::Op::Stats, fb::CreateStats(b, with_sessions).Union()));
+  KVTIER_ASSIGN_OR_RETURN(Ticket t, conn_->Send(fb::Op::Stats, fb::CreateStats(b, with_sessions, with_agents).Union()));
   DaemonStats out;
   KVTIER_RETURN_IF_ERROR(conn_->Wait(t, fb::Reply::StatsReply, [&](const fb::Response& r) {
     const fb::StatsReply* s = r.reply_as_StatsReply();
@@ -159,6 +159,13 @@ Result<DaemonStats> ControlClient::Stats(bool with_sessions) {
         out.sessions.push_back(std::move(i));
       }
     }
+    if (s->agent_sessions()) {
+      for (const fb::AgentSessionInfo* x : *s->agent_sessions()) {
+        out.agent_sessions.push_back(AgentSessionStatsInfo{
+            Str(x->tenant()), Str(x->session()), Str(x->state()), x->ttl_left_ms(), x->requests(), x->hit_tokens(),
+            x->blocks(), x->gpu_blocks(), x->host_blocks(), x->protected_blocks()});
+      }
+    }
     return Status::Ok();
   }));
   return out;
@@ -185,7 +192,7 @@ Result<VerifyReport> ControlClient::Verify() {
 Result<uint32_t> ControlClient::Hint(const std::string& namespace_id, std::string_view session,
                                      std::span<const BlockHash> chain, int64_t ttl_ms, bool end) {
   if (namespace_id.empty()) return InvalidArgument("a control session's hint names its namespace");
-  return conn_->SessionHint(session, chain, ttl_ms, end, namespace_id);
+  return conn_->SessionHint(session, chain, ttl_ms, end, namespace_id, 0);
 }
 
 Result<std::vector<BlockExplanation>> ControlClient::Explain(std::span<const BlockHash> hashes,

@@ -109,13 +109,22 @@ struct SessionStatsInfo {
   double connected_s = 0;
 };
 
+// An agentic session its hints made (kvctl agents).
+struct AgentSessionStatsInfo {
+  std::string tenant, session, state;  // state: live, ended, lapsed
+  int64_t ttl_left_ms = 0;             // live: until its TTL runs out
+  uint64_t requests = 0, hit_tokens = 0;
+  uint32_t blocks = 0, gpu_blocks = 0, host_blocks = 0, protected_blocks = 0;  // of those it names, cached
+};
+
 struct DaemonStats {
   std::string version;
   double uptime_s = 0;
   std::string metrics_url;
   uint64_t epoch = 0;
   std::vector<TierStatsInfo> tiers;
-  std::vector<SessionStatsInfo> sessions;  // when asked for
+  std::vector<SessionStatsInfo> sessions;             // when asked for
+  std::vector<AgentSessionStatsInfo> agent_sessions;  // when asked for
   uint32_t session_count = 0;
   uint64_t lookups = 0, block_hits = 0, block_misses = 0;
   uint64_t checksum_failures = 0, io_errors = 0, demotions = 0, promotions = 0;
@@ -142,9 +151,9 @@ class ControlClient {
   ControlClient(const ControlClient&) = delete;
   ControlClient& operator=(const ControlClient&) = delete;
 
-  // Tiers, counters and (with `with_sessions`) sessions: a non-admin sees only its own
-  // tenant's sessions.
-  Result<DaemonStats> Stats(bool with_sessions = false);
+  // Tiers, counters, (with `with_sessions`) sessions and (with `with_agents`) agentic
+  // sessions: a non-admin sees only its own tenant's.
+  Result<DaemonStats> Stats(bool with_sessions = false, bool with_agents = false);
   // Round trip with `payload_bytes` of payload each way.
   Status Ping(size_t payload_bytes = 0);
   // One entry per hash: why it is or is not a hit. `namespace_id` "" asks every namespace

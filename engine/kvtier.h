@@ -108,9 +108,10 @@ kvtier_status kvtier_lookup(kvtier_client* client, const uint8_t* hashes, size_t
 kvtier_status kvtier_acquire(kvtier_client* client, const uint8_t* hashes, size_t n, kvtier_block_result* results);
 /* An agentic session's hint: session (NUL-terminated, at most 256 bytes) used the cached
  * prefix of a chain of n hashes; it expects to be back within ttl_ms (-1: its last TTL
- * stands); end != 0: it has ended. *blocks (may be NULL): the blocks the hint named. */
+ * stands); end != 0: it has ended; hit_tokens: what its request loaded from kvtierd.
+ * *blocks (may be NULL): the blocks the hint named. */
 kvtier_status kvtier_hint(kvtier_client* client, const char* session, const uint8_t* hashes, size_t n, int64_t ttl_ms,
-                          int end, uint32_t* blocks);
+                          int end, uint64_t hit_tokens, uint32_t* blocks);
 
 /* Pipelined lookup and acquire: start returns a ticket at once; wait blocks for it. */
 kvtier_status kvtier_lookup_start(kvtier_client* client, const uint8_t* hashes, size_t n, uint64_t* ticket);

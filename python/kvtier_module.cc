@@ -232,6 +232,22 @@ py::dict StatsDict(const DaemonStats& s) {
     tiers[py::str(t.name)] = x;
   }
   d["tiers"] = tiers;
+  py::list agents;
+  for (const AgentSessionStatsInfo& a : s.agent_sessions) {
+    py::dict x;
+    x["tenant"] = a.tenant;
+    x["session"] = a.session;
+    x["state"] = a.state;
+    x["ttl_left_s"] = static_cast<double>(a.ttl_left_ms) / 1000.0;
+    x["requests"] = a.requests;
+    x["hit_tokens"] = a.hit_tokens;
+    x["blocks"] = a.blocks;
+    x["gpu_blocks"] = a.gpu_blocks;
+    x["host_blocks"] = a.host_blocks;
+    x["protected_blocks"] = a.protected_blocks;
+    agents.append(x);
+  }
+  d["agent_sessions"] = agents;
   return d;
 }
 
@@ -428,12 +444,13 @@ PYBIND11_MODULE(_kvtier, m) {
       .def("alive", [](const Handle& h) { Check(Call(h, [](Client& c) { return c.Alive(); })); })
       .def(
           "hint",
-          [](const Handle& h, const std::string& session, const std::vector<py::bytes>& chain, int64_t ttl_ms,
-             bool end) {
+          [](const Handle& h, const std::string& session, const std::vector<py::bytes>& chain, int64_t ttl_ms, bool end,
+             uint64_t hit_tokens) {
             const auto hs = HashesOf(chain);
-            return Unwrap(Call(h, [&](Client& c) { return c.Hint(session, hs, ttl_ms, end); }));
+            return Unwrap(Call(h, [&](Client& c) { return c.Hint(session, hs, ttl_ms, end, hit_tokens); }));
           },
-          py::arg("session"), py::arg("chain"), py::arg("ttl_ms") = -1, py::arg("end") = false)
+          py::arg("session"), py::arg("chain"), py::arg("ttl_ms") = -1, py::arg("end") = false,
+          py::arg("hit_tokens") = 0)
       .def(
           "store_blocks",
           [](const Handle& h, const std::vector<uintptr_t>& layers, uint32_t num_blocks, int kind,
@@ -503,14 +520,14 @@ PYBIND11_MODULE(_kvtier, m) {
            py::arg("socket") = "", py::arg("name") = "python-control", py::arg("timeout_ms") = 60000)
       .def(
           "stats",
-          [](ControlClient& c, bool sessions) {
+          [](ControlClient& c, bool sessions, bool agent_sessions) {
             Result<DaemonStats> s = [&] {
               py::gil_scoped_release nogil;
-              return c.Stats(sessions);
+              return c.Stats(sessions, agent_sessions);
             }();
             return StatsDict(Unwrap(std::move(s)));
           },
-          py::arg("sessions") = false)
+          py::arg("sessions") = false, py::arg("agent_sessions") = false)
       .def("ping",
            [](ControlClient& c) {
              Status st = [&] {

@@ -240,8 +240,9 @@ class CacheManager {
   // session's blocks no live one shares before every other (SessionTable). Returns the
   // blocks the hint named (the chain's prefix resident in a pool tier). kResourceExhausted
   // when the tenant holds max_per_tenant sessions, all live (the hint is dropped).
+  // `hit_tokens`: what the session's request loaded, as its engine reports it.
   Result<uint32_t> Hint(TenantId tenant, NamespaceId ns, std::string_view session, std::span<const BlockHash> chain,
-                        int64_t ttl_ns, bool end);
+                        int64_t ttl_ns, bool end, uint64_t hit_tokens = 0);
   // The live namespace whose hex id is `hex` and its tenant, for a control session's hint:
   // kNotFound when none is, kPermissionDenied when `tenant` (null: an admin, any tenant) is
   // not its tenant.
@@ -252,10 +253,19 @@ class CacheManager {
     uint64_t over_share = 0;        // protections not given: the tenant's share was full
     uint64_t expired = 0;           // sessions that lapsed (TTL ran out)
     uint64_t clamped = 0;           // TTLs above max_ttl
+    uint64_t hit_tokens = 0;        // tokens sessions' requests loaded (Hint's hit_tokens)
     size_t live = 0, sessions = 0;  // sessions live now / known
     TierBytes protected_blocks{};   // blocks protected now, by pool tier (TierIndex)
   };
   SessionStats session_stats() const;
+  struct AgentSessionRow {
+    std::string tenant, session, state;  // state: live, ended, lapsed
+    int64_t ttl_left_ns = 0;             // live: until its TTL runs out
+    uint64_t requests = 0, hit_tokens = 0;
+    uint32_t blocks = 0, gpu_blocks = 0, host_blocks = 0, protected_blocks = 0;  // of those it names, cached
+  };
+  // The agentic sessions held, of `tenant` (null: every tenant's), for kvctl agents.
+  std::vector<AgentSessionRow> AgentSessions(const std::string* tenant);
   // Scrubs the NVMe tier (kvctl verify).
   void VerifyNvme(std::function<void(VerifyReport)> done);
 

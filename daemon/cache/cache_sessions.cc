@@ -3,6 +3,8 @@
 // live session will use it again (protected), whether only ended sessions used it
 // (expendable) or neither; the block table's policies apply the class in every pool tier
 // the block is in (retention_policy.h), protection up to the tenant's share of the tier.
+#include <algorithm>
+
 #include "daemon/cache/cache_manager.h"
 
 namespace kvtier {
@@ -44,7 +46,7 @@ void CacheManager::ApplyRetention(TenantId tenant, BlockId id, Retention r, int6
 }
 
 Result<uint32_t> CacheManager::Hint(TenantId tenant, NamespaceId ns, std::string_view session,
-                                    std::span<const BlockHash> chain, int64_t ttl_ns, bool end) {
+                                    std::span<const BlockHash> chain, int64_t ttl_ns, bool end, uint64_t hit_tokens) {
   std::vector<BlockId> ids(chain.size());
   const size_t n = blocks_->FindPrefix(ns, chain, ids.data());
   std::vector<uint32_t> blocks(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
@@ -55,6 +57,8 @@ Result<uint32_t> CacheManager::Hint(TenantId tenant, NamespaceId ns, std::string
                              " live sessions (sessions.max_per_tenant): a new session's hint is dropped");
   }
   ++session_counts_.hints;
+  session_counts_.hit_tokens += hit_tokens;
+  t.CreditHits(session, hit_tokens);
   return static_cast<uint32_t>(n);
 }
 
@@ -76,6 +80,34 @@ void CacheManager::ExpireSessions() {
   for (auto& t : session_tables_) {
     if (t) t->Expire(now);
   }
+}
+
+std::vector<CacheManager::AgentSessionRow> CacheManager::AgentSessions(const std::string* tenant) {
+  std::vector<AgentSessionRow> out;
+  const int64_t now = clock_->NowNanos();
+  for (TenantId t = 0; t < session_tables_.size(); ++t) {
+    if (!session_tables_[t] || (tenant != nullptr && *tenant != namespaces_.tenant_name(t))) continue;
+    session_tables_[t]->ForEachSession([&](const SessionTable::View& v, std::span<const uint32_t> ids) {
+      AgentSessionRow r{namespaces_.tenant_name(t), std::string(v.id), std::string(v.state)};
+      r.ttl_left_ns = v.state == "live" ? std::max<int64_t>(0, v.until - now) : 0;
+      r.requests = v.requests;
+      r.hit_tokens = v.hit_tokens;
+      for (uint32_t id : ids) {
+        const BlockTable::Block& b = blocks_->block(id);
+        if (!b.live || b.tenant != t) continue;
+        ++r.blocks;
+        bool guarded = false;
+        for (TierKind tier : {TierKind::kGpu, TierKind::kHost}) {
+          if (!blocks_->enabled(tier) || b.page[TierIndex(tier)] == kNoPage) continue;
+          ++(tier == TierKind::kGpu ? r.gpu_blocks : r.host_blocks);
+          guarded = guarded || blocks_->Policy(tier, t).retention(id) == Retention::kProtected;
+        }
+        r.protected_blocks += guarded ? 1 : 0;
+      }
+      out.push_back(std::move(r));
+    });
+  }
+  return out;
 }
 
 CacheManager::SessionStats CacheManager::session_stats() const {

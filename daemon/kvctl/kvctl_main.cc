@@ -57,6 +57,29 @@ kvtier::Result<std::vector<kvtier::BlockHash>> ParseHashes(const std::vector<std
   return out;
 }
 
+// hint: an operator's (or a router's) hint for an agentic session of a namespace.
+int Hint(kvtier::ControlClient& c, const std::vector<std::string>& hex, const std::string& ns,
+         const std::string& session, double ttl_s, bool release, bool end, bool as_json) {
+  auto hashes = ParseHashes(hex);
+  if (!hashes.ok()) {
+    std::fprintf(stderr, "kvctl: %s\n", hashes.status().message().c_str());
+    return 2;
+  }
+  // --release: not expected back (TTL 0: the protection lapses at the daemon's next tick).
+  const int64_t ttl_ms = release ? 0 : ttl_s < 0 ? -1 : static_cast<int64_t>(ttl_s * 1000);
+  auto r = c.Hint(ns, session, *hashes, ttl_ms, end);
+  if (!r.ok()) return Die("hint", r.status());
+  if (as_json) {
+    std::cout << json{{"session", session}, {"namespace", ns}, {"blocks", *r}}.dump(2) << "\n";
+  } else {
+    std::printf("session %s: %u of %zu blocks cached and %s\n", session.c_str(), *r, hashes->size(),
+                end       ? "ended (evicted first)"
+                : release ? "released"
+                          : "protected");
+  }
+  return 0;
+}
+
 // lookup: where each block is; explain: and why it is not a hit.
 int Explain(kvtier::ControlClient& c, const std::vector<std::string>& hex, const std::string& ns, bool verbose,
             bool as_json) {
@@ -409,6 +432,8 @@ int main(int argc, char** argv) {
       "  kvctl status                         is it up, how full, is it hitting\n"
       "  kvctl top                            watch it live (Ctrl-C quits)\n"
       "  kvctl sessions                       which engines, tenants and namespaces\n"
+      "  kvctl agents                         agentic sessions: TTL left, hit tokens, blocks per tier\n"
+      "  kvctl hint -n NS --session S --ttl 300 HASH...   keep a session's chain for 5 minutes\n"
       "  kvctl explain --namespace NS HASH    why this prompt's first block misses\n"
       "  kvctl blocks --tier nvme --limit 10  the hottest blocks on NVMe\n"
       "  kvctl drain && systemctl restart kvtierd   upgrade keeping the cache\n"
@@ -430,6 +455,8 @@ int main(int argc, char** argv) {
   auto* tiers = app.add_subcommand(
       "tiers", "Each tier's page states (free + leased + inflight + cached + referenced = capacity)");
   auto* sessions = app.add_subcommand("sessions", "Connected engines and control clients");
+  auto* agents = app.add_subcommand(
+      "agents", "Agentic sessions their hints made: state, TTL left, requests, hit tokens, cached blocks per tier");
   auto* verify = app.add_subcommand(
       "verify", "Scrub the NVMe tier: read every indexed block, verify its checksum, drop those that fail");
   PlanFlags pf;
@@ -470,6 +497,20 @@ int main(int argc, char** argv) {
     sub->add_option("-n,--namespace", ns,
                     "Only this namespace (the id kvctl sessions shows); default: all you may see");
   }
+  std::string hint_session;
+  double hint_ttl = -1;
+  bool hint_release = false, hint_end = false;
+  auto* hint = app.add_subcommand(
+      "hint",
+      "A router's or operator's hint for an agentic session of a namespace (your tenant's; any for an admin):\n"
+      "keep its chain while it is away (--ttl), release it (--release) or end it (--end: evicted first)");
+  hint->add_option("hashes", hashes, "The session's chain: block hashes in hex, first block first")->required();
+  hint->add_option("-n,--namespace", ns, "The namespace (the id kvctl sessions shows)")->required();
+  hint->add_option("--session", hint_session, "The session id (at most 256 bytes)")->required();
+  hint->add_option("--ttl", hint_ttl, "Seconds the session expects to be away (default: its last TTL stands)")
+      ->check(CLI::Range(0.0, 1e9));
+  hint->add_flag("--release", hint_release, "Not expected back: its blocks lose their protection");
+  hint->add_flag("--end", hint_end, "The session has ended: its blocks no live session shares go first");
   auto* blocks = app.add_subcommand("blocks", "Top blocks by hits (or --recent) in a tier, optionally one namespace");
   bool by_recent = false;
   uint32_t limit = 20;
@@ -509,7 +550,8 @@ int main(int argc, char** argv) {
   int iterations = 0;
   top->add_option("--interval", interval, "Seconds between screens (default 1)")->check(CLI::Range(0.05, 3600.0));
   top->add_option("--iterations", iterations, "Screens to draw, then exit (default: until interrupted)");
-  for (auto* sub : {status, tiers, sessions, verify, lookup, explain, blocks, evict, drain, top, health}) {
+  for (auto* sub :
+       {status, tiers, sessions, agents, verify, lookup, explain, hint, blocks, evict, drain, top, health}) {
     sub->add_option("-s,--socket", socket, "kvtierd's Unix socket");
     sub->add_flag("--json", as_json, "Print JSON");
   }
@@ -525,7 +567,9 @@ int main(int argc, char** argv) {
   o.socket_path = kvtier::ResolveSocketPath(socket.c_str());
   o.timeout_ms = 10'000;
   // The session's hash size is the size of the hashes asked about (32 hex digits: 16 bytes).
-  if ((lookup->parsed() || explain->parsed()) && !hashes.empty() && hashes.front().size() == 64) o.hash_bytes = 32;
+  if ((lookup->parsed() || explain->parsed() || hint->parsed()) && !hashes.empty() && hashes.front().size() == 64) {
+    o.hash_bytes = 32;
+  }
   if (health->parsed()) {
     o.timeout_ms = static_cast<int>(health_timeout * 1000);
     auto hc = kvtier::ControlClient::Connect(o);
@@ -539,6 +583,7 @@ int main(int argc, char** argv) {
   }
   kvtier::ControlClient& c = **client;
   if (lookup->parsed() || explain->parsed()) return Explain(c, hashes, ns, explain->parsed(), as_json);
+  if (hint->parsed()) return Hint(c, hashes, ns, hint_session, hint_ttl, hint_release, hint_end, as_json);
   if (blocks->parsed()) return Blocks(c, tier_name, ns, by_recent, limit, as_json);
   if (evict->parsed()) return Evict(c, tier_name, bytes_text, as_json);
   if (drain->parsed()) return Drain(c, resume, no_wait, drain_timeout, as_json);
@@ -557,12 +602,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  auto stats = (*client)->Stats(sessions->parsed());
+  auto stats = (*client)->Stats(sessions->parsed(), agents->parsed());
   if (!stats.ok()) {
     std::fprintf(stderr, "kvctl: %s\n", stats.status().ToString().c_str());
     return 1;
   }
   if (status->parsed()) return kvctl::Status(*stats, o.socket_path, as_json);
   if (tiers->parsed()) return kvctl::Tiers(*stats, as_json);
+  if (agents->parsed()) return kvctl::Agents(*stats, as_json);
   return kvctl::Sessions(*stats, as_json);
 }

@@ -342,6 +342,36 @@ int Sessions(const DaemonStats& s, bool as_json) {
   return 0;
 }
 
+int Agents(const DaemonStats& s, bool as_json) {
+  if (as_json) {
+    json j = json::array();
+    for (const auto& a : s.agent_sessions) {
+      j.push_back(json{{"tenant", a.tenant},
+                       {"session", a.session},
+                       {"state", a.state},
+                       {"ttl_left_s", static_cast<double>(a.ttl_left_ms) / 1000.0},
+                       {"requests", a.requests},
+                       {"hit_tokens", a.hit_tokens},
+                       {"blocks", a.blocks},
+                       {"gpu_blocks", a.gpu_blocks},
+                       {"host_blocks", a.host_blocks},
+                       {"protected_blocks", a.protected_blocks}});
+    }
+    std::cout << json{{"agent_sessions", j}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-18s %-24s %-7s %9s %8s %10s %7s %6s %6s %9s\n", "TENANT", "SESSION", "STATE", "TTL LEFT", "REQUESTS",
+              "HIT TOKENS", "BLOCKS", "GPU", "HOST", "PROTECTED");
+  for (const auto& a : s.agent_sessions) {
+    std::printf("%-18s %-24s %-7s %9s %8llu %10llu %7u %6u %6u %9u\n", a.tenant.substr(0, 18).c_str(),
+                a.session.substr(0, 24).c_str(), a.state.c_str(),
+                a.state == "live" ? Duration(static_cast<double>(a.ttl_left_ms) / 1000.0).c_str() : "-",
+                static_cast<unsigned long long>(a.requests), static_cast<unsigned long long>(a.hit_tokens), a.blocks,
+                a.gpu_blocks, a.host_blocks, a.protected_blocks);
+  }
+  return 0;
+}
+
 int Top(kvtier::ControlClient& c, const std::string& socket, double interval_s, int iterations, bool as_json) {
   std::optional<DaemonStats> prev;
   auto last = std::chrono::steady_clock::now();

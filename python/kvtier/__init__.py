@@ -311,13 +311,14 @@ class Client:
     def ping(self, payload_bytes: int = 0) -> None:
         self._c.ping(payload_bytes)
 
-    def hint(self, session: str, chain: Sequence[bytes], *, ttl_s: Optional[float] = None, end: bool = False) -> int:
+    def hint(self, session: str, chain: Sequence[bytes], *, ttl_s: Optional[float] = None, end: bool = False,
+             hit_tokens: int = 0) -> int:
         """An agentic session's hint: ``session`` used the cached prefix of ``chain`` (this
         client's namespace); it expects to be back within ``ttl_s`` seconds (None: its last
-        TTL stands) and ``end`` says it has ended. kvtierd then evicts the session's blocks
-        after its tenant's others while it lives, and an ended session's first. Returns the
-        blocks the hint named."""
-        return self._c.hint(session, list(chain), -1 if ttl_s is None else int(ttl_s * 1000), end)
+        TTL stands) and ``end`` says it has ended; ``hit_tokens``: what its request loaded
+        from kvtierd. kvtierd then evicts the session's blocks after its tenant's others
+        while it lives, and an ended session's first. Returns the blocks the hint named."""
+        return self._c.hint(session, list(chain), -1 if ttl_s is None else int(ttl_s * 1000), end, hit_tokens)
 
     def alive(self) -> None:
         """Raises when the session has ended (no round trip): bytes read through acquired
@@ -383,8 +384,10 @@ class ControlClient:
     def __init__(self, socket: Optional[str] = None, *, name: str = "python-control", timeout_ms: int = 60000):
         self._c = _kvtier.ControlClient(socket or "", name, timeout_ms)
 
-    def stats(self, sessions: bool = False) -> dict:
-        return self._c.stats(sessions)
+    def stats(self, sessions: bool = False, agent_sessions: bool = False) -> dict:
+        """The daemon's figures; ``agent_sessions``: with the agentic sessions its hints
+        made (``agent_sessions``: a list of dicts, as ``kvctl agents --json`` shows them)."""
+        return self._c.stats(sessions, agent_sessions)
 
     def ping(self) -> None:
         self._c.ping()

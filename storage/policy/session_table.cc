@@ -70,6 +70,7 @@ bool SessionTable::Request(std::string_view id, int64_t now, std::span<const uin
   }
   ses.until = now + ses.ttl;
   ++ses.version;
+  ++ses.requests;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const uint32_t b = blocks[i];
     Block& x = At(b);
@@ -110,9 +111,15 @@ void SessionTable::Leave(uint32_t s, State to) {
   });
 }
 
+void SessionTable::CreditHits(std::string_view id, uint64_t tokens) {
+  auto it = index_.find(std::string(id));
+  if (it != index_.end()) sessions_[it->second].hit_tokens += tokens;
+}
+
 int64_t SessionTable::Recycle() {
   while (!left_.empty()) {
-    const auto [s, version] = left_.front();
+    const uint32_t s = left_.front().first;
+    const uint64_t version = left_.front().second;
     left_.pop_front();
     Session& ses = sessions_[s];
     if (ses.state == State::kLive || ses.version != version) continue;  // back since it left

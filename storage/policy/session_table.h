@@ -46,6 +46,8 @@ class SessionTable {
   // `end` says it has ended. False (and nothing changes) for a new session where
   // max_sessions are held and all live.
   bool Request(std::string_view id, int64_t now, std::span<const uint32_t> blocks, int64_t ttl_ns, bool end);
+  // Tokens the session's requests loaded from the cache (as its engine reports them).
+  void CreditHits(std::string_view id, uint64_t tokens);
   // Sessions whose TTL ran out by `now` lapse: their blocks lose the protection they gave.
   void Expire(int64_t now);
   // The block is gone (its key may name another block next): forgotten by every session.
@@ -54,6 +56,28 @@ class SessionTable {
   Retention Class(uint32_t block) const;
   int64_t ExpectedReturn(uint32_t block) const;
   uint32_t Depth(uint32_t block) const { return block < blocks_.size() ? blocks_[block].depth : 0; }
+
+  // What a listing shows of each session held (kvctl agents).
+  struct View {
+    std::string_view id;
+    std::string_view state;  // "live", "ended" or "lapsed"
+    int64_t until = 0;       // live: when its TTL runs out
+    uint64_t requests = 0, hit_tokens = 0;
+  };
+  // fn(view, blocks): each session held, with the blocks it names now.
+  template <class Fn>
+  void ForEachSession(Fn fn) const {
+    static constexpr std::string_view kStates[] = {"live", "ended", "lapsed"};
+    std::vector<uint32_t> blocks;
+    for (const Session& s : sessions_) {
+      if (s.id.empty()) continue;
+      blocks.clear();
+      for (const auto& [b, gen] : s.blocks) {
+        if (blocks_[b].gen == gen) blocks.push_back(b);
+      }
+      fn(View{s.id, kStates[static_cast<int>(s.state)], s.until, s.requests, s.hit_tokens}, blocks);
+    }
+  }
 
   size_t live_sessions() const { return live_; }
   size_t sessions() const { return sessions_.size(); }
@@ -68,7 +92,8 @@ class SessionTable {
     State state = State::kLive;
     int64_t until = 0;  // last request + TTL
     int64_t ttl = 0;
-    uint64_t version = 0;                               // bumps with every request (stale heap entries)
+    uint64_t version = 0;  // bumps with every request (stale heap entries)
+    uint64_t requests = 0, hit_tokens = 0;
     std::vector<std::pair<uint32_t, uint32_t>> blocks;  // (block, its generation then)
   };
   struct Block {

@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
   bytes = (uint8_t*)kvtier_page_data(b, KVTIER_TIER_HOST, res.page);
   CHECK(bytes != NULL && bytes[0] == 0xc5 && bytes[16383] == 0xc5, "bytes seen by b");
   CHECK(kvtier_release_hashes(b, hash, 1, NULL) == KVTIER_OK, "release");
+  /* An agentic session's hint names the cached prefix of its chain; an empty id is refused. */
+  uint32_t hinted = 0;
+  CHECK(kvtier_hint(b, "c-session", hash, 1, 30000, 0, 16, &hinted) == KVTIER_OK && hinted == 1, "hint");
+  CHECK(kvtier_hint(b, "", hash, 1, -1, 1, 0, NULL) == KVTIER_INVALID_ARGUMENT, "hint without a session id");
 
   /* A per-call error is reported, and the client stays usable. */
   CHECK(kvtier_allocate(a, KVTIER_TIER_HOST, 100000, &page) == KVTIER_INVALID_ARGUMENT, "oversized allocate");

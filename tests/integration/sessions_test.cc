@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 
 #include "engine/control_client.h"
@@ -118,6 +120,47 @@ TEST(AgentSessions, BadHintsAreRefusedByNameAndSessionsAreBounded) {
   EXPECT_TRUE((*c)->Hint("one", x, 1000).ok());  // a known session still is
   EXPECT_GE(Metric(MetricsUrl(d), "kvtier_session_hints_refused_total"), 1.0);
   EXPECT_TRUE((*c)->Ping().ok());  // the session serves on
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+nlohmann::json Kvctl(const DaemonProcess& d, const std::string& args, int want_code = 0) {
+  CmdResult r = Sh(BinaryPath("kvctl") + " " + args + " --json --socket " + d.socket_path());
+  EXPECT_EQ(r.code, want_code) << args << "\n" << r.out;
+  return r.code == 0 ? nlohmann::json::parse(r.out, nullptr, false) : nlohmann::json();
+}
+
+// kvctl agents lists what hints made; kvctl hint is an operator's hint by namespace.
+TEST(AgentSessions, KvctlListsSessionsAndAnOperatorEndsOne) {
+  DaemonProcess d(SixteenPages());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Connect(EngineOptions(d.socket_path(), "agent"));
+  ASSERT_TRUE(c.ok());
+  const auto x = HashChain(0xa6, 4);
+  ASSERT_TRUE(Store(**c, TierKind::kHost, x, 1).ok());
+  ASSERT_TRUE((*c)->Hint("agent-6", x, 60'000, false, /*hit_tokens=*/48).ok());
+  ASSERT_TRUE((*c)->Hint("agent-6", x, -1, false, 16).ok());
+  auto listed = Kvctl(d, "agents")["agent_sessions"];
+  ASSERT_EQ(listed.size(), 1u) << listed.dump();
+  const auto& a = listed[0];
+  EXPECT_EQ(a["session"], "agent-6");
+  EXPECT_EQ(a["state"], "live");
+  EXPECT_GT(a["ttl_left_s"].get<double>(), 50.0);
+  EXPECT_EQ(a["requests"], 2);
+  EXPECT_EQ(a["hit_tokens"], 64);
+  EXPECT_EQ(a["blocks"], 4);
+  EXPECT_EQ(a["host_blocks"], 4);
+  EXPECT_EQ(a["protected_blocks"], 4);
+  EXPECT_EQ(Metric(MetricsUrl(d), "kvtier_session_hit_tokens_total"), 64.0);
+  std::string chain;
+  for (const BlockHash& h : x) chain += " " + h.Hex();
+  const std::string ns = (*c)->namespace_id();
+  auto ended = Kvctl(d, "hint -n " + ns + " --session agent-6 --end" + chain);
+  EXPECT_EQ(ended["blocks"], 4);
+  const auto after = Kvctl(d, "agents")["agent_sessions"][0];
+  EXPECT_EQ(after["state"], "ended");
+  EXPECT_EQ(after["protected_blocks"], 0);
+  Kvctl(d, "hint -n 00000000000000000000000000000000 --session s" + chain, 1);  // no such namespace
+  Kvctl(d, "hint -n " + ns + " --session s nothex", 2);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 

@@ -348,7 +348,10 @@ def test_a_sessions_hint_names_the_blocks_it_found_and_bad_hints_raise(daemon):
     chain = hashes(4, seed=21, size=16)
     with kvtier.Client(LAYOUT, daemon.socket) as c:
         c.commit(c.allocate(3), chain[:3], [b""] + chain[:2])
-        assert c.hint("agent-7", chain, ttl_s=30) == 3  # the cached prefix of the chain
+        assert c.hint("agent-7", chain, ttl_s=30, hit_tokens=32) == 3  # the cached prefix of the chain
+        [s] = kvtier.ControlClient(daemon.socket).stats(agent_sessions=True)["agent_sessions"]
+        assert (s["session"], s["state"], s["hit_tokens"], s["protected_blocks"]) == ("agent-7", "live", 32, 3)
+        assert 25 < s["ttl_left_s"] <= 30
         assert c.hint("agent-7", chain, end=True) == 3
         with pytest.raises(kvtier.InvalidArgumentError, match="session id"):
             c.hint("", chain)

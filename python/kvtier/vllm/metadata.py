@@ -69,7 +69,8 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
 
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
             "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored",
-            "store_fence_waits", "layer_load_steps", "blocking_s", "step_s", "steps")
+            "store_fence_waits", "layer_load_steps", "blocking_s", "step_s", "steps", "session_hints",
+            "session_hints_dropped")
 
 # vLLM's /metrics names of the counters (vllm:kvtier_<name>_total), with their help.
 PROM_HELP = {
@@ -87,6 +88,8 @@ PROM_HELP = {
     "blocking_s": "Seconds the steps spent in the connector's hooks.",
     "step_s": "Seconds from each step's first connector hook to its last.",
     "steps": "Steps the connector saw.",
+    "session_hints": "Agentic sessions' hints sent to kvtierd (kv_transfer_params.kvtier, vLLM's session id).",
+    "session_hints_dropped": "Session hints dropped: malformed (logged once per kind) or refused by kvtierd.",
 }
 
 

@@ -36,6 +36,7 @@ import kvtier
 from kvtier.vllm.layout import PREFIX, STATE, WINDOW, KvtierHandshake, KvtierLayout
 from kvtier.vllm.metadata import (KvtierConnectorMetadata, KvtierConnectorStats, KvtierWorkerMetadata, LoadSpec,
                                   StoreSpec)
+from kvtier.vllm.sessions import Hints
 from kvtier.vllm.settings import Settings
 
 try:  # vLLM's own per-block extra keys (LoRA, multimodal ids, cache salt, prompt embeddings)
@@ -62,6 +63,7 @@ class _Request:
     load: Optional[tuple] = None                    # (first token, end token) to load
     hit: int = 0                                    # the token the last lookup's hit ends at
     own_junction: int = 0                           # vLLM's own shared_prefix_boundary at the lookup
+    loaded: int = 0                                 # tokens loaded from kvtier (its session's hit tokens)
 
 
 def event_extra_keys(request, blocks: list, block_size: int) -> Optional[list]:
@@ -100,6 +102,7 @@ class Scheduler:
         self._settled: set = set()     # same-step loads every worker reported since the last step
         self._recomputed: set = set()  # ... and the requests vLLM recomputes for their failures
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtier-lookup")
+        self._hints = Hints(lambda: self.stats)  # agentic sessions' hints (kvtier.vllm.sessions)
         self._hash_size_warned = False
         if not settings.prefix_caching:
             log.warning("kvtier.vllm: vLLM's own prefix caching is off for this model, so a prefill over a cached "
@@ -231,6 +234,7 @@ class Scheduler:
         state = self._requests.setdefault(request.request_id, _Request(request))
         state.request = request
         state.load = (state.hit - num_external_tokens, state.hit) if num_external_tokens > 0 else None
+        state.loaded = max(state.loaded, num_external_tokens)
         if state.load is not None and self._async:
             first, end = state.load
             state.load = None
@@ -398,7 +402,10 @@ class Scheduler:
         requests vLLM recomputes (a load of theirs failed on some rank, or a block of their
         table did): the workers drop those requests' held stores and queue the others', and
         their stores are planned again from their first failed block."""
-        self._freeing.difference_update(getattr(connector_output, "finished_sending", None) or ())
+        sent = getattr(connector_output, "finished_sending", None) or ()
+        self._freeing.difference_update(sent)
+        for pending in self._hints.landed(sent):
+            self._pool.submit(self._hints.send, self.clients, pending)
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(meta, KvtierWorkerMetadata) and meta.handshakes and not self.clients:
             # vLLM's handshake gave the scheduler another connector's metadata (kvtier inside a
@@ -440,12 +447,30 @@ class Scheduler:
         self._held.discard(request.request_id)
         if held:
             self._freeing.add(request.request_id)
-        self._requests.pop(request.request_id, None)
+        state = self._requests.pop(request.request_id, None)
+        hint = self._hints.finished(request, self._hint_chains(request), state.loaded if state else 0)
+        if hint is not None and held:
+            self._hints.wait(request.request_id, hint)  # sent when its stores have landed
+        elif hint is not None and self.clients:
+            self._pool.submit(self._hints.send, self.clients, hint)
         self._pending_loads = [l for l in self._pending_loads if l.req_id != request.request_id]
         pending = self._lookups.pop(request.request_id, None)
         if pending is not None:
             pending[1].cancel()
         return held
+
+    def _hint_chains(self, request) -> list:
+        """[(group, keys)] a session hint names: every prefix group's chain of the
+        request's full blocks (window and state groups keep no chain to name)."""
+        hashes = request.block_hashes
+        if not hashes or len(hashes[0]) != self._s.hash_bytes:
+            return []
+        chains = []
+        for plan in self._s.plans:
+            n = len(hashes) * self._s.hash_block_size // plan.block_size
+            if plan.role == PREFIX and n:
+                chains.append((plan.index, [bytes(hashes[plan.block_key_index(b)]) for b in range(n)]))
+        return chains
 
     def close(self) -> None:
         for c in self.clients:

@@ -141,9 +141,13 @@ class EngineLoop:
         self.preempted: set = set()  # requests vLLM preempted at least once
 
     # ---- requests ----
-    def add(self, req_id: str, prompt: list, max_tokens: int, **request_args) -> Request:
-        """A greedy request; `request_args` go to vLLM's Request (cache_salt, lora_request)."""
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    def add(self, req_id: str, prompt: list, max_tokens: int, *, kv_transfer_params: Optional[dict] = None,
+            **request_args) -> Request:
+        """A greedy request; `kv_transfer_params` as vLLM's OpenAI server passes a request's
+        (SamplingParams.extra_args); `request_args` go to vLLM's Request (cache_salt,
+        lora_request, session_id)."""
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra)
         req = Request(req_id, list(prompt), sp, None, block_hasher=self.hasher, **request_args)
         self.scheduler.add_request(req)
         self.outputs[req_id] = []
