@@ -721,8 +721,8 @@ Dispatcher::Reply Dispatcher::OnSessionHint(SessionContext& ctx, const fb::Reque
     return InvalidArgument("an engine hints its own namespace: namespace_id is for control sessions");
   }
   const int64_t ttl_ns = m.ttl_ms() < 0 ? -1 : m.ttl_ms() * 1'000'000;
-  KVTIER_ASSIGN_OR_RETURN(
-      uint32_t blocks, cache_->Hint(tenant, ns, m.session()->string_view(), hashes, ttl_ns, m.end(), m.hit_tokens()));
+  KVTIER_ASSIGN_OR_RETURN(uint32_t blocks, cache_->Hint(tenant, ns, m.session()->string_view(), hashes, ttl_ns, m.end(),
+                                                        m.hit_tokens(), m.prefetch()));
   return {fb::Reply::SessionHintReply, fb::CreateSessionHintReply(builder_, blocks).Union()};
 }
 

@@ -271,8 +271,10 @@ void Daemon::RegisterMetrics() {
                  [cache] { return cache->counters().promotions; });
   m.AddCounterFn("kvtier_promotion_failures_total", "NVMe reads that did not yield a verified block.", {},
                  [cache] { return cache->counters().promotion_failures; });
-  m.AddCounterFn("kvtier_prefetches_total", "NVMe hits a Lookup started reading before any Acquire.", {},
-                 [cache] { return cache->counters().prefetches; });
+  m.AddCounterFn("kvtier_prefetches_total",
+                 "Blocks read up before any Acquire: NVMe hits of a Lookup, and what sessions' prefetch hints found "
+                 "below the host tier.",
+                 {}, [cache] { return cache->counters().prefetches; });
   const char* moved = "Block bytes moved between tiers, by path.";
   m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "host_to_nvme"}},
                  [nvme] { return nvme->counters().spill_bytes; });

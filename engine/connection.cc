@@ -244,14 +244,15 @@ Status Connection::Ping(size_t payload_bytes) {
 }
 
 Result<uint32_t> Connection::SessionHint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms,
-                                         bool end, std::string_view namespace_id, uint64_t hit_tokens) {
+                                         bool end, std::string_view namespace_id, uint64_t hit_tokens, bool prefetch) {
   auto& b = builder();
   auto sid = b.CreateString(session.data(), session.size());
   auto hv = HashesToWire(b, chain);
   auto ns = namespace_id.empty() ? flatbuffers::Offset<flatbuffers::String>()
                                  : b.CreateString(namespace_id.data(), namespace_id.size());
   KVTIER_ASSIGN_OR_RETURN(
-      Ticket t, Send(fb::Op::SessionHint, fb::CreateSessionHint(b, sid, hv, ttl_ms, end, ns, hit_tokens).Union()));
+      Ticket t,
+      Send(fb::Op::SessionHint, fb::CreateSessionHint(b, sid, hv, ttl_ms, end, ns, hit_tokens, prefetch).Union()));
   uint32_t blocks = 0;
   KVTIER_RETURN_IF_ERROR(Wait(t, fb::Reply::SessionHintReply, [&](const fb::Response& r) {
     blocks = r.reply_as_SessionHintReply()->blocks();

@@ -122,7 +122,7 @@ class Connection {
   // A SessionHint (protocol minor 8) over `chain` (hashes of the session's size); control
   // sessions name the namespace (hex), engines leave it empty. The blocks it named.
   Result<uint32_t> SessionHint(std::string_view session, std::span<const BlockHash> chain, int64_t ttl_ms, bool end,
-                               std::string_view namespace_id, uint64_t hit_tokens);
+                               std::string_view namespace_id, uint64_t hit_tokens, bool prefetch = false);
   // Whether the session still lives, without a round trip: OK, or why it ended — the
   // daemon closed it (expired it, stopped, or crashed: its message when it sent one, else
   // kUnavailable) or the connection broke earlier. Pages read through references are only

@@ -190,9 +190,9 @@ Result<VerifyReport> ControlClient::Verify() {
 }
 
 Result<uint32_t> ControlClient::Hint(const std::string& namespace_id, std::string_view session,
-                                     std::span<const BlockHash> chain, int64_t ttl_ms, bool end) {
+                                     std::span<const BlockHash> chain, int64_t ttl_ms, bool end, bool prefetch) {
   if (namespace_id.empty()) return InvalidArgument("a control session's hint names its namespace");
-  return conn_->SessionHint(session, chain, ttl_ms, end, namespace_id, 0);
+  return conn_->SessionHint(session, chain, ttl_ms, end, namespace_id, 0, prefetch);
 }
 
 Result<std::vector<BlockExplanation>> ControlClient::Explain(std::span<const BlockHash> hashes,

@@ -160,9 +160,11 @@ class ControlClient {
   // the caller may see (a non-admin: its own tenant's).
   // A router's or an operator's hint for an agentic session of namespace `namespace_id`
   // (hex; its tenant's, any for an admin): as Client::Hint. kPermissionDenied for another
-  // tenant's namespace, kNotFound for one not in use.
+  // tenant's namespace, kNotFound for one not in use. `prefetch`: the chain's blocks below
+  // the host tier (NVMe, the lower tiers) are read into its free pages too, before the
+  // session's next turn arrives (never evicting; kvtier_prefetches_total counts them).
   Result<uint32_t> Hint(const std::string& namespace_id, std::string_view session, std::span<const BlockHash> chain,
-                        int64_t ttl_ms = -1, bool end = false);
+                        int64_t ttl_ms = -1, bool end = false, bool prefetch = false);
   Result<std::vector<BlockExplanation>> Explain(std::span<const BlockHash> hashes,
                                                 const std::string& namespace_id = "");
   // The top blocks of a tier (nullopt: GPU and host) by hits, or by recency.

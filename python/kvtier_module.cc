@@ -539,14 +539,14 @@ PYBIND11_MODULE(_kvtier, m) {
       .def(
           "hint",
           [](ControlClient& c, const std::string& namespace_id, const std::string& session,
-             const std::vector<py::bytes>& chain, int64_t ttl_ms, bool end) {
+             const std::vector<py::bytes>& chain, int64_t ttl_ms, bool end, bool prefetch) {
             const auto hs = HashesOf(chain);
             Result<uint32_t> r = [&] {
               py::gil_scoped_release nogil;
-              return c.Hint(namespace_id, session, hs, ttl_ms, end);
+              return c.Hint(namespace_id, session, hs, ttl_ms, end, prefetch);
             }();
             return Unwrap(std::move(r));
           },
-          py::arg("namespace_id"), py::arg("session"), py::arg("chain"), py::arg("ttl_ms") = -1,
-          py::arg("end") = false);
+          py::arg("namespace_id"), py::arg("session"), py::arg("chain"), py::arg("ttl_ms") = -1, py::arg("end") = false,
+          py::arg("prefetch") = false);
 }

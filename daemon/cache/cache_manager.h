@@ -240,9 +240,13 @@ class CacheManager {
   // session's blocks no live one shares before every other (SessionTable). Returns the
   // blocks the hint named (the chain's prefix resident in a pool tier). kResourceExhausted
   // when the tenant holds max_per_tenant sessions, all live (the hint is dropped).
-  // `hit_tokens`: what the session's request loaded, as its engine reports it.
+  // `hit_tokens`: what the session's request loaded, as its engine reports it. With
+  // `prefetch`, the chain past the prefix the pool tiers hold is read up from NVMe and the
+  // lower tiers into free host pages (ChainWalk::Prefetch, never evicting), whether or not
+  // the caller stays connected (kvctl does not); the blocks read are the session's from its
+  // next hint on.
   Result<uint32_t> Hint(TenantId tenant, NamespaceId ns, std::string_view session, std::span<const BlockHash> chain,
-                        int64_t ttl_ns, bool end, uint64_t hit_tokens = 0);
+                        int64_t ttl_ns, bool end, uint64_t hit_tokens = 0, bool prefetch = false);
   // The live namespace whose hex id is `hex` and its tenant, for a control session's hint:
   // kNotFound when none is, kPermissionDenied when `tenant` (null: an admin, any tenant) is
   // not its tenant.

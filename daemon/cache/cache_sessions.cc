@@ -46,7 +46,8 @@ void CacheManager::ApplyRetention(TenantId tenant, BlockId id, Retention r, int6
 }
 
 Result<uint32_t> CacheManager::Hint(TenantId tenant, NamespaceId ns, std::string_view session,
-                                    std::span<const BlockHash> chain, int64_t ttl_ns, bool end, uint64_t hit_tokens) {
+                                    std::span<const BlockHash> chain, int64_t ttl_ns, bool end, uint64_t hit_tokens,
+                                    bool prefetch) {
   std::vector<BlockId> ids(chain.size());
   const size_t n = blocks_->FindPrefix(ns, chain, ids.data());
   std::vector<uint32_t> blocks(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
@@ -59,6 +60,15 @@ Result<uint32_t> CacheManager::Hint(TenantId tenant, NamespaceId ns, std::string
   ++session_counts_.hints;
   session_counts_.hit_tokens += hit_tokens;
   t.CreditHits(session, hit_tokens);
+  if (prefetch) {
+    // From the first block no pool tier holds (or is reading up), as Lookup walks.
+    size_t from = 0;
+    while (from < n && (blocks_->ReadableTier(blocks_->block(ids[from])) || blocks_->block(ids[from]).promoting())) {
+      ++from;
+    }
+    // The walk is the daemon's (a session id no client has), so the caller may go.
+    if (from < chain.size()) walk_->Prefetch(kDaemonSession, ns, tenant, chain, from);
+  }
   return static_cast<uint32_t>(n);
 }
 

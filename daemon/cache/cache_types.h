@@ -19,7 +19,9 @@
 
 namespace kvtier {
 
-using SessionId = uint64_t;
+using SessionId = uint64_t;  // the server's, from 1
+// The daemon's own work on the chain (sessions' prefetch hints): no client's session.
+inline constexpr SessionId kDaemonSession = ~SessionId{0};
 using TenantId = OwnerId;
 using NamespaceId = uint32_t;
 

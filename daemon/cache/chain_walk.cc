@@ -40,6 +40,19 @@ std::optional<TierKind> ChainWalk::IndexHit(NamespaceId ns, TenantId tenant, con
 std::optional<CacheLookup> ChainWalk::LookupRest(SessionId session, NamespaceId ns, TenantId tenant,
                                                  std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
                                                  LookupDone done) {
+  return Walk(session, ns, tenant, hashes, std::move(r), prefetch, /*hint=*/false, std::move(done));
+}
+
+void ChainWalk::Prefetch(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
+                         size_t from) {
+  CacheLookup r;
+  r.tiers.assign(from, TierKind::kHost);  // where the walk starts; the answer goes to nobody
+  Walk(session, ns, tenant, hashes, std::move(r), /*prefetch=*/true, /*hint=*/true, [](CacheLookup) {});
+}
+
+std::optional<CacheLookup> ChainWalk::Walk(SessionId session, NamespaceId ns, TenantId tenant,
+                                           std::span<const BlockHash> hashes, CacheLookup r, bool prefetch, bool hint,
+                                           LookupDone done) {
   size_t j = r.tiers.size(), chunk = kFirstIndexProbe;
   bool prefix = true;
   if (j < hashes.size() && mover_) {
@@ -72,8 +85,8 @@ std::optional<CacheLookup> ChainWalk::LookupRest(SessionId session, NamespaceId 
     const uint64_t id = next_pending_++;
     std::vector<BlockHash> rest(hashes.begin() + static_cast<ptrdiff_t>(local), hashes.end());
     pending_lookups_[id] =
-        PendingLookup{session,         ns,     std::move(r), hashes.size(),         std::move(rest), 0,
-                      std::move(done), tenant, prefetch,     index_left ? chunk : 0};
+        PendingLookup{session, ns,       std::move(r),           hashes.size(), std::move(rest), 0, std::move(done),
+                      tenant,  prefetch, index_left ? chunk : 0, hint};
     if (index_left) {
       ContinueIndex(id);
     } else {
@@ -81,9 +94,11 @@ std::optional<CacheLookup> ChainWalk::LookupRest(SessionId session, NamespaceId 
     }
     return std::nullopt;
   }
-  for (TierKind t : r.tiers) ++counters_->block_hits[TierIndex(t)];
   r.matched = r.tiers.size();
-  counters_->block_misses += hashes.size() - r.matched;
+  if (!hint) {
+    for (TierKind t : r.tiers) ++counters_->block_hits[TierIndex(t)];
+    counters_->block_misses += hashes.size() - r.matched;
+  }
   return r;
 }
 
@@ -131,9 +146,11 @@ void ChainWalk::ContinueLookup(uint64_t lookup) {
   }
   PendingLookup done = std::move(p);
   pending_lookups_.erase(it);
-  for (TierKind t : done.result.tiers) ++counters_->block_hits[TierIndex(t)];
   done.result.matched = done.result.tiers.size();
-  counters_->block_misses += done.asked - done.result.matched;
+  if (!done.hint) {
+    for (TierKind t : done.result.tiers) ++counters_->block_hits[TierIndex(t)];
+    counters_->block_misses += done.asked - done.result.matched;
+  }
   done.done(std::move(done.result));
 }
 
@@ -142,6 +159,10 @@ void ChainWalk::FinishLookup(uint64_t lookup, size_t tier, size_t found) {
   if (it == pending_lookups_.end()) return;  // its session went away
   PendingLookup& p = it->second;
   p.result.tiers.insert(p.result.tiers.end(), found, (*lower_)[tier]->kind());
+  for (size_t k = 0; p.hint && k < found; ++k) {
+    if (blocks_->Find(p.ns, p.rest[k]) != kNoBlock) continue;  // in memory or on its way up
+    if (Promote(p.ns, p.tenant, p.rest[k], std::nullopt, false, tier).id != kNoBlock) ++counters_->prefetches;
+  }
   p.rest.erase(p.rest.begin(), p.rest.begin() + static_cast<ptrdiff_t>(found));
   ContinueLookup(lookup);
 }

@@ -75,6 +75,11 @@ class ChainWalk {
                                                       std::vector<std::pair<size_t, BlockId>> waits,
                                                       std::span<const size_t> missing, AcquireDone done);
 
+  // A session's prefetch hint: the rest of the chain past its first `from` hashes (those
+  // the pool tiers hold) is looked for as LookupRest looks (the NVMe index, then the lower
+  // tiers) and each block found is read into a free host page (never evicting: a block
+  // without one stays where it is). Counts no lookup; it stops where `session` goes away.
+  void Prefetch(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes, size_t from);
   // A promotion ended (the movers' after_promotion).
   void OnPromoted(BlockId id, const Status& st);
   // Starts the queued promotions a host page is free for now; misses those past their wait.
@@ -112,6 +117,7 @@ class ChainWalk {
     TenantId tenant = 0;     // while the index is read: who prefetches
     bool prefetch = false;   //   whether hits start their promotion
     size_t index_chunk = 0;  //   the next read's size; 0: the index is done with
+    bool hint = false;       // a prefetch hint's: not counted; lower tiers' hits promoted too
   };
   // A block to promote once the host tier has a page for it: from NVMe (its index
   // record), or from a lower tier (no record).
@@ -141,6 +147,9 @@ class ChainWalk {
   };
   Promoted Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const std::optional<BlockRecord>& rec,
                    bool may_evict, size_t first_lower = 0);
+  // LookupRest's walk; `hint`: a prefetch hint's (PendingLookup::hint).
+  std::optional<CacheLookup> Walk(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
+                                  CacheLookup r, bool prefetch, bool hint, LookupDone done);
   // The first lower tier from `from` on that can be asked now, or lower_->size().
   size_t AvailableLower(size_t from) const;
   // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.

@@ -59,7 +59,7 @@ kvtier::Result<std::vector<kvtier::BlockHash>> ParseHashes(const std::vector<std
 
 // hint: an operator's (or a router's) hint for an agentic session of a namespace.
 int Hint(kvtier::ControlClient& c, const std::vector<std::string>& hex, const std::string& ns,
-         const std::string& session, double ttl_s, bool release, bool end, bool as_json) {
+         const std::string& session, double ttl_s, bool release, bool end, bool prefetch, bool as_json) {
   auto hashes = ParseHashes(hex);
   if (!hashes.ok()) {
     std::fprintf(stderr, "kvctl: %s\n", hashes.status().message().c_str());
@@ -67,15 +67,16 @@ int Hint(kvtier::ControlClient& c, const std::vector<std::string>& hex, const st
   }
   // --release: not expected back (TTL 0: the protection lapses at the daemon's next tick).
   const int64_t ttl_ms = release ? 0 : ttl_s < 0 ? -1 : static_cast<int64_t>(ttl_s * 1000);
-  auto r = c.Hint(ns, session, *hashes, ttl_ms, end);
+  auto r = c.Hint(ns, session, *hashes, ttl_ms, end, prefetch);
   if (!r.ok()) return Die("hint", r.status());
   if (as_json) {
-    std::cout << json{{"session", session}, {"namespace", ns}, {"blocks", *r}}.dump(2) << "\n";
+    std::cout << json{{"session", session}, {"namespace", ns}, {"blocks", *r}, {"prefetch", prefetch}}.dump(2) << "\n";
   } else {
-    std::printf("session %s: %u of %zu blocks cached and %s\n", session.c_str(), *r, hashes->size(),
+    std::printf("session %s: %u of %zu blocks cached and %s%s\n", session.c_str(), *r, hashes->size(),
                 end       ? "ended (evicted first)"
                 : release ? "released"
-                          : "protected");
+                          : "protected",
+                prefetch ? "; the rest is read up from the tiers below where found" : "");
   }
   return 0;
 }
@@ -499,11 +500,12 @@ int main(int argc, char** argv) {
   }
   std::string hint_session;
   double hint_ttl = -1;
-  bool hint_release = false, hint_end = false;
+  bool hint_release = false, hint_end = false, hint_prefetch = false;
   auto* hint = app.add_subcommand(
       "hint",
       "A router's or operator's hint for an agentic session of a namespace (your tenant's; any for an admin):\n"
-      "keep its chain while it is away (--ttl), release it (--release) or end it (--end: evicted first)");
+      "keep its chain while it is away (--ttl), release it (--release), end it (--end: evicted first), or read it\n"
+      "up from NVMe and the lower tiers before its next turn (--prefetch)");
   hint->add_option("hashes", hashes, "The session's chain: block hashes in hex, first block first")->required();
   hint->add_option("-n,--namespace", ns, "The namespace (the id kvctl sessions shows)")->required();
   hint->add_option("--session", hint_session, "The session id (at most 256 bytes)")->required();
@@ -511,6 +513,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e9));
   hint->add_flag("--release", hint_release, "Not expected back: its blocks lose their protection");
   hint->add_flag("--end", hint_end, "The session has ended: its blocks no live session shares go first");
+  hint->add_flag("--prefetch", hint_prefetch,
+                 "Also read the chain's blocks found on NVMe or a lower tier into free host pages now, before the "
+                 "session's next turn (never evicting)");
   auto* blocks = app.add_subcommand("blocks", "Top blocks by hits (or --recent) in a tier, optionally one namespace");
   bool by_recent = false;
   uint32_t limit = 20;
@@ -583,7 +588,8 @@ int main(int argc, char** argv) {
   }
   kvtier::ControlClient& c = **client;
   if (lookup->parsed() || explain->parsed()) return Explain(c, hashes, ns, explain->parsed(), as_json);
-  if (hint->parsed()) return Hint(c, hashes, ns, hint_session, hint_ttl, hint_release, hint_end, as_json);
+  if (hint->parsed())
+    return Hint(c, hashes, ns, hint_session, hint_ttl, hint_release, hint_end, hint_prefetch, as_json);
   if (blocks->parsed()) return Blocks(c, tier_name, ns, by_recent, limit, as_json);
   if (evict->parsed()) return Evict(c, tier_name, bytes_text, as_json);
   if (drain->parsed()) return Drain(c, resume, no_wait, drain_timeout, as_json);

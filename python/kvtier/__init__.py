@@ -393,7 +393,10 @@ class ControlClient:
         self._c.ping()
 
     def hint(self, namespace_id: str, session: str, chain: Sequence[bytes], *, ttl_s: Optional[float] = None,
-             end: bool = False) -> int:
+             end: bool = False, prefetch: bool = False) -> int:
         """A router's or an operator's hint for a session of namespace ``namespace_id`` (its
-        tenant's; any for an admin): as Client.hint."""
-        return self._c.hint(namespace_id, session, list(chain), -1 if ttl_s is None else int(ttl_s * 1000), end)
+        tenant's; any for an admin): as Client.hint. ``prefetch``: the chain's blocks found on
+        NVMe or a lower tier are read into free host pages too, before the session's next
+        turn (never evicting)."""
+        return self._c.hint(namespace_id, session, list(chain), -1 if ttl_s is None else int(ttl_s * 1000), end,
+                            prefetch)

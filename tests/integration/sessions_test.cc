@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -164,30 +165,145 @@ TEST(AgentSessions, KvctlListsSessionsAndAnOperatorEndsOne) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// A router's prefetch hint reads a session's chain up from NVMe into free host pages before
+// its next turn, and goes on after kvctl, which sent it, has gone; a hint without it moves
+// nothing.
+TEST(AgentSessions, APrefetchHintReadsTheChainUpFromNvmeBeforeTheNextTurn) {
+  DaemonProcess::Options o = SixteenPages();
+  o.host_capacity = "4MiB";  // 64 pages
+  o.nvme_capacity = "8MiB";
+  o.nvme_yaml = "    write_policy: write_through\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Connect(EngineOptions(d.socket_path(), "agent"));
+  ASSERT_TRUE(c.ok());
+  const auto x = HashChain(0xa7, 40);  // longer than the part of a walk read on the control thread
+  ASSERT_TRUE(Store(**c, TierKind::kHost, x, 1).ok());
+  auto nvme_blocks = [&] {
+    auto s = StatsOf(d.socket_path());
+    for (const auto& t : s.ok() ? s->tiers : std::vector<TierStatsInfo>{}) {
+      if (t.tier == TierKind::kNvme) return t.blocks;
+    }
+    return uint64_t{0};
+  };
+  ASSERT_TRUE(WaitUntil([&] { return nvme_blocks() >= x.size(); })) << d.Log();
+  auto admin = ControlClient::Connect(ControlOptions(d.socket_path()));
+  ASSERT_TRUE(admin.ok());
+  ASSERT_TRUE((*admin)->Evict(TierKind::kHost, 4u << 20).ok());  // the session's tool pause
+  auto in = [&](TierKind tier) {
+    auto l = (*c)->Lookup(x);
+    if (!l.ok() || l->matched != x.size()) return size_t{0};
+    return static_cast<size_t>(std::count(l->tiers.begin(), l->tiers.end(), tier));
+  };
+  ASSERT_EQ(in(TierKind::kNvme), x.size());
+  std::string chain;
+  for (const BlockHash& h : x) chain += " " + h.Hex();
+  const std::string ns = (*c)->namespace_id();
+  EXPECT_EQ(Kvctl(d, "hint -n " + ns + " --session agent-7 --ttl 60" + chain)["blocks"], 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(in(TierKind::kNvme), x.size()) << "a hint without --prefetch moved blocks";
+  const std::string url = MetricsUrl(d);
+  const double hits = Metric(url, "kvtier_block_hits_total{tier=\"nvme\"}");
+  auto sent = Kvctl(d, "hint -n " + ns + " --session agent-7 --prefetch" + chain);
+  EXPECT_EQ(sent["prefetch"], true);
+  EXPECT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_prefetches_total") == static_cast<double>(x.size()); }))
+      << d.Log();
+  EXPECT_EQ(Metric(url, "kvtier_block_hits_total{tier=\"nvme\"}"), hits) << "the prefetch counted as a lookup";
+  EXPECT_TRUE(WaitUntil([&] { return in(TierKind::kHost) == x.size(); }, std::chrono::seconds(10)))
+      << "host " << in(TierKind::kHost) << " of " << x.size() << "\n"
+      << d.Log();
+  // The turn arrives: its hint names the whole chain, now in the host tier, and protects it
+  // up to the tenant's share (sessions.protected_share 0.5 of 64 pages).
+  auto named = (*c)->Hint("agent-7", x, 60'000);
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(*named, x.size());
+  EXPECT_EQ(Metric(url, "kvtier_protected_blocks{tier=\"host\"}"), 32.0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// `body` in a child process run as `uid` in group `group` (the socket's): its exit code.
+int AsUser(uid_t uid, gid_t group, const std::function<int()>& body) {
+  EngineProcess p([&]() -> int {
+    const gid_t groups[1] = {group};
+    if (::setgroups(1, groups) != 0 || ::setgid(group) != 0 || ::setuid(uid) != 0) return 30;
+    return body();
+  });
+  return p.Join();
+}
+
+constexpr gid_t kEngines = 41100;
+constexpr uid_t kOwner = 41101, kOther = 41102;
+
+// SixteenPages with tenants team_a (kOwner) and team_b (kOther), engines in kEngines.
+DaemonProcess::Options TwoTenants(const std::string& extra = "") {
+  DaemonProcess::Options o =
+      SixteenPages("  tenants: [{name: team_a, uids: [41101]}, {name: team_b, uids: [41102]}]\n" + extra);
+  o.socket_yaml = "  group: " + std::to_string(kEngines) + "\n";
+  o.segment_bytes = "256KiB";  // a segment is one tenant's: 4 segments of 4 pages
+  return o;
+}
+
+// A tenant's protection stops at its share of the tier while another tenant allocates: the
+// other's allocation takes the tenant's unprotected blocks first (newer ones too), then the
+// protected ones (never refused for them).
+TEST(AgentSessions, ATenantsProtectionStopsAtItsShareWhileAnotherTenantAllocates) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run engines as two tenants";
+  DaemonProcess d(TwoTenants("sessions:\n  protected_share: 0.25\n"));  // 4 of 16 pages
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const auto y = HashChain(0xa8, 4), x = HashChain(0xb8, 4);
+  // y (older) and x, a segment each; y's session takes the share, x's gets none of it.
+  ASSERT_EQ(AsUser(kOwner, kEngines,
+                   [&]() -> int {
+                     auto c = Client::Connect(EngineOptions(d.socket_path(), "team-a-engine"));
+                     if (!c.ok() || !Store(**c, TierKind::kHost, y, 1).ok()) return 31;
+                     if (!Store(**c, TierKind::kHost, x, 1).ok()) return 32;
+                     auto hy = (*c)->Hint("a-y", y, 600'000);
+                     auto hx = (*c)->Hint("a-x", x, 600'000);
+                     return hy.ok() && hx.ok() && *hy == 4 && *hx == 4 ? 0 : 33;
+                   }),
+            0);
+  const std::string url = MetricsUrl(d);
+  EXPECT_EQ(Metric(url, "kvtier_protected_blocks{tier=\"host\"}"), 4.0);
+  EXPECT_GE(Metric(url, "kvtier_session_protection_over_share_total"), 4.0);
+  auto team_b_allocates = [&](uint32_t pages) {
+    return AsUser(kOther, kEngines, [&]() -> int {
+      auto c = Client::Connect(EngineOptions(d.socket_path(), "team-b-engine"));
+      if (!c.ok()) return 40;
+      auto p = (*c)->Allocate(TierKind::kHost, pages);
+      return p.ok() && p->size() == pages ? 0 : 41;
+    });
+  };
+  auto host_blocks = [&](const std::string& session) {
+    const nlohmann::json listed = Kvctl(d, "agents");
+    for (const auto& s : listed["agent_sessions"]) {
+      if (s["session"] == session) return s["host_blocks"].get<int>();
+    }
+    return -1;
+  };
+  // 8 free pages and one of team_a's segments: x's, though y is older.
+  ASSERT_EQ(team_b_allocates(12), 0) << d.Log();
+  EXPECT_EQ(host_blocks("a-y"), 4);
+  EXPECT_EQ(host_blocks("a-x"), 0);
+  // Every page: the protected blocks go too.
+  ASSERT_EQ(team_b_allocates(16), 0) << d.Log();
+  EXPECT_EQ(host_blocks("a-y"), 0);
+  EXPECT_EQ(Metric(url, "kvtier_protected_blocks{tier=\"host\"}"), 0.0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 // Routers and operators hint through control sessions, for namespaces of their own tenant
 // (an admin's: any); another tenant's is refused.
 TEST(AgentSessions, ARouterHintsItsTenantsNamespaceAndNoOneElses) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a router as another user";
-  constexpr gid_t kEngines = 41100;
-  constexpr uid_t kOwner = 41101, kOther = 41102;
-  DaemonProcess::Options o =
-      SixteenPages("  tenants: [{name: team_a, uids: [41101]}, {name: team_b, uids: [41102]}]\n");
-  o.socket_yaml = "  group: " + std::to_string(kEngines) + "\n";
-  DaemonProcess d(o);
+  DaemonProcess d(TwoTenants());
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const auto x = HashChain(0xa5, 4);
   // team_a's engine stores x; its namespace is what routers name.
   int report[2];
   ASSERT_EQ(::pipe(report), 0);
-  auto as = [&](uid_t uid, const std::function<int()>& body) {
-    EngineProcess p([&]() -> int {
-      const gid_t groups[1] = {kEngines};
-      if (::setgroups(1, groups) != 0 || ::setgid(kEngines) != 0 || ::setuid(uid) != 0) return 30;
-      return body();
-    });
-    return p.Join();
-  };
+  auto as = [&](uid_t uid, const std::function<int()>& body) { return AsUser(uid, kEngines, body); };
   std::string ns;
   ASSERT_EQ(as(kOwner,
                [&]() -> int {

@@ -352,6 +352,8 @@ def test_a_sessions_hint_names_the_blocks_it_found_and_bad_hints_raise(daemon):
         [s] = kvtier.ControlClient(daemon.socket).stats(agent_sessions=True)["agent_sessions"]
         assert (s["session"], s["state"], s["hit_tokens"], s["protected_blocks"]) == ("agent-7", "live", 32, 3)
         assert 25 < s["ttl_left_s"] <= 30
+        control = kvtier.ControlClient(daemon.socket)
+        assert control.hint(c.namespace_id, "agent-7", chain, ttl_s=5, prefetch=True) == 3  # no tier below: nothing read
         assert c.hint("agent-7", chain, end=True) == 3
         with pytest.raises(kvtier.InvalidArgumentError, match="session id"):
             c.hint("", chain)

@@ -31,6 +31,10 @@ its suffix, with a prompt sent ``--prompts`` prompts earlier: more than vLLM's o
 cache holds (``--num-gpu-blocks-override`` sized for ``--cache-prompts`` prompts), less
 than kvtierd's host tier. vLLM alone recomputes the prefix; a cache connector loads it.
 
+``--agentic-trace FILE`` replays an agentic session trace instead (vLLM alone, kvtier
+without and with the sessions' hints, LMCache at equal host capacity):
+``kvtier_testing.agentic_replay`` says how.
+
 Per configuration and workload: TTFT p50/p99, TPOT p50, request and output-token
 throughput, failed requests, the server's external prefix-cache hits, the connector's
 blocking share of a step (kvtier.vllm's ``KVConnectorStats``, from vLLM's "KV Transfer
@@ -51,7 +55,7 @@ import sys
 import tempfile
 import time
 
-from kvtier_testing import tiny_model
+from kvtier_testing import agentic_replay, tiny_model
 from kvtier_testing.vllm_e2e import (SERVICES, Server, _tail, settled_counter, start_all, transfer_metrics,
                                      vllm_version)
 
@@ -95,17 +99,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--random-prompts", type=int, default=16)
     p.add_argument("--cache-prompts", type=int, default=4, help="prompts vLLM's own KV cache holds")
     p.add_argument("--block-size", type=int, default=32)
-    p.add_argument("--configs", default="vllm,kvtier,lmcache", help="comma-separated, in round order")
+    p.add_argument("--configs", default="", help="comma-separated, in round order (default: vllm,kvtier,lmcache; "
+                   "with --agentic-trace vllm,kvtier-nohints,kvtier,lmcache)")
     p.add_argument("--base-kvtier", default="", help="a directory holding another build's kvtier package")
     p.add_argument("--quick", action="store_true", help="1 round, 8 prompts (a smoke run)")
     p.add_argument("--start-timeout", type=float, default=600.0)
     p.add_argument("--keep", action="store_true", help="keep the work directory (model, logs, results)")
     p.add_argument("--save", default="", help="also write the JSON object to this file")
     p.add_argument("--seed", type=int, default=0)
+    agentic_replay.add_args(p)
     a = p.parse_args(argv)
     if a.quick:
         a.rounds, a.prompts, a.random_prompts = 1, 8, 8
+    a.configs = a.configs or (",".join(agentic_replay.CONFIGS) if a.agentic_trace else "vllm,kvtier,lmcache")
     a.configs = [c for c in a.configs.split(",") if c]
+    if a.agentic_trace and not set(a.configs) <= set(agentic_replay.CONFIGS):
+        p.error(f"--agentic-trace runs {','.join(agentic_replay.CONFIGS)}, not {','.join(a.configs)}")
     if a.base_kvtier and "kvtier-base" not in a.configs:
         a.configs.append("kvtier-base")
     return a
@@ -255,6 +264,10 @@ def run(a: argparse.Namespace, work: str) -> dict:
     if "lmcache" in configs and not os.path.isdir(os.path.join(
             os.environ.get("KVTIER_LMCACHE_PATH", "build-engines/lmcache"), "lmcache")):
         configs.remove("lmcache")  # not installed: scripts/engines-env.sh --lmcache
+    if a.agentic_trace:
+        out = agentic_replay.run(a, work, model_dir, rng, configs)
+        out.update({"vllm_version": vllm_version(), "cores": os.cpu_count()})
+        return out
     sessions: dict = {c: [] for c in configs}
     prompt_files = prefix_prompts(a, model_dir, work)
     t0 = time.monotonic()
@@ -286,6 +299,8 @@ def main(argv=None) -> int:
             json.dump(out, f, indent=1)
     if a.json:
         print(json.dumps(out, indent=1))
+    elif a.agentic_trace:
+        agentic_replay.print_table(out)
     else:
         for config, workloads in out["medians"].items():
             for w, m in workloads.items():

@@ -240,10 +240,11 @@ class KvtierService:
 
     name = "kvtier"
     extra: dict = {}  # more kv_connector_extra_config
+    nvme_factor = 2  # the NVMe tier's capacity in host tiers (0: none)
 
     def __init__(self, block_bytes: int, blocks: int, work: str, rng: random.Random):
         page_bytes = 1 << (block_bytes - 1).bit_length()
-        self.daemon = Daemon(page_bytes=page_bytes, pages=blocks, nvme_bytes=2 * blocks * page_bytes)
+        self.daemon = Daemon(page_bytes=page_bytes, pages=blocks, nvme_bytes=self.nvme_factor * blocks * page_bytes)
         self.env: dict = {}
 
     def connector_args(self) -> list:
@@ -281,13 +282,14 @@ class LMCacheService:
     (build-engines/lmcache, put on PYTHONPATH of its processes only)."""
 
     name = "lmcache"
+    whole_gb = True  # its L1 rounded up to whole GiB (False: exactly the bytes asked for)
 
     def __init__(self, block_bytes: int, blocks: int, work: str, rng: random.Random):
         self.path = os.path.abspath(os.environ.get("KVTIER_LMCACHE_PATH", "build-engines/lmcache"))
         if not os.path.isdir(os.path.join(self.path, "lmcache")):
             raise RuntimeError(f"no LMCache in {self.path}: run scripts/engines-env.sh --lmcache")
         self.env = {"PYTHONPATH": self.path, "LMCACHE_DISABLE_BANNER": "1"}
-        self.gb = max(1, -(-block_bytes * blocks // (1 << 30)))
+        self.gb = (max(1, -(-block_bytes * blocks // (1 << 30))) if self.whole_gb else block_bytes * blocks / (1 << 30))
         self.rng, self.log_path = rng, os.path.join(work, "lmcache.log")
         self.proc: Optional[subprocess.Popen] = None
         self.leases: list = []
