@@ -139,7 +139,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--turns", type=int, default=10, help="at most N turns of each session")
     g.add_argument("--time-scale", type=float, default=0.25, help="trace seconds x this")
     g.add_argument("--hash-tokens", type=int, default=16, help="tokens per trace hash id")
-    g.add_argument("--host-fraction", type=float, default=0.3,
+    g.add_argument("--host-fraction", type=float, default=0.2,
                    help="kvtier's host tier and LMCache's L1 as a share of the replay's unique blocks")
     g.add_argument("--engine-blocks", type=int, default=0, help="vLLM's own KV cache in blocks (0: derived)")
 
