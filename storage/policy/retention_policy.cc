@@ -21,10 +21,11 @@ void RetentionPolicy::SetRetention(BlockId id, Retention r, int64_t expected_ret
   if (!resident(id)) return;
   auto it = classed_.find(id);
   const Retention was = it == classed_.end() ? Retention::kOrdinary : it->second.r;
+  if (was == r && r == Retention::kOrdinary) return;  // unclassed, and stays so: `it` is end()
   const Order order = r == Retention::kProtected ? Order{expected_return, depth}
                       : was == r                 ? it->second.order
                                                  : Order{++seq_, 0};
-  if (was == r && (r == Retention::kOrdinary || it->second.order == order)) return;
+  if (was == r && it->second.order == order) return;
   const bool evictable = evictable_id(id);
   if (was != Retention::kOrdinary) {
     if (evictable) SetOf(was).erase({it->second.order, id});

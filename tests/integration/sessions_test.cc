@@ -82,7 +82,8 @@ TEST(AgentSessions, ProtectionStopsAtTheTenantsShareNeverBlocksAnAllocationAndLa
   ASSERT_TRUE(c.ok());
   const auto x = HashChain(0xa3, 8);
   ASSERT_TRUE(Store(**c, TierKind::kHost, x, 1).ok());
-  ASSERT_TRUE((*c)->Hint("agent-3", x, 60'000).ok());
+  auto first = (*c)->Hint("agent-3", x, 60'000);
+  ASSERT_TRUE(first.ok()) << first.status().ToString() << d.Log();
   const std::string url = MetricsUrl(d);
   EXPECT_EQ(Metric(url, "kvtier_protected_blocks{tier=\"host\"}"), 4.0);
   EXPECT_GE(Metric(url, "kvtier_session_protection_over_share_total"), 4.0);

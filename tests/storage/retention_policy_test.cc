@@ -52,6 +52,18 @@ TEST(RetentionPolicy, ProtectedBlocksExpectedTogetherLeaveDeepestFirstAndReferen
   EXPECT_EQ(p->Victim(), 0u);
 }
 
+TEST(RetentionPolicy, OrdinaryForAnUnclassedBlockChangesNothing) {
+  // The over-share path asks an unclassed block to stay ordinary (sanitizers catch a look
+  // into classed_.end()); the inner policy keeps its order and nothing is counted.
+  auto p = Lru();
+  for (BlockId id = 0; id < 3; ++id) p->Insert(id, kNoBlock, id);
+  p->SetRetention(0, Retention::kOrdinary);
+  p->SetRetention(0, Retention::kOrdinary, 7, 2);
+  EXPECT_EQ(p->protected_blocks(), 0u);
+  EXPECT_EQ(p->evictable(), 3u);
+  EXPECT_EQ(p->Victim(), 0u);
+}
+
 struct Changes {
   std::map<uint32_t, std::pair<Retention, int64_t>> now;
   SessionTable::OnChange Sink() {
