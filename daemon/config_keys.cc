@@ -562,12 +562,25 @@ const std::vector<ConfigKey>& ConfigKeys() {
                          events.options.flush_interval_ns)},
       {"events.batch_size", "256", "Most block hashes in one message.",
        KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 1 << 16)), events.options.batch_size)},
+      {"events.message_bytes", "64KiB",
+       "Most bytes of block hashes, tokens and extra keys in one message (one block's may exceed it alone): "
+       "what a subscriber that stops reading holds is at most events.send_hwm such messages.",
+       KVTIER_CONFIG_SET((Bytes(key, n, 4096, 64ull << 20)), events.options.message_bytes)},
       {"events.buffer_events", "100000",
        "Most events waiting to be sent; past it events are dropped and counted "
        "(kvtier_events_dropped_total).",
        KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 1 << 26)), events.options.queue_events)},
+      {"events.buffer_bytes", "64MiB",
+       "Most bytes of events waiting to be sent (their hashes, and with events.token_ids their tokens and "
+       "extra keys); past it events are dropped and counted as past events.buffer_events. Each tenant's take "
+       "at most an equal share of both.",
+       KVTIER_CONFIG_SET((Bytes(key, n, 64 * 1024, 1ull << 34)), events.options.queue_bytes)},
       {"events.replay_messages", "10000", "Messages kept for the replay socket.",
        KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 0, 1 << 22)), events.options.replay_batches)},
+      {"events.replay_bytes", "64MiB",
+       "Most bytes of messages kept for the replay socket; past it (or events.replay_messages) the oldest "
+       "kept message is forgotten.",
+       KVTIER_CONFIG_SET((Bytes(key, n, 64 * 1024, 1ull << 34)), events.options.replay_bytes)},
       {"events.send_hwm", "1000",
        "Messages queued for each subscriber (ZMQ_SNDHWM; 64 bytes each, payloads are shared); "
        "a subscriber that falls further behind misses messages (the replay socket has them), "

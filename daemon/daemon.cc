@@ -363,7 +363,7 @@ void Daemon::Reload() {
   SetLogLevel(next->log_level);
   *tenants_ = TenantResolver(next->security, ::geteuid());  // the dispatcher and server hold it
   auto [configured, unknown] = TenantLimitsOf(next->security);
-  cache_->SetTenantLimits(std::move(configured), unknown);
+  cache_->SetTenantLimits(std::move(configured), unknown, next->security.max_leased_share);
   // What else differs from the file read at start waits for a restart: named by its
   // top-level section. (config_ stays the config the daemon started with.)
   std::vector<std::string> later;

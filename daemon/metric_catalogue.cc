@@ -222,8 +222,9 @@ void Daemon::RegisterMetrics() {
     m.AddCounterFn("kvtier_event_messages_total", "Messages sent on the KV event socket.", {},
                    [events] { return events->counters().messages; });
     m.AddCounterFn("kvtier_events_dropped_total",
-                   "KV events dropped because events.buffer_events were already waiting to be sent.", {},
-                   [events] { return events->counters().dropped; });
+                   "KV events dropped because events.buffer_events (or events.buffer_bytes) were already waiting to be "
+                   "sent, in all or of the tenant's share.",
+                   {}, [events] { return events->counters().dropped; });
     m.AddCounterFn("kvtier_event_replays_total", "Replay requests answered on events.replay.", {},
                    [events] { return events->counters().replays; });
     const char* peers = "Connections to the KV event sockets, by socket (publish: subscribers).";

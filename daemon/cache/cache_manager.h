@@ -169,8 +169,11 @@ class CacheManager {
   // Tenants' limits from a reloaded config (NamespaceTable::SetLimits): host, GPU and
   // remote quotas and reserves apply to the next allocation; the NVMe tier's were fixed
   // at start.
-  void SetTenantLimits(std::unordered_map<std::string, TenantLimits> tenant_limits, TenantLimits unknown_limits) {
+  // security.max_leased_share likewise: the next Allocate's cap (leases held stay).
+  void SetTenantLimits(std::unordered_map<std::string, TenantLimits> tenant_limits, TenantLimits unknown_limits,
+                       double max_leased_share) {
     namespaces_.SetLimits(std::move(tenant_limits), unknown_limits);
+    options_.max_leased_share = max_leased_share;
   }
 
   // Binds a session to tenant x layout. kInvalidArgument for a bad layout or a block that

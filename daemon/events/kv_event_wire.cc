@@ -136,6 +136,7 @@ Result<std::vector<std::string>> SplitExtraKeys(std::span<const uint8_t> bytes, 
   // ids with offsets per block), low enough that one Commit cannot make the daemon build
   // a large object tree.
   constexpr size_t kMaxKeysPerBlock = 64, kMaxKeyBytes = 4096, kMaxDepth = 4;
+  constexpr size_t kMaxEntryBytes = StoredKeys::kMaxExtraKeyBytes;
   const msgpack::unpack_limit limit(std::max<size_t>(blocks, kMaxKeysPerBlock), 0, kMaxKeyBytes, kMaxKeyBytes, 0,
                                     kMaxDepth);
   msgpack::object_handle oh;
@@ -161,6 +162,12 @@ Result<std::vector<std::string>> SplitExtraKeys(std::span<const uint8_t> bytes, 
     }
     msgpack::sbuffer buf;
     msgpack::pack(buf, entry);
+    if (buf.size() > kMaxEntryBytes) {
+      // Each is kept with its block's BlockStored while it waits to be sent.
+      return InvalidArgument("commit extra_keys: entry " + std::to_string(i) + " packs to " +
+                             std::to_string(buf.size()) + " bytes (at most " + std::to_string(kMaxEntryBytes) +
+                             " per block)");
+    }
     out.emplace_back(buf.data(), buf.size());
   }
   return out;

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -107,9 +108,10 @@ struct KvEvents::Sockets {
   // PAIR sockets receiving the monitor events of pub and replay.
   std::optional<zmq::socket_t> pub_monitor, replay_monitor;
   uint32_t peers[2] = {0, 0};  // pub, replay
-  // The replay ring: (sequence, payload); payloads shared with what pub sent.
-  std::vector<std::pair<uint64_t, zmq::message_t>> ring;
-  size_t ring_next = 0;
+  // The replay ring, oldest first: (sequence, payload); payloads shared with what pub
+  // sent. At most replay_batches messages and replay_bytes of payloads.
+  std::deque<std::pair<uint64_t, zmq::message_t>> ring;
+  uint64_t ring_bytes = 0;
   int64_t last_refusal_log_ns = 0;
 };
 
@@ -326,20 +328,26 @@ std::vector<KvEvents::TopicKey> KvEvents::EndIdleTopics(int64_t now_ns) {
   return ended;
 }
 
-bool KvEvents::Admit(TenantState* tenant) {
-  // An equal share of the buffer for each tenant with namespaces, and the buffer's bound.
-  const uint64_t share = std::max<uint64_t>(1, options_.queue_events / std::max<size_t>(1, tenants_.size()));
-  if (queued_ >= options_.queue_events || tenant->queued >= share) {
+bool KvEvents::Admit(TenantState* tenant, uint64_t bytes) {
+  // An equal share of the buffer (events and bytes) for each tenant with namespaces, and
+  // the buffer's bounds.
+  const uint64_t tenants = std::max<size_t>(1, tenants_.size());
+  const uint64_t share = std::max<uint64_t>(1, options_.queue_events / tenants);
+  const uint64_t byte_share = options_.queue_bytes / tenants;
+  if (queued_ >= options_.queue_events || tenant->queued >= share || queued_bytes_ + bytes > options_.queue_bytes ||
+      tenant->queued_bytes + bytes > byte_share) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   ++queued_;
   ++tenant->queued;
+  queued_bytes_ += bytes;
+  tenant->queued_bytes += bytes;
   return true;
 }
 
-KvEvent* KvEvents::Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier) {
-  if (!Admit(ns.tenant)) return nullptr;
+KvEvent* KvEvents::Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t bytes) {
+  if (!Admit(ns.tenant, sizeof(KvEvent) + bytes)) return nullptr;
   if (t.pending.empty()) order_.push_back(&t);
   t.pending.push_back(KvEvent{.kind = kind,
                               .block_size = ns.block_size,
@@ -366,6 +374,8 @@ void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind
   if (!options_.token_ids || keys.tokens.size() != ns.block_size) keys.tokens = {};
   if (!options_.token_ids || keys.extra.size() != 1) keys.extra = {};
   const bool signed_hashes = ns.hashes == EventHashForm::kSglang;
+  // What the event grows by (a new event adds its own size and the LoRA name).
+  const uint64_t bytes = sizeof(h) + keys.tokens.size_bytes() + (keys.extra.empty() ? 0 : keys.extra.front().size());
   // Consecutive removals join one BlockRemoved; the next block of a chain being stored
   // joins the previous BlockStored (vLLM's form) when both have tokens or neither has,
   // likewise extra keys, and both name the same LoRA adapter.
@@ -373,22 +383,24 @@ void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind
     KvEvent& last = t.pending.back();
     const bool joins = last.kind == kind && last.tier == tier && last.signed_hashes == signed_hashes &&
                        last.group == ns.group && last.block_size == ns.block_size &&
-                       last.hashes.size() < options_.batch_size &&
+                       last.hashes.size() < options_.batch_size && last.bytes + bytes <= options_.message_bytes &&
                        (kind == KvEvent::Kind::kRemoved ||
                         (p && last.hashes.back() == *p && last.token_ids.empty() == keys.tokens.empty() &&
                          last.extra_keys.empty() == keys.extra.empty() && last.lora_name == keys.lora_name &&
                          last.lora_id == keys.lora_id));
     if (joins) {
-      if (!Admit(ns.tenant)) return;
+      if (!Admit(ns.tenant, bytes)) return;
       last.hashes.push_back(h);
+      last.bytes += bytes;
       last.token_ids.insert(last.token_ids.end(), keys.tokens.begin(), keys.tokens.end());
       last.extra_keys.insert(last.extra_keys.end(), keys.extra.begin(), keys.extra.end());
       return;
     }
   }
-  KvEvent* e = Append(t, ns, kind, tier);
+  KvEvent* e = Append(t, ns, kind, tier, bytes + keys.lora_name.size());
   if (e == nullptr) return;
   e->hashes.push_back(h);
+  e->bytes = bytes + keys.lora_name.size();
   if (kind == KvEvent::Kind::kStored) {
     e->parent = p;
     e->token_ids.assign(keys.tokens.begin(), keys.tokens.end());
@@ -514,8 +526,8 @@ void KvEvents::PublishPending() {
     for (Topic* t : order_) batches.push_back(Batch{t->key.first, t->key.second, std::move(t->pending)});
     for (Topic* t : order_) t->pending.clear();
     order_.clear();
-    queued_ = 0;
-    for (auto& [name, tenant] : tenants_) tenant.queued = 0;
+    queued_ = queued_bytes_ = 0;
+    for (auto& [name, tenant] : tenants_) tenant.queued = tenant.queued_bytes = 0;
     // After their last batches are taken: a topic revived later is a new one, whose events
     // go out after this retraction.
     ended = EndIdleTopics(SystemClock::Default()->NowNanos());
@@ -535,11 +547,14 @@ void KvEvents::PublishPending() {
       }
       state_dirty_ = true;
     }
-    // At most batch_size hashes a message.
+    // At most batch_size hashes and message_bytes a message.
     for (size_t at = 0; at < events.size();) {
       size_t end = at, hashes = 0;
-      while (end < events.size() && (end == at || hashes + events[end].hashes.size() <= options_.batch_size)) {
+      uint64_t bytes = 0;
+      while (end < events.size() && (end == at || (hashes + events[end].hashes.size() <= options_.batch_size &&
+                                                   bytes + events[end].bytes <= options_.message_bytes))) {
         hashes += events[end].hashes.size();
+        bytes += events[end].bytes;
         ++end;
       }
       Publish(topic, EncodeEventBatch(now, std::span<const KvEvent>(events.data() + at, end - at), options_.encoding,
@@ -599,11 +614,11 @@ void KvEvents::Publish(const std::string& topic, const std::string& payload) {
   messages_.fetch_add(1, std::memory_order_relaxed);
   if (!keep) return;
   auto& ring = sockets_->ring;
-  if (ring.size() < options_.replay_batches) {
-    ring.emplace_back(seq, std::move(kept));
-  } else {
-    ring[sockets_->ring_next] = {seq, std::move(kept)};
-    sockets_->ring_next = (sockets_->ring_next + 1) % ring.size();
+  sockets_->ring_bytes += kept.size();
+  ring.emplace_back(seq, std::move(kept));
+  while (ring.size() > options_.replay_batches || (ring.size() > 1 && sockets_->ring_bytes > options_.replay_bytes)) {
+    sockets_->ring_bytes -= ring.front().second.size();
+    ring.pop_front();
   }
 }
 
@@ -637,10 +652,7 @@ void KvEvents::ServeReplay() {
       r.send(payload, zmq::send_flags::none);
     };
     try {
-      // Oldest first: the ring's next slot is its oldest entry once it is full.
-      auto& ring = sockets_->ring;
-      for (size_t i = 0; i < ring.size(); ++i) {
-        auto& [seq, kept] = ring[(sockets_->ring_next + i) % ring.size()];
+      for (auto& [seq, kept] : sockets_->ring) {  // oldest first
         if (seq < start) continue;
         zmq::message_t shared;
         shared.copy(kept);

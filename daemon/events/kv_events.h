@@ -69,8 +69,8 @@
 // so one tenant's sessions cannot make every commit fan out to thousands of topics. A
 // routable id belongs to the tenant whose engine declared it first, for as long as a topic
 // it named lives: another tenant's engine declaring it is refused, so nobody announces
-// blocks as another engine. Of the buffer's queue_events, a tenant's events take at most
-// an equal share among the tenants with namespaces here; past it its events are dropped
+// blocks as another engine. Of the buffer's queue_events and queue_bytes, a tenant's events
+// take at most an equal share among the tenants with namespaces here; past it its events are dropped
 // (and counted), not everyone's.
 //
 // One sequence numbers every message on the socket, so a
@@ -95,7 +95,9 @@
 // socket and answers its requests ([identity, "", start sequence (8 bytes)] -> every kept
 // message from that sequence on as [identity, "", sequence, payload], then sequence -1
 // and an empty payload, as vLLM's replay socket does). Bounds: at most queue_events
-// events wait for the publisher thread (more are dropped and counted); the PUB socket's
+// events of at most queue_bytes wait for the publisher thread (more are dropped and
+// counted), the replay ring keeps at most replay_batches messages of at most replay_bytes,
+// and a block's extra keys are at most StoredKeys::kMaxExtraKeyBytes; the PUB socket's
 // send high-water mark bounds what waits for each subscriber, past which ZMQ drops that
 // subscriber's messages (it can ask the replay socket for them): a subscriber that never
 // reads never slows the daemon or grows it beyond that. Payloads are shared between the
@@ -150,15 +152,18 @@ struct KvEventsOptions {
   KvEventEncoding encoding = KvEventEncoding::kTagged;
   std::string replay;  // ROUTER endpoint; empty: no replay socket
   std::string topic = "kv@{engine}@{model}";
-  std::string hostname;       // for {host}; empty: gethostname()
-  uint32_t batch_size = 256;  // most events in one message
+  std::string hostname;               // for {host}; empty: gethostname()
+  uint32_t batch_size = 256;          // most block hashes in one message
+  uint64_t message_bytes = 64 << 10;  // and most bytes of hashes, tokens and keys (a block may exceed it alone)
   int64_t flush_interval_ns = 50'000'000;
-  uint32_t queue_events = 100'000;  // most events waiting for the publisher thread
+  uint32_t queue_events = 100'000;     // most events waiting for the publisher thread
+  uint64_t queue_bytes = 64ull << 20;  // and their bytes (hashes, tokens, extra keys)
   uint32_t replay_batches = 10'000;
-  int send_hwm = 1'000;           // ZMQ_SNDHWM: messages queued per subscriber
-  uint32_t max_subscribers = 64;  // connections to the PUB socket
-  uint32_t max_replay_peers = 8;  // connections to the replay socket
-  std::string state_path;         // what was announced, for the next start; empty: none
+  uint64_t replay_bytes = 64ull << 20;  // the replay ring's payloads
+  int send_hwm = 1'000;                 // ZMQ_SNDHWM: messages queued per subscriber
+  uint32_t max_subscribers = 64;        // connections to the PUB socket
+  uint32_t max_replay_peers = 8;        // connections to the replay socket
+  std::string state_path;               // what was announced, for the next start; empty: none
   // An ipc:// endpoint's socket file is made mode 0660, group ipc_gid (-1: the daemon's):
   // only the daemon's user and that group (the engine socket's) may subscribe.
   int64_t ipc_gid = -1;
@@ -170,11 +175,12 @@ struct KvEventsOptions {
 // What an engine hashed the blocks of one Commit from (Commit.token_ids, extra_keys,
 // lora_name, lora_id), for their BlockStored events; never part of a block's identity.
 struct StoredKeys {
-  static constexpr size_t kMaxLoraName = 256;  // bytes: a longer name is refused at Commit
-  std::span<const uint32_t> tokens;            // empty, or the same number for each block
-  std::span<const std::string> extra;          // empty, or one msgpack object (nil or an array) per block
-  std::string_view lora_name;                  // empty: none
-  uint32_t lora_id = 0;                        // 0: none
+  static constexpr size_t kMaxLoraName = 256;        // bytes: a longer name is refused at Commit
+  static constexpr size_t kMaxExtraKeyBytes = 8192;  // a block's packed entry: more is refused at Commit
+  std::span<const uint32_t> tokens;                  // empty, or the same number for each block
+  std::span<const std::string> extra;                // empty, or one msgpack object (nil or an array) per block
+  std::string_view lora_name;                        // empty: none
+  uint32_t lora_id = 0;                              // 0: none
   // Block i's keys (its tokens when they are `tokens_per_block` each).
   StoredKeys Block(size_t i, size_t blocks) const;
 };
@@ -200,6 +206,7 @@ struct KvEvent {
   uint32_t lora_id = 0;                 // kStored: 0: none
   TierKind tier = TierKind::kHost;
   bool signed_hashes = false;  // hashes (and parent) are int64 bit patterns (SGLang's form)
+  uint64_t bytes = 0;          // of its hashes, tokens, extra keys and LoRA name (a message's share)
   EventGroup group;            // the namespace's KV cache group (tagged encoding only)
 };
 
@@ -296,7 +303,7 @@ class KvEvents {
   struct TenantState {
     uint32_t topics = 0;
     uint32_t namespaces = 0;  // linked to a topic
-    uint64_t queued = 0;
+    uint64_t queued = 0, queued_bytes = 0;
   };
   using TopicKey = std::pair<std::string, std::optional<uint32_t>>;  // name, dp rank
   struct Topic {
@@ -324,8 +331,10 @@ class KvEvents {
     std::string tenant;
   };
   explicit KvEvents(const KvEventsOptions& options);
-  // REQUIRES: mu_ held. The topic's batch to append to, or nullptr when full.
-  KvEvent* Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier) KVTIER_REQUIRES(mu_);
+  // REQUIRES: mu_ held. The topic's batch to append to (its first hash and keys of
+  // `bytes`), or nullptr when full.
+  KvEvent* Append(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind tier, uint64_t bytes)
+      KVTIER_REQUIRES(mu_);
   void Add(std::string_view encoded_ns, KvEvent::Kind kind, TierKind tier, const BlockHash& hash,
            const BlockHash* parent, const StoredKeys& keys);
   // REQUIRES: mu_ held.
@@ -336,8 +345,9 @@ class KvEvents {
   std::vector<TopicKey> EndIdleTopics(int64_t now_ns) KVTIER_REQUIRES(mu_);
   // REQUIRES: mu_ held. Releases `tenant`'s charge for one topic.
   void Uncharge(const std::string& tenant) KVTIER_REQUIRES(mu_);
-  // REQUIRES: mu_ held. Whether `tenant` may queue one more event (its fair share).
-  bool Admit(TenantState* tenant) KVTIER_REQUIRES(mu_);
+  // REQUIRES: mu_ held. Whether `tenant` may queue one more event of `bytes` (its fair
+  // share of queue_events and of queue_bytes).
+  bool Admit(TenantState* tenant, uint64_t bytes) KVTIER_REQUIRES(mu_);
   void Run();
   void PublishPending();
   // Publishes BlockRemoved for everything a topic announced in this run, and forgets it.
@@ -377,6 +387,7 @@ class KvEvents {
   uint64_t next_link_ KVTIER_GUARDED_BY(mu_) = 1;
   std::vector<Topic*> order_ KVTIER_GUARDED_BY(mu_);  // topics with pending events, first-come
   uint64_t queued_ KVTIER_GUARDED_BY(mu_) = 0;        // events pending
+  uint64_t queued_bytes_ KVTIER_GUARDED_BY(mu_) = 0;  // their hashes, tokens and keys
 
   std::atomic<uint64_t> events_{0}, messages_{0}, dropped_{0}, replays_{0}, refused_{0}, retracted_{0},
       topics_removed_{0}, topics_refused_{0};

@@ -182,6 +182,7 @@ struct Message {
   std::vector<std::string> lora;    // per event: "lora_name/lora_id" as msgpack-c prints them
   std::optional<uint32_t> dp_rank;  // the batch's
   bool negative_hashes = false;     // some hash was sent as a negative integer
+  size_t payload_bytes = 0;
 };
 
 // Hashes as their 64-bit patterns, whether sent unsigned or (SGLang's form) signed.
@@ -203,6 +204,7 @@ Message Decode(std::vector<zmq::message_t>& parts) {
   Message m;
   m.topic = parts[0].to_string();
   m.seq = BigEndian(static_cast<const uint8_t*>(parts[1].data()));
+  m.payload_bytes = parts[2].size();
   msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(parts[2].data()), parts[2].size());
   const msgpack::object& list = oh.get().via.array.ptr[1];
   if (!oh.get().via.array.ptr[2].is_nil()) m.dp_rank = oh.get().via.array.ptr[2].as<uint32_t>();
@@ -676,6 +678,10 @@ TEST(KvEvents, ExtraKeysThatAreNotAnEntryPerBlockAreRefusedSayingWhy) {
     for (int i = 0; i < 8; ++i) pk.pack_array(1);
     pk.pack_nil();
   };
+  auto wide = [](msgpack::packer<msgpack::sbuffer>& pk) {  // 3 keys of 4000 bytes: each within the limits
+    pk.pack_array(3);
+    for (int i = 0; i < 3; ++i) pk.pack(std::string(4000, 'k'));
+  };
   EXPECT_TRUE(SplitExtraKeys(PackedArray({arr, arr}), 2).ok());
   std::vector<uint8_t> trailing = PackedArray({arr});
   trailing.push_back(0xc0);
@@ -685,6 +691,7 @@ TEST(KvEvents, ExtraKeysThatAreNotAnEntryPerBlockAreRefusedSayingWhy) {
            {PackedArray({str}), 1, "neither nil nor an array"},
            {PackedArray({map}), 1, "within the limits"},
            {PackedArray({deep}), 1, "within the limits"},
+           {PackedArray({arr, wide}), 2, "entry 1 packs to 12010 bytes (at most 8192 per block)"},
            {trailing, 1, "bytes after"},
            {garbage, 1, "within the limits"},
            {{}, 1, "within the limits"}}) {
@@ -693,6 +700,39 @@ TEST(KvEvents, ExtraKeysThatAreNotAnEntryPerBlockAreRefusedSayingWhy) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
   }
+}
+
+// The sequences the replay socket resends from `start` (through its end mark).
+std::vector<uint64_t> ReplayFrom(const std::string& endpoint, uint64_t start) {
+  zmq::context_t ctx;
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.connect(endpoint);
+  uint8_t from[8];
+  for (int i = 0; i < 8; ++i) from[i] = static_cast<uint8_t>(start >> (8 * (7 - i)));
+  dealer.send(zmq::const_buffer(), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(from, 8), zmq::send_flags::none);
+  std::vector<uint64_t> seqs;
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  for (int i = 0; i < 100; ++i) {
+    std::vector<zmq::message_t> parts;
+    zmq::message_t m;
+    if (!dealer.recv(m)) break;
+    parts.push_back(std::move(m));
+    while (parts.back().more()) {
+      zmq::message_t more;
+      (void)dealer.recv(more);
+      parts.push_back(std::move(more));
+    }
+    EXPECT_EQ(parts.size(), 3u);  // "", sequence, payload
+    if (parts.size() != 3) break;
+    const uint64_t seq = BigEndian(static_cast<const uint8_t*>(parts[1].data()));
+    if (seq == ~0ull) {
+      EXPECT_EQ(parts[2].size(), 0u);
+      break;
+    }
+    seqs.push_back(seq);
+  }
+  return seqs;
 }
 
 TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {
@@ -705,34 +745,8 @@ TEST(KvEvents, TheReplaySocketResendsFromASequenceAndEndsWithMinusOne) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // one message each
   }
   ASSERT_TRUE(testing::WaitUntil([&] { return (*events)->counters().messages == 5; }));
-  zmq::context_t ctx;
-  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
-  dealer.connect((*events)->replay_endpoint());
   const uint64_t first = (*events)->counters().first_sequence;
-  uint8_t start[8];
-  for (int i = 0; i < 8; ++i) start[i] = static_cast<uint8_t>((first + 2) >> (8 * (7 - i)));
-  dealer.send(zmq::const_buffer(), zmq::send_flags::sndmore);
-  dealer.send(zmq::buffer(start, 8), zmq::send_flags::none);
-  std::vector<uint64_t> seqs;
-  dealer.set(zmq::sockopt::rcvtimeo, 5000);
-  for (int i = 0; i < 10; ++i) {
-    std::vector<zmq::message_t> parts;
-    zmq::message_t m;
-    if (!dealer.recv(m)) break;
-    parts.push_back(std::move(m));
-    while (parts.back().more()) {
-      zmq::message_t more;
-      (void)dealer.recv(more);
-      parts.push_back(std::move(more));
-    }
-    ASSERT_EQ(parts.size(), 3u);  // "", sequence, payload
-    const uint64_t seq = BigEndian(static_cast<const uint8_t*>(parts[1].data()));
-    if (seq == ~0ull) {
-      EXPECT_EQ(parts[2].size(), 0u);
-      break;
-    }
-    seqs.push_back(seq);
-  }
+  const std::vector<uint64_t> seqs = ReplayFrom((*events)->replay_endpoint(), first + 2);
   EXPECT_EQ(seqs, (std::vector<uint64_t>{first + 2, first + 3, first + 4}));
   EXPECT_EQ((*events)->counters().replays, 1u);
 }
@@ -891,6 +905,98 @@ TEST(KvEvents, ATenantsEventsTakeAtMostItsShareOfTheBuffer) {
   EXPECT_EQ(e.counters().dropped, 150u);  // a's share: 100 / 2 tenants
   for (const BlockHash& h : HashChain(15, 40)) e.Removed("ns-b", TierKind::kHost, h);
   EXPECT_EQ(e.counters().dropped, 150u);
+}
+
+// One block's extra keys of 8,007 bytes packed: two keys of 4,000 (within the limit of 8 KiB).
+std::vector<uint8_t> KeyedEntry() {
+  return PackedArray({[](msgpack::packer<msgpack::sbuffer>& pk) {
+    pk.pack_array(2);
+    for (int i = 0; i < 2; ++i) pk.pack(std::string(4000, 'k'));
+  }});
+}
+
+// A block's extra keys are up to 8 KiB: the buffer is bounded in bytes too, each tenant's
+// share of them as of its events (a flood of keyed blocks once grew kvtierd by 1 GB in 3 s).
+TEST(KvEvents, ATenantsKeyedBlocksTakeAtMostItsShareOfTheBuffersBytes) {
+  KvEventsOptions o = LoopbackOptions();
+  o.token_ids = true;
+  o.queue_bytes = 256 * 1024;
+  o.message_bytes = 1 << 20;             // one BlockStored of them all
+  o.flush_interval_ns = 60'000'000'000;  // nothing is sent during the test
+  auto events = KvEvents::Open(o);
+  ASSERT_TRUE(events.ok());
+  KvEvents& e = **events;
+  Attach(e, "ns-a", "a", "m", 16);
+  Attach(e, "ns-b", "b", "m", 16);
+  auto split = SplitExtraKeys(KeyedEntry(), 1);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  const StoredKeys keys{.extra = *split};
+  const auto flood = HashChain(16, 100);
+  for (size_t i = 0; i < flood.size(); ++i)
+    e.Stored("ns-a", TierKind::kHost, flood[i], i ? flood[i - 1] : BlockHash(), keys);
+  // One event (a chain joins its BlockStored) of as many blocks as a's half holds.
+  const uint64_t per_block = sizeof(uint64_t) + (*split)[0].size();
+  const uint64_t held = (o.queue_bytes / 2 - sizeof(KvEvent)) / per_block;
+  ASSERT_LT(held, 20u);
+  EXPECT_EQ(e.counters().dropped, flood.size() - held);
+  const auto other = HashChain(17, 10);
+  for (size_t i = 0; i < other.size(); ++i)
+    e.Stored("ns-b", TierKind::kHost, other[i], i ? other[i - 1] : BlockHash(), keys);
+  EXPECT_EQ(e.counters().dropped, flood.size() - held) << "b's blocks were dropped for a's";
+}
+
+// The replay ring keeps at most replay_bytes of messages: the oldest go first.
+TEST(KvEvents, TheReplayRingKeepsAtMostItsBytesNewestFirst) {
+  KvEventsOptions o = LoopbackOptions();
+  o.token_ids = true;
+  o.replay_bytes = 64 * 1024;
+  auto events = KvEvents::Open(o);
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  auto split = SplitExtraKeys(KeyedEntry(), 1);
+  ASSERT_TRUE(split.ok());
+  const StoredKeys keys{.extra = *split};
+  // 5 messages of 3 keyed blocks (about 24 KiB each): 2 fit in 64 KiB.
+  for (int m = 0; m < 5; ++m) {
+    const std::string ns = "ns" + std::to_string(m);
+    Attach(**events, ns, "t", "m" + std::to_string(m), 16);
+    const auto chain = HashChain(20 + m, 3);
+    for (size_t i = 0; i < 3; ++i)
+      (*events)->Stored(ns, TierKind::kHost, chain[i], i ? chain[i - 1] : BlockHash(), keys);
+    const uint64_t sent = static_cast<uint64_t>(m) + 1;
+    ASSERT_TRUE(testing::WaitUntil([&] { return (*events)->counters().messages == sent; }));
+  }
+  const uint64_t first = (*events)->counters().first_sequence;
+  EXPECT_EQ(ReplayFrom((*events)->replay_endpoint(), first), (std::vector<uint64_t>{first + 3, first + 4}));
+}
+
+// A message holds at most message_bytes of hashes, tokens and keys: keyed blocks of one
+// chain go out in several BlockStored, in order, none past the bound.
+TEST(KvEvents, AMessageHoldsAtMostItsBytesOfKeyedBlocks) {
+  KvEventsOptions o = LoopbackOptions();
+  o.token_ids = true;
+  o.message_bytes = 32 * 1024;  // 4 blocks of 8,015 bytes (a hash and its keys)
+  o.flush_interval_ns = 200'000'000;
+  auto s = Subscribe(o);
+  ASSERT_NE(s, nullptr);
+  Attach(*s->events, "ns", "t", "m", 16);
+  auto split = SplitExtraKeys(KeyedEntry(), 1);
+  ASSERT_TRUE(split.ok());
+  const StoredKeys keys{.extra = *split};
+  const auto chain = HashChain(30, 20);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    s->events->Stored("ns", TierKind::kHost, chain[i], i ? chain[i - 1] : BlockHash(), keys);
+  }
+  std::vector<uint64_t> sent;
+  size_t messages = 0;
+  for (const Message& m : Receive(s->sub, chain.size())) {
+    ++messages;
+    EXPECT_LE(m.payload_bytes, o.message_bytes + 1024) << "the encoding adds names and headers, not blocks";
+    for (const auto& [tag, hashes] : m.events) sent.insert(sent.end(), hashes.begin(), hashes.end());
+  }
+  std::vector<uint64_t> want;
+  for (const BlockHash& h : chain) want.push_back(EventHash(h));
+  EXPECT_EQ(sent, want);
+  EXPECT_EQ(messages, 5u);
 }
 
 }  // namespace

@@ -69,6 +69,30 @@ TEST(Reload, SighupAppliesLogLevelAndQuotasNamesTheRestAndSurvivesABadFile) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// security.max_leased_share is a tenant's limit like its quotas: a reload applies it to the
+// next allocation of a session already attached (it used to wait, unsaid, for a restart).
+TEST(Reload, TheLeaseShareIsReloadedForSessionsAlreadyAttached) {
+  DaemonProcess::Options o;  // 64 host pages of 1 MiB: a share of 0.25 is 16 of them
+  o.extra_yaml = "security:\n  max_leased_share: 0.25\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Connect(EngineOptions(d.socket_path()));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto refused = (*c)->Allocate(TierKind::kHost, 24);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("security.max_leased_share"), std::string::npos)
+      << refused.status().ToString();
+  Rewrite(d.config_path(), "max_leased_share: 0.25", "max_leased_share: 0.5");
+  ASSERT_EQ(::kill(d.pid(), SIGHUP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return d.Log().find("SIGHUP: reloaded") != std::string::npos; })) << d.Log();
+  auto taken = (*c)->Allocate(TierKind::kHost, 24);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  auto over = (*c)->Allocate(TierKind::kHost, 9);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << "32 of 64 is the new share's cap";
+  c->reset();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 // The config path a directory (a ConfigMap mounted without subPath): --check-config and
 // the start refuse it naming the path, leaving nothing behind in the working directory;
 // a running daemon whose file becomes a directory keeps serving on a SIGHUP.

@@ -81,6 +81,12 @@ def test_extra_keys_of_a_commit_are_an_entry_per_block_or_refused(daemon):
         for bad in (b"\x92\xc0\xc0", b"\x91\xa4salt", b"\xde"):
             with pytest.raises(kvtier.InvalidArgumentError, match="extra_keys"):
                 c.commit([p], hashes(1, seed=7), extra_keys=bad)
+        # one block's entry of 64 arrays of 4 keys of 3,600 bytes (921 KB: each key and array
+        # within msgpack's limits), kept with its BlockStored while it waits to be sent
+        key = b"\xda\x0e\x10" + b"k" * 3600
+        wide = b"\x91\xdc\x00\x40" + (b"\x94" + key * 4) * 64
+        with pytest.raises(kvtier.InvalidArgumentError, match=r"entry 0 packs to \d+ bytes \(at most 8192 per block\)"):
+            c.commit([p], hashes(1, seed=7), extra_keys=wide)
         # [["salt"]]: the page was still leased
         assert c.commit([p], hashes(1, seed=7), extra_keys=b"\x91\x91\xa4salt", lora_name="a", lora_id=2)[0].ok
 
