@@ -78,20 +78,59 @@ def contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
 
 
 def _writable_spans() -> list:
-    """This process's writable mappings as [(start, end)], adjacent ones merged
-    (/proc/self/maps)."""
+    """This process's writable mappings as [(start, end, anonymous)], adjacent ones merged
+    (/proc/self/maps); anonymous: every mapping merged in is private and names no file
+    (the heap, torch's and numpy's allocations), which nothing of ours reprotects."""
     spans = []
     with open("/proc/self/maps") as f:
         for line in f:
-            addrs, perms = line.split(None, 2)[:2]
+            fields = line.split(None, 5)
+            addrs, perms = fields[0], fields[1]
             if perms[1] != "w":
                 continue
+            path = fields[5].strip() if len(fields) > 5 else ""
+            anonymous = perms[3] == "p" and (not path or path.startswith("["))
             lo, hi = (int(x, 16) for x in addrs.split("-"))
             if spans and spans[-1][1] == lo:
-                spans[-1] = (spans[-1][0], hi)
+                spans[-1] = (spans[-1][0], hi, spans[-1][2] and anonymous)
             else:
-                spans.append((lo, hi))
+                spans.append((lo, hi, anonymous))
     return spans
+
+
+# What /proc/self/maps said of a CPU torch tensor's bytes in anonymous memory, by
+# id(tensor): (a weak reference to it, its extent, writable). A live tensor keeps its
+# storage, and nothing reprotects anonymous memory under it, so while the reference still
+# names it with the same extent the answer holds: store_kv/load_kv given the same tensors
+# again skip the scan (thousands of lines in a process that has torch loaded). Tensors over
+# shared or file mappings (kvtier's own pages, whose protection follows their lease) are
+# asked every time. Dead entries are swept when the table grows.
+_WRITABLE_SEEN: dict = {}
+_WRITABLE_SEEN_MAX = 4096
+
+
+def _writable_tensor(t, extent: tuple, spans_of) -> bool:
+    import weakref
+
+    seen = _WRITABLE_SEEN.get(id(t))
+    if seen is not None and seen[0]() is t and seen[1] == extent:
+        return seen[2]
+    lo, hi = extent
+    span = next((sp for sp in spans_of() if sp[0] <= lo and hi <= sp[1]), None)
+    writable = lo == hi or span is not None
+    if span is None or not span[2]:
+        return writable
+    try:
+        ref = weakref.ref(t)
+    except TypeError:  # a tensor type without weak references: asked every time
+        return writable
+    if len(_WRITABLE_SEEN) >= _WRITABLE_SEEN_MAX:
+        for k in [k for k, v in _WRITABLE_SEEN.items() if v[0]() is None]:
+            del _WRITABLE_SEEN[k]
+        if len(_WRITABLE_SEEN) >= _WRITABLE_SEEN_MAX:
+            _WRITABLE_SEEN.clear()
+    _WRITABLE_SEEN[id(t)] = (ref, extent, writable)
+    return writable
 
 
 def _extent(ptr: int, shape: Sequence[int], strides: Sequence[int], elem: int) -> tuple:
@@ -101,10 +140,6 @@ def _extent(ptr: int, shape: Sequence[int], strides: Sequence[int], elem: int) -
     lo = ptr + elem * sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
     hi = ptr + elem * (1 + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0))
     return lo, hi
-
-
-def _in_spans(spans: list, lo: int, hi: int) -> bool:
-    return lo == hi or any(a <= lo and hi <= b for a, b in spans)
 
 
 def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView:
@@ -127,10 +162,15 @@ def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView
             writable = writable and bool(t.flags["WRITEABLE"])
         elif not is_cuda and writable:
             # torch keeps no such flag: a tensor over a read-only mapping (a file mapped
-            # read-only, an acquired kvtier page) faults when written, so ask the kernel.
-            if spans is None:
-                spans = _writable_spans()
-            writable = _in_spans(spans, *_extent(ptr, shape, strides, elem))
+            # read-only, an acquired kvtier page) faults when written, so ask the kernel
+            # (once per tensor: _writable_tensor).
+            def spans_of():
+                nonlocal spans
+                if spans is None:
+                    spans = _writable_spans()
+                return spans
+
+            writable = _writable_tensor(t, _extent(ptr, shape, strides, elem), spans_of)
         if elem != elem_want:
             raise InvalidArgumentError(f"KV layer {i} has {elem}-byte elements; the layout's dtype {layout.dtype} "
                                        f"has {elem_want}")

@@ -289,6 +289,38 @@ def test_a_load_into_a_torch_tensor_over_read_only_memory_is_refused_not_a_fault
         assert all(torch.equal(o[:, 0], s[:, 0]) for o, s in zip(out, source))
 
 
+def test_the_maps_are_read_once_per_torch_tensor_and_every_time_for_kvtiers_own_pages(daemon, monkeypatch):
+    # /proc/self/maps is thousands of lines in a process with torch loaded: read per
+    # store_kv/load_kv it halved the binding's speed. Anonymous memory is asked once per
+    # tensor; a page of kvtier's own changes protection with its lease, so it is asked again.
+    torch = pytest.importorskip("torch")
+    from kvtier import kv
+
+    scans = []
+    real = kv._writable_spans
+    monkeypatch.setattr(kv, "_writable_spans", lambda: scans.append(1) or real())
+    shape = (2, 4, 16, 2, 64)
+    with kvtier.Client(LAYOUT, daemon.socket, device="host-emulated") as c:
+        layers = [torch.randn(*shape).to(torch.bfloat16) for _ in range(LAYOUT.layers)]
+        chain = hashes(2, seed=9, size=16)
+        assert all(r.ok for r in c.store_kv(layers, [0, 1], chain))
+        for _ in range(5):
+            assert c.load_kv(layers, chain, [2, 3]) == 2
+        assert len(scans) == 1, "the maps were read again for tensors already seen"
+        fresh = [torch.zeros(*shape, dtype=torch.bfloat16) for _ in range(LAYOUT.layers)]
+        assert c.load_kv(fresh, chain, [0, 1]) == 2
+        assert len(scans) == 2, "new tensors are asked about"
+        # A view of a page this session acquired: read-only, and asked each time.
+        (hit, _) = c.acquire(chain)
+        page = torch.frombuffer(c.page(hit.page), dtype=torch.uint8)
+        in_page = page[: 2 * 16 * 2 * 64 * 2].view(torch.bfloat16).view(2, 1, 16, 2, 64)
+        for n in range(2):
+            with pytest.raises(kvtier.InvalidArgumentError, match="read-only"):
+                c.load_kv([in_page] * LAYOUT.layers, chain, [0])
+            assert len(scans) == 3 + n
+        c.release(hashes=chain)
+
+
 def test_a_kv_cache_of_zero_blocks_is_refused_for_what_it_is(daemon):
     import numpy as np
 
