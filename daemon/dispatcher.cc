@@ -625,7 +625,7 @@ Dispatcher::Reply Dispatcher::OnExplain(SessionContext& ctx, const fb::Request& 
   std::weak_ptr<ReplySink> c = ctx.async_sink;  // the session may be gone by then
   const uint64_t id = req.id();
   const int64_t start = clock_->NowNanos();
-  cache_->views().Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant,
+  cache_->views().Explain(hashes, ns, ctx.admin ? nullptr : &ctx.tenant, c,
                           [this, answer, c, id, start](Result<std::vector<BlockExplanation>> entries) {
                             if (!answer->later) {
                               answer->now.emplace(std::move(entries));
@@ -665,7 +665,7 @@ Dispatcher::Reply Dispatcher::OnBlocks(SessionContext& ctx, const fb::Request& r
   const int64_t start = clock_->NowNanos();
   const bool sync = tier != TierKind::kNvme;  // the NVMe index is scanned on a thread
   Reply reply = Reply::Later();
-  cache_->views().TopBlocks(tier, ns, ctx.admin ? nullptr : &ctx.tenant, order, limit,
+  cache_->views().TopBlocks(tier, ns, ctx.admin ? nullptr : &ctx.tenant, order, limit, sink,
                             [&, build, sink, id, start, sync](std::vector<BlockInfo> blocks) {
                               if (sync) {
                                 reply = build(builder_, blocks);

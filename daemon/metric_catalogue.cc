@@ -175,6 +175,15 @@ void Daemon::RegisterMetrics() {
                  "Sessions whose peer's process kvtierd cannot watch (no SO_PEERPIDFD and a pid it cannot see): "
                  "their leased pages stay quarantined until a restart once the session ends.",
                  {}, [server] { return server->sessions_unwatched(); });
+  m.AddGaugeFn("kvtier_explains_in_progress",
+               "kvctl explains answered a slice a loop turn, queued now (at most 4 a tenant, 32 in all).", {},
+               [cache] { return cache->views().explain_counts().in_progress; });
+  m.AddCounterFn("kvtier_explains_refused_total",
+                 "kvctl explains refused because their tenant (or everyone) had the most in progress.", {},
+                 [cache] { return cache->views().explain_counts().refused; });
+  m.AddCounterFn("kvtier_explains_dropped_total",
+                 "kvctl explains dropped unanswered because their session closed first.", {},
+                 [cache] { return cache->views().explain_counts().dropped; });
   m.AddCounterFn("kvtier_session_hints_total",
                  "Agentic sessions' hints taken (SessionHint: engines, routers, vLLM's kv_transfer_params).", {},
                  [cache] { return cache->session_stats().hints; });

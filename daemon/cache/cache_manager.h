@@ -279,6 +279,7 @@ class CacheManager {
   // ---- operator operations (kvctl; cache_manager_admin.cc) ----
   // What only reads the cache: kvctl explain, kvctl blocks.
   CacheViews& views() { return *views_; }
+  const CacheViews& views() const { return *views_; }
   // Evicts cached blocks of `tier` (largest tenants first, reserves kept) until `bytes`
   // have gone or started going: GPU blocks move to host, host blocks to NVMe when they
   // have no copy there, the rest are dropped.

@@ -55,13 +55,15 @@ struct CacheViews::ExplainJob {
   std::vector<BlockHash> hashes;
   std::string ns_hex;
   std::optional<std::string> tenant;
+  std::string caller;  // jobs_by_caller_'s key: the tenant, "" for admins
+  std::weak_ptr<const void> owner;
   size_t slice = 1;  // hashes per loop turn
   std::vector<BlockExplanation> out;
   ExplainDone done;
 };
 
 void CacheViews::Explain(std::span<const BlockHash> hashes, std::string_view ns_hex, const std::string* tenant,
-                         ExplainDone done) {
+                         std::weak_ptr<const void> owner, ExplainDone done) {
   std::vector<NamespaceId> asked, others;
   ExplainScope(ns_hex, tenant, &asked, &others);
   const size_t spaces = asked.size() + others.size();
@@ -72,27 +74,68 @@ void CacheViews::Explain(std::span<const BlockHash> hashes, std::string_view ns_
                                 " index probes, over the " + std::to_string(kMaxExplainProbes) +
                                 " a request may make: name a namespace or ask fewer hashes"));
   }
+  const size_t slice = std::max<size_t>(1, kExplainSliceProbes / std::max<size_t>(1, spaces));
+  if (!post_ || hashes.size() <= slice) {
+    return done(ExplainSlice(hashes, ns_hex, tenant));  // one turn's work
+  }
+  const std::string caller = tenant ? *tenant : std::string();
+  size_t& mine = jobs_by_caller_[caller];
+  if (mine >= kMaxExplainJobsPerCaller || jobs_.size() >= kMaxExplainJobs) {
+    ++jobs_refused_;
+    const bool own = mine >= kMaxExplainJobsPerCaller;
+    if (mine == 0) jobs_by_caller_.erase(caller);
+    return done(
+        ResourceExhausted(own ? "tenant '" + caller + "' has " + std::to_string(kMaxExplainJobsPerCaller) +
+                                    " explains in progress: wait for one to answer"
+                              : std::to_string(kMaxExplainJobs) + " explains are in progress: try again shortly"));
+  }
+  ++mine;
   auto job = std::make_shared<ExplainJob>();
   job->hashes.assign(hashes.begin(), hashes.end());
   job->ns_hex = ns_hex;
   if (tenant) job->tenant = *tenant;
-  job->slice = std::max<size_t>(1, kExplainSliceProbes / std::max<size_t>(1, spaces));
+  job->caller = caller;
+  job->owner = std::move(owner);
+  job->slice = slice;
   job->out.reserve(hashes.size());
   job->done = std::move(done);
-  ExplainStep(std::move(job));
+  jobs_.push_back(std::move(job));
+  if (!turn_posted_) {
+    turn_posted_ = true;
+    post_([this] { ExplainTurn(); });
+  }
 }
 
-void CacheViews::ExplainStep(std::shared_ptr<ExplainJob> job) {
-  // A slice at a time, each in a loop turn of its own: other sessions are served between
-  // them. The scope is computed again per slice, so a namespace ended (and its id reused)
+void CacheViews::ExplainTurn() {
+  // One slice a loop turn, of each explain in turn: other sessions are served between any
+  // two. The scope is computed again per slice, so a namespace ended (and its id reused)
   // meanwhile is never probed for a caller who may not see it.
-  const size_t at = job->out.size();
-  const size_t n = post_ ? std::min(job->slice, job->hashes.size() - at) : job->hashes.size() - at;
-  std::vector<BlockExplanation> part = ExplainSlice(std::span<const BlockHash>(job->hashes).subspan(at, n), job->ns_hex,
-                                                    job->tenant ? &*job->tenant : nullptr);
-  std::move(part.begin(), part.end(), std::back_inserter(job->out));
-  if (job->out.size() == job->hashes.size()) return job->done(std::move(job->out));
-  post_([this, job = std::move(job)]() mutable { ExplainStep(std::move(job)); });
+  turn_posted_ = false;
+  if (jobs_.empty()) return;
+  std::shared_ptr<ExplainJob> job = std::move(jobs_.front());
+  jobs_.pop_front();
+  bool finished = job->owner.expired();
+  if (finished) {
+    ++jobs_dropped_;
+  } else {
+    const size_t at = job->out.size();
+    const size_t n = std::min(job->slice, job->hashes.size() - at);
+    std::vector<BlockExplanation> part = ExplainSlice(std::span<const BlockHash>(job->hashes).subspan(at, n),
+                                                      job->ns_hex, job->tenant ? &*job->tenant : nullptr);
+    std::move(part.begin(), part.end(), std::back_inserter(job->out));
+    finished = job->out.size() == job->hashes.size();
+  }
+  if (finished) {
+    auto it = jobs_by_caller_.find(job->caller);
+    if (--it->second == 0) jobs_by_caller_.erase(it);
+  } else {
+    jobs_.push_back(job);
+  }
+  if (!jobs_.empty()) {
+    turn_posted_ = true;
+    post_([this] { ExplainTurn(); });
+  }
+  if (finished && !job->owner.expired()) job->done(std::move(job->out));
 }
 
 std::vector<BlockExplanation> CacheViews::ExplainSlice(std::span<const BlockHash> hashes, std::string_view ns_hex,
@@ -229,7 +272,7 @@ BlockInfo CacheViews::InfoOf(BlockId id) const {
 }
 
 void CacheViews::TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex, const std::string* tenant,
-                           BlockOrder order, size_t limit, BlocksDone done) {
+                           BlockOrder order, size_t limit, std::weak_ptr<const void> owner, BlocksDone done) {
   auto better = [order](const BlockInfo& a, const BlockInfo& b) {
     if (order == BlockOrder::kHits && a.hits != b.hits) return a.hits > b.hits;
     return a.idle_s < b.idle_s;
@@ -237,22 +280,30 @@ void CacheViews::TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex
   if (tier == TierKind::kNvme) {
     if (!mover_) return done({});
     // Only what the index knows: hit counts recorded when blocks were served from NVMe.
-    const std::string want_ns(ns_hex);
-    const std::optional<std::string> want_tenant = tenant ? std::optional<std::string>(*tenant) : std::nullopt;
+    // The tenant and namespace are taken on the scan thread (from the key alone), so the
+    // control thread sees `limit` entries at most; the scan ends with its session.
+    NvmeTier::ScanFilter filter;
+    if (tenant || !ns_hex.empty()) {
+      filter.keep = [want_ns = std::string(ns_hex),
+                     want_tenant = tenant ? std::optional<std::string>(*tenant) : std::nullopt](std::string_view key) {
+        std::string key_tenant, encoded;
+        BlockHash hash;
+        if (!DecodeBlockKey(key, &key_tenant, nullptr, &encoded, &hash)) return false;
+        if (want_tenant && key_tenant != *want_tenant) return false;
+        return want_ns.empty() || NamespaceTable::HexOf(encoded) == want_ns;
+      };
+    }
+    filter.cancelled = [owner] { return owner.expired(); };
     const double now_s = clock_->WallSeconds();
-    // Ask for more than `limit`: filtering by namespace happens after the scan.
-    const size_t scan_limit = want_ns.empty() && !want_tenant ? limit : std::max<size_t>(limit * 64, 4096);
-    mover_->nvme().ScanTop(scan_limit, order == BlockOrder::kRecent,
-                           [namespaces = namespaces_, want_ns, want_tenant, limit, now_s,
+    mover_->nvme().ScanTop(limit, order == BlockOrder::kRecent, std::move(filter),
+                           [namespaces = namespaces_, now_s,
                             done = std::move(done)](std::vector<std::pair<std::string, BlockRecord>> entries) {
                              std::vector<BlockInfo> out;
                              for (const auto& [key, rec] : entries) {
                                BlockInfo i;
                                std::string encoded;
                                if (!DecodeBlockKey(key, &i.tenant, nullptr, &encoded, &i.hash)) continue;
-                               if (want_tenant && i.tenant != *want_tenant) continue;
                                i.namespace_id = NamespaceTable::HexOf(encoded);
-                               if (!want_ns.empty() && i.namespace_id != want_ns) continue;
                                if (auto ns = namespaces->Find(encoded)) i.model = namespaces->Get(*ns).model;
                                i.tier = TierKind::kNvme;
                                i.on_nvme = true;
@@ -260,7 +311,6 @@ void CacheViews::TopBlocks(std::optional<TierKind> tier, std::string_view ns_hex
                                i.hits = rec.hit_count;
                                i.idle_s = std::max(0.0, now_s - rec.last_access);
                                out.push_back(std::move(i));
-                               if (out.size() == limit) break;
                              }
                              done(std::move(out));
                            });

@@ -178,10 +178,16 @@ class NvmeTier {
   // that fail; on the scan thread, after the scans queued before it. A scrub stopped by
   // CancelScans() reports kAborted with what it checked so far.
   void Verify(std::function<void(VerifyReport)> done);
-  // The `limit` entries with the most hits (or, with `by_recent`, the latest access), read
-  // from the index on the scan thread; done(key, record) pairs on the control thread.
+  // The `limit` entries with the most hits (or, with `by_recent`, the latest access) among
+  // those `keep` takes (null: all), read from the index on the scan thread (`keep` runs
+  // there); done(key, record) pairs on the control thread. A scan `cancelled` says is over
+  // (checked on the scan thread; null: never) stops and never calls `done`.
   using ScanDone = std::function<void(std::vector<std::pair<std::string, BlockRecord>>)>;
-  void ScanTop(size_t limit, bool by_recent, ScanDone done);
+  struct ScanFilter {
+    std::function<bool(std::string_view key)> keep;
+    std::function<bool()> cancelled;
+  };
+  void ScanTop(size_t limit, bool by_recent, ScanFilter filter, ScanDone done);
   // Drops up to `n` of the coldest blocks (an operator's evict); returns how many.
   uint32_t EvictColdest(uint32_t n);
 

@@ -210,18 +210,22 @@ void NvmeTier::Verify(std::function<void(VerifyReport)> done) {
   });
 }
 
-void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
+void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanFilter filter, ScanDone done) {
   BlockIndexStore* store = store_.get();
   std::weak_ptr<NvmeTier*> weak = self_;
   Post post = post_;
-  scans_->Submit([=, done = std::move(done)](std::stop_token stop) mutable {
+  scans_->Submit([=, filter = std::move(filter), done = std::move(done)](std::stop_token stop) mutable {
+    auto over = [&] { return stop.stop_requested() || (filter.cancelled && filter.cancelled()); };
     using Entry = std::pair<std::string, BlockRecord>;
     auto rank = [by_recent](const Entry& e) {
       return by_recent ? uint64_t{e.second.last_access} : (uint64_t{e.second.hit_count} << 32) | e.second.last_access;
     };
     auto better = [&](const Entry& a, const Entry& b) { return rank(a) > rank(b); };
     std::vector<Entry> top;  // a min-heap on rank of the best `limit` so far
+    size_t seen = 0;
     (void)store->Scan([&](std::string_view key, const BlockRecord& r) {
+      if (stop.stop_requested() || (++seen % 4096 == 0 && over())) return false;
+      if (filter.keep && !filter.keep(key)) return true;
       Entry e{std::string(key), r};
       if (top.size() < limit) {
         top.push_back(std::move(e));
@@ -231,9 +235,9 @@ void NvmeTier::ScanTop(size_t limit, bool by_recent, ScanDone done) {
         top.back() = std::move(e);
         std::push_heap(top.begin(), top.end(), better);
       }
-      return !stop.stop_requested();
+      return true;
     });
-    if (stop.stop_requested()) return;
+    if (over()) return;
     std::sort(top.begin(), top.end(), better);
     post([weak, top = std::move(top), done = std::move(done)]() mutable {
       if (weak.lock()) done(std::move(top));

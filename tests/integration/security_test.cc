@@ -572,6 +572,69 @@ TEST_F(MultiUser, AsTenantsWorstRequestsLeaveTheControlLoopServing) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// Explains answered in slices are jobs with an owner and bounds: a tenant has at most
+// CacheViews::kMaxExplainJobsPerCaller in progress (the next is refused, ResourceExhausted,
+// while an admin's is answered), and a job whose session closed is dropped at its next turn
+// instead of running on (fire-and-forget explains from killed kvctls once held the control
+// loop for 23 s).
+TEST_F(MultiUser, ExplainsEndWithTheirSessionAndATenantHasAtMostFourInProgress) {
+  DaemonProcess::Options o = Options("  allow_unknown: true\n");
+  o.host_capacity = "40MiB";  // every namespace keeps its block in memory, so it lives
+  DaemonProcess d(o);
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  constexpr int kNamespaces = 400;
+  constexpr size_t kHashes = 2'500;  // x 401 namespaces (within the probe cap): 500 loop turns a job
+  Pipe made, sent;
+  EngineProcess owner([&]() -> int {
+    if (!BecomeUser(kUserA)) return 20;
+    for (int i = 0; i < kNamespaces; ++i) {
+      ClientOptions co = EngineOptions(d.socket_path(), "ns-maker");
+      co.layout.model_id = "model-" + std::to_string(i);
+      auto c = Client::Connect(co);
+      if (!c.ok() || !Store(**c, TierKind::kHost, HashChain(3000 + i, 1), kUserA).ok()) return 21;
+    }
+    made.Signal();
+    // Four explains in flight, one connection each; this process is killed meanwhile.
+    std::vector<std::thread> askers;
+    for (int i = 0; i < 4; ++i) {
+      askers.emplace_back([&, i] {
+        auto control = ControlClient::Connect(ControlOptions(d.socket_path()));
+        if (control.ok()) (void)(*control)->Explain(HashChain(4000 + i, kHashes));
+      });
+    }
+    for (auto& t : askers) t.join();
+    return 22;  // answered before the kill: the test below says so
+  });
+  ASSERT_TRUE(made.Wait()) << d.Log();
+  ASSERT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_explains_in_progress") == 4.0; }, std::chrono::seconds(30)))
+      << d.Log();
+  // A fifth of the same tenant's is refused while they run; an admin's is answered.
+  EngineProcess fifth([&]() -> int {
+    if (!BecomeUser(kUserA)) return 20;
+    auto control = ControlClient::Connect(ControlOptions(d.socket_path()));
+    if (!control.ok()) return 21;
+    auto e = (*control)->Explain(HashChain(4100, kHashes));
+    if (e.ok() || e.status().code() != StatusCode::kResourceExhausted) return 22;
+    return e.status().message().find("explains in progress") != std::string::npos ? 0 : 23;
+  });
+  EXPECT_EQ(fifth.Join(), 0) << d.Log();
+  auto admin = ControlClient::Connect(ControlOptions(d.socket_path()));
+  ASSERT_TRUE(admin.ok());
+  auto answered = (*admin)->Explain(HashChain(4200, 200));
+  ASSERT_TRUE(answered.ok()) << answered.status().ToString();
+  EXPECT_EQ(answered->size(), 200u);
+  EXPECT_EQ(Metric(url, "kvtier_explains_refused_total"), 1.0);
+  // The owner dies: its four jobs go at their next turns, unanswered.
+  ASSERT_EQ(Metric(url, "kvtier_explains_in_progress"), 4.0) << "a job ended before its session: make it longer";
+  owner.Kill9();
+  EXPECT_EQ(owner.Join(), 128 + SIGKILL);
+  EXPECT_TRUE(WaitUntil([&] { return Metric(url, "kvtier_explains_in_progress") == 0.0; }, std::chrono::seconds(10)));
+  EXPECT_EQ(Metric(url, "kvtier_explains_dropped_total"), 4.0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 // KV event topics have owners and an end: one tenant's engines hold at most
 // events.max_topics_per_tenant topics (a session past it is refused, not fanned out to);
 // a routable id is the tenant's that declared it, so another tenant cannot announce blocks
