@@ -58,8 +58,9 @@ struct ClientOptions {
   std::string socket_path;
   std::string engine_name = "engine";
   // Where a router sends this engine's requests ("host:port", llm-d's pod id); kvtierd
-  // names it in the KV event topic of the engine's namespace (events.topic {engine}).
-  // Empty: none.
+  // names it in the KV event topic of the engine's namespace (events.topic {engine}). One
+  // another tenant's engine declared first leaves this engine's blocks unannounced on that
+  // topic (still cached; kvtierd logs it). Empty: none.
   std::string routable_id;
   // The engine's data-parallel rank behind routable_id, carried by its KV event batches.
   // -1: none.

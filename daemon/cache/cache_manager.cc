@@ -167,11 +167,19 @@ Status CacheManager::Attach(SessionCache& s, std::string_view tenant, const Mode
   }
   const std::string fingerprint = layout.Fingerprint();
   const std::string encoded = EncodeNamespace(tenant, fingerprint);
-  // Events first: the one step here that may refuse (a tenant's topic cap, a routable id
-  // another tenant holds).
+  // Events first: the one step here that may refuse (a tenant's topic cap). A routable id
+  // another tenant's engine holds costs this engine its events, not its cache: whoever
+  // declared the address first may have squatted it.
   if (options_.events) {
-    KVTIER_ASSIGN_OR_RETURN(s.event_link_, options_.events->AddNamespace(encoded, tenant, layout.model_id,
-                                                                         layout.tokens_per_block, source));
+    auto link = options_.events->AddNamespace(encoded, tenant, layout.model_id, layout.tokens_per_block, source);
+    if (link.ok()) {
+      s.event_link_ = *link;
+    } else if (link.status().code() == StatusCode::kPermissionDenied) {
+      KVTIER_LOG(WARNING) << "tenant '" << tenant << "': " << link.status().message()
+                          << "; this engine's blocks are cached but not announced on that topic";
+    } else {
+      return link.status();
+    }
   }
   s.tenant_ = namespaces_.InternTenant(tenant);
   // Blocks the kernels can quantize: the canonical page ([layer][k,v][token][head][dim]) of

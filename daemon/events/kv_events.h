@@ -68,10 +68,10 @@
 // at most max_topics_per_tenant topics (lingering ones count): past it a Hello is refused,
 // so one tenant's sessions cannot make every commit fan out to thousands of topics. A
 // routable id belongs to the tenant whose engine declared it first, for as long as a topic
-// it named lives: another tenant's engine declaring it is refused, so nobody announces
-// blocks as another engine. Of the buffer's queue_events and queue_bytes, a tenant's events
-// take at most an equal share among the tenants with namespaces here; past it its events are dropped
-// (and counted), not everyone's.
+// it named lives: another tenant's engine declaring it is refused (CacheManager attaches
+// that engine without events), so nobody announces blocks as another engine. Of the buffer's queue_events and
+// queue_bytes, a tenant's events take at most an equal share among the tenants with namespaces here; past it its events
+// are dropped (and counted), not everyone's.
 //
 // One sequence numbers every message on the socket, so a
 // subscriber to every topic sees consecutive numbers; one subscribed to a single topic

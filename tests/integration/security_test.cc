@@ -674,18 +674,27 @@ TEST_F(MultiUser, EventTopicsHaveAnOwnerACapAndAnEnd) {
   });
   ASSERT_TRUE(a_ready.Wait()) << d.Log();
   EXPECT_EQ(Metric(url, "kvtier_events_topics"), 4.0);
-  // B, while A's engines live: A's address is refused, its own is not.
+  // B, while A's engines live, declares A's address (A may have squatted B's): B keeps
+  // its cache and loses only its events on that topic; its own address is B's.
   int rc = -1;
   EngineProcess b1([&]() -> int {
     if (!BecomeUser(kUserB)) return 20;
-    auto taken = engine("10.9.0.0:8000");
-    if (taken.ok() || taken.status().code() != StatusCode::kPermissionDenied) return 21;
+    ClientOptions co = EngineOptions(d.socket_path(), "engine 10.9.0.0:8000");
+    co.routable_id = "10.9.0.0:8000";
+    co.layout.model_id = "model-of-b";  // a namespace no topic links: nothing of it is announced
+    auto taken = Client::Connect(co);
+    if (!taken.ok()) return 21;
+    const auto chain = HashChain(42, 2);
+    if (!Store(**taken, TierKind::kHost, chain, kUserB).ok()) return 22;
+    auto l = (*taken)->Lookup(chain);
+    if (!l.ok() || l->matched != chain.size()) return 23;
     auto own = engine("10.9.1.0:8000");
-    return own.ok() ? 0 : 22;
+    return own.ok() ? 0 : 24;
   });
   rc = b1.Join();
   EXPECT_EQ(rc, 0) << d.Log();
   EXPECT_EQ(Metric(url, "kvtier_events_topics_refused_total"), 2.0);
+  EXPECT_NE(d.Log().find("this engine's blocks are cached but not announced"), std::string::npos) << d.Log();
   // A's engines go: after the linger its topics end (B's too: its engine left), and what
   // A announced is removed.
   // A's 3 blocks, on host and (written through) on NVMe, each to A's 4 topics (its engines
