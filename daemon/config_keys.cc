@@ -215,7 +215,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "This node's name in the fleet: users no tenant covers are 'uid=U@node_name' in the "
        "remote tier, so the same uid on two nodes never shares blocks. Empty: the host name, "
        "which in a pod is the pod's; set it to the node's (kvtierd --node-name, from the "
-       "downward API's spec.nodeName) so a rollout keeps those keys.",
+       "downward API's spec.nodeName) so a rollout keeps those keys; with the remote tier on, "
+       "an empty node_name is warned about at start.",
        [](const std::string& key, const YAML::Node& n, DaemonConfig* c) -> Status {
          if (n.IsNull()) return Status::Ok();
          KVTIER_ASSIGN_OR_RETURN(std::string s, Scalar(key, n));

@@ -127,6 +127,14 @@ Status CheckRemoteOnHost(const DaemonConfig& c, std::vector<std::string>* warnin
       return InvalidArgument("config key 'tiers.remote.secret_file': " + st.message());
     }
   }
+  if (r.enabled() && c.node_name.empty() && warnings) {
+    warnings->push_back(
+        "node_name is not set: the remote tier keys blocks of users no tenant covers under this "
+        "host's name ('" +
+        NodeName(c) +
+        "'), which hosts cloned from one image, or pods, may share (and so share those "
+        "keys); set node_name, or kvtierd --node-name from the downward API's spec.nodeName");
+  }
   if (r.enabled() && r.secret_file.empty() && warnings) {
     warnings->push_back(
         "tiers.remote.secret_file is not set: the remote tier's values are not authenticated and its key names "

@@ -307,7 +307,7 @@ TEST(ConfigOnHost, APoolOverTheMemoryLimitIsRefusedNamingTheLimitUnlessOvercommi
 }
 
 // The remote tier's secrets: files kvtierd alone may read, a secret long enough; no secret
-// is a warning naming the risk.
+// is a warning naming the risk, and so is no node_name (the host name stands in).
 TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
   testing::TempDir dir;
   auto file = [&](const std::string& name, const std::string& text, mode_t mode) {
@@ -318,6 +318,14 @@ TEST(ConfigOnHost, RemoteSecretFilesAreCheckedAndTheirAbsenceWarned) {
   DaemonConfig c;
   c.lower.Mutable<RemoteTierConfig>().tier.cluster.seeds = {"127.0.0.1:1"};
   std::vector<std::string> warnings;
+  ASSERT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
+  ASSERT_EQ(warnings.size(), 2u);
+  // The host name stands in for node_name: clones of one image share it.
+  EXPECT_NE(warnings[0].find("node_name is not set"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find(NodeName(c)), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[1].find("tiers.remote.secret_file is not set"), std::string::npos) << warnings[1];
+  c.node_name = "node-7";
+  warnings.clear();
   ASSERT_TRUE(CheckConfigOnHost(c, HostMemory{}, &warnings).ok());
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("tiers.remote.secret_file is not set"), std::string::npos) << warnings[0];
