@@ -171,6 +171,10 @@ void Daemon::RegisterMetrics() {
                "Ended sessions whose leased pages wait for their process to exit (or, for a process kvtierd "
                "cannot watch, for a restart).",
                {}, [server] { return static_cast<double>(server->quarantines()); });
+  m.AddGaugeFn("kvtier_quarantine_watches",
+               "Descriptors watching quarantines: one per process (however many of its sessions ended while it "
+               "lives), one per socket another process holds.",
+               {}, [server] { return static_cast<double>(server->quarantine_watches()); });
   m.AddCounterFn("kvtier_sessions_unwatched_total",
                  "Sessions whose peer's process kvtierd cannot watch (no SO_PEERPIDFD and a pid it cannot see): "
                  "their leased pages stay quarantined until a restart once the session ends.",

@@ -101,22 +101,39 @@ void Server::NoteUnwatched(const SessionContext& ctx) {
   }
 }
 
-void Server::WatchQuarantine(uint64_t id, int fd, QuarantineWatch watch) {
+void Server::WatchQuarantine(uint64_t id, int fd, QuarantineWatch watch, pid_t pid) {
   if (fd < 0) {
     // Nothing tells when the process is gone: its mappings may outlive any timeout, so the
     // pages stay out of use until kvtierd restarts (new segments).
     ++unwatched_quarantines_;
     return;
   }
-  auto d = std::make_shared<asio::posix::stream_descriptor>(io_, fd);
-  quarantines_[id] = d;
-  ArmQuarantine(id, d, watch);
+  ++watched_quarantines_;
+  if (watch == QuarantineWatch::kProcess && pid > 0) {
+    if (auto it = watch_of_pid_.find(pid); it != watch_of_pid_.end()) {
+      Watch& w = watches_.at(it->second);
+      if (!PidfdExited(w.d->native_handle())) {
+        // A live pid names one process: this one, whose exit that watch waits for.
+        w.quarantines.push_back(id);
+        ::close(fd);
+        return;
+      }
+      EndWatch(it->second);  // exited, its wakeup not run yet: the pid may be another's now
+    }
+  }
+  const uint64_t key = next_watch_++;
+  watches_.emplace(key, Watch{std::make_shared<asio::posix::stream_descriptor>(io_, fd), watch, pid, {id}});
+  if (watch == QuarantineWatch::kProcess && pid > 0) watch_of_pid_[pid] = key;
+  ArmWatch(key);
 }
 
-void Server::ArmQuarantine(uint64_t id, std::shared_ptr<asio::posix::stream_descriptor> d, QuarantineWatch watch) {
-  d->async_wait(asio::posix::stream_descriptor::wait_read, [this, id, d, watch](const boost::system::error_code& ec) {
-    if (ec) return;
+void Server::ArmWatch(uint64_t key) {
+  auto d = watches_.at(key).d;
+  d->async_wait(asio::posix::stream_descriptor::wait_read, [this, key, d](const boost::system::error_code& ec) {
+    auto it = watches_.find(key);
+    if (ec || it == watches_.end()) return;
     const int fd = d->native_handle();
+    const QuarantineWatch watch = it->second.kind;
     if (watch == QuarantineWatch::kSocket) {
       // Whatever the socket's holder still sends is dropped unread (descriptors with it).
       std::array<uint8_t, 4096> scratch;
@@ -125,16 +142,28 @@ void Server::ArmQuarantine(uint64_t id, std::shared_ptr<asio::posix::stream_desc
     }
     const bool gone = watch == QuarantineWatch::kSocket ? PeerHungUp(fd) : PidfdExited(fd);
     if (!gone) {  // a wakeup that was not the end
-      ArmQuarantine(id, d, watch);
+      ArmWatch(key);
       return;
     }
-    KVTIER_LOG(INFO) << "quarantine " << id
-                     << (watch == QuarantineWatch::kSocket ? ": its socket's last holder closed it"
-                                                           : ": its process exited")
-                     << "; pages free again";
-    quarantines_.erase(id);
-    dispatcher_->QuarantineOver(id);
+    EndWatch(key);
   });
+}
+
+void Server::EndWatch(uint64_t key) {
+  auto it = watches_.find(key);
+  if (it == watches_.end()) return;
+  Watch w = std::move(it->second);
+  watches_.erase(it);
+  if (auto p = watch_of_pid_.find(w.pid); p != watch_of_pid_.end() && p->second == key) watch_of_pid_.erase(p);
+  boost::system::error_code ec;
+  w.d->close(ec);  // a wait still pending ends with operation_aborted
+  watched_quarantines_ -= w.quarantines.size();
+  KVTIER_LOG(INFO) << (w.quarantines.size() == 1 ? "quarantine " + std::to_string(w.quarantines[0])
+                                                 : std::to_string(w.quarantines.size()) + " quarantines")
+                   << (w.kind == QuarantineWatch::kSocket ? ": its socket's last holder closed it"
+                                                          : ": their process exited")
+                   << "; pages free again";
+  for (uint64_t id : w.quarantines) dispatcher_->QuarantineOver(id);
 }
 
 void Server::ScheduleHeartbeatCheck() {
@@ -251,8 +280,8 @@ void Server::Start(Dispatcher* dispatcher) {
     if ((per_uid_[uid] += delta) == 0) per_uid_.erase(uid);
   };
   session_host_.remove = [this](SessionId id) { Remove(id); };
-  session_host_.watch_quarantine = [this](uint64_t id, int fd, QuarantineWatch watch) {
-    WatchQuarantine(id, fd, watch);
+  session_host_.watch_quarantine = [this](uint64_t id, int fd, QuarantineWatch watch, pid_t pid) {
+    WatchQuarantine(id, fd, watch, pid);
   };
   session_host_.note_unwatched = [this](const SessionContext& ctx) { NoteUnwatched(ctx); };
   Accept();
@@ -312,8 +341,9 @@ void Server::Stop() {
   for (auto& s : all) s->Close();
   if (heartbeat_timer_) heartbeat_timer_->cancel();
   if (hello_timer_) hello_timer_->cancel();
-  for (auto& [id, d] : quarantines_) d->cancel(ec);
-  quarantines_.clear();
+  for (auto& [key, w] : watches_) w.d->cancel(ec);
+  watches_.clear();
+  watch_of_pid_.clear();
   ::unlink(options_.socket_path.c_str());
 }
 

@@ -81,7 +81,10 @@ class Server {
   uint64_t sessions_without_hello_closed() const { return hello_closed_; }
   // Quarantines waiting for a process to exit (or a socket's last holder to close it), and
   // those that wait for a restart since their process could not be watched.
-  size_t quarantines() const { return quarantines_.size() + unwatched_quarantines_; }
+  size_t quarantines() const { return watched_quarantines_ + unwatched_quarantines_; }
+  // Descriptors that watch them: one per process (however many of its sessions ended while
+  // it lives), one per socket held by another process.
+  size_t quarantine_watches() const { return watches_.size(); }
   // Sessions whose peer's process kvtierd could not watch (OpenPeerPidfd failed).
   uint64_t sessions_unwatched() const { return unwatched_sessions_; }
 
@@ -90,11 +93,16 @@ class Server {
   void Accept();
   void Remove(SessionId id);
   // Frees quarantine `id` once `fd` (owned) says its holder is gone (QuarantineWatch);
-  // with fd -1, keeps it until kvtierd stops.
-  void WatchQuarantine(uint64_t id, int fd, QuarantineWatch watch);
+  // with fd -1, keeps it until kvtierd stops. A process's quarantines (`pid` as kvtierd
+  // sees it; 0: unknown) share the first one's watch while that process lives, and `fd`
+  // is closed.
+  void WatchQuarantine(uint64_t id, int fd, QuarantineWatch watch, pid_t pid);
+  // The watch's holder is gone (or its pid may name another process now): its
+  // quarantines end, its descriptor goes.
+  void EndWatch(uint64_t watch);
   // A session whose process cannot be watched: counted, and logged the first time.
   void NoteUnwatched(const SessionContext& ctx);
-  void ArmQuarantine(uint64_t id, std::shared_ptr<boost::asio::posix::stream_descriptor> d, QuarantineWatch watch);
+  void ArmWatch(uint64_t watch);
   void ScheduleHeartbeatCheck();
   void ScheduleHelloCheck();
   // Room for a connection from `uid`: OK, making way by closing the oldest connection
@@ -124,7 +132,16 @@ class Server {
   uint32_t closes_since_trim_ = 0;
   bool trim_posted_ = false;
   bool stopped_ = false;
-  std::map<uint64_t, std::shared_ptr<boost::asio::posix::stream_descriptor>> quarantines_;
+  struct Watch {
+    std::shared_ptr<boost::asio::posix::stream_descriptor> d;
+    QuarantineWatch kind;
+    pid_t pid = 0;
+    std::vector<uint64_t> quarantines;
+  };
+  std::map<uint64_t, Watch> watches_;
+  std::map<pid_t, uint64_t> watch_of_pid_;  // kProcess watches by pid
+  uint64_t next_watch_ = 1;
+  size_t watched_quarantines_ = 0;
   std::unique_ptr<boost::asio::steady_timer> heartbeat_timer_;
   std::unique_ptr<boost::asio::steady_timer> hello_timer_;
 };

@@ -104,7 +104,7 @@ void Session::Close() {
     KVTIER_LOG(NOTICE) << "session " << ctx_.id << ": its process (pid " << ctx_.pid
                        << ") exited while another process holds its socket: its leased pages are quarantined "
                           "until that socket is closed";
-    host_->watch_quarantine(quarantine, socket_watch, QuarantineWatch::kSocket);  // -1 (no dup): until restart
+    host_->watch_quarantine(quarantine, socket_watch, QuarantineWatch::kSocket, 0);  // -1 (no dup): until restart
     socket_watch = -1;
   } else if (quarantine != 0) {
     if (pidfd_) {
@@ -113,7 +113,7 @@ void Session::Close() {
                          << ") lives: its leased pages are quarantined until it exits";
     }
     host_->watch_quarantine(quarantine, pidfd_ ? ::fcntl(pidfd_->native_handle(), F_DUPFD_CLOEXEC, 0) : -1,
-                            QuarantineWatch::kProcess);
+                            QuarantineWatch::kProcess, ctx_.pid);
   }
   if (socket_watch >= 0) ::close(socket_watch);
   if (pidfd_) pidfd_->close(ec);

@@ -45,8 +45,9 @@ struct SessionHost {
   std::function<void(SessionId id)> remove;
   // Frees quarantine `id` once `fd` (owned) says its holder is gone: a pidfd, when the
   // process exits; a socket (QuarantineWatch::kSocket), when every process that holds its
-  // other end has closed it. -1: at restart.
-  std::function<void(uint64_t id, int fd, QuarantineWatch watch)> watch_quarantine;
+  // other end has closed it. -1: at restart. `pid`: the process's, so that one descriptor
+  // watches all of a process's quarantines (0: unknown).
+  std::function<void(uint64_t id, int fd, QuarantineWatch watch, pid_t pid)> watch_quarantine;
   // The peer's process cannot be watched.
   std::function<void(const SessionContext& ctx)> note_unwatched;
 };

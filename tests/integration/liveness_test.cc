@@ -38,6 +38,40 @@ bool Eventually(const DaemonProcess& d, const std::function<bool(const TierStats
       std::chrono::seconds(5));
 }
 
+// A process that opens a session, leases a page and closes it, again and again, leaves a
+// quarantine each time; one descriptor watches them all (a dup of its pidfd each once took
+// kvtierd to its descriptor limit), and they all end when it exits.
+TEST(Liveness, OneDescriptorWatchesEveryQuarantineOfAProcess) {
+  DaemonProcess::Options o;  // 64 host pages
+  o.extra_yaml = "security:\n  max_leased_share: 1\n";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  const double fds_before = Metric(url, "process_open_fds");
+  constexpr int kRounds = 40;
+  Pipe done, go;
+  EngineProcess churn([&]() -> int {
+    for (int i = 0; i < kRounds; ++i) {
+      auto c = Client::Connect(EngineOptions(d.socket_path(), "churn"));
+      if (!c.ok() || !(*c)->Allocate(TierKind::kHost, 1).ok()) return 10 + i;
+    }  // each session ends with its page leased, while this process lives
+    done.Signal();
+    go.Wait();
+    return 0;
+  });
+  ASSERT_TRUE(done.Wait());
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == kRounds; })) << d.Log();
+  EXPECT_EQ(Metric(url, "kvtier_quarantines"), kRounds);
+  EXPECT_EQ(Metric(url, "kvtier_quarantine_watches"), 1.0);
+  EXPECT_LT(Metric(url, "process_open_fds"), fds_before + 5) << "a descriptor per quarantine";
+  go.Signal();
+  EXPECT_EQ(churn.Join(), 0);
+  EXPECT_TRUE(Eventually(
+      d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0 && t.free_pages == t.capacity_pages; }));
+  EXPECT_EQ(Metric(url, "kvtier_quarantine_watches"), 0.0);
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
 // A process that stops running (SIGSTOP; its client's keepalive thread stops with it) is
 // expired after protocol.heartbeat_ttl; its leases wait for it to exit, and it is told why.
 TEST(Liveness, AStoppedSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
