@@ -468,6 +468,18 @@ TEST_F(MultiUser, ATenantsExplainOverManyNamespacesIsRefusedPastItsProbeCap) {
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// As the calling user (kUserA): `n` namespaces (a Hello per model id), each keeping a block
+// of its own (chain seed `seed` + i) so that it lives on after its session.
+bool MakeNamespaces(const DaemonProcess& d, int n, uint64_t seed) {
+  for (int i = 0; i < n; ++i) {
+    ClientOptions co = EngineOptions(d.socket_path(), "ns-maker");
+    co.layout.model_id = "model-" + std::to_string(i);
+    auto c = Client::Connect(co);
+    if (!c.ok() || !Store(**c, TierKind::kHost, HashChain(seed + i, 1), kUserA).ok()) return false;
+  }
+  return true;
+}
+
 // The worst requests one tenant may send, replayed together against a daemon with an NVMe
 // index: 450 namespaces (a Hello per model id, a block each), then explains of 15,000
 // hashes over them (refused), of 2,000 (within the cap: answered in slices) and
@@ -509,12 +521,7 @@ TEST_F(MultiUser, AsTenantsWorstRequestsLeaveTheControlLoopServing) {
   constexpr size_t kHashes = 15'000, kWithin = 2'000;
   EngineProcess attacker([&]() -> int {
     if (!BecomeUser(kUserA)) return 20;
-    for (int i = 0; i < kNamespaces; ++i) {
-      ClientOptions co = EngineOptions(d.socket_path(), "ns-maker");
-      co.layout.model_id = "model-" + std::to_string(i);
-      auto c = Client::Connect(co);
-      if (!c.ok() || !Store(**c, TierKind::kHost, HashChain(1000 + i, 1), kUserA).ok()) return 21;
-    }
+    if (!MakeNamespaces(d, kNamespaces, 1000)) return 21;
     made.Signal();
     auto engine = Client::Connect(EngineOptions(d.socket_path(), "cold"));
     auto control = ControlClient::Connect(ControlOptions(d.socket_path()));
@@ -587,15 +594,10 @@ TEST_F(MultiUser, ExplainsEndWithTheirSessionAndATenantHasAtMostFourInProgress) 
   const std::string url = MetricsUrl(d);
   constexpr int kNamespaces = 400;
   constexpr size_t kHashes = 2'500;  // x 401 namespaces (within the probe cap): 500 loop turns a job
-  Pipe made, sent;
+  Pipe made;
   EngineProcess owner([&]() -> int {
     if (!BecomeUser(kUserA)) return 20;
-    for (int i = 0; i < kNamespaces; ++i) {
-      ClientOptions co = EngineOptions(d.socket_path(), "ns-maker");
-      co.layout.model_id = "model-" + std::to_string(i);
-      auto c = Client::Connect(co);
-      if (!c.ok() || !Store(**c, TierKind::kHost, HashChain(3000 + i, 1), kUserA).ok()) return 21;
-    }
+    if (!MakeNamespaces(d, kNamespaces, 3000)) return 21;
     made.Signal();
     // Four explains in flight, one connection each; this process is killed meanwhile.
     std::vector<std::thread> askers;
