@@ -1,6 +1,7 @@
 #include "daemon/dispatcher.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 #include "protocol/base/logging.h"
@@ -720,7 +721,9 @@ Dispatcher::Reply Dispatcher::OnSessionHint(SessionContext& ctx, const fb::Reque
   } else if (m.namespace_id() != nullptr) {
     return InvalidArgument("an engine hints its own namespace: namespace_id is for control sessions");
   }
-  const int64_t ttl_ns = m.ttl_ms() < 0 ? -1 : m.ttl_ms() * 1'000'000;
+  // In nanoseconds without overflowing (sessions.max_ttl clamps it after).
+  constexpr int64_t kMaxTtlMs = std::numeric_limits<int64_t>::max() / 1'000'000;
+  const int64_t ttl_ns = m.ttl_ms() < 0 ? -1 : std::min(m.ttl_ms(), kMaxTtlMs) * 1'000'000;
   KVTIER_ASSIGN_OR_RETURN(uint32_t blocks, cache_->Hint(tenant, ns, m.session()->string_view(), hashes, ttl_ns, m.end(),
                                                         m.hit_tokens(), m.prefetch()));
   return {fb::Reply::SessionHintReply, fb::CreateSessionHintReply(builder_, blocks).Union()};

@@ -153,6 +153,18 @@ TEST(AgentSessions, KvctlListsSessionsAndAnOperatorEndsOne) {
   EXPECT_EQ(a["host_blocks"], 4);
   EXPECT_EQ(a["protected_blocks"], 4);
   EXPECT_EQ(Metric(MetricsUrl(d), "kvtier_session_hit_tokens_total"), 64.0);
+  // A TTL past what nanoseconds hold (the fuzzer found one) is clamped to sessions.max_ttl
+  // (1 h), not wrapped: this one's nanoseconds wrap to 0.45 ms.
+  constexpr int64_t kWraps = 18'446'744'073'710;  // x 10^6 = 2^64 + 448,384
+  ASSERT_TRUE((*c)->Hint("agent-long", x, kWraps).ok());
+  const nlohmann::json agents = Kvctl(d, "agents")["agent_sessions"];
+  ASSERT_EQ(agents.size(), 2u) << agents.dump();
+  const nlohmann::json& long_one = agents[1];
+  EXPECT_EQ(long_one["session"], "agent-long");
+  EXPECT_EQ(long_one["state"], "live") << long_one.dump();
+  EXPECT_GT(long_one["ttl_left_s"].get<double>(), 3500.0) << long_one.dump();
+  EXPECT_LE(long_one["ttl_left_s"].get<double>(), 3600.0) << long_one.dump();
+  ASSERT_TRUE((*c)->Hint("agent-long", x, 0, /*end=*/true).ok());
   std::string chain;
   for (const BlockHash& h : x) chain += " " + h.Hex();
   const std::string ns = (*c)->namespace_id();
