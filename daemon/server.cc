@@ -309,15 +309,28 @@ void Server::Accept() {
           session->Refuse(room);
         }
       }
+    } else if (ec == asio::error::no_descriptors) {
+      // Out of descriptors: back off (50 ms, doubling to 1 s) instead of spinning, and say
+      // so once per 10 s, not per try.
+      ++accept_failures_unlogged_;
+      const int64_t now = clock_->NowNanos();
+      accept_backoff_ms_ = std::clamp(accept_backoff_ms_ * 2, 50, 1000);
+      if (last_accept_log_ns_ == 0 || now - last_accept_log_ns_ >= kRefusalLogIntervalNs) {
+        KVTIER_LOG(WARNING) << "accept: " << ec.message() << " (" << accept_failures_unlogged_ << " time(s)"
+                            << (last_accept_log_ns_ != 0 ? " in the last 10 s" : "") << "); retrying every "
+                            << accept_backoff_ms_
+                            << " ms at most: raise LimitNOFILE, or find what holds kvtierd's descriptors "
+                               "(kvtier_quarantine_watches, sessions)";
+        last_accept_log_ns_ = now;
+        accept_failures_unlogged_ = 0;
+      }
+      auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(accept_backoff_ms_));
+      timer->async_wait([this, timer](const boost::system::error_code&) { Accept(); });
+      return;
     } else if (ec != asio::error::operation_aborted) {
       KVTIER_LOG(WARNING) << "accept: " << ec.message();
-      if (ec == asio::error::no_descriptors) {
-        // Out of fds: back off briefly instead of spinning.
-        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(50));
-        timer->async_wait([this, timer](const boost::system::error_code&) { Accept(); });
-        return;
-      }
     }
+    if (!ec) accept_backoff_ms_ = 0;
     Accept();
   });
 }

@@ -128,6 +128,9 @@ class Server {
   uint64_t unwatched_quarantines_ = 0;
   std::map<uid_t, uint32_t> per_uid_;  // sessions open per peer uid
   int64_t last_refusal_log_ns_ = 0;
+  int64_t last_accept_log_ns_ = 0;  // accept out of descriptors: said at most every 10 s
+  uint64_t accept_failures_unlogged_ = 0;
+  int accept_backoff_ms_ = 0;  // 0 after a successful accept
   uint64_t refusals_unlogged_ = 0;
   uint32_t closes_since_trim_ = 0;
   bool trim_posted_ = false;
