@@ -610,6 +610,12 @@ TEST(Hardening, EveryPermittedRequestFitsAFrameAndAnOversizedOneIsAReadableError
 // Out of descriptors, kvtierd retries accepting with a backoff and says so once per 10 s
 // (it logged 20 lines a second at 60-87 % CPU), and serves again once descriptors free up.
 TEST(Hardening, OutOfDescriptorsAcceptBacksOffSaysSoOnceAndRecovers) {
+  if (kSanitized) {
+    // UBSan's vptr check opens a pipe to test memory it has not seen: at the descriptor
+    // limit that fails and it reports an invalid vptr (seen here at shared_ptr's control
+    // block), so this runs in the plain build only.
+    GTEST_SKIP() << "the sanitizers' runtime needs descriptors of its own";
+  }
   DaemonProcess d;
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const std::string fd_dir = "/proc/" + std::to_string(d.pid()) + "/fd";
