@@ -353,6 +353,7 @@ KvEvent* KvEvents::Append(Topic& t, const Announced& ns, KvEvent::Kind kind, Tie
                               .block_size = ns.block_size,
                               .tier = tier,
                               .signed_hashes = ns.hashes == EventHashForm::kSglang,
+                              .bytes = bytes,
                               .group = ns.group});
   return &t.pending.back();
 }
@@ -400,7 +401,6 @@ void KvEvents::AddTo(Topic& t, const Announced& ns, KvEvent::Kind kind, TierKind
   KvEvent* e = Append(t, ns, kind, tier, bytes + keys.lora_name.size());
   if (e == nullptr) return;
   e->hashes.push_back(h);
-  e->bytes = bytes + keys.lora_name.size();
   if (kind == KvEvent::Kind::kStored) {
     e->parent = p;
     e->token_ids.assign(keys.tokens.begin(), keys.tokens.end());

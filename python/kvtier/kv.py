@@ -156,6 +156,13 @@ def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView
     run_elems = 2 * layout.tokens_per_block * layout.kv_heads * layout.head_dim
     ptrs, num_blocks, stride, stream, on_cuda, writable = [], None, 0, 0, None, True
     spans = None  # writable mappings, read once when a CPU torch tensor needs them
+
+    def spans_of():
+        nonlocal spans
+        if spans is None:
+            spans = _writable_spans()
+        return spans
+
     for i, t in enumerate(kv_caches):
         shape, strides, elem, ptr, is_cuda, device, dtype = _tensor_facts(t)
         if hasattr(t, "flags"):  # numpy says
@@ -164,12 +171,6 @@ def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView
             # torch keeps no such flag: a tensor over a read-only mapping (a file mapped
             # read-only, an acquired kvtier page) faults when written, so ask the kernel
             # (once per tensor: _writable_tensor).
-            def spans_of():
-                nonlocal spans
-                if spans is None:
-                    spans = _writable_spans()
-                return spans
-
             writable = _writable_tensor(t, _extent(ptr, shape, strides, elem), spans_of)
         if elem != elem_want:
             raise InvalidArgumentError(f"KV layer {i} has {elem}-byte elements; the layout's dtype {layout.dtype} "

@@ -81,6 +81,13 @@ class MultiUser : public ::testing::Test {
     o.log_level = "info";
     return o;
   }
+  // Unknown users welcome, and host room for every namespace MakeNamespaces makes to keep
+  // its block in memory, so that it lives.
+  static DaemonProcess::Options RoomForNamespaces() {
+    DaemonProcess::Options o = Options("  allow_unknown: true\n");
+    o.host_capacity = "40MiB";
+    return o;
+  }
   static constexpr const char* kTwoTenants =
       "  allow_unknown: false\n"
       "  tenants: [{name: org_a, uids: [41001]}, {name: org_b, uids: [41002]}]\n";
@@ -489,9 +496,7 @@ bool MakeNamespaces(const DaemonProcess& d, int n, uint64_t seed) {
 // the bounds, one such explain held the loop for seconds and one such lookup read all
 // 15,000 hashes from the index.
 TEST_F(MultiUser, AsTenantsWorstRequestsLeaveTheControlLoopServing) {
-  DaemonProcess::Options o = Options("  allow_unknown: true\n");
-  o.host_capacity = "40MiB";  // every namespace keeps its block in memory, so it lives
-  DaemonProcess d(o);
+  DaemonProcess d(RoomForNamespaces());
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const std::string url = MetricsUrl(d);
@@ -586,9 +591,7 @@ TEST_F(MultiUser, AsTenantsWorstRequestsLeaveTheControlLoopServing) {
 // instead of running on (fire-and-forget explains from killed kvctls once held the control
 // loop for 23 s).
 TEST_F(MultiUser, ExplainsEndWithTheirSessionAndATenantHasAtMostFourInProgress) {
-  DaemonProcess::Options o = Options("  allow_unknown: true\n");
-  o.host_capacity = "40MiB";  // every namespace keeps its block in memory, so it lives
-  DaemonProcess d(o);
+  DaemonProcess d(RoomForNamespaces());
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const std::string url = MetricsUrl(d);

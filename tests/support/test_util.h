@@ -40,6 +40,13 @@ class TempDir {
 // hash_{i-1}, as an engine's prefix hash does).
 std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size = 16);
 
+// The 8 bytes at `b` as a big-endian number (KV event hashes and sequence numbers).
+inline uint64_t BigEndian(const uint8_t* b) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | b[i];
+  return v;
+}
+
 // A small layout whose natural block is `block_bytes` (default 64 KiB).
 ModelLayout TestLayout(const std::string& model = "test-model", uint32_t tokens_per_block = 16);
 
