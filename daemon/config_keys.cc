@@ -412,8 +412,8 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "cgroup; with it pages are charged to the process that writes them first (an engine).",
        KVTIER_CONFIG_SET(Boolean(key, n), host.overcommit)},
       {"tiers.host.policy", "adaptive",
-       "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, adaptive (the best "
-       "measured; docs/benchmarks.md).",
+       "Eviction policy of cached blocks: lru, prefix-lru, arc, prefix-arc, prefix-lirs, adaptive "
+       "(the best measured; docs/benchmarks.md).",
        KVTIER_CONFIG_SET(Word(key, n, EvictionPolicyNames()), host.policy)},
       {"tiers.gpu.enabled", "false",
        "A GPU tier: daemon-owned HBM pages engines lease and share (managed-pool mode); "

@@ -7,8 +7,8 @@
 namespace kvtier {
 
 Result<std::unique_ptr<BlockTable>> BlockTable::Open(const std::array<TierOptions, kTierCount>& tiers,
-                                                     DeviceBackend* device, int gpu_device,
-                                                     NamespaceTable* namespaces) {
+                                                     DeviceBackend* device, int gpu_device, NamespaceTable* namespaces,
+                                                     bool host_demotes) {
   std::unique_ptr<BlockTable> bt(new BlockTable(namespaces));
   for (TierKind kind : kAllTiers) {
     const TierOptions& o = tiers[TierIndex(kind)];
@@ -43,6 +43,7 @@ Result<std::unique_ptr<BlockTable>> BlockTable::Open(const std::array<TierOption
                      << ", pages of " << FormatBytes(o.page_bytes);
     KVTIER_ASSIGN_OR_RETURN(tier.pool, TierPool::Open(std::move(memory), o.page_bytes));
     tier.policy_name = o.policy;
+    tier.victims_demoted = kind == TierKind::kHost ? host_demotes : tiers[TierIndex(TierKind::kHost)].enabled;
     tier.state.assign(tier.pool->capacity(), PageState::kFree);
     tier.page_block.assign(tier.pool->capacity(), kNoBlock);
   }
@@ -367,7 +368,7 @@ RetentionPolicy& BlockTable::Policy(TierKind kind, TenantId tenant) {
   if (t.policy.size() <= tenant) t.policy.resize(tenant + 1);
   auto& p = t.policy[tenant];
   if (!p) {
-    auto made = MakeEvictionPolicy(t.policy_name, t.pool->capacity());
+    auto made = MakeEvictionPolicy(t.policy_name, t.pool->capacity(), t.victims_demoted);
     KVTIER_CHECK(made.ok()) << made.status().ToString();  // validated in Open
     p = std::make_unique<RetentionPolicy>(std::move(made).value());
   }

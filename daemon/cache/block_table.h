@@ -69,9 +69,13 @@ class BlockTable {
 
   // Builds the pool of each enabled tier of `tiers` (indexed by TierIndex; the NVMe entry
   // must be disabled). The GPU pool is over `device` (required when the GPU tier is
-  // enabled; it outlives the table). kInvalidArgument for options that cannot work.
+  // enabled; it outlives the table). `host_demotes`: the host tier's victims go down to
+  // NVMe or a lower tier (the GPU tier's always go to the host tier when it has one); their
+  // policies are told (MakeEvictionPolicy's `victims_demoted`). kInvalidArgument for options
+  // that cannot work.
   static Result<std::unique_ptr<BlockTable>> Open(const std::array<TierOptions, kTierCount>& tiers,
-                                                  DeviceBackend* device, int gpu_device, NamespaceTable* namespaces);
+                                                  DeviceBackend* device, int gpu_device, NamespaceTable* namespaces,
+                                                  bool host_demotes = false);
 
   bool enabled(TierKind t) const { return IsPoolTier(t) && tiers_[TierIndex(t)].pool != nullptr; }
   TierPool* pool(TierKind t) { return tiers_[TierIndex(t)].pool.get(); }
@@ -210,6 +214,7 @@ class BlockTable {
     TierKind kind = TierKind::kHost;
     std::unique_ptr<TierPool> pool;
     std::string policy_name;
+    bool victims_demoted = false;  // to a tier below
     std::vector<PageState> state;
     std::vector<BlockId> page_block;
     std::vector<std::unique_ptr<RetentionPolicy>> policy;  // by tenant

@@ -32,8 +32,8 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   for (TierKind t : {TierKind::kGpu, TierKind::kHost}) {
     cm->headroom_[TierIndex(t)] = AllocationHeadroom(options.tiers[TierIndex(t)].allocation_headroom);
   }
-  KVTIER_ASSIGN_OR_RETURN(
-      cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device, &cm->namespaces_));
+  KVTIER_ASSIGN_OR_RETURN(cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device,
+                                                        &cm->namespaces_, nvme.tier != nullptr || !lower.empty()));
   if (cm->blocks_->enabled(TierKind::kGpu)) {
     if (!options.post) return InvalidArgument("a GPU tier needs an event loop to post its demotion copies to");
     KVTIER_ASSIGN_OR_RETURN(

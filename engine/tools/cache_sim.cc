@@ -96,7 +96,7 @@ Result<SimResult> Simulate(const Trace& trace, const SimConfig& cfg) {
     }
   });
   const SessionTable* classes = hints ? &sessions : nullptr;
-  KVTIER_ASSIGN_OR_RETURN(auto hp, MakeEvictionPolicy(cfg.host_policy, cfg.host_capacity));
+  KVTIER_ASSIGN_OR_RETURN(auto hp, MakeEvictionPolicy(cfg.host_policy, cfg.host_capacity, cfg.nvme_capacity > 0));
   SimTier host(std::move(hp), cfg.host_capacity, trace.unique_blocks, classes);
   std::unique_ptr<SimTier> nvme;
   if (cfg.nvme_capacity > 0) {
@@ -182,6 +182,7 @@ SimResult SimulateBelady(const Trace& trace, uint64_t capacity) {
     r.host_hits += j;
     for (uint32_t x : q.blocks) {
       const uint64_t n = next[pos++];
+      r.block_hits += cached[x] ? 1 : 0;
       if (!cached[x]) {
         if (size >= capacity) {
           for (;;) {  // the cached block used furthest ahead (never: first)

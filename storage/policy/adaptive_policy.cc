@@ -8,11 +8,15 @@ constexpr uint64_t kSampleMask = 7;  // 1 key in 8
 // Per sampled access: a memory of about 2000 samples. Shorter memories (0.999, 0.998)
 // follow noise and lose hits on the shared trace (1.20x, 1.15x LRU instead of 1.32x).
 constexpr double kDecay = 0.9995;
-// ARC takes the lead only when its shadow hits 5% more, and hands it back as soon as it
-// hits less: ARC's per-block wins do not always mean prefix wins (it scatters a chain's
-// blocks over its two lists), so a tie goes to LRU. With a symmetric 3% band, adaptive
-// lost up to 0.006 to LRU on generated conversation traces (docs/benchmarks.md).
-constexpr double kTakeLead = 1.05, kKeepLead = 1.0;
+// A contender takes the lead only when its shadow hits this much more than the leader's,
+// and hands it back to LRU as soon as it hits less than LRU's: per-block wins of ARC and
+// LIRS do not always mean prefix wins (ARC scatters a chain's blocks over its two lists;
+// LIRS's 1/8-scale shadow overrates it where LRU's reuse distances are near the tier's
+// size), so a tie goes to LRU. ARC at 5%: with a symmetric 3% band adaptive lost up to
+// 0.006 to LRU on generated conversation traces; LIRS at 10%: at 5% it led on the
+// conversation-long trace at 1% capacity and fell 0.1 points below LRU
+// (docs/benchmarks.md, "Eviction policies").
+constexpr double kTakeLead[] = {1.0, 1.05, 1.10};
 // Sampling by a mix of the key, not its low bits: keys may be sequential.
 bool Sampled(uint64_t key) { return ((key * 0x9e3779b97f4a7c15ull) >> 61) == 0 || (kSampleMask == 0); }
 }  // namespace
@@ -43,20 +47,37 @@ bool AdaptivePolicy::Shadow::Access(uint64_t key) {
   return false;
 }
 
-AdaptivePolicy::AdaptivePolicy(size_t capacity)
-    : lru_(capacity, true),
+AdaptivePolicy::AdaptivePolicy(size_t capacity, bool victims_demoted)
+    : contenders_(victims_demoted ? kLirs : kContenders),
+      lru_(capacity, true),
       arc_(capacity, true),
+      lirs_(victims_demoted ? 0 : capacity),
       key_of_(capacity, 0),
-      lru_shadow_(std::make_unique<LruPolicy>(capacity / 8 + 1, false), std::max<size_t>(capacity / 8, 8)),
-      arc_shadow_(std::make_unique<ArcPolicy>(std::max<size_t>(capacity / 8, 8), false),
-                  std::max<size_t>(capacity / 8, 8)) {}
+      shadows_{Shadow(std::make_unique<LruPolicy>(capacity / 8 + 1, false), std::max<size_t>(capacity / 8, 8)),
+               Shadow(std::make_unique<ArcPolicy>(std::max<size_t>(capacity / 8, 8), false),
+                      std::max<size_t>(capacity / 8, 8)),
+               Shadow(std::make_unique<LirsPolicy>(victims_demoted ? 8 : std::max<size_t>(capacity / 8, 8)),
+                      std::max<size_t>(capacity / 8, 8))} {}
+
+std::string_view AdaptivePolicy::leader() const {
+  switch (leader_) {
+    case kArc:
+      return arc_.name();
+    case kLirs:
+      return lirs_.name();
+    default:
+      return lru_.name();
+  }
+}
 
 void AdaptivePolicy::Sample(uint64_t key) {
   if (!Sampled(key)) return;
-  lru_score_ = lru_score_ * kDecay + (lru_shadow_.Access(key) ? 1 : 0);
-  arc_score_ = arc_score_ * kDecay + (arc_shadow_.Access(key) ? 1 : 0);
+  for (int i = 0; i < contenders_; ++i) scores_[i] = scores_[i] * kDecay + (shadows_[i].Access(key) ? 1 : 0);
   // Hysteresis, so near-ties do not flip the leader back and forth.
-  if (arc_leads_ ? arc_score_ < kKeepLead * lru_score_ : arc_score_ > kTakeLead * lru_score_) arc_leads_ = !arc_leads_;
+  if (leader_ != kLru && scores_[leader_] < scores_[kLru]) leader_ = kLru;
+  for (int i = kArc; i < contenders_; ++i) {
+    if (i != leader_ && scores_[i] > kTakeLead[i] * scores_[leader_]) leader_ = static_cast<Contender>(i);
+  }
 }
 
 void AdaptivePolicy::Insert(BlockId id, BlockId parent, uint64_t key) {
@@ -64,19 +85,22 @@ void AdaptivePolicy::Insert(BlockId id, BlockId parent, uint64_t key) {
   key_of_[id] = key;
   lru_.Insert(id, parent, key);
   arc_.Insert(id, parent, key);
+  if (contenders_ > kLirs) lirs_.Insert(id, parent, key);
   Sample(key);
 }
 
 void AdaptivePolicy::Touch(BlockId id) {
   lru_.Touch(id);
   arc_.Touch(id);
+  if (contenders_ > kLirs) lirs_.Touch(id);
   if (id < key_of_.size()) Sample(key_of_[id]);
 }
 
 void AdaptivePolicy::TouchMany(std::span<const BlockId> ids) {
-  // The four structures are independent: each sees the touches in order, as one by one.
+  // The six structures are independent: each sees the touches in order, as one by one.
   lru_.TouchMany(ids);
   arc_.TouchMany(ids);
+  if (contenders_ > kLirs) lirs_.TouchMany(ids);
   // Sampled keys in groups, their shadow slots loading while the group is gathered.
   constexpr size_t kGroup = 16;
   uint64_t keys[kGroup];
@@ -88,8 +112,7 @@ void AdaptivePolicy::TouchMany(std::span<const BlockId> ids) {
   for (BlockId id : ids) {
     if (id >= key_of_.size() || !Sampled(key_of_[id])) continue;
     keys[n++] = key_of_[id];
-    lru_shadow_.Prefetch(key_of_[id]);
-    arc_shadow_.Prefetch(key_of_[id]);
+    for (int i = 0; i < contenders_; ++i) shadows_[i].Prefetch(key_of_[id]);
     if (n == kGroup) drain();
   }
   drain();
@@ -98,13 +121,24 @@ void AdaptivePolicy::TouchMany(std::span<const BlockId> ids) {
 void AdaptivePolicy::SetEvictable(BlockId id, bool evictable) {
   lru_.SetEvictable(id, evictable);
   arc_.SetEvictable(id, evictable);
+  if (contenders_ > kLirs) lirs_.SetEvictable(id, evictable);
 }
 
 void AdaptivePolicy::Erase(BlockId id) {
   lru_.Erase(id);
   arc_.Erase(id);
+  if (contenders_ > kLirs) lirs_.Erase(id);
 }
 
-BlockId AdaptivePolicy::Victim() { return arc_leads_ ? arc_.Victim() : lru_.Victim(); }
+BlockId AdaptivePolicy::Victim() {
+  switch (leader_) {
+    case kArc:
+      return arc_.Victim();
+    case kLirs:
+      return lirs_.Victim();
+    default:
+      return lru_.Victim();
+  }
+}
 
 }  // namespace kvtier

@@ -1,25 +1,34 @@
 #pragma once
-// AdaptivePolicy ("adaptive"): set dueling between prefix-ordered LRU and prefix-ordered
-// ARC. Both keep their order over every resident block (both see every event), and the
-// victim comes from whichever is winning: two shadow caches, each running one of the two
-// policies over a 1/8 sample of block keys at 1/8 of the capacity, count hits with
-// exponential decay, and the one with more recent hits chooses. ARC wins on traces with
-// many one-use blocks and long reuse gaps (frequency matters); LRU wins on
-// conversation-like traces where reuse follows recency; the duel follows the workload.
-// Not thread-safe.
+// AdaptivePolicy ("adaptive"): set dueling among prefix-ordered LRU, ARC and LIRS. All
+// three keep their order over every resident block (each sees every event), and the victim
+// comes from whichever is winning: three shadow caches, each running one of the policies
+// over a 1/8 sample of block keys at 1/8 of the capacity, count hits with exponential
+// decay, and the one with the most recent hits chooses. LRU wins on conversation-like
+// traces where reuse follows recency; ARC where many blocks are used once and reuse gaps
+// are long (frequency matters); LIRS where chains come back at distances larger than the
+// tier (agent sessions through tool pauses, loops over many prompts), where LRU keeps
+// none of them. The duel follows the workload.
+//
+// LIRS contends only in a tier whose victims leave the cache. Where they are demoted into
+// a larger tier below (host over NVMe, GPU over host), the shadows' one-tier hits are the
+// wrong score: a fixed set kept in the upper tier cost hits of the two together (two tiers,
+// generated agent traces at 2% capacity: up to 1.4 points below LRU; one tier: up to 10
+// points above; docs/benchmarks.md). Not thread-safe.
 
 #include <memory>
 #include <vector>
 
 #include "storage/policy/arc_policy.h"
 #include "storage/policy/flat_id_index.h"
+#include "storage/policy/lirs_policy.h"
 #include "storage/policy/lru_policy.h"
 
 namespace kvtier {
 
 class AdaptivePolicy final : public EvictionPolicy {
  public:
-  explicit AdaptivePolicy(size_t capacity);
+  // `victims_demoted`: as MakeEvictionPolicy's.
+  explicit AdaptivePolicy(size_t capacity, bool victims_demoted = false);
 
   void Insert(BlockId id, BlockId parent, uint64_t key) override;
   void Touch(BlockId id) override;
@@ -32,8 +41,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   std::string_view name() const override { return "adaptive"; }
   bool touch_prefix_deepest_first() const override { return true; }
 
-  // Which policy chooses victims now: true for ARC.
-  bool arc_leads() const { return arc_leads_; }
+  // The name of the policy that chooses victims now.
+  std::string_view leader() const;
 
  private:
   // A sampled shadow cache running one policy.
@@ -61,12 +70,16 @@ class AdaptivePolicy final : public EvictionPolicy {
   };
   void Sample(uint64_t key);
 
+  // The contenders, indexed as shadows_ and scores_; LRU (0) leads until another wins.
+  enum Contender { kLru = 0, kArc = 1, kLirs = 2, kContenders = 3 };
+  int contenders_;  // the first this many duel: kLirs without LIRS
   LruPolicy lru_;
   ArcPolicy arc_;
+  LirsPolicy lirs_;
   std::vector<uint64_t> key_of_;  // by block id
-  Shadow lru_shadow_, arc_shadow_;
-  double lru_score_ = 0, arc_score_ = 0;
-  bool arc_leads_ = false;
+  Shadow shadows_[kContenders];
+  double scores_[kContenders] = {};
+  Contender leader_ = kLru;
 };
 
 }  // namespace kvtier

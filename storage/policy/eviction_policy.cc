@@ -6,6 +6,7 @@
 
 #include "storage/policy/adaptive_policy.h"
 #include "storage/policy/arc_policy.h"
+#include "storage/policy/lirs_policy.h"
 #include "storage/policy/lru_policy.h"
 
 namespace kvtier {
@@ -13,15 +14,21 @@ namespace {
 
 struct PolicyRow {
   std::string_view name;
-  std::unique_ptr<EvictionPolicy> (*make)(size_t capacity);
+  std::unique_ptr<EvictionPolicy> (*make)(size_t capacity, bool victims_demoted);
 };
 
 constexpr PolicyRow kPolicies[] = {
-    {"lru", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LruPolicy>(n, false); }},
-    {"prefix-lru", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LruPolicy>(n, true); }},
-    {"arc", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<ArcPolicy>(n, false); }},
-    {"prefix-arc", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<ArcPolicy>(n, true); }},
-    {"adaptive", [](size_t n) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<AdaptivePolicy>(n); }},
+    {"lru", [](size_t n, bool) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LruPolicy>(n, false); }},
+    {"prefix-lru",
+     [](size_t n, bool) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LruPolicy>(n, true); }},
+    {"arc", [](size_t n, bool) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<ArcPolicy>(n, false); }},
+    {"prefix-arc",
+     [](size_t n, bool) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<ArcPolicy>(n, true); }},
+    {"prefix-lirs", [](size_t n, bool) -> std::unique_ptr<EvictionPolicy> { return std::make_unique<LirsPolicy>(n); }},
+    {"adaptive",
+     [](size_t n, bool demoted) -> std::unique_ptr<EvictionPolicy> {
+       return std::make_unique<AdaptivePolicy>(n, demoted);
+     }},
 };
 
 constexpr auto kNames = [] {
@@ -32,9 +39,10 @@ constexpr auto kNames = [] {
 
 }  // namespace
 
-Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity) {
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity,
+                                                           bool victims_demoted) {
   for (const PolicyRow& row : kPolicies) {
-    if (row.name == name) return row.make(capacity);
+    if (row.name == name) return row.make(capacity, victims_demoted);
   }
   std::string known;
   for (std::string_view n : kNames) known += (known.empty() ? "" : ", ") + std::string(n);

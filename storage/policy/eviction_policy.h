@@ -60,11 +60,16 @@ class EvictionPolicy {
 //   prefix-lru  LRU in prefix order: a prefix outlives its extensions
 //   arc         ARC (recency and frequency, self-tuning, with ghost history)
 //   prefix-arc  ARC in prefix order
-//   adaptive    set dueling between prefix-lru and prefix-arc (the default: never below
-//               LRU on the traces measured; docs/benchmarks.md)
+//   prefix-lirs LIRS in prefix order (inter-reference recency: keeps a fixed set of chains
+//               whole when they come back at distances larger than the tier)
+//   adaptive    set dueling among prefix-lru, prefix-arc and prefix-lirs (the default:
+//               never below LRU on the traces measured; docs/benchmarks.md)
 // `capacity` is the number of blocks the tier holds (ARC sizes its history by it; arrays
-// are sized once by it where known).
-Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity = 0);
+// are sized once by it where known). `victims_demoted`: the tier's victims move down into a
+// larger tier below (host over NVMe, GPU over host) instead of leaving the cache; adaptive
+// then duels without LIRS (adaptive_policy.h says why).
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name, size_t capacity = 0,
+                                                           bool victims_demoted = false);
 // The names above.
 std::span<const std::string_view> EvictionPolicyNames();
 inline constexpr std::string_view kDefaultEvictionPolicy = "adaptive";

@@ -70,14 +70,19 @@ TEST(CacheSim, RefusesAnEmptyTierOrAnUnknownPolicy) {
 }
 
 TEST(CacheSim, BeladyBoundsEveryPolicyOnEveryShape) {
+  // MIN is optimal for blocks found cached, and a policy's prefix hits are some of its
+  // cached blocks: no policy gets more prefix hits than MIN's block hits. (Not more than
+  // MIN's prefix hits does not hold: prefix-lirs keeps chains whole and gets 34.8% on this
+  // recency trace at 5%, MIN 33.3%.)
   for (std::string_view shape : TraceShapes()) {
     auto t = GenerateTrace(shape, 2000, 3);
     ASSERT_TRUE(t.ok());
     for (double f : {0.01, 0.05, 0.2}) {
       const uint64_t cap = std::max<uint64_t>(1, static_cast<uint64_t>(f * t->unique_blocks));
-      const double best = SimulateBelady(*t, cap).hit_ratio();
+      const SimResult min = SimulateBelady(*t, cap);
+      EXPECT_GE(min.block_hits, min.hits) << shape << " at " << f;
       for (std::string_view p : EvictionPolicyNames()) {
-        EXPECT_LE(Sim(*t, p, cap).hit_ratio(), best + 1e-12) << shape << " " << p << " at " << f;
+        EXPECT_LE(Sim(*t, p, cap).hits, min.block_hits) << shape << " " << p << " at " << f;
       }
     }
   }
@@ -102,6 +107,17 @@ TEST(CacheSim, DefaultPolicyIsNeverWorseThanLruOnGeneratedShapes) {
       ExpectDefaultAtLeastLru(*t);
     }
   }
+}
+
+TEST(CacheSim, DefaultPolicyKeepsChainsThatComeBackFartherThanTheTier) {
+  // The recency shape at 5%: 30 chains round robin through a tier that holds a fifth of
+  // them. LRU evicts each before it comes back (0 hits); adaptive's duel hands the victims
+  // to LIRS, which keeps a fixed set of chains whole (65% measured, Belady 72%).
+  auto t = GenerateTrace("recency", 4000, 1);
+  ASSERT_TRUE(t.ok());
+  const uint64_t cap = static_cast<uint64_t>(0.05 * t->unique_blocks);
+  EXPECT_EQ(Sim(*t, "lru", cap).hits, 0u);
+  EXPECT_GE(Sim(*t, kDefaultEvictionPolicy, cap).hit_ratio(), 0.5);
 }
 
 // The project's shared traces: $KVTIER_SHARED_TRACES, else ../shared/traces beside the
