@@ -174,8 +174,105 @@ def test_the_daemonset_fits_its_config_and_probes_it():
 def test_the_kustomization_lists_every_kvtierd_manifest():
     with open(os.path.join(DEPLOY, "kustomization.yaml")) as f:
         listed = set(yaml.safe_load(f)["resources"])
-    want = {os.path.basename(p) for p in MANIFESTS} - {"kustomization.yaml", "vllm-example.yaml"}
+    want = {os.path.basename(p) for p in MANIFESTS} - {"kustomization.yaml", "vllm-example.yaml", "tenant-example.yaml"}
     assert listed == want
+
+
+# ---- admission-policy.yaml, evaluated ------------------------------------------------
+# No Kubernetes API server runs on these machines, so the policy's CEL is evaluated by
+# cel-python (the CEL reference semantics, not the API server's type-checked
+# environment), with the binding's namespace selector and the validations in the API
+# server's order, over vllm-example.yaml's pod in tenant-example.yaml's namespace and over
+# what a tenant could change in them.
+
+
+def admission(cases):
+    """Per (pod, namespace) of `cases`: None when the binding does not select the namespace,
+    else the messages the policy denies the pod with (tests/deploy/cel_admission.py)."""
+    policy, binding = one("ValidatingAdmissionPolicy"), one("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert policy["spec"]["failurePolicy"] == "Fail" and binding["spec"]["validationActions"] == ["Deny"]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert any({"pods", "pods/ephemeralcontainers"} <= set(r["resources"]) and "CREATE" in r["operations"]
+               for r in rules)
+    req = {"policy": policy, "binding": binding, "cases": [{"pod": p, "namespace": n} for p, n in cases]}
+    r = run([tool("python"), os.path.join(ROOT, "tests", "deploy", "cel_admission.py")], input=json.dumps(req))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def engine_pod():
+    d = one("Deployment", "vllm-kvtier-example")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "engine", "namespace": d["metadata"]["namespace"]},
+            "spec": json.loads(json.dumps(d["spec"]["template"]["spec"]))}
+
+
+def test_the_admission_policy_admits_the_example_engine_in_its_tenant_namespace():
+    team = one("Namespace", "team-a")
+    assert engine_pod()["metadata"]["namespace"] == "team-a"
+    # kvtierd's own namespace is not a tenant's: the policy does not apply there.
+    assert admission([(engine_pod(), team), (engine_pod(), one("Namespace", "kvtier"))]) == [[], None]
+
+
+def test_the_admission_policy_refuses_every_other_identity_and_host_path():
+    team = one("Namespace", "team-a")
+
+    def changed(edit):
+        pod = engine_pod()
+        edit(pod["spec"])
+        return pod, team
+
+    def sc(spec):
+        return spec["securityContext"]
+
+    def c0(spec):
+        return spec["containers"][0].setdefault("securityContext", {})
+
+    refused = {
+        "kvtierd's uid (an admin)": lambda s: sc(s).update(runAsUser=10001),
+        "another team's uid": lambda s: sc(s).update(runAsUser=10003),
+        "no uid at all (the image's)": lambda s: sc(s).pop("runAsUser"),
+        "root in one container": lambda s: c0(s).update(runAsUser=0),
+        "an init container as root": lambda s: s.setdefault("initContainers", []).append(
+            {"name": "i", "image": "x", "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False}}),
+        "an ephemeral container as kvtierd": lambda s: s.setdefault("ephemeralContainers", []).append(
+            {"name": "e", "image": "x", "securityContext": {"runAsUser": 10001, "allowPrivilegeEscalation": False}}),
+        "the root group": lambda s: sc(s).update(runAsGroup=0),
+        "no group (the image's)": lambda s: sc(s).pop("runAsGroup"),
+        "a supplementary group not the team's": lambda s: sc(s).update(supplementalGroups=[10001, 0]),
+        "privilege escalation allowed": lambda s: c0(s).update(allowPrivilegeEscalation=True),
+        "privilege escalation not said": lambda s: c0(s).pop("allowPrivilegeEscalation"),
+        "CAP_SETUID": lambda s: c0(s).update(capabilities={"add": ["SETUID"]}),
+        "privileged": lambda s: c0(s).update(privileged=True),
+        "the NVMe slot files": lambda s: s["volumes"].append(
+            {"name": "d", "hostPath": {"path": "/var/lib/kvtier"}}),
+        "the host's root": lambda s: s["volumes"].append({"name": "r", "hostPath": {"path": "/"}}),
+        "a parent of the socket directory": lambda s: s["volumes"][0]["hostPath"].update(path="/run"),
+        "hostPID": lambda s: s.update(hostPID=True),
+        "a user namespace": lambda s: s.update(hostUsers=False),
+    }
+    # What stays allowed: NET_BIND_SERVICE, the uid set per container, a trailing slash.
+    allowed = [
+        lambda s: c0(s).update(capabilities={"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}),
+        lambda s: (sc(s).pop("runAsUser"), c0(s).update(runAsUser=10002)),
+        lambda s: s["volumes"][0]["hostPath"].update(path="/run/kvtier/"),
+    ]
+    results = admission([changed(e) for e in list(refused.values()) + allowed])
+    for what, errors in zip(refused, results):
+        assert errors, f"{what}: admitted"
+        assert not any(e.startswith("error:") for e in errors), (what, errors)
+    assert results[len(refused):] == [[]] * len(allowed)
+
+
+def test_the_admission_policy_refuses_a_namespace_labelled_with_root_or_kvtierds_uid():
+    labels = (("0", "10001"), ("10001", "10001"), ("10002", "0.10001"), ("abc", "10001"))
+    cases = []
+    for uid, groups in labels:
+        ns = json.loads(json.dumps(one("Namespace", "team-a")))
+        ns["metadata"]["labels"].update({"kvtier.io/uid": uid, "kvtier.io/groups": groups})
+        cases.append((engine_pod(), ns))
+    for (uid, groups), errors in zip(labels, admission(cases)):
+        assert any("labels must name" in e for e in errors), (uid, groups, errors)
 
 
 def containerfile_stages():
