@@ -167,6 +167,41 @@ def test_a_neighbours_stores_wait_for_a_failed_load_to_settle_and_are_kept(model
             e.close()
 
 
+def test_stores_held_for_a_load_the_scheduler_never_settles_are_dropped_and_their_requests_freed(model_dir, daemon):
+    # As above, but the report of B's first step (b's load landed) never reaches the
+    # scheduler: its worker metadata is lost on the way. The worker then holds every later
+    # store, b's and n's, for a load that never settles; after SETTLE_STEPS steps it drops
+    # them (nothing computed over an unconfirmed load is stored) and reports b and n
+    # finished, so vLLM frees their blocks and the engine drains instead of holding them
+    # for ever.
+    from kvtier.vllm.worker import SETTLE_STEPS
+
+    p, q = prompt(320, 14), prompt(320, 15)
+    want = reference(model_dir, [("a", p, 6), ("b", p, 6), ("n", q, 1)])
+    a = Engine(vllm_config(model_dir, daemon.socket), 128)
+    b = Engine(vllm_config(model_dir, daemon.socket, extra={"lookup_wait_ms": 2000}), 128)
+    try:
+        assert serve(a, [("a", p, 6)]) == {"a": want["a"]}
+        lost, steps = [], []
+
+        def lose_the_report_of_bs_load(outputs):
+            steps.append(1)
+            for o in outputs:
+                meta = o.kv_connector_output.kv_connector_worker_meta
+                if not lost and meta is not None and "b" in meta.loads:
+                    o.kv_connector_output.kv_connector_worker_meta = None
+                    lost.append(len(steps))
+
+        got = serve(b, [("b", p, 6), ("n", q, 1)], after_worker=lose_the_report_of_bs_load, seconds=60)
+        assert lost and got == {"b": want["b"], "n": want["n"]}
+        assert len(steps) > SETTLE_STEPS  # drained only once the held stores were dropped
+        assert b.connector_stats["stores_dropped_unsettled"] >= 20  # n's 20 blocks at least
+        assert b.connector_stats["stored_blocks"] == 0
+    finally:
+        for e in (a, b):
+            e.close()
+
+
 def test_under_vllms_fail_policy_a_failed_load_fails_the_request_and_stores_nothing(model_dir, daemon):
     p = prompt(320, 5)
     a = Engine(vllm_config(model_dir, daemon.socket), 128)

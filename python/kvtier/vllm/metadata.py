@@ -70,7 +70,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
 COUNTERS = ("lookups", "hit_blocks", "lookups_not_ready", "loaded_blocks", "load_failed_blocks", "stored_blocks",
             "store_refused_blocks", "stores_skipped_after_failed_load", "states_stored",
             "store_fence_waits", "layer_load_steps", "blocking_s", "step_s", "steps", "session_hints",
-            "session_hints_dropped")
+            "session_hints_dropped", "stores_dropped_unsettled")
 
 # vLLM's /metrics names of the counters (vllm:kvtier_<name>_total), with their help.
 PROM_HELP = {
@@ -90,6 +90,9 @@ PROM_HELP = {
     "steps": "Steps the connector saw.",
     "session_hints": "Agentic sessions' hints sent to kvtierd (kv_transfer_params.kvtier, vLLM's session id).",
     "session_hints_dropped": "Session hints dropped: malformed (logged once per kind) or refused by kvtierd.",
+    "stores_dropped_unsettled": "Blocks of held stores dropped because the scheduler never settled the loads they "
+                                "waited for (within kvtier.vllm.worker.SETTLE_STEPS steps), or past the bound on "
+                                "held stores.",
 }
 
 

@@ -22,7 +22,12 @@ are dropped (their blocks are stored again once recomputed), the others queued, 
 request's among them (vLLM keeps its blocks until the worker reports it). Held stores
 whose blocks vLLM hands out again meanwhile are dropped. An asynchronous load (several
 groups) settles nothing: the request is not computed in its step, and vLLM combines every
-rank's failures before it is.
+rank's failures before it is. The scheduler's word comes in the next step's metadata (a
+few steps later with a batch queue); a load it has not settled in ``SETTLE_STEPS`` steps
+never will be (its worker metadata was lost), so the stores held for it are dropped (a
+later miss, never KV computed over a failed load) and the finished requests among them are
+reported, so vLLM frees their blocks. At most ``MAX_HELD_CHUNKS`` store chunks are held;
+past that the oldest is dropped.
 
 With ``layerwise_loads`` on, a one-group attention model's loads move layer by layer
 while the model computes (kvtier.vllm.layers): ``start_load_kv`` only takes hold of the
@@ -51,6 +56,11 @@ from kvtier.vllm.stores import StoreQueue, side_stream
 
 log = logging.getLogger("kvtier.vllm")
 
+# Steps a same-step load may stay unsettled before the stores held for it are dropped.
+SETTLE_STEPS = 64
+# Store chunks (``Settings.chunk`` blocks each) held at most while loads are unsettled.
+MAX_HELD_CHUNKS = 4096
+
 
 class Worker:
     def __init__(self, settings: Settings, vllm_config, kv_cache_config, stats: KvtierConnectorStats):
@@ -62,8 +72,9 @@ class Worker:
         self.clients: list = []
         self._views: list = []
         self._load_errors: set = set()
-        self._unsettled: set = set()   # requests that loaded in a step, until the scheduler settles them
+        self._unsettled: dict = {}     # requests that loaded in a step, until the scheduler settles them: step
         self._waiting: list = []       # stores held meanwhile: [(loads it waits for, (store, part, tokens, state))]
+        self._step_no = 0              # steps whose metadata this worker fenced
         self._loads: dict = {}         # this step's loads for the scheduler: {req: whether they landed here}
         self._recv_done: set = set()    # requests whose asynchronous load ran (ok or not)
         self._recv_failed: set = set()  # ... and failed
@@ -134,6 +145,7 @@ class Worker:
         if self._fenced is meta or self._stores is None:
             return
         self._fenced = meta
+        self._step_no += 1
         self._scheduler_has_handshake = self._scheduler_has_handshake or meta.has_handshake
         self.settle(meta)
         waited = self._stores.wait_states()
@@ -148,13 +160,23 @@ class Worker:
         """The scheduler's word on earlier steps' loads: held stores of the requests vLLM
         recomputes are dropped, those whose loads all settled are queued; a held store whose
         blocks vLLM hands out again in this step is dropped (a later miss)."""
-        self._unsettled.difference_update(meta.settled)
+        for req_id in meta.settled:
+            self._unsettled.pop(req_id, None)
+        # Loads the scheduler has not settled in SETTLE_STEPS steps never will be.
+        lost = {r for r, step in self._unsettled.items() if self._step_no - step > SETTLE_STEPS}
+        if lost:
+            log.warning("the scheduler never settled the loads of %d requests (%s): dropping the stores held "
+                        "for them", len(lost), ", ".join(sorted(lost)[:4]))
+            for r in lost:
+                del self._unsettled[r]
         fresh = set(meta.fresh_blocks)
         waiting, self._waiting = self._waiting, []
         for waits, chunk in waiting:
             store, part = chunk[0], chunk[1]
             if store.req_id in meta.recomputed or fresh.intersection(store.block_ids[part]):
                 self.stats.data["stores_skipped_after_failed_load"] += len(store.hashes[part])
+            elif waits & lost:
+                self.stats.data["stores_dropped_unsettled"] += len(store.hashes[part])
             elif waits - meta.settled:
                 self._waiting.append((waits - meta.settled, chunk))
             else:
@@ -180,7 +202,7 @@ class Worker:
         if load.is_async:
             self._recv_done.add(load.req_id)
         else:
-            self._unsettled.add(load.req_id)
+            self._unsettled.setdefault(load.req_id, self._step_no)
             self._loads[load.req_id] = self._loads.get(load.req_id, True) and n == len(load.block_ids)
         if n < len(load.block_ids):
             self.stats.data["load_failed_blocks"] += len(load.block_ids) - n
@@ -256,9 +278,15 @@ class Worker:
                 # an opaque run of other geometry: its events carry no tokens
                 tokens = store.token_ids[i * per_block:part.stop * per_block] if geometry else []
                 if self._unsettled:
-                    self._waiting.append((set(self._unsettled), (store, part, tokens, state)))
+                    self._hold((set(self._unsettled), (store, part, tokens, state)))
                 else:
                     self._stores.submit(store, part, tokens, state)
+
+    def _hold(self, entry: tuple) -> None:
+        if len(self._waiting) >= MAX_HELD_CHUNKS:
+            _, (store, part, _, _) = self._waiting.pop(0)
+            self.stats.data["stores_dropped_unsettled"] += len(store.hashes[part])
+        self._waiting.append(entry)
 
     def get_finished(self, finished_req_ids) -> tuple:
         """(requests finished sending: held ones whose copies are done, requests whose

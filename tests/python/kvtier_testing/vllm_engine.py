@@ -159,13 +159,19 @@ class EngineLoop:
     def forward(self, req_id: str, start: int, count: int) -> Optional[int]:
         raise NotImplementedError
 
-    def step(self, before_worker: Optional[Callable] = None) -> list:
+    def step(self, before_worker: Optional[Callable] = None, after_worker: Optional[Callable] = None) -> list:
+        """One engine step; `before_worker(scheduler_output)` runs before the workers,
+        `after_worker(model_runner_outputs)` on what they return, before the scheduler
+        reads it (a test may lose part of it, as a broken transport would)."""
         out = self.scheduler.schedule()
         self.on_scheduled(out)
         if before_worker is not None:
             before_worker(out)
         if self.active is not None:
-            return self._update(out, [self._v2_step(out)])
+            outputs = [self._v2_step(out)]
+            if after_worker is not None:
+                after_worker(outputs)
+            return self._update(out, outputs)
         workers = self.workers or ([self.worker] if self.worker is not None else [])
         for w in workers:
             w.handle_preemptions(out.kv_connector_metadata)  # before the step writes a block
@@ -189,6 +195,8 @@ class EngineLoop:
             outputs.append(ModelRunnerOutput(req_ids=req_ids,
                                              req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                              sampled_token_ids=sampled, kv_connector_output=kvo))
+        if after_worker is not None:
+            after_worker(outputs)
         return self._update(out, outputs)
 
     def _forward_all(self, out) -> tuple:
@@ -233,7 +241,8 @@ class EngineLoop:
                     finished.append(o.request_id)
         return finished
 
-    def run(self, *, max_steps: int = 5000, seconds: float = 120.0, before_worker: Optional[Callable] = None) -> None:
+    def run(self, *, max_steps: int = 5000, seconds: float = 120.0, before_worker: Optional[Callable] = None,
+            after_worker: Optional[Callable] = None) -> None:
         deadline = time.monotonic() + seconds
         for _ in range(max_steps):
             # As vLLM's engine core: finished requests the connector holds (stores still
@@ -244,7 +253,7 @@ class EngineLoop:
                 break
             if not self.scheduler.has_unfinished_requests():
                 time.sleep(0.001)  # only held requests: empty steps until the copies are done
-            self.step(before_worker)
+            self.step(before_worker, after_worker)
             for r in self.scheduler.requests.values():
                 if r.num_preemptions:
                     self.preempted.add(r.request_id)
