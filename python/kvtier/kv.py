@@ -32,6 +32,12 @@ _TORCH_DTYPES = {
 KINDS = {"kv_first": 0, "block_first": 1, "paged": 1}
 
 
+def namespace_part(text: str) -> str:
+    """`text` as one field of a namespace's '|'-joined model string: '|' (and '%', the
+    escape) escaped, so a model id that contains '|' cannot name another's fields."""
+    return text.replace("%", "%25").replace("|", "%7C")
+
+
 @dataclass(frozen=True)
 class KvView:
     pointers: list      # each layer's address

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import kvtier
+from kvtier.kv import namespace_part
 from kvtier.resilient import ResilientClient
 
 log = logging.getLogger("kvtier.sglang")
@@ -263,7 +264,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     # ---- namespaces ----
     def _model_id(self, pool_name: str, pool, tp: Optional[Tuple[int, int]]) -> str:
-        parts = [self._model, "sglang", str(getattr(pool, "layout", "")),
+        parts = [namespace_part(self._model), "sglang", str(getattr(pool, "layout", "")),
                  str(getattr(pool, "dtype", "")).replace("torch.", ""), pool_name]
         if tp is not None:
             parts.append(f"tp{tp[0]}of{tp[1]}")

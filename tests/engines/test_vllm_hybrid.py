@@ -324,3 +324,39 @@ def test_fp8_mla_formats_each_have_a_namespace_of_their_own():
         models[cache_dtype] = layout.model
     assert models["fp8"] == models["fp8_e4m3"] and "|fp8_e4m3|" in models["fp8"]
     assert models["fp8_ds_mla"] != models["fp8"] and "fp8_e4m3:fp8_ds_mla" in models["fp8_ds_mla"]
+
+
+def test_a_model_id_with_a_bar_cannot_name_another_models_group():
+    """The namespace's model string joins fields with '|': a dense model whose id ends in a
+    hybrid model's group field would alias that group, unless the id is escaped."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from kvtier.vllm.layout import group_layout, group_plans
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.float32)
+    tensors = [torch.zeros((2, 8, 16, 2, 8))]
+
+    def model(model_id, groups):
+        config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+        [plan] = group_plans(config, 16)
+        layout, _ = group_layout(plan, spec, tensors, 8, model_id=model_id, ranks={"tp": (0, 1), "pp": (0, 1)},
+                                 cache_dtype="auto", groups=groups)
+        return layout.model
+
+    hybrid_group0 = model("x", 2)
+    dense = model("x|g0of2:full_attention:w" + hybrid_group0.split(":w")[1].split("|")[0], 1)
+    assert dense != hybrid_group0
+    assert dense.startswith("x%7Cg0of2") and model("a%b", 1).startswith("a%25b|")
+
+
+def test_fp8_caches_name_their_encoding_and_scales():
+    from kvtier.vllm.layout import fp8_meaning
+
+    unit = [(1.0, 1.0)] * 4
+    assert fp8_meaning("auto", "torch.float8_e4m3fnuz", [(0.5, 1.0)]) == ""  # not an fp8 cache
+    assert fp8_meaning("fp8", "torch.float8_e4m3fn", unit) == ""  # as before: the OCP encoding, unit scales
+    assert fp8_meaning("fp8", "torch.float8_e4m3fnuz", unit) == "|fp8e4m3fnuz"
+    assert fp8_meaning("fp8_e5m2", "torch.float8_e4m3fnuz", unit) == ""  # e5m2 has one encoding
+    scaled = fp8_meaning("fp8", "torch.float8_e4m3fn", [(1.0, 1.0), (0.5, 1.0)])
+    assert scaled.startswith("|kvscales") and scaled != fp8_meaning("fp8", "torch.float8_e4m3fn", [(1.0, 1.0), (0.25, 1.0)])

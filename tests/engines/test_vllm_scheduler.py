@@ -409,6 +409,45 @@ def test_fp8_caches_are_stored_and_loaded_byte_exact(model_dir, daemon):
         b.close()
 
 
+def test_fp8_caches_of_other_kv_scales_or_encodings_never_share_blocks(model_dir, daemon, monkeypatch):
+    # An fp8 cache's bytes are values divided by the layer's K/V scale (the checkpoint's):
+    # the same bytes under other scales are other values. And ROCm's e4m3fnuz reads the same
+    # bits as half of what e4m3fn does. Each is a namespace of its own: a miss, never a load.
+    import types
+
+    import torch
+    from vllm.platforms import current_platform
+
+    try:
+        cfg = vllm_config(model_dir, daemon.socket, cache_dtype="fp8")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"this vLLM build refuses an fp8 KV cache on CPU: {e}")
+    p = prompt(200, 10)
+    a = Engine(cfg, 64)
+    scaled_cfg = vllm_config(model_dir, daemon.socket, cache_dtype="fp8")
+    for i in range(a.layers):  # the checkpoint's scales, as vLLM's attention layers hold them
+        scaled_cfg.compilation_config.static_forward_context[a.names[i]] = types.SimpleNamespace(
+            _k_scale_float=0.5, _v_scale_float=0.25)
+    scaled = Engine(scaled_cfg, 64)
+    try:
+        want = serve(a, [("x", p, 3)])
+        assert serve(scaled, [("x", p, 3)]) == want
+        assert scaled.connector_stats["hit_blocks"] == 0 and scaled.connector_stats["stored_blocks"] == 12
+        ours = a.worker.get_handshake_metadata().groups[0].model
+        assert "|kvscales" in scaled.worker.get_handshake_metadata().groups[0].model and "|kvscales" not in ours
+        monkeypatch.setattr(type(current_platform), "fp8_dtype", classmethod(lambda cls: torch.float8_e4m3fnuz))
+        fnuz = Engine(vllm_config(model_dir, daemon.socket, cache_dtype="fp8"), 64)
+        try:
+            assert fnuz.worker.get_handshake_metadata().groups[0].model == ours + "|fp8e4m3fnuz"
+            assert serve(fnuz, [("x", p, 3)]) == want
+            assert fnuz.connector_stats["hit_blocks"] == 0
+        finally:
+            fnuz.close()
+    finally:
+        a.close()
+        scaled.close()
+
+
 def test_vllm_starts_and_serves_with_no_kvtierd(model_dir, tmp_path):
     p = prompt(120, 11)
     want = reference(model_dir, [("r", p, 4)])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import kvtier
-from kvtier.kv import contiguous, dense_run
+from kvtier.kv import contiguous, dense_run, namespace_part
 from kvtier.vllm._base import KVConnectorHandshakeMetadata
 
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
@@ -235,14 +235,32 @@ def _digest(*facts) -> str:
     return hashlib.sha256(repr(facts).encode()).hexdigest()[:12]
 
 
+def fp8_meaning(cache_dtype: Optional[str], platform_fp8: str, kv_scales: list) -> str:
+    """What an fp8 cache's bytes mean beyond their element type, as a suffix of the
+    namespace's model string: the platform's e4m3 encoding where it is not the OCP one
+    (ROCm's e4m3fnuz: the same bits are half the value), and the layers' K and V scales
+    [(k, v)] where any is not 1.0 (the bytes are the values divided by them). '' for other
+    caches and for e4m3fn at unit scales, whose namespaces stay as they were."""
+    cd = str(cache_dtype or "auto")
+    if not cd.startswith("fp8"):
+        return ""
+    out = ""
+    if "e5m2" not in cd and "fnuz" in platform_fp8:
+        out += "|fp8e4m3fnuz"
+    if any(k != 1.0 or v != 1.0 for k, v in kv_scales):
+        out += f"|kvscales{_digest(tuple(kv_scales))}"
+    return out
+
+
 def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model_id: str, ranks: dict,
-                 cache_dtype: Optional[str], groups: int) -> tuple:
+                 cache_dtype: Optional[str], groups: int, fp8: str = "") -> tuple:
     """(KvtierLayout, the per-layer tensors to copy through) of one group's caches.
 
     Attention groups with separate K and V keep kvtier's structured layout (heads, head
     size, element type); MLA latents and Mamba states are moved as opaque byte runs
     (int8 layout of the same bytes per block), their element types named in the
-    namespace."""
+    namespace. `fp8`: fp8_meaning's suffix of the model string."""
+    model_id = namespace_part(model_id)
     kind, order, ratio = describe_kv_caches(tensors, spec, num_blocks)
     if ratio > 1:  # kernel blocks: view each vLLM block as one
         tensors = [t.unflatten(0, (num_blocks, ratio)) for t in tensors]
@@ -259,9 +277,10 @@ def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model
     if kv_pairs:
         dtype = kv_dtype_name(first.dtype, cache_dtype)
         if groups == 1 and plan.kind == "full_attention":
-            model = f"{model_id}|{order}|{tp_part}|pp{pp}of{pps}"  # a dense model's namespace
+            model = f"{model_id}|{order}|{tp_part}|pp{pp}of{pps}{fp8}"  # a dense model's namespace
         else:
-            model = f"{model_id}|g{plan.index}of{groups}:{plan.kind}:w{plan.sliding_window}|{order}|{tp_part}|pp{pp}of{pps}"
+            model = (f"{model_id}|g{plan.index}of{groups}:{plan.kind}:w{plan.sliding_window}|{order}|{tp_part}|"
+                     f"pp{pp}of{pps}{fp8}")
         return KvtierLayout(model, layers=len(tensors), kv_heads=int(spec.num_kv_heads),
                             head_dim=int(spec.head_size), dtype=dtype, tokens_per_block=bs, kv_layout=kind,
                             group=plan.index, kind=plan.kind), tensors
@@ -287,7 +306,7 @@ def group_layout(plan: GroupPlan, spec, tensors: list, num_blocks: int, *, model
         if str(cache_dtype or "").startswith("fp8") and cache_dtype not in ("fp8", "fp8_e4m3", "fp8_e5m2"):
             elem += f":{cache_dtype}"  # a packed format (fp8_ds_mla: latents with their scales) is its own
     model = (f"{model_id}|g{plan.index}of{groups}:{plan.kind}:w{plan.sliding_window}|{elem}|bs{bs}|{order}|"
-             f"{tp_part}|pp{pp}of{pps}")
+             f"{tp_part}|pp{pp}of{pps}{fp8}")
     return KvtierLayout(model, layers=len(raw), kv_heads=heads, head_dim=dim, dtype="int8",
                         tokens_per_block=tokens, kv_layout="paged", group=plan.index, kind=plan.kind,
                         stores=not replicated or tp < plan.shards), raw

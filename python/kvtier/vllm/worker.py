@@ -49,7 +49,7 @@ from typing import Optional
 import kvtier
 from kvtier.kv import kv_args
 from kvtier.vllm.layers import LayerLoads
-from kvtier.vllm.layout import STATE, KvtierHandshake, group_layout
+from kvtier.vllm.layout import STATE, KvtierHandshake, fp8_meaning, group_layout
 from kvtier.vllm.metadata import KvtierConnectorMetadata, KvtierConnectorStats, KvtierWorkerMetadata, LoadSpec
 from kvtier.vllm.settings import Settings
 from kvtier.vllm.stores import StoreQueue, side_stream
@@ -90,6 +90,14 @@ class Worker:
     def register_kv_caches(self, kv_caches: dict) -> None:
         cfg = self._kv_cache_config
         cache_dtype = getattr(self._vllm_config.cache_config, "cache_dtype", None)
+        # fp8 caches: the platform's e4m3 encoding and the attention layers' K/V scales (loaded
+        # with the weights, before the caches are registered) name what their bytes mean.
+        forward_context = getattr(getattr(self._vllm_config, "compilation_config", None), "static_forward_context",
+                                  None) or {}
+        platform_fp8 = ""
+        if str(cache_dtype or "").startswith("fp8"):
+            from vllm.platforms import current_platform
+            platform_fp8 = str(current_platform.fp8_dtype())
         layouts, tensors_by_group, device, layer_of = [], [], None, {}
         for plan, group in zip(self._s.plans, cfg.kv_cache_groups):
             seen, tensors = {}, []
@@ -105,9 +113,12 @@ class Worker:
                 layer_of[name] = seen[key]
             if not tensors:
                 raise kvtier.InvalidArgumentError(f"KV cache group {plan.index} ({plan.kind}) has no KV tensors")
+            scales = [(float(getattr(forward_context.get(n), "_k_scale_float", 1.0)),
+                       float(getattr(forward_context.get(n), "_v_scale_float", 1.0))) for n in group.layer_names]
             layout, tensors = group_layout(plan, group.kv_cache_spec, tensors, int(cfg.num_blocks),
                                            model_id=self._s.model_id, ranks=self._s.ranks, cache_dtype=cache_dtype,
-                                           groups=len(self._s.plans))
+                                           groups=len(self._s.plans),
+                                           fp8=fp8_meaning(cache_dtype, platform_fp8, scales))
             layouts.append(layout)
             tensors_by_group.append(tensors)
             if device is None:
