@@ -593,6 +593,12 @@ const std::vector<ConfigKey>& ConfigKeys() {
        KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_subscribers)},
       {"events.max_replay_peers", "8", "Most connections to the replay socket; one past it is shut down when accepted.",
        KVTIER_CONFIG_SET((Integer<uint32_t>(key, n, 1, 65536)), events.options.max_replay_peers)},
+      {"events.max_peer_share_per_user", "0.25",
+       "Of events.max_subscribers and of events.max_replay_peers, the share one local user may "
+       "hold over an ipc:// endpoint (by the connection's uid; root and kvtierd's user are not "
+       "capped): one past it is shut down when accepted, so a member of the socket's group "
+       "cannot take every slot from the routers. 1: no cap but the totals.",
+       KVTIER_CONFIG_SET(Fraction(key, n), events.options.max_peer_share_per_user)},
       {"events.token_ids", "false",
        "BlockStored carries each block's token ids and extra keys (vLLM's: LoRA name, image ids, "
        "cache salt), as the engine committed them. Off by default: every subscriber (on a shared "

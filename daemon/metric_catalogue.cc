@@ -247,7 +247,8 @@ void Daemon::RegisterMetrics() {
                  [events] { return static_cast<double>(events->counters().replay_peers); });
     m.AddCounterFn("kvtier_events_peers_refused_total",
                    "Connections to the KV event sockets shut down: events.max_subscribers or "
-                   "events.max_replay_peers were connected.",
+                   "events.max_replay_peers were connected, or the connecting local user held its "
+                   "events.max_peer_share_per_user of them.",
                    {}, [events] { return events->counters().refused; });
     m.AddCounterFn("kvtier_events_retracted_total",
                    "Block hashes the last run announced, removed (BlockRemoved) after this start.", {},

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 #include <zmq.hpp>
 
 #include "protocol/base/clock.h"
@@ -108,6 +109,10 @@ struct KvEvents::Sockets {
   // PAIR sockets receiving the monitor events of pub and replay.
   std::optional<zmq::socket_t> pub_monitor, replay_monitor;
   uint32_t peers[2] = {0, 0};  // pub, replay
+  // Peers of local users (ipc:// endpoints, by SO_PEERCRED) within max_peer_share_per_user,
+  // by socket: the user of each accepted connection, and each user's count.
+  std::unordered_map<int, uid_t> peer_user[2];
+  std::unordered_map<uid_t, uint32_t> user_peers[2];
   // The replay ring, oldest first: (sequence, payload); payloads shared with what pub
   // sent. At most replay_batches messages and replay_bytes of payloads.
   std::deque<std::pair<uint64_t, zmq::message_t>> ring;
@@ -475,8 +480,23 @@ void KvEvents::Run() {
 void KvEvents::WatchPeers(bool replay) {
   zmq::socket_t& mon = replay ? *sockets_->replay_monitor : *sockets_->pub_monitor;
   uint32_t& peers = sockets_->peers[replay ? 1 : 0];
+  auto& peer_user = sockets_->peer_user[replay ? 1 : 0];
+  auto& user_peers = sockets_->user_peers[replay ? 1 : 0];
   const uint32_t max = replay ? options_.max_replay_peers : options_.max_subscribers;
+  const uint32_t per_user = std::max<uint32_t>(1, static_cast<uint32_t>(max * options_.max_peer_share_per_user));
   const std::string& endpoint = replay ? replay_endpoint_ : publish_endpoint_;
+  const bool local = endpoint.rfind("ipc://", 0) == 0;
+  auto refuse = [&](int fd, const std::string& why) {
+    // ZMQ reads the end of the stream and closes the connection itself.
+    ::shutdown(fd, SHUT_RDWR);
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    const int64_t now = SystemClock::Default()->NowNanos();
+    if (now - sockets_->last_refusal_log_ns > 60'000'000'000) {
+      sockets_->last_refusal_log_ns = now;
+      KVTIER_LOG(WARNING) << "events: a connection to " << endpoint << " refused: " << why
+                          << " (logged once a minute; kvtier_events_peers_refused_total counts)";
+    }
+  };
   for (int n = 0; n < 1024; ++n) {
     zmq::message_t event, address;
     try {
@@ -490,24 +510,33 @@ void KvEvents::WatchPeers(bool replay) {
     uint32_t value = 0;
     std::memcpy(&id, event.data(), 2);
     std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+    const int fd = static_cast<int>(value);
     if (id == ZMQ_EVENT_DISCONNECTED) {
       peers -= peers > 0 ? 1 : 0;
+      if (auto it = peer_user.find(fd); it != peer_user.end()) {
+        --user_peers[it->second];
+        peer_user.erase(it);
+      }
     } else if (id == ZMQ_EVENT_ACCEPTED) {
       ++peers;
-      const int fd = static_cast<int>(value);
-      if (peers > max && AcceptedOn(fd, endpoint)) {
-        // ZMQ reads the end of the stream and closes the connection itself.
-        ::shutdown(fd, SHUT_RDWR);
-        refused_.fetch_add(1, std::memory_order_relaxed);
-        const int64_t now = SystemClock::Default()->NowNanos();
-        if (now - sockets_->last_refusal_log_ns > 60'000'000'000) {
-          sockets_->last_refusal_log_ns = now;
-          KVTIER_LOG(WARNING) << "events: a connection to " << endpoint
-                              << " refused: " << (replay ? "events.max_replay_peers (" : "events.max_subscribers (")
-                              << max
-                              << ") are connected (logged once a minute; kvtier_events_peers_refused_total counts)";
-        }
+      if (!AcceptedOn(fd, endpoint)) continue;
+      if (peers > max) {
+        refuse(fd, std::string(replay ? "events.max_replay_peers (" : "events.max_subscribers (") +
+                       std::to_string(max) + ") are connected");
+        continue;
       }
+      ucred cred{};
+      socklen_t len = sizeof(cred);
+      if (!local || ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) continue;
+      // An admin (root, the daemon's own user) is never capped per user.
+      if (cred.uid == 0 || cred.uid == ::geteuid()) continue;
+      if (user_peers[cred.uid] >= per_user) {
+        refuse(fd, "uid " + std::to_string(cred.uid) + " holds " + std::to_string(per_user) +
+                       " of them (events.max_peer_share_per_user of " + std::to_string(max) + ")");
+        continue;
+      }
+      ++user_peers[cred.uid];
+      peer_user[fd] = cred.uid;
     }
   }
   (replay ? replay_peers_ : subscribers_).store(peers, std::memory_order_relaxed);

@@ -103,8 +103,9 @@
 // reads never slows the daemon or grows it beyond that. Payloads are shared between the
 // subscribers' queues and the replay ring, so each queued message costs a subscriber a
 // ZMQ message descriptor (64 bytes), not its payload. Peers are capped: a connection to
-// the PUB socket past max_subscribers, or to the replay socket past max_replay_peers, is
-// shut down as soon as ZMQ reports it accepted (counted in refused). Memory per peer:
+// the PUB socket past max_subscribers, or to the replay socket past max_replay_peers, or a
+// local user's past its max_peer_share_per_user of that cap (ipc:// endpoints; SO_PEERCRED;
+// admins exempt), is shut down as soon as ZMQ reports it accepted (counted in refused). Memory per peer:
 // send_hwm x 64 bytes (PUB) or (replay_batches + 1) x 64 bytes (replay), plus ZMQ's two
 // 8 KiB batch buffers; the payloads are bounded by the ring and send_hwm messages.
 
@@ -163,7 +164,10 @@ struct KvEventsOptions {
   int send_hwm = 1'000;                 // ZMQ_SNDHWM: messages queued per subscriber
   uint32_t max_subscribers = 64;        // connections to the PUB socket
   uint32_t max_replay_peers = 8;        // connections to the replay socket
-  std::string state_path;               // what was announced, for the next start; empty: none
+  // Of each cap, the share one local user (not an admin) may hold over an ipc:// endpoint:
+  // a member of the socket's group cannot take every slot from the routers.
+  double max_peer_share_per_user = 0.25;
+  std::string state_path;  // what was announced, for the next start; empty: none
   // An ipc:// endpoint's socket file is made mode 0660, group ipc_gid (-1: the daemon's):
   // only the daemon's user and that group (the engine socket's) may subscribe.
   int64_t ipc_gid = -1;

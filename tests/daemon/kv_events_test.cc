@@ -4,10 +4,14 @@
 #include "daemon/events/kv_events.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define MSGPACK_NO_BOOST 1
 #include <array>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -26,6 +30,7 @@ namespace {
 
 using testing::BigEndian;
 using testing::HashChain;
+using testing::TempDir;
 
 // AddNamespace, expected to succeed; its link.
 uint64_t Attach(KvEvents& events, std::string_view ns, std::string_view tenant, std::string_view model,
@@ -363,6 +368,55 @@ TEST(KvEvents, SubscribersPastTheCapAreShutDown) {
   more.clear();
   first.clear();
   EXPECT_TRUE(testing::WaitUntil([&] { return (*e)->counters().subscribers == 0; }));
+}
+
+// A local user (a member of the socket's group) holds at most its share of the slots;
+// admins (root here) are not capped per user, and the slots it cannot take stay free.
+TEST(KvEvents, ALocalUserHoldsAtMostItsShareOfTheSubscriberSlots) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another user";
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0711), 0);  // the other user reaches the sockets
+  KvEventsOptions o = LoopbackOptions();
+  o.publish = "ipc://" + dir.File("events.sock");
+  o.replay = "ipc://" + dir.File("replay.sock");
+  o.ipc_gid = 65534;  // nogroup: the other user's group
+  o.max_subscribers = 8;
+  o.max_peer_share_per_user = 0.25;  // 2 of 8
+  auto e = KvEvents::Open(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::string endpoint = (*e)->publish_endpoint();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the other user: 5 subscribers, held for 20 s
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    zmq::context_t ctx;
+    std::vector<zmq::socket_t> subs;
+    for (int i = 0; i < 5; ++i) {
+      subs.emplace_back(ctx, zmq::socket_type::sub);
+      subs.back().set(zmq::sockopt::subscribe, "");
+      subs.back().connect(endpoint);
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    ::_exit(0);
+  }
+  ASSERT_TRUE(testing::WaitUntil([&] { return (*e)->counters().refused == 3; }, std::chrono::seconds(10)))
+      << (*e)->counters().refused << " refused";
+  // Root's subscribers take the other six slots, and each reads the stream.
+  zmq::context_t ctx;
+  std::vector<zmq::socket_t> admins;
+  for (int i = 0; i < 6; ++i) {
+    admins.emplace_back(ctx, zmq::socket_type::sub);
+    admins.back().set(zmq::sockopt::subscribe, "");
+    admins.back().connect(endpoint);
+  }
+  ASSERT_TRUE(testing::WaitUntil([&] { return (*e)->counters().subscribers == 8; })) << (*e)->counters().subscribers;
+  EXPECT_EQ((*e)->counters().refused, 3u);
+  for (auto& s : admins) Join(**e, s);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the other user's process ended early: status " << status;
+  EXPECT_TRUE(testing::WaitUntil([&] { return (*e)->counters().subscribers == 6; }));
 }
 
 TEST(KvEvents, ANamespacesBlocksGoToTheTopicOfEveryEngineAttachedToIt) {
