@@ -59,16 +59,7 @@ AdaptivePolicy::AdaptivePolicy(size_t capacity, bool victims_demoted)
                Shadow(std::make_unique<LirsPolicy>(victims_demoted ? 8 : std::max<size_t>(capacity / 8, 8)),
                       std::max<size_t>(capacity / 8, 8))} {}
 
-std::string_view AdaptivePolicy::leader() const {
-  switch (leader_) {
-    case kArc:
-      return arc_.name();
-    case kLirs:
-      return lirs_.name();
-    default:
-      return lru_.name();
-  }
-}
+std::string_view AdaptivePolicy::leader() const { return contender_[leader_]->name(); }
 
 void AdaptivePolicy::Sample(uint64_t key) {
   if (!Sampled(key)) return;
@@ -130,15 +121,6 @@ void AdaptivePolicy::Erase(BlockId id) {
   if (contenders_ > kLirs) lirs_.Erase(id);
 }
 
-BlockId AdaptivePolicy::Victim() {
-  switch (leader_) {
-    case kArc:
-      return arc_.Victim();
-    case kLirs:
-      return lirs_.Victim();
-    default:
-      return lru_.Victim();
-  }
-}
+BlockId AdaptivePolicy::Victim() { return contender_[leader_]->Victim(); }
 
 }  // namespace kvtier

@@ -76,6 +76,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   LruPolicy lru_;
   ArcPolicy arc_;
   LirsPolicy lirs_;
+  EvictionPolicy* const contender_[kContenders] = {&lru_, &arc_, &lirs_};
   std::vector<uint64_t> key_of_;  // by block id
   Shadow shadows_[kContenders];
   double scores_[kContenders] = {};

@@ -34,29 +34,37 @@ void LirsPolicy::Grow(BlockId id) {
   if (id >= nodes_.size()) nodes_.resize(static_cast<size_t>(id) + 1 + nodes_.size() / 2);
 }
 
+template <class At>
+void LirsPolicy::PushFront(List& l, uint32_t id, Links& links, At&& at) {
+  links.prev = kEnd;
+  links.next = l.head;
+  if (l.head != kEnd) at(l.head).prev = id;
+  l.head = id;
+  if (l.tail == kEnd) l.tail = id;
+  ++l.n;
+}
+
+template <class At>
+void LirsPolicy::Unlink(List& l, Links& links, At&& at) {
+  if (links.prev != kEnd)
+    at(links.prev).next = links.next;
+  else
+    l.head = links.next;
+  if (links.next != kEnd)
+    at(links.next).prev = links.prev;
+  else
+    l.tail = links.prev;
+  links = Links{};
+  --l.n;
+}
+
 void LirsPolicy::SPush(uint32_t e) {
-  Links& l = SLinks(e);
-  l.prev = kEnd;
-  l.next = s_.head;
-  if (s_.head != kEnd) SLinks(s_.head).prev = e;
-  s_.head = e;
-  if (s_.tail == kEnd) s_.tail = e;
-  ++s_.n;
+  PushFront(s_, e, SLinks(e), [this](uint32_t x) -> Links& { return SLinks(x); });
   if (!(e & kGhost)) nodes_[e].in_s = true;
 }
 
 void LirsPolicy::SRemove(uint32_t e) {
-  Links& l = SLinks(e);
-  if (l.prev != kEnd)
-    SLinks(l.prev).next = l.next;
-  else
-    s_.head = l.next;
-  if (l.next != kEnd)
-    SLinks(l.next).prev = l.prev;
-  else
-    s_.tail = l.prev;
-  l = Links{};
-  --s_.n;
+  Unlink(s_, SLinks(e), [this](uint32_t x) -> Links& { return SLinks(x); });
   if (!(e & kGhost)) nodes_[e].in_s = false;
 }
 
@@ -72,30 +80,16 @@ void LirsPolicy::QPush(BlockId id, BlockId parent) {
     else
       q_.tail = id;
     p.next = id;
+    ++q_.n;
   } else {
-    n.q.prev = kEnd;
-    n.q.next = q_.head;
-    if (q_.head != kEnd) nodes_[q_.head].q.prev = id;
-    q_.head = id;
-    if (q_.tail == kEnd) q_.tail = id;
+    PushFront(q_, id, n.q, [this](uint32_t x) -> Links& { return nodes_[x].q; });
   }
-  ++q_.n;
   n.in_q = true;
 }
 
 void LirsPolicy::QRemove(BlockId id) {
-  Node& n = nodes_[id];
-  if (n.q.prev != kEnd)
-    nodes_[n.q.prev].q.next = n.q.next;
-  else
-    q_.head = n.q.next;
-  if (n.q.next != kEnd)
-    nodes_[n.q.next].q.prev = n.q.prev;
-  else
-    q_.tail = n.q.prev;
-  n.q = Links{};
-  --q_.n;
-  n.in_q = false;
+  Unlink(q_, nodes_[id].q, [this](uint32_t x) -> Links& { return nodes_[x].q; });
+  nodes_[id].in_q = false;
 }
 
 void LirsPolicy::Prune() {
@@ -158,11 +152,7 @@ void LirsPolicy::LeaveGhost(BlockId id) {
   n.s = Links{};
   n.in_s = false;
   ghost_index_.Insert(Slot(gh.key), g);
-  gh.order.next = ghost_order_.head;
-  if (ghost_order_.head != kEnd) ghosts_[ghost_order_.head].order.prev = g;
-  ghost_order_.head = g;
-  if (ghost_order_.tail == kEnd) ghost_order_.tail = g;
-  ++ghost_order_.n;
+  PushFront(ghost_order_, g, gh.order, [this](uint32_t x) -> Links& { return ghosts_[x].order; });
   const size_t limit = kGhostsPerBlock * std::max<size_t>(capacity_ ? capacity_ : size_, 1);
   while (ghost_order_.n > limit) {
     const uint32_t oldest = ghost_order_.tail;
@@ -173,15 +163,7 @@ void LirsPolicy::LeaveGhost(BlockId id) {
 
 void LirsPolicy::DropGhost(uint32_t g) {
   Ghost& gh = ghosts_[g];
-  if (gh.order.prev != kEnd)
-    ghosts_[gh.order.prev].order.next = gh.order.next;
-  else
-    ghost_order_.head = gh.order.next;
-  if (gh.order.next != kEnd)
-    ghosts_[gh.order.next].order.prev = gh.order.prev;
-  else
-    ghost_order_.tail = gh.order.prev;
-  --ghost_order_.n;
+  Unlink(ghost_order_, gh.order, [this](uint32_t x) -> Links& { return ghosts_[x].order; });
   ghost_index_.Erase(Slot(gh.key), g);
   gh = Ghost{};
   free_ghosts_.push_back(g);

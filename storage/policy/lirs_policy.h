@@ -77,6 +77,12 @@ class LirsPolicy final : public EvictionPolicy {
   };
 
   Links& SLinks(uint32_t e) { return (e & kGhost) ? ghosts_[e & ~kGhost].s : nodes_[e].s; }
+  // The three lists (S, Q, the ghosts' age order) are one kind: an entry `id` with links
+  // `links`, `at(x)` the links of entry x.
+  template <class At>
+  static void PushFront(List& l, uint32_t id, Links& links, At&& at);
+  template <class At>
+  static void Unlink(List& l, Links& links, At&& at);
   void SPush(uint32_t e);    // at the top (most recent)
   void SRemove(uint32_t e);  // anywhere
   void QPush(BlockId id, BlockId parent);

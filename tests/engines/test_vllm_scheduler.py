@@ -389,11 +389,16 @@ def test_block_hashes_are_stored_as_vllm_makes_them(model_dir, daemon, algo, siz
         b.close()
 
 
-def test_fp8_caches_are_stored_and_loaded_byte_exact(model_dir, daemon):
+def fp8_config(model_dir, socket):
+    """vllm_config with an fp8 KV cache, or the test skipped where vLLM refuses one on CPU."""
     try:
-        cfg = vllm_config(model_dir, daemon.socket, cache_dtype="fp8")
+        return vllm_config(model_dir, socket, cache_dtype="fp8")
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"this vLLM build refuses an fp8 KV cache on CPU: {e}")
+
+
+def test_fp8_caches_are_stored_and_loaded_byte_exact(model_dir, daemon):
+    cfg = fp8_config(model_dir, daemon.socket)
     p = prompt(200, 9)
     a = Engine(cfg, 64)
     b = Engine(vllm_config(model_dir, daemon.socket, cache_dtype="fp8"), 64)
@@ -418,10 +423,7 @@ def test_fp8_caches_of_other_kv_scales_or_encodings_never_share_blocks(model_dir
     import torch
     from vllm.platforms import current_platform
 
-    try:
-        cfg = vllm_config(model_dir, daemon.socket, cache_dtype="fp8")
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"this vLLM build refuses an fp8 KV cache on CPU: {e}")
+    cfg = fp8_config(model_dir, daemon.socket)
     p = prompt(200, 10)
     a = Engine(cfg, 64)
     scaled_cfg = vllm_config(model_dir, daemon.socket, cache_dtype="fp8")
