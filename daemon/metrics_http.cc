@@ -1,6 +1,8 @@
 #include "daemon/metrics_http.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -28,12 +30,19 @@ constexpr auto kHeaderDeadline = std::chrono::seconds(2);
 constexpr auto kDeadline = std::chrono::seconds(10);
 // How long /metrics waits for the control thread to render it.
 constexpr auto kRenderDeadline = std::chrono::seconds(5);
+// Out of descriptors: accepting pauses this long (the listening socket stays readable, so an
+// immediate retry would spin).
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+
+int OpenSpare() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
 }  // namespace
 
 class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  HttpConnection(MetricsHttpServer* server, tcp::socket socket, uint64_t id)
-      : server_(server),
+  // `on_close`: run when the connection is gone (the reserved descriptor given back).
+  HttpConnection(MetricsHttpServer* server, tcp::socket socket, uint64_t id, std::function<void()> on_close = {})
+      : on_close_(std::move(on_close)),
+        server_(server),
         open_(server->open_connections_),
         scrapes_(server->scrapes_),
         socket_(std::move(socket)),
@@ -45,6 +54,9 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
   ~HttpConnection() {
     --*open_;
     if (scraping_) --*scrapes_;
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    if (on_close_) on_close_();
   }
 
   void Start() {
@@ -148,6 +160,7 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
                       });
   }
 
+  std::function<void()> on_close_;
   MetricsHttpServer* server_;  // only used from handlers, which run while it lives
   std::shared_ptr<int> open_, scrapes_;
   tcp::socket socket_;
@@ -205,9 +218,17 @@ void MetricsHttpServer::Rendered(std::string body) {
 
 MetricsHttpServer::MetricsHttpServer(asio::io_context& control, std::function<std::string()> render,
                                      const Health* health)
-    : control_(control), acceptor_(io_), render_(std::move(render)), health_(health), render_timer_(io_) {}
+    : control_(control),
+      acceptor_(io_),
+      render_(std::move(render)),
+      health_(health),
+      render_timer_(io_),
+      accept_timer_(io_) {}
 
-MetricsHttpServer::~MetricsHttpServer() { Stop(); }
+MetricsHttpServer::~MetricsHttpServer() {
+  Stop();
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+}
 
 Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Open(asio::io_context& control,
                                                                    const std::string& address, int port,
@@ -238,6 +259,7 @@ std::string MetricsHttpServer::url() const {
 
 void MetricsHttpServer::Start() {
   if (thread_.joinable() || stopped_) return;
+  spare_fd_ = OpenSpare();
   Accept();
   thread_ = std::thread([this] {
     // Below the control loop: a flood of requests is answered with the cores it leaves.
@@ -266,8 +288,46 @@ void MetricsHttpServer::Accept() {
       if (made_way || *open_connections_ < kMaxConnections) {
         std::make_shared<HttpConnection>(this, std::move(socket), next_id_++)->Start();
       }
+    } else if (ec == boost::system::errc::too_many_files_open ||
+               ec == boost::system::errc::too_many_files_open_in_system) {
+      OutOfDescriptors();
+      return;
     }
     Accept();
+  });
+}
+
+void MetricsHttpServer::OutOfDescriptors() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_fd_log_ > std::chrono::minutes(1)) {
+    last_fd_log_ = now;
+    KVTIER_LOG(WARNING) << "metrics: accept: out of file descriptors; probes are answered on the one kept in "
+                           "reserve (logged once a minute; raise LimitNOFILE / the container's nofile limit)";
+  }
+  if (spare_fd_ >= 0) {
+    ::close(spare_fd_);
+    spare_fd_ = -1;
+    const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    boost::system::error_code ec;
+    tcp::socket socket(io_);
+    if (fd >= 0) socket.assign(acceptor_.local_endpoint().protocol(), fd, ec);
+    if (fd >= 0 && !ec) {
+      auto give_back = [this, alive = std::weak_ptr<char>(alive_)] {
+        if (!alive.expired() && spare_fd_ < 0) spare_fd_ = OpenSpare();
+      };
+      std::make_shared<HttpConnection>(this, std::move(socket), next_id_++, std::move(give_back))->Start();
+    } else {
+      if (fd >= 0 && ec) ::close(fd);
+      spare_fd_ = OpenSpare();
+    }
+  }
+  AcceptAfter(std::chrono::duration_cast<std::chrono::milliseconds>(kAcceptPause));
+}
+
+void MetricsHttpServer::AcceptAfter(std::chrono::milliseconds pause) {
+  accept_timer_.expires_after(pause);
+  accept_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && !stopped_) Accept();
   });
 }
 

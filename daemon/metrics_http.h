@@ -55,6 +55,10 @@ class MetricsHttpServer {
  private:
   MetricsHttpServer(boost::asio::io_context& control, std::function<std::string()> render, const Health* health);
   void Accept();
+  // accept() said the process is out of descriptors: the reserved one takes the connection
+  // waiting (a probe is answered, not left to time out), then accepting pauses.
+  void OutOfDescriptors();
+  void AcceptAfter(std::chrono::milliseconds pause);
   class HttpConnection;
   friend class HttpConnection;
   // /metrics for `c`: the next render that starts after now.
@@ -86,6 +90,11 @@ class MetricsHttpServer {
   boost::asio::steady_timer render_timer_;
   // Connections answering or awaiting /metrics (shared like open_connections_).
   std::shared_ptr<int> scrapes_ = std::make_shared<int>(0);
+  // A descriptor held in reserve (/dev/null) for the connection a probe makes when the
+  // process has none left; -1 while lent to it (or before Start).
+  int spare_fd_ = -1;
+  boost::asio::steady_timer accept_timer_;
+  std::chrono::steady_clock::time_point last_fd_log_;
   std::shared_ptr<char> alive_ = std::make_shared<char>();  // last member: reset first
 };
 

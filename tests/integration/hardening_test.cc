@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "engine/tools/block_pattern.h"
@@ -637,6 +638,52 @@ TEST(Hardening, OutOfDescriptorsAcceptBacksOffSaysSoOnceAndRecovers) {
   ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &was, nullptr), 0);
   EXPECT_TRUE(WaitUntil([&] { return Client::Connect(EngineOptions(d.socket_path())).ok(); }, std::chrono::seconds(10)))
       << d.Log();
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// At the descriptor limit the metrics server keeps one descriptor in reserve for the
+// connection a probe makes (it used to spin on accept's EMFILE, and the probe timed out
+// with no answer), and it waits between tries instead of spinning.
+TEST(Hardening, AtTheDescriptorLimitAProbeIsAnsweredOnTheReservedDescriptor) {
+  if (kSanitized) GTEST_SKIP() << "the sanitizers' runtime needs descriptors of its own (as above)";
+  DaemonProcess d;
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string url = MetricsUrl(d);
+  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  const std::string fd_dir = "/proc/" + std::to_string(d.pid()) + "/fd";
+  const auto open_fds = std::distance(fs::directory_iterator(fd_dir), fs::directory_iterator());
+  rlimit was{}, tight{};
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, nullptr, &was), 0);
+  tight = was;
+  tight.rlim_cur = static_cast<rlim_t>(open_fds + 2);
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &tight, nullptr), 0);
+  std::vector<int> held;
+  for (int i = 0; i < 8; ++i) held.push_back(RawConnect(d.socket_path()));  // the last descriptors taken
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto cpu_ticks = [&] {
+    std::ifstream in("/proc/" + std::to_string(d.pid()) + "/stat");
+    std::string line;
+    std::getline(in, line);
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::string field;
+    uint64_t utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    return utime + stime;
+  };
+  for (int probe = 0; probe < 3; ++probe) {
+    EXPECT_EQ(HttpStatus(port, "/healthz"), "HTTP/1.1 200 OK") << "probe " << probe << "\n" << d.Log();
+  }
+  const uint64_t before = cpu_ticks();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_LT(cpu_ticks() - before, static_cast<uint64_t>(::sysconf(_SC_CLK_TCK) / 4))
+      << "kvtierd spent a quarter of a CPU-second in a second at the limit: accept spins";
+  EXPECT_NE(d.Log().find("probes are answered on the one kept in reserve"), std::string::npos) << d.Log();
+  for (int fd : held) ::close(fd);
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &was, nullptr), 0);
+  EXPECT_EQ(HttpStatus(port, "/healthz"), "HTTP/1.1 200 OK");
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
