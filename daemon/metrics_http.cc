@@ -55,7 +55,7 @@ class MetricsHttpServer::HttpConnection : public std::enable_shared_from_this<Ht
     --*open_;
     if (scraping_) --*scrapes_;
     boost::system::error_code ignored;
-    socket_.close(ignored);
+    socket_.close(ignored);  // first: on_close_ may take the descriptor back for the reserve
     if (on_close_) on_close_();
   }
 
@@ -321,11 +321,7 @@ void MetricsHttpServer::OutOfDescriptors() {
       spare_fd_ = OpenSpare();
     }
   }
-  AcceptAfter(std::chrono::duration_cast<std::chrono::milliseconds>(kAcceptPause));
-}
-
-void MetricsHttpServer::AcceptAfter(std::chrono::milliseconds pause) {
-  accept_timer_.expires_after(pause);
+  accept_timer_.expires_after(kAcceptPause);
   accept_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && !stopped_) Accept();
   });

@@ -58,7 +58,6 @@ class MetricsHttpServer {
   // accept() said the process is out of descriptors: the reserved one takes the connection
   // waiting (a probe is answered, not left to time out), then accepting pauses.
   void OutOfDescriptors();
-  void AcceptAfter(std::chrono::milliseconds pause);
   class HttpConnection;
   friend class HttpConnection;
   // /metrics for `c`: the next render that starts after now.

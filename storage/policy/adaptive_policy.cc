@@ -8,14 +8,14 @@ constexpr uint64_t kSampleMask = 7;  // 1 key in 8
 // Per sampled access: a memory of about 2000 samples. Shorter memories (0.999, 0.998)
 // follow noise and lose hits on the shared trace (1.20x, 1.15x LRU instead of 1.32x).
 constexpr double kDecay = 0.9995;
-// A contender takes the lead only when its shadow hits this much more than the leader's,
-// and hands it back to LRU as soon as it hits less than LRU's: per-block wins of ARC and
-// LIRS do not always mean prefix wins (ARC scatters a chain's blocks over its two lists;
-// LIRS's 1/8-scale shadow overrates it where LRU's reuse distances are near the tier's
-// size), so a tie goes to LRU. ARC at 5%: with a symmetric 3% band adaptive lost up to
-// 0.006 to LRU on generated conversation traces; LIRS at 10%: at 5% it led on the
-// conversation-long trace at 1% capacity and fell 0.1 points below LRU
-// (docs/benchmarks.md, "Eviction policies").
+// A contender (by index: LRU, ARC, LIRS) takes the lead only when its shadow hits this
+// much more than the leader's, and hands it back to LRU as soon as it hits less than LRU's:
+// per-block wins of ARC and LIRS do not always mean prefix wins (ARC scatters a chain's
+// blocks over its two lists; LIRS's 1/8-scale shadow overrates it where LRU's reuse
+// distances are near the tier's size), so a tie goes to LRU. ARC needs 5% more: with a
+// symmetric 3% band adaptive lost up to 0.006 to LRU on generated conversation traces.
+// LIRS needs 10% more: at 5% it led on the conversation-long trace at 1% capacity and fell
+// 0.1 points below LRU (docs/benchmarks.md, "Eviction policies").
 constexpr double kTakeLead[] = {1.0, 1.05, 1.10};
 // Sampling by a mix of the key, not its low bits: keys may be sequential.
 bool Sampled(uint64_t key) { return ((key * 0x9e3779b97f4a7c15ull) >> 61) == 0 || (kSampleMask == 0); }
@@ -76,22 +76,22 @@ void AdaptivePolicy::Insert(BlockId id, BlockId parent, uint64_t key) {
   key_of_[id] = key;
   lru_.Insert(id, parent, key);
   arc_.Insert(id, parent, key);
-  if (contenders_ > kLirs) lirs_.Insert(id, parent, key);
+  if (with_lirs()) lirs_.Insert(id, parent, key);
   Sample(key);
 }
 
 void AdaptivePolicy::Touch(BlockId id) {
   lru_.Touch(id);
   arc_.Touch(id);
-  if (contenders_ > kLirs) lirs_.Touch(id);
+  if (with_lirs()) lirs_.Touch(id);
   if (id < key_of_.size()) Sample(key_of_[id]);
 }
 
 void AdaptivePolicy::TouchMany(std::span<const BlockId> ids) {
-  // The six structures are independent: each sees the touches in order, as one by one.
+  // The policies and the shadows are independent: each sees the touches in order, as one by one.
   lru_.TouchMany(ids);
   arc_.TouchMany(ids);
-  if (contenders_ > kLirs) lirs_.TouchMany(ids);
+  if (with_lirs()) lirs_.TouchMany(ids);
   // Sampled keys in groups, their shadow slots loading while the group is gathered.
   constexpr size_t kGroup = 16;
   uint64_t keys[kGroup];
@@ -112,13 +112,13 @@ void AdaptivePolicy::TouchMany(std::span<const BlockId> ids) {
 void AdaptivePolicy::SetEvictable(BlockId id, bool evictable) {
   lru_.SetEvictable(id, evictable);
   arc_.SetEvictable(id, evictable);
-  if (contenders_ > kLirs) lirs_.SetEvictable(id, evictable);
+  if (with_lirs()) lirs_.SetEvictable(id, evictable);
 }
 
 void AdaptivePolicy::Erase(BlockId id) {
   lru_.Erase(id);
   arc_.Erase(id);
-  if (contenders_ > kLirs) lirs_.Erase(id);
+  if (with_lirs()) lirs_.Erase(id);
 }
 
 BlockId AdaptivePolicy::Victim() { return contender_[leader_]->Victim(); }

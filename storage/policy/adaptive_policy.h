@@ -73,6 +73,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   // The contenders, indexed as shadows_ and scores_; LRU (0) leads until another wins.
   enum Contender { kLru = 0, kArc = 1, kLirs = 2, kContenders = 3 };
   int contenders_;  // the first this many duel: kLirs without LIRS
+  bool with_lirs() const { return contenders_ > kLirs; }
   LruPolicy lru_;
   ArcPolicy arc_;
   LirsPolicy lirs_;

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -608,6 +609,33 @@ TEST(Hardening, EveryPermittedRequestFitsAFrameAndAnOversizedOneIsAReadableError
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
+// kvtierd at its descriptor limit while this lives: the limit lowered to what it holds + 2
+// and the last ones taken by control connections (8 more queue past it); then the
+// connections closed and the limit restored.
+class DescriptorLimit {
+ public:
+  explicit DescriptorLimit(const DaemonProcess& d) : pid_(d.pid()) {
+    const std::string fd_dir = "/proc/" + std::to_string(pid_) + "/fd";
+    const auto open_fds = std::distance(fs::directory_iterator(fd_dir), fs::directory_iterator());
+    EXPECT_EQ(::prlimit(pid_, RLIMIT_NOFILE, nullptr, &was_), 0);
+    rlimit tight = was_;
+    tight.rlim_cur = static_cast<rlim_t>(open_fds + 2);
+    EXPECT_EQ(::prlimit(pid_, RLIMIT_NOFILE, &tight, nullptr), 0);
+    for (int i = 0; i < 8; ++i) held_.push_back(RawConnect(d.socket_path()));
+  }
+  ~DescriptorLimit() {
+    for (int fd : held_) ::close(fd);
+    EXPECT_EQ(::prlimit(pid_, RLIMIT_NOFILE, &was_, nullptr), 0);
+  }
+  DescriptorLimit(const DescriptorLimit&) = delete;
+  DescriptorLimit& operator=(const DescriptorLimit&) = delete;
+
+ private:
+  pid_t pid_;
+  rlimit was_{};
+  std::vector<int> held_;
+};
+
 // Out of descriptors, kvtierd retries accepting with a backoff and says so once per 10 s
 // (it logged 20 lines a second at 60-87 % CPU), and serves again once descriptors free up.
 TEST(Hardening, OutOfDescriptorsAcceptBacksOffSaysSoOnceAndRecovers) {
@@ -619,23 +647,14 @@ TEST(Hardening, OutOfDescriptorsAcceptBacksOffSaysSoOnceAndRecovers) {
   }
   DaemonProcess d;
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  const std::string fd_dir = "/proc/" + std::to_string(d.pid()) + "/fd";
-  const auto open_fds = std::distance(fs::directory_iterator(fd_dir), fs::directory_iterator());
-  rlimit was{}, tight{};
-  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, nullptr, &was), 0);
-  tight = was;
-  tight.rlim_cur = static_cast<rlim_t>(open_fds + 2);
-  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &tight, nullptr), 0);
-  std::vector<int> held;
-  for (int i = 0; i < 8; ++i) held.push_back(RawConnect(d.socket_path()));  // queued past the limit
+  auto limit = std::make_optional<DescriptorLimit>(d);
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const std::string log = d.Log();
   size_t said = 0;
   for (size_t at = log.find("accept: "); at != std::string::npos; at = log.find("accept: ", at + 1)) ++said;
   EXPECT_EQ(said, 1u) << log;
   EXPECT_NE(log.find("raise LimitNOFILE"), std::string::npos) << log;
-  for (int fd : held) ::close(fd);
-  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &was, nullptr), 0);
+  limit.reset();
   EXPECT_TRUE(WaitUntil([&] { return Client::Connect(EngineOptions(d.socket_path())).ok(); }, std::chrono::seconds(10)))
       << d.Log();
   EXPECT_EQ(d.Stop(), 0) << d.Log();
@@ -650,15 +669,7 @@ TEST(Hardening, AtTheDescriptorLimitAProbeIsAnsweredOnTheReservedDescriptor) {
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const std::string url = MetricsUrl(d);
   const int port = std::stoi(url.substr(url.rfind(':') + 1));
-  const std::string fd_dir = "/proc/" + std::to_string(d.pid()) + "/fd";
-  const auto open_fds = std::distance(fs::directory_iterator(fd_dir), fs::directory_iterator());
-  rlimit was{}, tight{};
-  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, nullptr, &was), 0);
-  tight = was;
-  tight.rlim_cur = static_cast<rlim_t>(open_fds + 2);
-  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &tight, nullptr), 0);
-  std::vector<int> held;
-  for (int i = 0; i < 8; ++i) held.push_back(RawConnect(d.socket_path()));  // the last descriptors taken
+  auto limit = std::make_optional<DescriptorLimit>(d);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto cpu_ticks = [&] {
     std::ifstream in("/proc/" + std::to_string(d.pid()) + "/stat");
@@ -681,8 +692,7 @@ TEST(Hardening, AtTheDescriptorLimitAProbeIsAnsweredOnTheReservedDescriptor) {
   EXPECT_LT(cpu_ticks() - before, static_cast<uint64_t>(::sysconf(_SC_CLK_TCK) / 4))
       << "kvtierd spent a quarter of a CPU-second in a second at the limit: accept spins";
   EXPECT_NE(d.Log().find("probes are answered on the one kept in reserve"), std::string::npos) << d.Log();
-  for (int fd : held) ::close(fd);
-  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &was, nullptr), 0);
+  limit.reset();
   EXPECT_EQ(HttpStatus(port, "/healthz"), "HTTP/1.1 200 OK");
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
