@@ -117,6 +117,14 @@ void Daemon::RegisterMetrics() {
                      return static_cast<double>(cache->headroom_pages(kind)) *
                             static_cast<double>(cache->Counts(kind).page_bytes);
                    });
+      const char* renewals_help =
+          "Pool segments given new memory as they changed tenant, by outcome (host: the old memory's pages are "
+          "released from every process that still maps them, so the pool's memory stays its capacity; a failed "
+          "renewal leaves the segment unclaimed).";
+      m.AddCounterFn("kvtier_segment_renewals_total", renewals_help, {{"tier", tier}, {"outcome", "ok"}},
+                     [cache, kind] { return cache->Stats(kind).segment_renewals; });
+      m.AddCounterFn("kvtier_segment_renewals_total", renewals_help, {{"tier", tier}, {"outcome", "failed"}},
+                     [cache, kind] { return cache->Stats(kind).segment_renewal_failures; });
     }
     m.AddGaugeFn("kvtier_tier_high_watermark_ratio", "Fraction of a tier in use above which cached blocks are evicted.",
                  {{"tier", tier}}, [cache, kind] { return cache->Stats(kind).high_watermark; });
@@ -169,8 +177,13 @@ void Daemon::RegisterMetrics() {
                  [server] { return server->sessions_expired(); });
   m.AddGaugeFn("kvtier_quarantines",
                "Ended sessions whose leased pages wait for their process to exit (or, for a process kvtierd "
-               "cannot watch, for a restart).",
-               {}, [server] { return static_cast<double>(server->quarantines()); });
+               "cannot watch, for their segments to be renewed, or a restart); the pages are "
+               "kvtier_tier_bytes{state=\"quarantined\"}.",
+               {}, [cache] { return static_cast<double>(cache->quarantine_count()); });
+  m.AddCounterFn("kvtier_quarantine_pages_reclaimed_total",
+                 "Quarantined pages taken back before their process exited: every allocated page of their "
+                 "segment was quarantined, and the segment got new memory.",
+                 {}, [cache] { return cache->counters().quarantine_reclaims; });
   m.AddGaugeFn("kvtier_quarantine_watches",
                "Descriptors watching quarantines: one per process (however many of its sessions ended while it "
                "lives), one per socket another process holds.",

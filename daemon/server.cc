@@ -104,11 +104,10 @@ void Server::NoteUnwatched(const SessionContext& ctx) {
 void Server::WatchQuarantine(uint64_t id, int fd, QuarantineWatch watch, pid_t pid) {
   if (fd < 0) {
     // Nothing tells when the process is gone: its mappings may outlive any timeout, so the
-    // pages stay out of use until kvtierd restarts (new segments).
-    ++unwatched_quarantines_;
+    // pages stay out of use until their segments can be renewed (CacheManager) or kvtierd
+    // restarts.
     return;
   }
-  ++watched_quarantines_;
   if (watch == QuarantineWatch::kProcess && pid > 0) {
     if (auto it = watch_of_pid_.find(pid); it != watch_of_pid_.end()) {
       Watch& w = watches_.at(it->second);
@@ -157,7 +156,6 @@ void Server::EndWatch(uint64_t key) {
   if (auto p = watch_of_pid_.find(w.pid); p != watch_of_pid_.end() && p->second == key) watch_of_pid_.erase(p);
   boost::system::error_code ec;
   w.d->close(ec);  // a wait still pending ends with operation_aborted
-  watched_quarantines_ -= w.quarantines.size();
   KVTIER_LOG(INFO) << (w.quarantines.size() == 1 ? "quarantine " + std::to_string(w.quarantines[0])
                                                  : std::to_string(w.quarantines.size()) + " quarantines")
                    << (w.kind == QuarantineWatch::kSocket ? ": its socket's last holder closed it"

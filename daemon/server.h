@@ -81,7 +81,6 @@ class Server {
   uint64_t sessions_without_hello_closed() const { return hello_closed_; }
   // Quarantines waiting for a process to exit (or a socket's last holder to close it), and
   // those that wait for a restart since their process could not be watched.
-  size_t quarantines() const { return watched_quarantines_ + unwatched_quarantines_; }
   // Descriptors that watch them: one per process (however many of its sessions ended while
   // it lives), one per socket held by another process.
   size_t quarantine_watches() const { return watches_.size(); }
@@ -125,7 +124,6 @@ class Server {
   uint64_t expired_ = 0;
   uint64_t hello_closed_ = 0;
   uint64_t unwatched_sessions_ = 0;
-  uint64_t unwatched_quarantines_ = 0;
   std::map<uid_t, uint32_t> per_uid_;  // sessions open per peer uid
   int64_t last_refusal_log_ns_ = 0;
   int64_t last_accept_log_ns_ = 0;  // accept out of descriptors: said at most every 10 s
@@ -144,7 +142,6 @@ class Server {
   std::map<uint64_t, Watch> watches_;
   std::map<pid_t, uint64_t> watch_of_pid_;  // kProcess watches by pid
   uint64_t next_watch_ = 1;
-  size_t watched_quarantines_ = 0;
   std::unique_ptr<boost::asio::steady_timer> heartbeat_timer_;
   std::unique_ptr<boost::asio::steady_timer> hello_timer_;
 };

@@ -1,5 +1,7 @@
 #include "daemon/cache/block_table.h"
 
+#include <algorithm>
+
 #include "protocol/base/logging.h"
 #include "protocol/base/units.h"
 #include "storage/pool/device_segment_memory.h"
@@ -45,6 +47,7 @@ Result<std::unique_ptr<BlockTable>> BlockTable::Open(const std::array<TierOption
     tier.policy_name = o.policy;
     tier.victims_demoted = kind == TierKind::kHost ? host_demotes : tiers[TierIndex(TierKind::kHost)].enabled;
     tier.state.assign(tier.pool->capacity(), PageState::kFree);
+    tier.quarantined_in.assign(tier.pool->segment_count(), 0);
     tier.page_block.assign(tier.pool->capacity(), kNoBlock);
   }
   return bt;
@@ -66,8 +69,17 @@ void BlockTable::SetState(Tier& t, PageId p, PageState to) {
     }
   };
   if (uint32_t* c = counter(t.state[p])) --*c;
+  const uint32_t seg = t.pool->SegmentOf(p);
+  if (t.state[p] == PageState::kQuarantined) --t.quarantined_in[seg];
+  if (to == PageState::kQuarantined) ++t.quarantined_in[seg];
   t.state[p] = to;
   if (uint32_t* c = counter(to)) ++*c;
+}
+
+void BlockTable::PoolFree(Tier& t, PageId p) {
+  t.pool->Free(p);
+  const uint32_t seg = t.pool->SegmentOf(p);
+  if (QuarantineOnly(t, seg)) t.quarantine_only.push_back(seg);
 }
 
 std::optional<PageId> BlockTable::Allocate(TierKind kind, TenantId tenant, PageState as) {
@@ -93,20 +105,50 @@ void BlockTable::Free(TierKind kind, PageId p) {
       << "freeing page " << p << " of " << TierKindName(kind) << " in state " << static_cast<int>(t.state[p]);
   SetState(t, p, PageState::kFree);
   t.page_block[p] = kNoBlock;
-  t.pool->Free(p);
+  PoolFree(t, p);
 }
 
 void BlockTable::Quarantine(TierKind kind, PageId p) {
   Tier& t = T(kind);
   KVTIER_CHECK(t.state[p] == PageState::kLeased) << "quarantining page " << p << " that is not leased";
   SetState(t, p, PageState::kQuarantined);
+  const uint32_t seg = t.pool->SegmentOf(p);
+  if (QuarantineOnly(t, seg)) t.quarantine_only.push_back(seg);
 }
 
 void BlockTable::EndQuarantine(TierKind kind, PageId p) {
   Tier& t = T(kind);
   KVTIER_CHECK(t.state[p] == PageState::kQuarantined) << "page " << p << " left quarantine twice";
   SetState(t, p, PageState::kFree);
-  t.pool->Free(p);
+  PoolFree(t, p);
+}
+
+std::vector<uint32_t> BlockTable::TakeQuarantineOnlySegments(TierKind kind) {
+  Tier& t = T(kind);
+  std::vector<uint32_t> out;
+  if (t.quarantine_only.empty()) return out;
+  std::sort(t.quarantine_only.begin(), t.quarantine_only.end());
+  t.quarantine_only.erase(std::unique(t.quarantine_only.begin(), t.quarantine_only.end()), t.quarantine_only.end());
+  for (uint32_t seg : t.quarantine_only) {
+    if (QuarantineOnly(t, seg)) out.push_back(seg);  // still: nothing was allocated there since
+  }
+  t.quarantine_only.clear();
+  return out;
+}
+
+std::vector<PageId> BlockTable::ReclaimQuarantineOnlySegment(TierKind kind, uint32_t segment) {
+  Tier& t = T(kind);
+  KVTIER_CHECK(QuarantineOnly(t, segment)) << "segment " << segment << " holds more than quarantined pages";
+  std::vector<PageId> pages;
+  const PageId first = segment * t.pool->pages_per_segment();
+  for (PageId p = first; p < first + t.pool->pages_per_segment(); ++p) {
+    if (t.state[p] != PageState::kQuarantined) continue;
+    SetState(t, p, PageState::kFree);
+    t.pool->Free(p);
+    pages.push_back(p);
+  }
+  t.pool->Retire(segment);
+  return pages;
 }
 
 // ---- counting ------------------------------------------------------------------------
@@ -295,7 +337,7 @@ void BlockTable::RemoveResidency(BlockId id, TierKind kind) {
   b.page[TierIndex(kind)] = kNoPage;
   SetState(t, p, PageState::kFree);
   t.page_block[p] = kNoBlock;
-  t.pool->Free(p);
+  PoolFree(t, p);
   if (b.page[TierIndex(TierKind::kGpu)] == kNoPage && b.page[TierIndex(TierKind::kHost)] == kNoPage) {
     Erase(id);  // an NVMe copy, if any, lives on in the NVMe index alone
   }

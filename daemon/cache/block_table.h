@@ -97,6 +97,14 @@ class BlockTable {
   void Free(TierKind t, PageId p);
   void Quarantine(TierKind t, PageId p);     // leased -> quarantined
   void EndQuarantine(TierKind t, PageId p);  // quarantined -> free
+  // Segments of tier `t` whose every allocated page is quarantined, found since the last
+  // call (as pages were quarantined or the others freed): no session has a right to any
+  // page there, so their quarantined pages can come back with the segment's memory renewed.
+  std::vector<uint32_t> TakeQuarantineOnlySegments(TierKind t);
+  // Frees the quarantined pages of such a segment and retires it (TierPool::Retire: new
+  // memory before anyone gets it again, so whoever still maps the old cannot reach the next
+  // owner's pages). Returns the pages.
+  std::vector<PageId> ReclaimQuarantineOnlySegment(TierKind t, uint32_t segment);
 
   // ---- blocks ----
   BlockId Find(NamespaceId ns, const BlockHash& hash) const;
@@ -220,6 +228,8 @@ class BlockTable {
     std::vector<std::unique_ptr<RetentionPolicy>> policy;  // by tenant
     std::vector<uint32_t> cached_by_tenant;
     uint32_t leased = 0, inflight = 0, cached = 0, referenced = 0, quarantined = 0;
+    std::vector<uint32_t> quarantined_in;   // by segment
+    std::vector<uint32_t> quarantine_only;  // segments that may be (see TakeQuarantineOnlySegments)
     uint64_t blocks = 0;
     uint64_t taken = 0;  // pages handed out by Allocate, ever
   };
@@ -230,6 +240,11 @@ class BlockTable {
   std::optional<PageId> Allocate(TierKind kind, TenantId tenant, PageState as);
   // Moves page `p` into state `to` and keeps the counters of the page states.
   void SetState(Tier& t, PageId p, PageState to);
+  // Returns a page (state already kFree) to the pool.
+  void PoolFree(Tier& t, PageId p);
+  bool QuarantineOnly(const Tier& t, uint32_t segment) const {
+    return t.quarantined_in[segment] > 0 && t.quarantined_in[segment] == t.pool->UsedIn(segment);
+  }
   // The one counting step: a resident page of `b` enters (+1) or leaves (-1) the cached
   // or referenced count, by b.refs.
   void Count(Tier& t, const Block& b, int sign);

@@ -6,9 +6,9 @@
 
 namespace kvtier {
 
-Result<std::unique_ptr<BlockWorkers>> BlockWorkers::Open(int threads, Post post) {
+Result<std::unique_ptr<BlockWorkers>> BlockWorkers::Open(int threads, Post post, int nice) {
   if (threads < 1 || threads > 64) return InvalidArgument("block worker threads must be 1..64");
-  std::unique_ptr<BlockWorkers> w(new BlockWorkers(std::move(post)));
+  std::unique_ptr<BlockWorkers> w(new BlockWorkers(std::move(post), nice));
   for (int i = 0; i < threads; ++i) {
     BlockWorkers* raw = w.get();
     w->threads_.emplace_back([raw](std::stop_token st) { raw->Loop(st); });
@@ -35,7 +35,7 @@ void BlockWorkers::Run(std::function<Status()> work, std::function<void(Status)>
 void BlockWorkers::Loop(std::stop_token stop) {
   // Background work: when the control thread wants a CPU, it gets it first (Linux nice
   // values are per thread).
-  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kNice);
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice_);
   for (;;) {
     Job job;
     {

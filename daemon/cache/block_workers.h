@@ -35,7 +35,8 @@ namespace kvtier {
 class BlockWorkers {
  public:
   // kInvalidArgument for threads outside [1, 64].
-  static Result<std::unique_ptr<BlockWorkers>> Open(int threads, Post post);
+  // `nice`: the threads' nice value (kNice for work nothing waits on).
+  static Result<std::unique_ptr<BlockWorkers>> Open(int threads, Post post, int nice = kNice);
   ~BlockWorkers();
   BlockWorkers(const BlockWorkers&) = delete;
   BlockWorkers& operator=(const BlockWorkers&) = delete;
@@ -51,10 +52,12 @@ class BlockWorkers {
     std::function<Status()> work;
     std::function<void(Status)> done;
   };
-  BlockWorkers(Post post) : post_(std::move(post)), self_(std::make_shared<BlockWorkers*>(this)) {}
+  BlockWorkers(Post post, int nice)
+      : post_(std::move(post)), nice_(nice), self_(std::make_shared<BlockWorkers*>(this)) {}
   void Loop(std::stop_token stop);
 
   Post post_;
+  int nice_;
   std::shared_ptr<BlockWorkers*> self_;  // expires with this object: late completions are dropped
   Mutex mu_;
   std::condition_variable_any cv_;

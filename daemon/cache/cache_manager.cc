@@ -34,6 +34,16 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   }
   KVTIER_ASSIGN_OR_RETURN(cm->blocks_, BlockTable::Open(options.tiers, options.device_backend, options.gpu_device,
                                                         &cm->namespaces_, nvme.tier != nullptr || !lower.empty()));
+  if (TierPool* host = cm->blocks_->pool(TierKind::kHost); host && options.post) {
+    // A segment changing tenant is renewed off the control thread; the Allocates and
+    // promotions that wait for it are served when it ends. They wait for it: nice 0.
+    KVTIER_ASSIGN_OR_RETURN(cm->renewer_, BlockWorkers::Open(1, options.post, /*nice=*/0));
+    host->SetRenewalRunner(
+        [renewer = cm->renewer_.get()](std::function<Status()> work, std::function<void(Status)> done) {
+          renewer->Run(std::move(work), std::move(done));
+        },
+        [raw] { raw->ServePendingAllocates(); });
+  }
   if (cm->blocks_->enabled(TierKind::kGpu)) {
     if (!options.post) return InvalidArgument("a GPU tier needs an event loop to post its demotion copies to");
     KVTIER_ASSIGN_OR_RETURN(
@@ -234,16 +244,34 @@ uint64_t CacheManager::Detach(SessionCache& s, bool quarantine_leases) {
   if (options_.events) options_.events->RemoveNamespace(s.event_link_);
   s.event_link_ = 0;
   s.attached_ = false;
+  ReclaimQuarantineOnlySegments();
   ServePendingAllocates();
-  return quarantine;
+  return quarantines_.count(quarantine) ? quarantine : 0;
 }
 
 void CacheManager::ReleaseQuarantine(uint64_t id) {
   auto it = quarantines_.find(id);
-  if (it == quarantines_.end()) return;
+  if (it == quarantines_.end()) return;  // reclaimed meanwhile
   for (auto [kind, p] : it->second.pages) blocks_->EndQuarantine(kind, p);
   quarantines_.erase(it);
   ServePendingAllocates();
+}
+
+void CacheManager::ReclaimQuarantineOnlySegments() {
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
+    if (!tier_enabled(kind)) continue;
+    for (uint32_t seg : blocks_->TakeQuarantineOnlySegments(kind)) {
+      const std::vector<PageId> pages = blocks_->ReclaimQuarantineOnlySegment(kind, seg);
+      counters_.quarantine_reclaims += pages.size();
+      const std::unordered_set<PageId> back(pages.begin(), pages.end());
+      for (auto it = quarantines_.begin(); it != quarantines_.end();) {
+        std::erase_if(it->second.pages, [&](const auto& kp) { return kp.first == kind && back.count(kp.second); });
+        it = it->second.pages.empty() ? quarantines_.erase(it) : std::next(it);
+      }
+      KVTIER_LOG(INFO) << pages.size() << " quarantined " << TierKindName(kind) << " pages back: segment " << seg
+                       << " held nothing else, and gets new memory before it is used again";
+    }
+  }
 }
 
 void CacheManager::Ref(SessionCache& s, BlockId id) {
@@ -275,7 +303,7 @@ std::optional<std::vector<PageId>> CacheManager::TakePages(SessionCache& s, Tier
         leased.erase(p);
         blocks_->Free(kind, p);
       }
-      if (*room == Room::kNow) *room = Room::kNone;
+      if (*room == Room::kNow) *room = blocks_->pool(kind)->renewing() ? Room::kLater : Room::kNone;
       return std::nullopt;
     }
     leased.insert(*page);
@@ -656,7 +684,10 @@ TierStats CacheManager::Stats(TierKind kind) const {
   s.high_watermark = o.high_watermark;
   s.low_watermark = o.low_watermark;
   s.evictions = counters_.evictions[TierIndex(kind)];
-  s.backend = blocks_->pool(kind)->memory().Describe();
+  const TierPool& pool = *blocks_->pool(kind);
+  s.backend = pool.memory().Describe();
+  s.segment_renewals = pool.renewals();
+  s.segment_renewal_failures = pool.renewal_failures();
   return s;
 }
 

@@ -21,8 +21,10 @@
 // all times, checked by CheckInvariants():
 //   free + leased + inflight + cached + referenced + quarantined == capacity.
 // Quarantined pages were leased by a session that ended (or expired) while its process
-// still lives: the process may still write through its mapping, which cannot be revoked,
-// so the pages are reused only once the process is gone (ReleaseQuarantine).
+// still lives: the process may still write through its mapping, so the pages are reused
+// only once the process is gone (ReleaseQuarantine), or once every allocated page of their
+// segment is quarantined: then the segment gets new memory before it is used again, and
+// what the process writes lands in the old (ReclaimQuarantineOnlySegments).
 //
 // Below host: above the host high watermark cached blocks are demoted (spilled to NVMe,
 // put into write-back lower tiers, then their host page freed) down to the low watermark;
@@ -186,6 +188,8 @@ class CacheManager {
   uint64_t Detach(SessionCache& s, bool quarantine_leases = false);
   // The process behind a quarantine exited: its pages are free again.
   void ReleaseQuarantine(uint64_t id);
+  // Quarantines whose pages have not all come back (released or reclaimed).
+  size_t quarantine_count() const { return quarantines_.size(); }
 
   using AllocateDone = std::function<void(Result<std::vector<PageId>>)>;
   using AcquireDone = std::function<void(std::vector<CacheResult>)>;
@@ -396,6 +400,10 @@ class CacheManager {
   // Ensures the tenant can get one page: evicts its own cached blocks, then other
   // tenants'. kLater when only spills in flight will free one.
   Room MakeRoom(TierKind tier, TenantId tenant);
+  // Takes back the quarantined pages of segments where nothing else is allocated, retiring
+  // the segments (BlockTable::ReclaimQuarantineOnlySegment): no process can reach the
+  // next owner's pages through an old mapping. Quarantines left with no page end.
+  void ReclaimQuarantineOnlySegments();
   uint32_t QuotaPages(TierKind tier, TenantId t) const;
   // The tenant's share of a pool tier, in pages; the rule that reads it is shares.h's.
   Share ShareOf(TierKind tier, TenantId t) const;
@@ -415,6 +423,7 @@ class CacheManager {
   int64_t last_unspillable_log_ns_ = -60'000'000'000;  // clock_ time of the last such line
   NamespaceTable namespaces_;
   std::unique_ptr<BlockTable> blocks_;
+  std::unique_ptr<BlockWorkers> renewer_;  // renews host segments (null without `post`)
   // The keys of the block Commit is making resident, for the residency listener's
   // BlockStored; empty at every other time.
   StoredKeys committing_keys_;

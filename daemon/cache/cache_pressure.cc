@@ -164,6 +164,11 @@ uint32_t CacheManager::headroom_pages(TierKind t) const {
 
 Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
   const TierPool& pool = *blocks_->pool(kind);
+  // Each page freed may leave a segment holding quarantined pages alone: they come back.
+  auto available = [&] {
+    ReclaimQuarantineOnlySegments();
+    return pool.AvailableTo(tenant);
+  };
   // Moves in flight will make room: a demotion frees its page (to NVMe; GPU to host), a
   // write-through (to NVMe or a lower tier) makes its block droppable again.
   auto spills_will_help = [&] {
@@ -176,7 +181,7 @@ Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {
     if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;
     if (e == Evicted::kNone) return spills_will_help() ? Room::kLater : Room::kOverQuota;
   }
-  while (pool.AvailableTo(tenant) == 0) {
+  while (available() == 0) {
     Evicted e = EvictOne(kind, tenant);
     if (e == Evicted::kDropped) continue;
     if (e == Evicted::kDemoting || e == Evicted::kBusy) return Room::kLater;

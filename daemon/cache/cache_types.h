@@ -86,7 +86,9 @@ struct TierStats {
   TierKind kind = TierKind::kHost;
   TierCounts counts;
   double high_watermark = 0, low_watermark = 0;
-  uint64_t evictions = 0;     // blocks removed under pressure
+  uint64_t evictions = 0;  // blocks removed under pressure
+  // Pool tiers: segments given new memory as they changed tenant, and renewals that failed.
+  uint64_t segment_renewals = 0, segment_renewal_failures = 0;
   std::string backend;        // its memory or slot files, for people
   std::string io_backend;     // NVMe: "io_uring" or "threads"; else empty
   std::string index_backend;  // NVMe: the block index; else empty
@@ -125,6 +127,7 @@ struct CacheCounters {
   uint64_t allocate_failures = 0;
   uint64_t quota_refusals = 0;         // allocations refused by a tenant's quota
   uint64_t refetches_after_evict = 0;  // blocks committed again that the cache had evicted
+  uint64_t quarantine_reclaims = 0;    // quarantined pages taken back with their segment renewed
 };
 
 // A tenant's share of each tier, in bytes (indexed by TierIndex); 0 = no quota / no

@@ -182,7 +182,7 @@ ChainWalk::Promoted ChainWalk::Promote(NamespaceId ns, TenantId tenant, const Bl
   if (p.room != Room::kNow) return p;
   p.id = rec ? mover_->StartPromotion(ns, tenant, hash, *rec) : (*lower_)[lower]->StartPromotion(ns, tenant, hash);
   if (p.id == kNoBlock) {
-    p.room = Room::kNone;
+    p.room = blocks_->pool(TierKind::kHost)->renewing() ? Room::kLater : Room::kNone;  // a segment is on its way
   } else if (!rec) {
     lower_promotions_[p.id] = LowerPromotion{ns, tenant, hash, lower};
   }

@@ -107,9 +107,17 @@ void HostSegmentMemory::Destroy(Segment& s) const {
 
 Status HostSegmentMemory::Renew(uint32_t segment) {
   if (segment >= segments_.size()) return InvalidArgument("no such segment");
+  Segment& old = segments_[segment];
+  // First the old pages go, from every mapping of them, so the new ones never add to them.
+  // A failed punch leaves them; the new memory is made all the same (the old tenant must
+  // not see the new one's bytes), and the old pages go when the last mapping does.
+  if (::fallocate(old.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(options_.segment_bytes)) !=
+      0) {
+    KVTIER_LOG(WARNING) << ErrnoStatus(errno, "punching renewed segment " + std::to_string(segment)).ToString();
+  }
   KVTIER_ASSIGN_OR_RETURN(Segment fresh, Create(segment));
-  Destroy(segments_[segment]);
-  segments_[segment] = fresh;
+  Destroy(old);
+  old = fresh;
   return Status::Ok();
 }
 

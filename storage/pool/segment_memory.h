@@ -33,10 +33,14 @@ class SegmentMemory {
   // The address a device copy names the segment by (device memory: its device address;
   // host memory: its mapping).
   virtual uint8_t* DeviceAddress(uint32_t segment) const { return HostAddress(segment); }
-  // Replaces the segment's memory with fresh, zeroed memory and a new descriptor. Clients
-  // that mapped the old one keep their (now private) old memory: this is how a segment
-  // changes tenant without the old tenant seeing the new one's bytes.
+  // Replaces the segment's memory with fresh, zeroed memory and a new descriptor: this is
+  // how a segment changes tenant without the old tenant seeing the new one's bytes. What
+  // becomes of the old memory, which clients that have not re-mapped the segment still
+  // map, is the kind's (HostSegmentMemory: released at once).
   virtual Status Renew(uint32_t segment) = 0;
+  // Whether Renew(s) may run on another thread while no other call names `s` (the owner
+  // keeps the segment out of use meanwhile). Default: no.
+  virtual bool renews_off_thread() const { return false; }
   // One line for logs and kvctl, e.g. "memfd (4 KiB pages)".
   virtual std::string Describe() const = 0;
   // Copies bytes of a segment out to host memory (a GPU block demoted to a host page).
@@ -51,6 +55,12 @@ enum class HugePages { kAuto, kOn, kOff };
 
 // Host memory as sealed memfds (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL: a client can
 // neither truncate a segment under the daemon, raising SIGBUS in it, nor grow it).
+//
+// Renew punches every page out of the old memfd before it makes the new one: the kernel
+// unmaps those pages from every process that maps the old segment and frees them, so the
+// pool's memory never exceeds segments x segment_bytes however long clients keep old
+// mappings, and a client that touches an old mapping reads zeros and is charged (in its
+// own cgroup) for what it writes. Renew may run off the owner's thread.
 class HostSegmentMemory final : public SegmentMemory {
  public:
   struct Options {
@@ -78,6 +88,7 @@ class HostSegmentMemory final : public SegmentMemory {
   int ShareFd(uint32_t segment) const override { return segments_[segment].fd; }
   uint8_t* HostAddress(uint32_t segment) const override { return segments_[segment].addr; }
   Status Renew(uint32_t segment) override;
+  bool renews_off_thread() const override { return true; }
   std::string Describe() const override;
   Status CopyToHost(uint32_t segment, uint64_t offset, void* dst, uint64_t bytes) override;
   std::string_view backend() const override { return "memfd"; }

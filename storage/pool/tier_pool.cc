@@ -48,10 +48,51 @@ TierPool::OwnerSegments& TierPool::For(OwnerId owner) {
   return owners_[owner];
 }
 
+void TierPool::SetRenewalRunner(Runner run, std::function<void()> renewed) {
+  if (!memory_->renews_off_thread()) return;
+  runner_ = std::move(run);
+  renewed_ = std::move(renewed);
+}
+
+void TierPool::StartRenewal(uint32_t s) {
+  Segment& seg = segments_[s];
+  if (seg.last_owner != kNoOwner) For(seg.last_owner).released.Erase(s);
+  released_any_.Erase(s);
+  renewing_.Insert(s);
+  runner_([memory = memory_.get(), s] { return memory->Renew(s); }, [this, s](Status st) { Renewed(s, st); });
+}
+
+void TierPool::Renewed(uint32_t s, const Status& st) {
+  Segment& seg = segments_[s];
+  renewing_.Erase(s);
+  if (st.ok()) {
+    ++renewals_;
+    last_renewal_failed_ = false;
+    ++seg.generation;
+    seg.last_owner = kNoOwner;
+    clean_.Insert(s);
+    if (renew_listener_) renew_listener_(s);
+  } else {
+    // Still the old memory: another owner may not have it, its last owner may.
+    ++renewal_failures_;
+    last_renewal_failed_ = true;  // the next claim renews inline and reports its error
+    KVTIER_LOG(WARNING) << "renewing segment " << s << ": " << st.ToString();
+    if (seg.last_owner != kNoOwner) For(seg.last_owner).released.Insert(s);
+    released_any_.Insert(s);
+  }
+  if (renewed_) renewed_();
+}
+
 Result<bool> TierPool::Claim(OwnerId owner, uint32_t s, bool renew) {
   Segment& seg = segments_[s];
   if (renew) {
-    KVTIER_RETURN_IF_ERROR(memory_->Renew(s));
+    Status st = memory_->Renew(s);
+    if (!st.ok()) {
+      ++renewal_failures_;
+      return st;
+    }
+    ++renewals_;
+    last_renewal_failed_ = false;
     ++seg.generation;
     if (renew_listener_) renew_listener_(s);
   }
@@ -73,6 +114,10 @@ Result<std::optional<PageId>> TierPool::Allocate(OwnerId owner) {
       KVTIER_RETURN_IF_ERROR(Claim(owner, o.released.Any(), /*renew=*/false).status());
     } else if (!clean_.empty()) {
       KVTIER_RETURN_IF_ERROR(Claim(owner, clean_.Any(), /*renew=*/false).status());
+    } else if (runner_ && !last_renewal_failed_ && (!renewing_.empty() || !released_any_.empty())) {
+      // One renewal at a time: a segment is many pages, and each takes a thread a while.
+      if (renewing_.empty()) StartRenewal(released_any_.Any());
+      return std::optional<PageId>();
     } else if (!released_any_.empty()) {
       KVTIER_RETURN_IF_ERROR(Claim(owner, released_any_.Any(), /*renew=*/true).status());
     } else {
@@ -111,8 +156,17 @@ void TierPool::Free(PageId page) {
   }
 }
 
+void TierPool::Retire(uint32_t s) {
+  Segment& seg = segments_[s];
+  KVTIER_CHECK(seg.owner == kNoOwner && UsedIn(s) == 0) << "retiring segment " << s << " in use";
+  if (seg.last_owner != kNoOwner) For(seg.last_owner).released.Erase(s);
+  seg.last_owner = kNoOwner;
+  if (!renewing_.Contains(s)) released_any_.Insert(s);
+}
+
 uint32_t TierPool::AvailableTo(OwnerId owner) const {
-  uint32_t n = static_cast<uint32_t>(clean_.items().size() + released_any_.items().size()) * pages_per_segment_;
+  uint32_t n = static_cast<uint32_t>(clean_.items().size() + released_any_.items().size() + renewing_.items().size()) *
+               pages_per_segment_;
   if (owner < owners_.size()) {
     for (uint32_t s : owners_[owner].nonfull.items()) n += segments_[s].pages.free_count();
   }

@@ -9,6 +9,14 @@
 // maps the old owner's memory. When the last page of a segment is freed, the segment
 // stops belonging to its owner. Every step is O(1).
 //
+// Renewal makes a segment's worth of new memory (a 256 MiB memfd is zeroed page by page:
+// tens of milliseconds, hundreds under memory pressure). With a renewal runner
+// (SetRenewalRunner) and memory that renews off its thread, it happens on the runner's
+// thread: the Allocate that needs it gets no page (renewing() says one is coming), the
+// segment is no one's meanwhile, and once renewed it is a clean segment that any owner
+// claims; the runner's `renewed` callback says when to ask again. Without one, Allocate
+// renews inline.
+//
 // Owned by the control thread; not thread-safe.
 
 #include <cstdint>
@@ -31,16 +39,24 @@ class TierPool {
   // kInvalidArgument unless page_bytes divides the segment size.
   static Result<std::unique_ptr<TierPool>> Open(std::unique_ptr<SegmentMemory> memory, uint64_t page_bytes);
 
-  // A free page for `owner`, or nullopt when every segment is full or owned by others.
-  // An error only when renewing a segment's memory fails.
+  // Empty segment `s` may still be written by a process that has no right to it any more
+  // (pages taken back from a quarantine): no owner, its last one included, gets it again
+  // before its memory is renewed. REQUIRES: `s` is empty.
+  void Retire(uint32_t s);
+  // A free page for `owner`, or nullopt when every segment is full or owned by others, or
+  // when the segment it needs is being renewed (renewing()). An error only when renewing a
+  // segment's memory inline fails.
   Result<std::optional<PageId>> Allocate(OwnerId owner);
   // REQUIRES: page is allocated.
   void Free(PageId page);
 
-  // Pages `owner` could get right now without anything being evicted.
+  // Pages `owner` could get without anything being evicted: now, or once the renewals in
+  // flight end.
   uint32_t AvailableTo(OwnerId owner) const;
   // Pages `owner` holds (allocated and not freed).
   uint32_t UsedBy(OwnerId owner) const { return owner < owners_.size() ? owners_[owner].used : 0; }
+  // Pages of segment `s` allocated.
+  uint32_t UsedIn(uint32_t s) const { return pages_per_segment_ - segments_[s].pages.free_count(); }
 
   uint32_t SegmentOf(PageId page) const { return page / pages_per_segment_; }
   uint64_t OffsetInSegment(PageId page) const { return static_cast<uint64_t>(page % pages_per_segment_) * page_bytes_; }
@@ -55,6 +71,19 @@ class TierPool {
 
   // Called after a segment's memory was renewed (e.g. to re-register I/O buffers).
   void SetRenewListener(std::function<void(uint32_t segment)> listener) { renew_listener_ = std::move(listener); }
+
+  // Runs `work` on another thread, then `done` with its status on the owner's thread (never
+  // inside the call): BlockWorkers::Run. It must not run a `done` after this pool is gone.
+  using Runner = std::function<void(std::function<Status()> work, std::function<void(Status)> done)>;
+  // Renews segments through `run` from now on, when the memory renews off its thread
+  // (SegmentMemory::renews_off_thread); `renewed` runs on the owner's thread after each
+  // renewal ends, well or not.
+  void SetRenewalRunner(Runner run, std::function<void()> renewed);
+  // Whether a renewal is in flight: an Allocate that got no page may get one after it.
+  bool renewing() const { return !renewing_.empty(); }
+  // Segments renewed, and renewals that failed (the segment stays as it was, unclaimed).
+  uint64_t renewals() const { return renewals_; }
+  uint64_t renewal_failures() const { return renewal_failures_; }
 
   uint64_t page_bytes() const { return page_bytes_; }
   uint32_t pages_per_segment() const { return pages_per_segment_; }
@@ -97,6 +126,9 @@ class TierPool {
   TierPool(std::unique_ptr<SegmentMemory> memory, uint64_t page_bytes);
   OwnerSegments& For(OwnerId owner);
   Result<bool> Claim(OwnerId owner, uint32_t segment, bool renew);
+  // Takes released segment `s` from its last owner and renews it through runner_.
+  void StartRenewal(uint32_t s);
+  void Renewed(uint32_t s, const Status& st);
 
   std::unique_ptr<SegmentMemory> memory_;
   uint64_t page_bytes_;
@@ -105,8 +137,14 @@ class TierPool {
   std::vector<OwnerSegments> owners_;  // indexed by OwnerId
   SegmentSet clean_;                   // unowned and never used or renewed
   SegmentSet released_any_;            // unowned, still holding a last owner's memory
+  SegmentSet renewing_;                // unowned, its memory being renewed on runner_'s thread
   uint32_t free_pages_ = 0;
   std::function<void(uint32_t)> renew_listener_;
+  Runner runner_;  // null: renew inline
+  std::function<void()> renewed_;
+  uint64_t renewals_ = 0;
+  uint64_t renewal_failures_ = 0;
+  bool last_renewal_failed_ = false;
 };
 
 }  // namespace kvtier

@@ -427,27 +427,85 @@ TEST_F(CacheManagerTest, ABlockNamedAsItsOwnParentHasNoParent) {
 
 TEST_F(CacheManagerTest, QuarantinedLeasesAreReusedOnlyAfterRelease) {
   auto s = Attach("t");
+  auto keeper = Attach("t");
+  Store(*keeper, HashChain(5, 1));  // a block in the segment, referenced: it stays in use
   auto pages = cm_->Allocate(*s, TierKind::kHost, 3);
   ASSERT_TRUE(pages.ok());
+  const TierPool* pool = cm_->pool(TierKind::kHost);
+  const auto held = cm_->Acquire(*keeper, HashChain(5, 1));
+  ASSERT_EQ(held[0].status, StatusCode::kOk);
+  for (PageId p : *pages) ASSERT_EQ(pool->SegmentOf(p), pool->SegmentOf(held[0].page));
   const uint64_t q = cm_->Detach(*s, /*quarantine_leases=*/true);
   EXPECT_NE(q, 0u);
   TierCounts c = cm_->Counts(TierKind::kHost);
   EXPECT_EQ(c.quarantined, 3u);
   EXPECT_EQ(c.leased, 0u);
-  EXPECT_EQ(c.free, 5u);
+  EXPECT_EQ(c.free, 4u);
   ExpectConsistent();
-  // Nobody gets those pages meanwhile: the tier has 5 to give, not 8.
+  // Nobody gets those pages meanwhile: the tier has 4 to give, not 5.
   auto other = Attach("t");
-  EXPECT_FALSE(cm_->Allocate(*other, TierKind::kHost, 8).ok());
+  EXPECT_FALSE(cm_->Allocate(*other, TierKind::kHost, 5).ok());
   cm_->ReleaseQuarantine(q);
   c = cm_->Counts(TierKind::kHost);
   EXPECT_EQ(c.quarantined, 0u);
-  EXPECT_EQ(c.free, 8u);
-  EXPECT_TRUE(cm_->Allocate(*other, TierKind::kHost, 8).ok());
+  EXPECT_EQ(c.free, 7u);
+  EXPECT_TRUE(cm_->Allocate(*other, TierKind::kHost, 7).ok());
   ExpectConsistent();
   // A session with nothing leased leaves no quarantine behind.
   auto idle = Attach("t");
   EXPECT_EQ(cm_->Detach(*idle, true), 0u);
+}
+
+// Hardening round 5, item 7: quarantines whose process cannot be watched (a kernel before
+// 6.5, an engine in another PID namespace) held their pages until a restart, so two
+// tenants' ended sessions could take the whole tier. A segment where nothing but
+// quarantined pages is allocated gives them back, with new memory for the next owner.
+TEST_F(CacheManagerTest, QuarantinedPagesComeBackWhenTheirSegmentHoldsNothingElse) {
+  const TierPool* pool = cm_->pool(TierKind::kHost);
+  auto a = Attach("a");
+  auto three = cm_->Allocate(*a, TierKind::kHost, 3);  // in a segment of a's alone
+  ASSERT_TRUE(three.ok());
+  const uint32_t seg = pool->SegmentOf((*three)[0]);
+  const uint32_t gen = pool->Generation(seg);
+  EXPECT_EQ(cm_->Detach(*a, /*quarantine_leases=*/true), 0u) << "no quarantine left to watch";
+  TierCounts c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.quarantined, 0u);
+  EXPECT_EQ(c.free, 8u);
+  EXPECT_EQ(cm_->counters().quarantine_reclaims, 3u);
+  EXPECT_EQ(cm_->quarantine_count(), 0u);
+  ExpectConsistent();
+  // The segment is renewed before anyone uses it again, its old tenant included.
+  auto again = Attach("a");
+  auto all = cm_->Allocate(*again, TierKind::kHost, 8);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(pool->Generation(seg), gen + 1);
+  ExpectConsistent();
+
+  // With a block of the tenant's beside them, the pages wait; once it goes, they come back.
+  Open(8, 4);
+  pool = cm_->pool(TierKind::kHost);
+  auto b = Attach("b");
+  Store(*b, HashChain(9, 1));  // cached
+  auto ended = Attach("b");
+  ASSERT_TRUE(cm_->Allocate(*ended, TierKind::kHost, 3).ok());  // the rest of its segment
+  const uint64_t q = cm_->Detach(*ended, /*quarantine_leases=*/true);
+  ASSERT_NE(q, 0u);
+  EXPECT_EQ(cm_->Counts(TierKind::kHost).quarantined, 3u);
+  // b fills the other segment and asks for one more: its cached block goes, and with it
+  // the last page of the first segment that was not quarantined.
+  auto next = Attach("b");
+  auto four = cm_->Allocate(*next, TierKind::kHost, 4);
+  ASSERT_TRUE(four.ok());
+  auto one = cm_->Allocate(*next, TierKind::kHost, 1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  c = cm_->Counts(TierKind::kHost);
+  EXPECT_EQ(c.quarantined, 0u);
+  EXPECT_EQ(c.leased, 5u);
+  EXPECT_EQ(cm_->counters().quarantine_reclaims, 3u);
+  EXPECT_EQ(pool->Generation(pool->SegmentOf((*one)[0])), 2u);
+  cm_->ReleaseQuarantine(q);  // its process exits later: nothing left to free
+  ExpectConsistent();
+  EXPECT_EQ(cm_->Counts(TierKind::kHost).free, 3u);
 }
 
 // Options of a manager with a GPU tier over host (pages of 1 MiB, segments of 4) on the

@@ -3,6 +3,7 @@
 // another PID namespace is watched by its pidfd; kvtierd speaks systemd's notify protocol.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -38,14 +39,33 @@ bool Eventually(const DaemonProcess& d, const std::function<bool(const TierStats
       std::chrono::seconds(5));
 }
 
+// A page the test leases before the engines it forks (its tenant: root, as theirs) lease
+// theirs: their segment stays in use, so their quarantined pages wait for their process
+// (a segment holding nothing but quarantined pages gives them back at once, renewed).
+std::unique_ptr<Client> Keeper(const DaemonProcess& d) {
+  auto c = Client::Connect(EngineOptions(d.socket_path(), "keeper"));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
+  auto page = (*c)->Allocate(TierKind::kHost, 1);
+  EXPECT_TRUE(page.ok()) << page.status().ToString();
+  return std::move(c).value();
+}
+
+// Every page of the pool but the keeper's is free.
+bool AllButTheKeepersFree(const TierStatsInfo& t) {
+  return t.quarantined_pages == 0 && t.free_pages + 1 == t.capacity_pages;
+}
+
 // A process that opens a session, leases a page and closes it, again and again, leaves a
 // quarantine each time; one descriptor watches them all (a dup of its pidfd each once took
 // kvtierd to its descriptor limit), and they all end when it exits.
 TEST(Liveness, OneDescriptorWatchesEveryQuarantineOfAProcess) {
-  DaemonProcess::Options o;  // 64 host pages
+  DaemonProcess::Options o;   // 64 host pages
+  o.segment_bytes = "64MiB";  // in one segment, with the keeper's
   o.extra_yaml = "security:\n  max_leased_share: 1\n";
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto keeper = Keeper(d);
   const std::string url = MetricsUrl(d);
   const double fds_before = Metric(url, "process_open_fds");
   constexpr int kRounds = 40;
@@ -66,8 +86,7 @@ TEST(Liveness, OneDescriptorWatchesEveryQuarantineOfAProcess) {
   EXPECT_LT(Metric(url, "process_open_fds"), fds_before + 5) << "a descriptor per quarantine";
   go.Signal();
   EXPECT_EQ(churn.Join(), 0);
-  EXPECT_TRUE(Eventually(
-      d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0 && t.free_pages == t.capacity_pages; }));
+  EXPECT_TRUE(Eventually(d, AllButTheKeepersFree));
   EXPECT_EQ(Metric(url, "kvtier_quarantine_watches"), 0.0);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
@@ -79,6 +98,7 @@ TEST(Liveness, AStoppedSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
   o.extra_yaml = "protocol:\n  heartbeat_ttl: 300ms\n";
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto keeper = Keeper(d);
   Pipe leased, go;
   EngineProcess hung([&]() -> int {
     auto c = Client::Connect(EngineOptions(d.socket_path(), "hung"));
@@ -91,14 +111,14 @@ TEST(Liveness, AStoppedSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
   });
   ASSERT_TRUE(leased.Wait());
   ASSERT_EQ(::kill(hung.pid(), SIGSTOP), 0);
-  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.leased_pages == 0 && t.quarantined_pages == 3; }))
+  EXPECT_TRUE(Eventually(
+      d, [](const TierStatsInfo& t) { return t.leased_pages == 1 && t.quarantined_pages == 3; }))  // 1: the keeper's
       << d.Log();
   ASSERT_EQ(::kill(hung.pid(), SIGCONT), 0);
   go.Signal();
   EXPECT_EQ(hung.Join(), 0);
   // The process is gone: the pages are free again.
-  EXPECT_TRUE(Eventually(
-      d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0 && t.free_pages == t.capacity_pages; }));
+  EXPECT_TRUE(Eventually(d, AllButTheKeepersFree));
   EXPECT_NE(d.Log().find("heartbeat_ttl"), std::string::npos);
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
@@ -208,9 +228,11 @@ TEST(Liveness, AnEngineStoppedDuringALoadFailsTheLoadItsExpiredSessionHeld) {
 TEST(Liveness, AChildForkedFromAnEngineNeverWritesPagesTheDaemonGaveOthers) {
   constexpr uint32_t kPages = 8;
   DaemonProcess::Options o = SmallHost();
-  o.host_capacity = o.segment_bytes = "2MiB";  // 32 pages: the engine's 8 and the victim's stay under the watermark
+  o.host_capacity = o.segment_bytes = "4MiB";  // 64 pages: the keeper's 1, the engine's 8 and the victim's 8 stay under
+                                               // the watermark and the tenant's share
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto keeper = Keeper(d);
   int report[2];
   ASSERT_EQ(::pipe(report), 0);  // the child writes a byte there if its writes went through
   Pipe forked, go;
@@ -238,7 +260,7 @@ TEST(Liveness, AChildForkedFromAnEngineNeverWritesPagesTheDaemonGaveOthers) {
   ASSERT_TRUE(forked.Wait());
   EXPECT_EQ(parent.Join(), 0);
   EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) {
-    return t.quarantined_pages == kPages && t.leased_pages == 0;
+    return t.quarantined_pages == kPages && t.leased_pages == 1;
   })) << d.Log();
   // Another engine of the tenant stores 8 blocks: into the engine's pages, were they free
   // (the allocator hands out the pages freed last first).
@@ -266,6 +288,7 @@ TEST(Liveness, AChildForkedFromAnEngineNeverWritesPagesTheDaemonGaveOthers) {
 TEST(Liveness, AProcessThatClosesItsSocketButLivesHasItsLeasesQuarantined) {
   DaemonProcess d;
   ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto keeper = Keeper(d);
   Pipe closed, go;
   EngineProcess engine([&]() -> int {
     {
@@ -277,7 +300,7 @@ TEST(Liveness, AProcessThatClosesItsSocketButLivesHasItsLeasesQuarantined) {
     return 0;
   });
   ASSERT_TRUE(closed.Wait());
-  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 2 && t.leased_pages == 0; }));
+  EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 2 && t.leased_pages == 1; }));
   go.Signal();
   EXPECT_EQ(engine.Join(), 0);
   EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) { return t.quarantined_pages == 0; }));
@@ -295,12 +318,13 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
   constexpr uint32_t kPages = 8;
   DaemonProcess::Options o;
   o.own_pid_namespace = true;
-  o.host_capacity = "4MiB";  // 64 pages of 64 KiB, in 8 segments
+  o.host_capacity = "4MiB";  // 64 pages of 64 KiB, in 4 segments
   o.page_bytes = "64KiB";
-  o.segment_bytes = "512KiB";
+  o.segment_bytes = "1MiB";
   o.extra_yaml = "protocol:\n  heartbeat_ttl: 500ms\n";
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto keeper = Keeper(d);
   Pipe leased, go, wrote, done;
   EngineProcess stale([&]() -> int {
     auto c = Client::Connect(EngineOptions(d.socket_path(), "stale"));
@@ -332,7 +356,7 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
   EXPECT_TRUE(seen);
   ASSERT_EQ(::kill(stale.pid(), SIGSTOP), 0);  // no keepalive from a stopped process: it expires
   EXPECT_TRUE(Eventually(d, [](const TierStatsInfo& t) {
-    return t.quarantined_pages == kPages && t.leased_pages == 0;
+    return t.quarantined_pages == kPages && t.leased_pages == 1;
   })) << d.Log();
   // Another engine of the same tenant and model stores into the pool meanwhile.
   const auto chain = HashChain(0x5ea1, kPages);
@@ -357,18 +381,29 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
 }
 
 // On a kernel without SO_PEERPIDFD (a seccomp filter refuses it here) kvtierd cannot watch
-// an engine in another PID namespace: it says so once, shows the session unwatched, and
-// keeps the pages of such a session that ended quarantined even after the process is gone
-// (nothing tells it when), rather than re-leasing them under a process that may live.
-TEST(Liveness, AProcessThatCannotBeWatchedKeepsItsPagesQuarantinedUntilARestart) {
+// an engine in another PID namespace: it says so once and shows the session unwatched.
+// The leased pages of such a session that ended stay quarantined while their segment holds
+// anything else, even after the process is gone (nothing tells when), rather than being
+// re-leased under a process that may live. Once the segment holds nothing else they come
+// back and the segment gets new memory first, so what the process still writes through an
+// old mapping reaches no one. (Hardening round 5, item 7: eight rounds of allocate-16-and-
+// close kept a tenant's whole share quarantined until a restart.)
+TEST(Liveness, AnUnwatchedProcesssQuarantinedPagesComeBackWhenTheirSegmentHoldsNothingElse) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a PID namespace";
   DaemonProcess::Options o;
   o.own_pid_namespace = true;
   o.without_peer_pidfd = true;
+  o.host_capacity = "4MiB";  // 64 pages of 64 KiB in 4 segments; a tenant leases at most 32
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "1MiB";
   o.log_level = "notice";  // the polls below are control sessions, unwatched too: no hello lines
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  for (int round = 0; round < 2; ++round) {
+  const std::string url = MetricsUrl(d);
+
+  // Beside another session's lease, an ended session's pages stay out of use.
+  auto keeper = Keeper(d);
+  {
     Pipe leased, close, closed, go;
     EngineProcess engine([&]() -> int {
       auto c = Client::Connect(EngineOptions(d.socket_path(), "unwatched"));
@@ -390,23 +425,83 @@ TEST(Liveness, AProcessThatCannotBeWatchedKeepsItsPagesQuarantinedUntilARestart)
     }
     close.Signal();
     ASSERT_TRUE(closed.Wait());
-    const uint32_t held = 2 * (round + 1);
-    EXPECT_TRUE(Eventually(d, [&](const TierStatsInfo& t) { return t.quarantined_pages == held; })) << d.Log();
+    EXPECT_TRUE(Eventually(d, [&](const TierStatsInfo& t) { return t.quarantined_pages == 2; })) << d.Log();
     go.Signal();
     EXPECT_EQ(engine.Join(), 0);
     // The process is gone, but kvtierd cannot know: the pages stay out of use.
     EXPECT_FALSE(WaitUntil(
         [&] {
           auto t = HostStats(d);
-          return t.ok() && t->quarantined_pages != held;
+          return t.ok() && t->quarantined_pages != 2;
         },
         std::chrono::seconds(1)));
   }
+  // The keeper's session ends too (its page quarantined: this process is unwatched as
+  // well): the segment holds quarantined pages alone, and they come back.
+  keeper.reset();
+  EXPECT_TRUE(Eventually(d, [&](const TierStatsInfo& t) { return t.quarantined_pages == 0; })) << d.Log();
+  EXPECT_EQ(Metric(url, "kvtier_quarantine_pages_reclaimed_total"), 3.0);
+
+  // The rounds, from a process that lives on and keeps a mapping of its first pages.
+  constexpr int kRounds = 8;
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  Pipe rounds_done, write_now, wrote;
+  EngineProcess churn([&]() -> int {
+    uint8_t* kept = nullptr;
+    int done = 0;
+    for (; done < kRounds; ++done) {
+      auto c = Client::Connect(EngineOptions(d.socket_path(), "churn"));
+      if (!c.ok()) break;
+      auto pages = (*c)->Allocate(TierKind::kHost, 16);
+      if (!pages.ok()) break;
+      if (done == 0) {  // a whole segment: a second mapping of it outlives the client's
+        uint8_t* lo = nullptr;
+        for (PageId p : *pages) {
+          auto* a = static_cast<uint8_t*>((*c)->PageAddress(TierKind::kHost, p));
+          if (lo == nullptr || a < lo) lo = a;
+        }
+        void* m = ::mremap(lo, 0, 16 * kBlock, MREMAP_MAYMOVE);
+        if (m == MAP_FAILED || ::mprotect(m, 16 * kBlock, PROT_READ | PROT_WRITE) != 0) return 20;
+        kept = static_cast<uint8_t*>(m);
+      }
+    }  // each session ends with its 16 pages leased
+    (void)!::write(report[1], &done, sizeof(done));
+    ::close(report[1]);
+    rounds_done.Signal();
+    if (!write_now.Wait()) return 21;
+    std::memset(kept, 0x41, 16 * kBlock);  // the late writes of a stale engine
+    wrote.Signal();
+    return 0;
+  });
+  ::close(report[1]);
+  ASSERT_TRUE(rounds_done.Wait());
+  int rounds = -1;
+  EXPECT_EQ(::read(report[0], &rounds, sizeof(rounds)), static_cast<ssize_t>(sizeof(rounds)));
+  ::close(report[0]);
+  EXPECT_EQ(rounds, kRounds) << "its ended sessions' pages counted against its share" << d.Log();
+  EXPECT_TRUE(Eventually(d, [&](const TierStatsInfo& t) { return t.quarantined_pages == 0; })) << d.Log();
+  // Another engine of the tenant fills three segments' worth while the process lives.
+  const auto chain = HashChain(0x7e57, 48);
+  {
+    auto victim = Client::Connect(EngineOptions(d.socket_path(), "victim"));
+    ASSERT_TRUE(victim.ok());
+    ASSERT_TRUE(Store(**victim, TierKind::kHost, chain, 1).ok()) << d.Log();
+  }
+  write_now.Signal();
+  ASSERT_TRUE(wrote.Wait());
+  auto reader = Client::Connect(EngineOptions(d.socket_path(), "reader"));
+  ASSERT_TRUE(reader.ok());
+  const Hits h = Probe(**reader, chain, 1);
+  EXPECT_EQ(h.verified, chain.size());
+  EXPECT_EQ(h.foreign, 0u) << "blocks served with a stale engine's bytes";
+  EXPECT_EQ(churn.Join(), 0);
+
   const std::string log = d.Log();
   const size_t first = log.find("cannot be watched");
   EXPECT_NE(first, std::string::npos) << log;
   EXPECT_EQ(log.find("cannot be watched", first + 1), std::string::npos) << "said more than once";
-  EXPECT_GE(Metric(MetricsUrl(d), "kvtier_sessions_unwatched_total"), 2.0);  // the engines, and the polls
+  EXPECT_GE(Metric(url, "kvtier_sessions_unwatched_total"), 2.0);  // the engines, and the polls
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 

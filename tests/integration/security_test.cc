@@ -377,7 +377,9 @@ TEST_F(MultiUser, AFloodingTenantStaysWithinItsQuotaAndTheOtherKeepsItsReserve) 
 // pages here) bounds a tenant's sessions together, with the leases of a session of theirs
 // that ended while its process lives (quarantined) counted; another user leases as usual.
 TEST_F(MultiUser, ALeaseShareHoldsPerTenantNotPerSession) {
-  DaemonProcess d(Options("  allow_unknown: true\n"));
+  DaemonProcess::Options opts = Options("  allow_unknown: true\n");
+  opts.segment_bytes = "1MiB";  // 16 pages
+  DaemonProcess d(opts);
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   Pipe held, done;
@@ -389,12 +391,15 @@ TEST_F(MultiUser, ALeaseShareHoldsPerTenantNotPerSession) {
       if (!c.ok()) return 21;
       sessions.push_back(std::move(*c));
     }
-    if (!sessions[0]->Allocate(TierKind::kHost, 16).ok()) return 22;
+    // Session 1's first page and session 0's 15 share a segment (of 16 pages).
+    if (!sessions[1]->Allocate(TierKind::kHost, 1).ok()) return 22;
+    if (!sessions[0]->Allocate(TierKind::kHost, 15).ok()) return 22;
     if (!sessions[1]->Allocate(TierKind::kHost, 16).ok()) return 23;
     auto third = sessions[2]->Allocate(TierKind::kHost, 16);
     if (third.ok() || third.status().code() != StatusCode::kResourceExhausted) return 24;
     if (third.status().message().find("lets one tenant hold 32 of 64") == std::string::npos) return 25;
-    // A session ended with its leases while this process lives: they still count.
+    // A session ended with its leases while this process lives: they still count (they
+    // would come back were nothing else of their segment in use).
     sessions[0]->Close();
     if (sessions[2]->Allocate(TierKind::kHost, 1).ok()) return 26;
     return 0;

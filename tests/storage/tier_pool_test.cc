@@ -3,9 +3,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 namespace kvtier {
 namespace {
@@ -44,6 +48,34 @@ TEST(HostSegmentMemory, SegmentsAreSealedAgainstResizing) {
   ASSERT_NE(p, MAP_FAILED);
   EXPECT_EQ(static_cast<uint8_t*>(p)[123], 0x77);
   ::munmap(p, 1 << 20);
+}
+
+// Item 3 of the fifth hardening round: a client that keeps mapping a segment after it
+// changed tenant kept its old memory alive and charged to kvtierd (2x the pool with two
+// tenants churning, more with every renewal a sleeping client missed).
+TEST(HostSegmentMemory, RenewReleasesTheOldPagesFromEveryMapping) {
+  HostSegmentMemory::Options o;
+  o.segments = 1;
+  o.segment_bytes = 1 << 20;
+  o.huge_pages = HugePages::kOff;
+  auto mem = HostSegmentMemory::Open(o);
+  ASSERT_TRUE(mem.ok());
+  const int old_fd = ::dup((*mem)->ShareFd(0));  // what a client keeps: its mapping holds the file
+  ASSERT_GE(old_fd, 0);
+  auto* client = static_cast<uint8_t*>(::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, old_fd, 0));
+  ASSERT_NE(client, MAP_FAILED);
+  std::memset(client, 0x5a, 1 << 20);
+  struct stat st {};
+  ASSERT_EQ(::fstat(old_fd, &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20) << "the segment is allocated up front";
+
+  ASSERT_TRUE((*mem)->Renew(0).ok());
+  ASSERT_EQ(::fstat(old_fd, &st), 0);
+  EXPECT_EQ(st.st_blocks, 0) << "the old segment's pages outlive the renewal in the client's mapping";
+  for (int i = 0; i < (1 << 20); i += 4096) ASSERT_EQ(client[i], 0) << "old page " << i / 4096 << " still there";
+  EXPECT_NE((*mem)->HostAddress(0)[0], 0x5a);
+  ::munmap(client, 1 << 20);
+  ::close(old_fd);
 }
 
 TEST(HostSegmentMemory, HugePagesOnFailsClearlyWithoutThem) {
@@ -109,6 +141,100 @@ TEST(TierPool, ASegmentChangesOwnerOnlyWithFreshMemory) {
     for (int i = 0; i < 4096; ++i) ASSERT_EQ(p[i], 0) << "old owner's bytes visible at " << i;
   }
   (void)other;
+}
+
+// Renews inline, or fails every renewal while `fail` is set.
+class FlakyRenewal final : public SegmentMemory {
+ public:
+  explicit FlakyRenewal(std::unique_ptr<SegmentMemory> m) : m_(std::move(m)) {}
+  uint32_t segment_count() const override { return m_->segment_count(); }
+  uint64_t segment_bytes() const override { return m_->segment_bytes(); }
+  int ShareFd(uint32_t s) const override { return m_->ShareFd(s); }
+  uint8_t* HostAddress(uint32_t s) const override { return m_->HostAddress(s); }
+  Status Renew(uint32_t s) override { return fail ? ResourceExhausted("no memory (test)") : m_->Renew(s); }
+  bool renews_off_thread() const override { return m_->renews_off_thread(); }
+  std::string Describe() const override { return m_->Describe(); }
+  Status CopyToHost(uint32_t s, uint64_t o, void* d, uint64_t b) override { return m_->CopyToHost(s, o, d, b); }
+  std::string_view backend() const override { return m_->backend(); }
+  std::atomic<bool> fail{false};
+
+ private:
+  std::unique_ptr<SegmentMemory> m_;
+};
+
+// A runner that keeps what it is given until the test runs it: the work on a thread of its
+// own, the completion on the test's.
+struct HeldRenewal {
+  std::function<Status()> work;
+  std::function<void(Status)> done;
+  void Finish() {
+    Status st;
+    std::thread([&] { st = work(); }).join();
+    auto d = std::move(done);
+    work = nullptr;
+    d(st);
+  }
+};
+
+TEST(TierPool, WithARunnerASegmentIsRenewedOffTheOwnersThread) {
+  HostSegmentMemory::Options o;
+  o.segments = 1;
+  o.segment_bytes = 1 << 20;
+  o.huge_pages = HugePages::kOff;
+  auto host = HostSegmentMemory::Open(o);
+  ASSERT_TRUE(host.ok());
+  auto flaky = std::make_unique<FlakyRenewal>(std::move(host).value());
+  FlakyRenewal* mem = flaky.get();
+  auto opened = TierPool::Open(std::move(flaky), 256 << 10);
+  ASSERT_TRUE(opened.ok());
+  TierPool& pool = **opened;
+  HeldRenewal held;
+  int renewed_calls = 0;
+  pool.SetRenewalRunner(
+      [&](std::function<Status()> work, std::function<void(Status)> done) {
+        ASSERT_FALSE(held.work) << "two renewals at once";
+        held = HeldRenewal{std::move(work), std::move(done)};
+      },
+      [&] { ++renewed_calls; });
+
+  const PageId a = **pool.Allocate(0);
+  pool.PageAddress(a)[0] = 0xab;
+  pool.Free(a);
+  const uint32_t gen = pool.Generation(0);
+  // Another owner's claim starts the renewal and gets no page yet; nor does anyone else.
+  EXPECT_FALSE(pool.Allocate(1)->has_value());
+  ASSERT_TRUE(held.work);
+  EXPECT_TRUE(pool.renewing());
+  EXPECT_EQ(pool.AvailableTo(1), pool.pages_per_segment()) << "a segment on its way is room to come";
+  EXPECT_FALSE(pool.Allocate(0)->has_value()) << "its last owner took it back during the renewal";
+  EXPECT_FALSE(pool.Allocate(2)->has_value());
+  EXPECT_EQ(renewed_calls, 0);
+
+  held.Finish();
+  EXPECT_FALSE(pool.renewing());
+  EXPECT_EQ(renewed_calls, 1);
+  EXPECT_EQ(pool.renewals(), 1u);
+  EXPECT_EQ(pool.Generation(0), gen + 1);
+  const PageId b = **pool.Allocate(1);
+  EXPECT_EQ(pool.Owner(0), 1u);
+  EXPECT_EQ(pool.PageAddress(b)[0], 0) << "the old owner's byte in the new owner's page";
+  pool.PageAddress(b)[0] = 0xcd;
+  pool.Free(b);
+
+  // A renewal that fails leaves the segment as it was: its last owner may take it back,
+  // and the next claim by another renews inline, reporting the error.
+  mem->fail = true;
+  EXPECT_FALSE(pool.Allocate(0)->has_value());
+  held.Finish();
+  EXPECT_EQ(pool.renewal_failures(), 1u);
+  EXPECT_EQ(renewed_calls, 2);
+  auto inline_claim = pool.Allocate(2);
+  EXPECT_FALSE(inline_claim.ok());
+  EXPECT_FALSE(held.work) << "after a failure the claim does not queue another renewal";
+  EXPECT_EQ(pool.renewal_failures(), 2u);
+  const PageId c = **pool.Allocate(1);
+  EXPECT_EQ(pool.PageAddress(c)[0], 0xcd) << "its last owner gets its own memory back";
+  EXPECT_EQ(pool.Generation(0), gen + 1);
 }
 
 TEST(TierPool, PageSizeMustDivideTheSegment) {
