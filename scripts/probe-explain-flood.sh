@@ -10,8 +10,8 @@ set -u
 B=$(realpath "${BUILD:-build}")
 NAMESPACES=${NAMESPACES:-400}
 KVCTLS=${KVCTLS:-300}
-T=$(mktemp -d); chmod 711 $T; mkdir -p $T/d $T/py; chmod 755 $T/d
-cp -r $(realpath build)/python/kvtier $T/py/; chmod -R a+rX $T/py
+. "$(dirname "$0")/probe-common.sh"
+probe_dirs
 cat > $T/d/cfg.yaml <<Y
 socket: {path: $T/d/k.sock, group: "65534"}
 data_dir: $T/d/var

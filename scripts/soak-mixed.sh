@@ -17,15 +17,9 @@
 set -u
 B=$(realpath "${BUILD:-build}")
 DURATION=${DURATION:-900}
-T=$(mktemp -d); chmod 711 $T; mkdir -p $T/d $T/py; chmod 755 $T/d
-cp -r $B/python/kvtier $T/py/; chmod -R a+rX $T/py
-if [ -e /sys/fs/cgroup/memory/cgroup.procs ]; then
-  own=$(awk -F: '$2 == "memory" {print $3}' /proc/self/cgroup)
-  CG=/sys/fs/cgroup/memory${own%/}/kvtier-soak-$$; USAGE=memory.usage_in_bytes
-else
-  CG=/sys/fs/cgroup/kvtier-soak-$$; USAGE=memory.current
-fi
-mkdir $CG || exit 1
+. "$(dirname "$0")/probe-common.sh"
+probe_dirs
+memory_cgroup kvtier-soak
 cat > $T/d/cfg.yaml <<Y
 socket: {path: $T/d/k.sock, group: "65534"}
 data_dir: $T/d/var

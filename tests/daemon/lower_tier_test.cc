@@ -1,99 +1,33 @@
-// A tier added below NVMe through the lower-tier seam alone: MemoryTier, an in-memory
-// LowerTier defined here, is given to CacheManager::Open after a real NvmeTier, and
+// A tier added below NVMe through the lower-tier seam alone: FakeLowerTier
+// (tests/support/fake_lower_tier.h) is given to CacheManager::Open after a real NvmeTier, and
 // Lookup, Acquire, eviction (write-back), write-through and a restart reach it the way
 // they reach the remote tier. Nothing in the daemon knows it exists.
 #include "storage/lower_tier.h"
 
 #include <gtest/gtest.h>
 
-#include <map>
-
 #include "daemon/cache/cache_manager.h"
 #include "engine/tools/block_pattern.h"
 #include "protocol/base/block_key.h"
 #include "tests/support/control_loop.h"
+#include "tests/support/fake_lower_tier.h"
 #include "tests/support/test_util.h"
 
 namespace kvtier {
 namespace {
 
+using testing::FakeLowerTier;
 using testing::HashChain;
 
 constexpr uint64_t kPage = 64 * 1024;
 constexpr uint32_t kBlock = 32 * 1024;
 
-using Post = std::function<void(std::function<void()>)>;
-
-// Blocks kept in a map that outlives the tier (a "restart" opens a new tier over it);
-// every answer is posted, never delivered inside the call.
-class MemoryTier final : public LowerTier {
- public:
-  struct Value {
-    LowerBlockMeta meta;
-    std::vector<uint8_t> bytes;
-  };
-  using Store = std::map<std::string, Value>;
-
-  MemoryTier(std::shared_ptr<Store> store, Post post) : store_(std::move(store)), post_(std::move(post)) {}
-
-  TierKind kind() const override { return TierKind::kRemote; }
-  std::string Describe() const override { return "memory: " + std::to_string(store_->size()) + " blocks"; }
-  bool available() const override { return available_; }
-  LowerTierReport Report() const override {
-    LowerTierReport r;
-    r.figures = {{"blocks", static_cast<double>(store_->size()), false, "kvtier_fake_blocks", "Blocks held."}};
-    return r;
-  }
-
-  void Exists(std::vector<std::string> keys, std::function<void(std::vector<bool>)> done) override {
-    ++exists_calls;
-    std::vector<bool> found;
-    for (const auto& k : keys) found.push_back(store_->count(k) > 0);
-    post_([done = std::move(done), found = std::move(found)] { done(found); });
-  }
-  void Put(const std::string& key, LowerBlockMeta meta, std::span<const uint8_t> data,
-           std::function<void(Status)> done) override {
-    if (store_->size() >= capacity) {
-      post_([done = std::move(done)] { done(ResourceExhausted("memory tier full")); });
-      return;
-    }
-    (*store_)[key] = Value{std::move(meta), {data.begin(), data.end()}};
-    post_([done = std::move(done)] { done(Status::Ok()); });
-  }
-  void Fetch(const std::string& key, const std::string& fingerprint, uint32_t length, std::span<uint8_t> dst,
-             std::function<void(Status, LowerBlockMeta)> done) override {
-    ++fetches;
-    auto it = store_->find(key);
-    Status st;
-    LowerBlockMeta meta;
-    if (it == store_->end()) {
-      st = NotFound("not in the memory tier");
-    } else if (it->second.meta.fingerprint != fingerprint || it->second.meta.length != length ||
-               it->second.bytes.size() != length || length > dst.size()) {
-      st = DataLoss("stored for another layout");  // never served
-    } else {
-      std::copy(it->second.bytes.begin(), it->second.bytes.end(), dst.begin());
-      meta = it->second.meta;
-    }
-    post_([done = std::move(done), st, meta = std::move(meta)] { done(st, meta); });
-  }
-  void Delete(const std::string& key) override { store_->erase(key); }
-
-  bool available_ = true;
-  size_t capacity = SIZE_MAX;
-  int exists_calls = 0, fetches = 0;
-
- private:
-  std::shared_ptr<Store> store_;
-  Post post_;
-};
-
 class LowerTierTest : public ::testing::Test {
  protected:
   struct Below {
-    std::shared_ptr<MemoryTier::Store> store = std::make_shared<MemoryTier::Store>();
+    std::shared_ptr<FakeLowerTier::Store> store = std::make_shared<FakeLowerTier::Store>();
     WritePolicy policy = WritePolicy::kWriteThrough;
-    MemoryTier* tier = nullptr;  // owned by the manager
+    FakeLowerTier* tier = nullptr;  // owned by the manager
   };
 
   // host_pages of host over `nvme_slots` of NVMe (write-back), over `below` in order.
@@ -121,7 +55,7 @@ class LowerTierTest : public ::testing::Test {
     h.low_watermark = 0.5;
     std::vector<CacheManager::LowerTierSpec> lower;
     for (Below* b : below) {
-      auto tier = std::make_unique<MemoryTier>(b->store, loop_.Poster());
+      auto tier = std::make_unique<FakeLowerTier>(b->store, loop_.Poster());
       b->tier = tier.get();
       CacheManager::LowerTierSpec spec;
       spec.tier = std::move(tier);

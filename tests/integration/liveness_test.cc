@@ -39,17 +39,42 @@ bool Eventually(const DaemonProcess& d, const std::function<bool(const TierStats
       std::chrono::seconds(5));
 }
 
-// A page the test leases before the engines it forks (its tenant: root, as theirs) lease
-// theirs: their segment stays in use, so their quarantined pages wait for their process
-// (a segment holding nothing but quarantined pages gives them back at once, renewed).
-std::unique_ptr<Client> Keeper(const DaemonProcess& d) {
-  auto c = Client::Connect(EngineOptions(d.socket_path(), "keeper"));
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  if (!c.ok()) return nullptr;
-  auto page = (*c)->Allocate(TierKind::kHost, 1);
-  EXPECT_TRUE(page.ok()) << page.status().ToString();
-  return std::move(c).value();
-}
+// A page leased before the engines a test forks lease theirs, by a process of the same
+// tenant (root): their segment stays in use, so their quarantined pages wait for their
+// process (a segment holding nothing but quarantined pages gives them back at once,
+// renewed). A process of its own, so the test's stays single-threaded for its forks (TSan
+// starts no thread in a child forked from a multi-threaded process).
+class Keeper {
+ public:
+  explicit Keeper(const DaemonProcess& d)
+      : proc_([this, &d]() -> int {
+          auto c = Client::Connect(EngineOptions(d.socket_path(), "keeper"));
+          if (!c.ok() || !(*c)->Allocate(TierKind::kHost, 1).ok()) return 10;
+          leased_.Signal();
+          if (end_.Wait()) {
+            (*c)->Close();  // its page quarantined while this process lives
+            ended_.Signal();
+            exit_.Wait();
+          }
+          return 0;
+        }) {
+    EXPECT_TRUE(leased_.Wait()) << "the keeper could not lease its page";
+  }
+  ~Keeper() {
+    exit_.Signal();
+    end_.Signal();
+    EXPECT_EQ(proc_.Join(), 0);
+  }
+  // Its session ends; the process lives.
+  void EndSession() {
+    end_.Signal();
+    EXPECT_TRUE(ended_.Wait());
+  }
+
+ private:
+  Pipe leased_, end_, ended_, exit_;
+  EngineProcess proc_;
+};
 
 // Every page of the pool but the keeper's is free.
 bool AllButTheKeepersFree(const TierStatsInfo& t) {
@@ -65,7 +90,7 @@ TEST(Liveness, OneDescriptorWatchesEveryQuarantineOfAProcess) {
   o.extra_yaml = "security:\n  max_leased_share: 1\n";
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto keeper = Keeper(d);
+  Keeper keeper(d);
   const std::string url = MetricsUrl(d);
   const double fds_before = Metric(url, "process_open_fds");
   constexpr int kRounds = 40;
@@ -98,7 +123,7 @@ TEST(Liveness, AStoppedSessionExpiresAndItsLeasesWaitForItsProcessToExit) {
   o.extra_yaml = "protocol:\n  heartbeat_ttl: 300ms\n";
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto keeper = Keeper(d);
+  Keeper keeper(d);
   Pipe leased, go;
   EngineProcess hung([&]() -> int {
     auto c = Client::Connect(EngineOptions(d.socket_path(), "hung"));
@@ -232,7 +257,7 @@ TEST(Liveness, AChildForkedFromAnEngineNeverWritesPagesTheDaemonGaveOthers) {
                                                // the watermark and the tenant's share
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto keeper = Keeper(d);
+  Keeper keeper(d);
   int report[2];
   ASSERT_EQ(::pipe(report), 0);  // the child writes a byte there if its writes went through
   Pipe forked, go;
@@ -288,7 +313,7 @@ TEST(Liveness, AChildForkedFromAnEngineNeverWritesPagesTheDaemonGaveOthers) {
 TEST(Liveness, AProcessThatClosesItsSocketButLivesHasItsLeasesQuarantined) {
   DaemonProcess d;
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto keeper = Keeper(d);
+  Keeper keeper(d);
   Pipe closed, go;
   EngineProcess engine([&]() -> int {
     {
@@ -324,7 +349,7 @@ TEST(Liveness, AnEngineInAnotherPidNamespaceKeepsItsStalePagesOutOfOthersHands) 
   o.extra_yaml = "protocol:\n  heartbeat_ttl: 500ms\n";
   DaemonProcess d(o);
   ASSERT_TRUE(d.Start().ok()) << d.Log();
-  auto keeper = Keeper(d);
+  Keeper keeper(d);
   Pipe leased, go, wrote, done;
   EngineProcess stale([&]() -> int {
     auto c = Client::Connect(EngineOptions(d.socket_path(), "stale"));
@@ -402,7 +427,7 @@ TEST(Liveness, AnUnwatchedProcesssQuarantinedPagesComeBackWhenTheirSegmentHoldsN
   const std::string url = MetricsUrl(d);
 
   // Beside another session's lease, an ended session's pages stay out of use.
-  auto keeper = Keeper(d);
+  Keeper keeper(d);
   {
     Pipe leased, close, closed, go;
     EngineProcess engine([&]() -> int {
@@ -436,9 +461,9 @@ TEST(Liveness, AnUnwatchedProcesssQuarantinedPagesComeBackWhenTheirSegmentHoldsN
         },
         std::chrono::seconds(1)));
   }
-  // The keeper's session ends too (its page quarantined: this process is unwatched as
+  // The keeper's session ends too (its page quarantined: its process is unwatched as
   // well): the segment holds quarantined pages alone, and they come back.
-  keeper.reset();
+  keeper.EndSession();
   EXPECT_TRUE(Eventually(d, [&](const TierStatsInfo& t) { return t.quarantined_pages == 0; })) << d.Log();
   EXPECT_EQ(Metric(url, "kvtier_quarantine_pages_reclaimed_total"), 3.0);
 

@@ -7,14 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 #include <thread>
 
 #include "protocol/base/block_key.h"
 #include "storage/remote/redis_cluster.h"
 #include "tests/support/fake_redis_node.h"
+#include "tests/support/posted_loop.h"
 #include "tests/support/redis_cluster_process.h"
 
 namespace kvtier {
@@ -23,39 +21,7 @@ namespace {
 using testing::FakeRedisNode;
 using testing::RedisClusterProcess;
 
-// The owner's thread of these tests: posted callbacks queue here and run in Pump().
-class Loop {
- public:
-  Post Poster() {
-    return [this](std::function<void()> fn) {
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        q_.push_back(std::move(fn));
-      }
-      cv_.notify_one();
-    };
-  }
-  // Runs posted work until `done` or `timeout`.
-  bool Pump(const std::function<bool()>& done, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      if (done()) return true;
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        if (!cv_.wait_until(l, deadline, [this] { return !q_.empty(); })) return done();
-        fn = std::move(q_.front());
-        q_.pop_front();
-      }
-      fn();
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
-};
+using Loop = testing::PostedLoop;
 
 std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);

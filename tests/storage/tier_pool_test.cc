@@ -14,27 +14,29 @@
 namespace kvtier {
 namespace {
 
-std::unique_ptr<TierPool> MakePool(uint32_t segments, uint64_t segment_bytes = 1 << 20,
-                                   uint64_t page_bytes = 256 << 10) {
+// `segments` memfds of `segment_bytes`, 4 KiB pages.
+std::unique_ptr<HostSegmentMemory> MakeMemory(uint32_t segments, uint64_t segment_bytes = 1 << 20) {
   HostSegmentMemory::Options o;
   o.segments = segments;
   o.segment_bytes = segment_bytes;
   o.huge_pages = HugePages::kOff;
   auto mem = HostSegmentMemory::Open(o);
   EXPECT_TRUE(mem.ok()) << mem.status().ToString();
-  auto pool = TierPool::Open(std::move(mem).value(), page_bytes);
+  return mem.ok() ? std::move(mem).value() : nullptr;
+}
+
+std::unique_ptr<TierPool> MakePool(uint32_t segments, uint64_t segment_bytes = 1 << 20,
+                                   uint64_t page_bytes = 256 << 10) {
+  auto mem = MakeMemory(segments, segment_bytes);
+  auto pool = TierPool::Open(std::move(mem), page_bytes);
   EXPECT_TRUE(pool.ok());
   return std::move(pool).value();
 }
 
 TEST(HostSegmentMemory, SegmentsAreSealedAgainstResizing) {
-  HostSegmentMemory::Options o;
-  o.segments = 2;
-  o.segment_bytes = 1 << 20;
-  o.huge_pages = HugePages::kOff;
-  auto mem = HostSegmentMemory::Open(o);
-  ASSERT_TRUE(mem.ok());
-  const int fd = (*mem)->ShareFd(0);
+  auto mem = MakeMemory(2);
+  ASSERT_TRUE(mem);
+  const int fd = mem->ShareFd(0);
   // A client cannot shrink the segment under the daemon (which would SIGBUS it) nor grow it.
   EXPECT_NE(::ftruncate(fd, 4096), 0);
   EXPECT_NE(::ftruncate(fd, 4 << 20), 0);
@@ -43,7 +45,7 @@ TEST(HostSegmentMemory, SegmentsAreSealedAgainstResizing) {
   EXPECT_TRUE(seals & F_SEAL_GROW);
   EXPECT_TRUE(seals & F_SEAL_SEAL);
   // Another mapping of the fd sees the daemon's writes.
-  (*mem)->HostAddress(0)[123] = 0x77;
+  mem->HostAddress(0)[123] = 0x77;
   void* p = ::mmap(nullptr, 1 << 20, PROT_READ, MAP_SHARED, fd, 0);
   ASSERT_NE(p, MAP_FAILED);
   EXPECT_EQ(static_cast<uint8_t*>(p)[123], 0x77);
@@ -54,13 +56,9 @@ TEST(HostSegmentMemory, SegmentsAreSealedAgainstResizing) {
 // changed tenant kept its old memory alive and charged to kvtierd (2x the pool with two
 // tenants churning, more with every renewal a sleeping client missed).
 TEST(HostSegmentMemory, RenewReleasesTheOldPagesFromEveryMapping) {
-  HostSegmentMemory::Options o;
-  o.segments = 1;
-  o.segment_bytes = 1 << 20;
-  o.huge_pages = HugePages::kOff;
-  auto mem = HostSegmentMemory::Open(o);
-  ASSERT_TRUE(mem.ok());
-  const int old_fd = ::dup((*mem)->ShareFd(0));  // what a client keeps: its mapping holds the file
+  auto mem = MakeMemory(1);
+  ASSERT_TRUE(mem);
+  const int old_fd = ::dup(mem->ShareFd(0));  // what a client keeps: its mapping holds the file
   ASSERT_GE(old_fd, 0);
   auto* client = static_cast<uint8_t*>(::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, old_fd, 0));
   ASSERT_NE(client, MAP_FAILED);
@@ -69,11 +67,11 @@ TEST(HostSegmentMemory, RenewReleasesTheOldPagesFromEveryMapping) {
   ASSERT_EQ(::fstat(old_fd, &st), 0);
   EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, uint64_t{1} << 20) << "the segment is allocated up front";
 
-  ASSERT_TRUE((*mem)->Renew(0).ok());
+  ASSERT_TRUE(mem->Renew(0).ok());
   ASSERT_EQ(::fstat(old_fd, &st), 0);
   EXPECT_EQ(st.st_blocks, 0) << "the old segment's pages outlive the renewal in the client's mapping";
   for (int i = 0; i < (1 << 20); i += 4096) ASSERT_EQ(client[i], 0) << "old page " << i / 4096 << " still there";
-  EXPECT_NE((*mem)->HostAddress(0)[0], 0x5a);
+  EXPECT_NE(mem->HostAddress(0)[0], 0x5a);
   ::munmap(client, 1 << 20);
   ::close(old_fd);
 }
@@ -177,13 +175,7 @@ struct HeldRenewal {
 };
 
 TEST(TierPool, WithARunnerASegmentIsRenewedOffTheOwnersThread) {
-  HostSegmentMemory::Options o;
-  o.segments = 1;
-  o.segment_bytes = 1 << 20;
-  o.huge_pages = HugePages::kOff;
-  auto host = HostSegmentMemory::Open(o);
-  ASSERT_TRUE(host.ok());
-  auto flaky = std::make_unique<FlakyRenewal>(std::move(host).value());
+  auto flaky = std::make_unique<FlakyRenewal>(MakeMemory(1));
   FlakyRenewal* mem = flaky.get();
   auto opened = TierPool::Open(std::move(flaky), 256 << 10);
   ASSERT_TRUE(opened.ok());
@@ -237,15 +229,7 @@ TEST(TierPool, WithARunnerASegmentIsRenewedOffTheOwnersThread) {
   EXPECT_EQ(pool.Generation(0), gen + 1);
 }
 
-TEST(TierPool, PageSizeMustDivideTheSegment) {
-  HostSegmentMemory::Options o;
-  o.segments = 1;
-  o.segment_bytes = 1 << 20;
-  o.huge_pages = HugePages::kOff;
-  auto mem = HostSegmentMemory::Open(o);
-  ASSERT_TRUE(mem.ok());
-  EXPECT_FALSE(TierPool::Open(std::move(mem).value(), 3 << 10).ok());
-}
+TEST(TierPool, PageSizeMustDivideTheSegment) { EXPECT_FALSE(TierPool::Open(MakeMemory(1), 3 << 10).ok()); }
 
 }  // namespace
 }  // namespace kvtier
