@@ -11,8 +11,8 @@
 #   uid 65534: quarantine: a process that lives on opens a session, leases 8 pages and
 #         closes it, again every 0.3 s.
 # Printed: both loads' figures (corrupt must be 0), the expiry and quarantine rounds, the
-# cgroup's memory (most, against the pool), kvtierd's descriptors at the start and end of
-# each life. Needs root (cgroups, setpriv) and `make build` (BUILD=dir for another build).
+# cgroup's memory (most, against the pool, and what it was made of then), kvtierd's
+# descriptors at the start and end of each life. Needs root (cgroups, setpriv) and `make build` (BUILD=dir for another build).
 # Run from the repository root.
 set -u
 B=$(realpath "${BUILD:-build}")
@@ -89,8 +89,11 @@ PYTHONPATH=$T/py $as_nobody /usr/bin/python3 $T/py/patterns.py $T/d/k.sock quara
 most=$before
 t0=$SECONDS
 kills=0
+# The cgroup's charge split as memory.stat has it (v1: rss, cache, shmem; v2: anon, file,
+# shmem), and kvtierd's own anonymous memory, at the most.
+split() { awk '$1 ~ /^(total_)?(rss|cache|shmem|anon|file)$/ {printf "%s %d MiB, ", $1, $2 / 1048576}' $CG/memory.stat; grep RssAnon /proc/$D/status | awk '{printf "kvtierd RssAnon %d MiB", $2 / 1024}'; }
 while [ $((SECONDS - t0)) -lt $DURATION ]; do
-  u=$(cat $CG/$USAGE); [ $u -gt $most ] && most=$u
+  u=$(cat $CG/$USAGE); [ $u -gt $most ] && { most=$u; most_split=$(split); }
   if [ $kills -lt 2 ] && [ $((SECONDS - t0)) -ge $(((kills + 1) * DURATION / 3)) ]; then
     end_life
     kill -9 $D; wait $D 2>/dev/null
@@ -106,7 +109,8 @@ for f in root nobody; do
   /usr/bin/python3 -c "import json,sys; j=json.load(open('$T/$f.json')); print('$f load:', {k: j[k] for k in ('requests','stored','hit_blocks','corrupt','errors','disconnects','reconnects','abandoned_sessions')})"
 done
 cat $T/expiry $T/quarantine
-echo "kvtierd's cgroup: $((before >> 20)) MiB at start, at most $((most >> 20)) MiB (pool $((pool >> 20)) MiB; at most $(((most - pool) >> 20)) MiB besides)"
+echo "kvtierd's cgroup: $((before >> 20)) MiB at start, at most $((most >> 20)) MiB (pool $((pool >> 20)) MiB; at most $(((most - pool) >> 20)) MiB besides): ${most_split:-}"
+echo "at the end: $(split)"
 for l in "${lives[@]}"; do echo "life: $l"; done
 grep -c "quarantined host pages back" $T/d/log | sed 's/^/reclaims logged: /'
 kill $D; wait $D 2>/dev/null
