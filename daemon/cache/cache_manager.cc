@@ -257,23 +257,6 @@ void CacheManager::ReleaseQuarantine(uint64_t id) {
   ServePendingAllocates();
 }
 
-void CacheManager::ReclaimQuarantineOnlySegments() {
-  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
-    if (!tier_enabled(kind)) continue;
-    for (uint32_t seg : blocks_->TakeQuarantineOnlySegments(kind)) {
-      const std::vector<PageId> pages = blocks_->ReclaimQuarantineOnlySegment(kind, seg);
-      counters_.quarantine_reclaims += pages.size();
-      const std::unordered_set<PageId> back(pages.begin(), pages.end());
-      for (auto it = quarantines_.begin(); it != quarantines_.end();) {
-        std::erase_if(it->second.pages, [&](const auto& kp) { return kp.first == kind && back.count(kp.second); });
-        it = it->second.pages.empty() ? quarantines_.erase(it) : std::next(it);
-      }
-      KVTIER_LOG(INFO) << pages.size() << " quarantined " << TierKindName(kind) << " pages back: segment " << seg
-                       << " held nothing else, and gets new memory before it is used again";
-    }
-  }
-}
-
 void CacheManager::Ref(SessionCache& s, BlockId id) {
   blocks_->Ref(id);
   ++s.refs_[id];

@@ -1,6 +1,7 @@
 // CacheManager under pressure: which cached block gives way (EvictOne), the watermarks,
-// making room for an allocation, and tenants' quotas and reserves. Same class as
-// cache_manager.cc, same rules: control thread only.
+// making room for an allocation (quarantined pages taken back with their segment among
+// it), and tenants' quotas and reserves. Same class as cache_manager.cc, same rules:
+// control thread only.
 #include <algorithm>
 
 #include "daemon/cache/cache_manager.h"
@@ -160,6 +161,23 @@ uint32_t CacheManager::headroom_pages(TierKind t) const {
   if (!IsPoolTier(t) || !tier_enabled(t)) return 0;
   // At most half the tier: a burst never empties the cache.
   return std::min(headroom_[TierIndex(t)].Pages(clock_->NowNanos()), blocks_->pool(t)->capacity() / 2);
+}
+
+void CacheManager::ReclaimQuarantineOnlySegments() {
+  for (TierKind kind : {TierKind::kGpu, TierKind::kHost}) {
+    if (!tier_enabled(kind)) continue;
+    for (uint32_t seg : blocks_->TakeQuarantineOnlySegments(kind)) {
+      const std::vector<PageId> pages = blocks_->ReclaimQuarantineOnlySegment(kind, seg);
+      counters_.quarantine_reclaims += pages.size();
+      const std::unordered_set<PageId> back(pages.begin(), pages.end());
+      for (auto it = quarantines_.begin(); it != quarantines_.end();) {
+        std::erase_if(it->second.pages, [&](const auto& kp) { return kp.first == kind && back.count(kp.second); });
+        it = it->second.pages.empty() ? quarantines_.erase(it) : std::next(it);
+      }
+      KVTIER_LOG(INFO) << pages.size() << " quarantined " << TierKindName(kind) << " pages back: segment " << seg
+                       << " held nothing else, and gets new memory before it is used again";
+    }
+  }
 }
 
 Room CacheManager::MakeRoom(TierKind kind, TenantId tenant) {

@@ -2,8 +2,6 @@
 // the memory tier, the remote tier on a real Redis server (Debian's redis-server, started
 // here on a loopback port), and the fake the seam's own tests use. A new tier joins by a
 // row in Tiers() below ("Adding a tier", docs/architecture.md).
-#include "storage/lower_tier.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "protocol/base/block_key.h"
+#include "storage/lower_tier.h"
 #include "storage/memory/memory_tier.h"
 #include "storage/remote/remote_tier.h"
 #include "tests/support/fake_lower_tier.h"
@@ -67,9 +66,11 @@ std::vector<TierMaker> Tiers() {
            return m;
          }
          // Full at 4 MiB and refusing writes then (noeviction), as a store without room does.
-         auto rc = std::make_shared<RedisClusterProcess>(RedisClusterProcess::Options{
-             .masters = 1, .replicas_per_master = 0, .maxmemory = "4mb", .maxmemory_policy = "noeviction",
-             .cluster = false});
+         auto rc = std::make_shared<RedisClusterProcess>(RedisClusterProcess::Options{.masters = 1,
+                                                                                      .replicas_per_master = 0,
+                                                                                      .maxmemory = "4mb",
+                                                                                      .maxmemory_policy = "noeviction",
+                                                                                      .cluster = false});
          if (Status st = rc->Start(); !st.ok()) {
            ADD_FAILURE() << st.ToString();
            return m;

@@ -2,8 +2,8 @@
 // FakeLowerTier: a LowerTier (storage/lower_tier.h) over a map that outlives it (a
 // "restart" opens a new tier over the same map), for tests of the seam: every answer is
 // posted, never delivered inside the call, and dropped once the tier is gone; a value of
-// another layout, or whose bytes changed in the map, is kDataLoss. Knobs: `available_`, `capacity` (values held; a Put past it
-// is kResourceExhausted), and counts of the calls made.
+// another layout, or whose bytes changed in the map, is kDataLoss. Knobs: `available_`, `capacity` (values held; a Put
+// past it is kResourceExhausted), and counts of the calls made.
 //
 // Thread-compatible: every method on the owner's thread.
 
