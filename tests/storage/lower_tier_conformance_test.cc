@@ -18,12 +18,14 @@
 #include "tests/support/fake_lower_tier.h"
 #include "tests/support/posted_loop.h"
 #include "tests/support/redis_cluster_process.h"
+#include "tests/support/test_util.h"
 
 namespace kvtier {
 namespace {
 
 using testing::PostedLoop;
 using testing::RedisClusterProcess;
+using testing::SeededBytes;
 
 constexpr uint32_t kBytes = 16 * 1024;
 constexpr const char* kFingerprint = "fingerprint-conformance";
@@ -104,18 +106,6 @@ std::vector<TierMaker> Tiers() {
   };
 }
 
-std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<uint8_t>(x);
-  }
-  return v;
-}
-
 class LowerTierConformance : public ::testing::TestWithParam<TierMaker> {
  protected:
   void SetUp() override {
@@ -174,7 +164,7 @@ TEST_P(LowerTierConformance, NamesItselfAsALowerTierAndCanBeAsked) {
 }
 
 TEST_P(LowerTierConformance, AFetchAfterAPutGetsExactlyTheBlockAndItsMeta) {
-  const auto data = Bytes(kBytes, 1);
+  const auto data = SeededBytes(kBytes, 1);
   ASSERT_TRUE(Put(1, data, /*parent=*/7).ok());
   std::vector<uint8_t> dst(kBytes, 0);
   const Got g = Fetch(1, &dst);
@@ -184,7 +174,7 @@ TEST_P(LowerTierConformance, AFetchAfterAPutGetsExactlyTheBlockAndItsMeta) {
   EXPECT_EQ(g.meta.fingerprint, kFingerprint);
   EXPECT_EQ(g.meta.parent, std::string(16, 7));
   // A chain's first block has no parent; a Put over a key replaces its value.
-  const auto other = Bytes(kBytes, 2);
+  const auto other = SeededBytes(kBytes, 2);
   ASSERT_TRUE(Put(1, other).ok());
   const Got again = Fetch(1, &dst);
   ASSERT_TRUE(again.status.ok()) << again.status.ToString();
@@ -199,11 +189,11 @@ TEST_P(LowerTierConformance, AKeyNotHeldIsNotFoundAndWritesNothing) {
 }
 
 TEST_P(LowerTierConformance, AValueOfAnotherLayoutIsNeverServed) {
-  ASSERT_TRUE(Put(3, Bytes(kBytes, 3)).ok());
+  ASSERT_TRUE(Put(3, SeededBytes(kBytes, 3)).ok());
   std::vector<uint8_t> dst(kBytes, 0xa5);
   const Status shorter = Fetch(3, &dst, kBytes / 2).status;
   EXPECT_FALSE(shorter.ok()) << "served as a block of another length";
-  ASSERT_TRUE(Put(3, Bytes(kBytes, 3)).ok());
+  ASSERT_TRUE(Put(3, SeededBytes(kBytes, 3)).ok());
   const Status other = Fetch(3, &dst, kBytes, "fingerprint-of-another-model").status;
   EXPECT_FALSE(other.ok()) << "served to another layout";
   EXPECT_EQ(dst, std::vector<uint8_t>(kBytes, 0xa5)) << "bytes of a value that was refused reached the destination";
@@ -211,7 +201,7 @@ TEST_P(LowerTierConformance, AValueOfAnotherLayoutIsNeverServed) {
 
 TEST_P(LowerTierConformance, AValueThatDoesNotVerifyIsDataLossAndNeverServed) {
   if (!made_.corrupt) GTEST_SKIP() << GetParam().name << ": nothing outside the tier reaches its values";
-  ASSERT_TRUE(Put(4, Bytes(kBytes, 4)).ok());
+  ASSERT_TRUE(Put(4, SeededBytes(kBytes, 4)).ok());
   made_.corrupt(Key(4));
   std::vector<uint8_t> dst(kBytes, 0xa5);
   EXPECT_EQ(Fetch(4, &dst).status.code(), StatusCode::kDataLoss);
@@ -220,14 +210,14 @@ TEST_P(LowerTierConformance, AValueThatDoesNotVerifyIsDataLossAndNeverServed) {
 }
 
 TEST_P(LowerTierConformance, ExistsAnswersEachKeyInOrder) {
-  ASSERT_TRUE(Put(5, Bytes(kBytes, 5)).ok());
-  ASSERT_TRUE(Put(7, Bytes(kBytes, 7)).ok());
+  ASSERT_TRUE(Put(5, SeededBytes(kBytes, 5)).ok());
+  ASSERT_TRUE(Put(7, SeededBytes(kBytes, 7)).ok());
   EXPECT_EQ(Exists({5, 6, 7, 5}), (std::vector<bool>{true, false, true, true}));
   EXPECT_EQ(Exists({}), std::vector<bool>{});
 }
 
 TEST_P(LowerTierConformance, ADeletedBlockIsGone) {
-  ASSERT_TRUE(Put(8, Bytes(kBytes, 8)).ok());
+  ASSERT_TRUE(Put(8, SeededBytes(kBytes, 8)).ok());
   tier().Delete(Key(8));
   // Fire and forget: a store may apply it a moment later, but soon.
   std::vector<uint8_t> dst(kBytes, 0);
@@ -242,7 +232,7 @@ TEST_P(LowerTierConformance, ADeletedBlockIsGone) {
 }
 
 TEST_P(LowerTierConformance, CallbacksAreNeverDeliveredInsideTheCall) {
-  const auto data = Bytes(kBytes, 10);
+  const auto data = SeededBytes(kBytes, 10);
   bool put = false, fetched = false, exists = false;
   tier().Put(Key(10), Meta(kBytes, -1), data, [&](Status) { put = true; });
   EXPECT_FALSE(put);
@@ -258,14 +248,14 @@ TEST_P(LowerTierConformance, CallbacksAreNeverDeliveredInsideTheCall) {
 TEST_P(LowerTierConformance, APutRefusedForSpaceSaysResourceExhausted) {
   // Blocks until the tier says it has no room; one larger than all of it at the latest.
   Status last;
-  for (int i = 0; i < 512 && last.ok(); ++i) last = Put(100 + i, Bytes(kBytes, 100 + i));
-  if (last.ok()) last = Put(99, Bytes(made_.most_bytes + kBytes, 99));
+  for (int i = 0; i < 512 && last.ok(); ++i) last = Put(100 + i, SeededBytes(kBytes, 100 + i));
+  if (last.ok()) last = Put(99, SeededBytes(made_.most_bytes + kBytes, 99));
   EXPECT_EQ(last.code(), StatusCode::kResourceExhausted) << last.ToString();
 }
 
 TEST_P(LowerTierConformance, ReportNamesTheSameFiguresInTheSameOrderEveryTime) {
   const auto before = FigureKeys(tier().Report());
-  ASSERT_TRUE(Put(11, Bytes(kBytes, 11)).ok());
+  ASSERT_TRUE(Put(11, SeededBytes(kBytes, 11)).ok());
   std::vector<uint8_t> dst(kBytes);
   (void)Fetch(11, &dst);
   (void)Fetch(12, &dst);
@@ -280,10 +270,10 @@ TEST_P(LowerTierConformance, ReportNamesTheSameFiguresInTheSameOrderEveryTime) {
 }
 
 TEST_P(LowerTierConformance, ATierDestroyedFirstDeliversNothingAfter) {
-  ASSERT_TRUE(Put(13, Bytes(kBytes, 13)).ok());
+  ASSERT_TRUE(Put(13, SeededBytes(kBytes, 13)).ok());
   int delivered = 0;
   auto dst = std::make_unique<std::vector<uint8_t>>(kBytes);
-  const auto data = Bytes(kBytes, 14);
+  const auto data = SeededBytes(kBytes, 14);
   tier().Put(Key(14), Meta(kBytes, -1), data, [&](Status) { ++delivered; });
   tier().Fetch(Key(13), kFingerprint, kBytes, *dst, [&](Status, LowerBlockMeta) { ++delivered; });
   tier().Exists({Key(13)}, [&](std::vector<bool>) { ++delivered; });

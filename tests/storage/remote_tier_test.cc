@@ -14,26 +14,16 @@
 #include "tests/support/fake_redis_node.h"
 #include "tests/support/posted_loop.h"
 #include "tests/support/redis_cluster_process.h"
+#include "tests/support/test_util.h"
 
 namespace kvtier {
 namespace {
 
 using testing::FakeRedisNode;
 using testing::RedisClusterProcess;
+using testing::SeededBytes;
 
 using Loop = testing::PostedLoop;
-
-std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<uint8_t>(x);
-  }
-  return v;
-}
 
 #define REQUIRE_REDIS() \
   if (!RedisClusterProcess::Available()) GTEST_SKIP() << "redis-server / redis-cli not installed (scripts/deps.sh)"
@@ -46,10 +36,10 @@ RedisClusterOptions ClientOptions(const RedisClusterProcess& rc) {
   return o;
 }
 
-// Sets n keys "k:<i>" to Bytes(size, i) and returns how many succeeded.
+// Sets n keys "k:<i>" to SeededBytes(size, i) and returns how many succeeded.
 int SetAll(RedisCluster& c, Loop& loop, int n, size_t size, const std::string& prefix = "k:") {
   std::vector<std::vector<uint8_t>> values;
-  for (int i = 0; i < n; ++i) values.push_back(Bytes(size, static_cast<uint32_t>(i)));
+  for (int i = 0; i < n; ++i) values.push_back(SeededBytes(size, static_cast<uint32_t>(i)));
   int ok = 0, done = 0;
   for (int i = 0; i < n; ++i) {
     RedisCluster::Value v;
@@ -75,7 +65,7 @@ GetCounts GetAll(RedisCluster& c, Loop& loop, int n, size_t size, const std::str
     c.Get(
         prefix + std::to_string(i),
         [good, size, i](std::span<const uint8_t> v) {
-          const auto want = Bytes(size, static_cast<uint32_t>(i));
+          const auto want = SeededBytes(size, static_cast<uint32_t>(i));
           *good = v.size() == want.size() && std::equal(v.begin(), v.end(), want.begin());
           return Status::Ok();
         },
@@ -568,7 +558,7 @@ class RemoteTierTest : public ::testing::Test {
 };
 
 TEST_F(RemoteTierTest, PutFetchAndExists) {
-  const auto data = Bytes(65536, 9);
+  const auto data = SeededBytes(65536, 9);
   ASSERT_TRUE(Put(1, data).ok());
   std::vector<uint8_t> got;
   LowerBlockMeta meta;
@@ -583,7 +573,7 @@ TEST_F(RemoteTierTest, PutFetchAndExists) {
 }
 
 TEST_F(RemoteTierTest, OverwrittenValueIsAMissCountedAndDeleted) {
-  const auto data = Bytes(8192, 4);
+  const auto data = SeededBytes(8192, 4);
   ASSERT_TRUE(Put(3, data).ok());
   // Someone writes other bytes of the same length under the key.
   const std::string key = RemoteCodec().Key("kvtier:", Key(3));
@@ -602,7 +592,7 @@ TEST_F(RemoteTierTest, OverwrittenValueIsAMissCountedAndDeleted) {
 }
 
 TEST_F(RemoteTierTest, DeadClusterCostsNothing) {
-  ASSERT_TRUE(Put(5, Bytes(1024, 5)).ok());
+  ASSERT_TRUE(Put(5, SeededBytes(1024, 5)).ok());
   for (size_t i = 0; i < rc_->size(); ++i) rc_->Kill(i);
   std::vector<uint8_t> got;
   // The first requests find the nodes gone and open their breakers...

@@ -38,6 +38,18 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+std::vector<uint8_t> SeededBytes(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
 std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size) {
   std::vector<BlockHash> out;
   uint8_t prev[32] = {0};

@@ -40,6 +40,9 @@ class TempDir {
 // hash_{i-1}, as an engine's prefix hash does).
 std::vector<BlockHash> HashChain(uint64_t seed, size_t n, size_t size = 16);
 
+// `n` pseudo-random bytes, the same for the same seed (xorshift32).
+std::vector<uint8_t> SeededBytes(size_t n, uint32_t seed);
+
 // The 8 bytes at `b` as a big-endian number (KV event hashes and sequence numbers).
 inline uint64_t BigEndian(const uint8_t* b) {
   uint64_t v = 0;
