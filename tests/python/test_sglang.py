@@ -3,15 +3,21 @@ that hands out page buffers as SGLang's HostKVCache does."""
 
 import hashlib
 import signal
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
 import torch
 
-import kvtier
-import kvtier.sglang
-from kvtier.sglang import KvtierHiCacheStorage, key_hash
-from kvtier_testing.daemon import wait_until
+from kvtier_testing import sglang_standin
+
+sglang_standin.install()
+
+import kvtier  # noqa: E402
+import kvtier.sglang  # noqa: E402
+from kvtier.sglang import KvtierHiCacheStorage, key_hash  # noqa: E402
+from kvtier_testing.daemon import wait_until  # noqa: E402
 
 PAGE_TOKENS, LAYERS, HEADS, DIM = 16, 2, 2, 64
 PAGE_BYTES = 2 * LAYERS * PAGE_TOKENS * HEADS * DIM * 2  # k and v, bf16
@@ -132,7 +138,25 @@ def test_a_stopped_daemon_costs_a_bounded_miss_and_the_backend_recovers(daemon):
     wait_until(lambda: s.batch_exists(keys) == 2, "the backend finds the blocks again after SIGCONT")
 
 
-def test_the_module_imports_without_sglang():
-    assert kvtier.sglang.HAVE_SGLANG is False
+def test_the_backend_subclasses_sglangs_interface_as_the_installed_modules_define_it(daemon):
+    storage = sys.modules[sglang_standin.STORAGE]
+    assert issubclass(KvtierHiCacheStorage, storage.HiCacheStorage)
     assert "HiCacheStorage" in kvtier.sglang.__doc__
-    assert isinstance(KvtierHiCacheStorage().get_stats(), kvtier.sglang.StorageMetrics)
+    s = backend(daemon.socket)
+    assert s.set(chain_keys(1, "stats")[0], page(3))
+    stats = s.get_stats()
+    assert isinstance(stats, sys.modules[sglang_standin.METRICS].StorageMetrics)
+    assert stats.backup_pgs == [1] and s.get_stats().backup_pgs == []  # since the last read
+
+
+def test_without_sglang_the_backend_imports_but_refuses_to_be_made_with_a_clear_error():
+    # A fresh interpreter, the stand-in not installed: the shipped package carries none.
+    probe = ("import sys; sys.modules['sglang'] = None\n"
+             "from kvtier.sglang import KvtierHiCacheStorage, key_hash\n"
+             "print('hash:', len(key_hash('x')))\n"
+             "try:\n    KvtierHiCacheStorage(None, {})\nexcept ImportError as e:\n    print('made:', e)\n"
+             "try:\n    import kvtier.sglang.backend\nexcept ImportError as e:\n    print('backend:', e)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "hash: 32" in out.stdout, out.stderr
+    assert "made: kvtier.sglang is SGLang's HiCache storage backend and needs SGLang installed" in out.stdout, out.stderr
+    assert "backend: kvtier.sglang is SGLang's HiCache storage backend and needs SGLang installed" in out.stdout, out.stderr
