@@ -41,7 +41,7 @@ const char* const kLayout[] = {
 const std::vector<std::string> kPythonLayout =
     KVTIER_HAVE_PYTHON ? std::vector<std::string>{"/usr/lib/python3/dist-packages/kvtier/__init__.py",
                                                   "/usr/lib/python3/dist-packages/kvtier/vllm/__init__.py",
-                                                  "/usr/lib/python3/dist-packages/kvtier/sglang.py"}
+                                                  "/usr/lib/python3/dist-packages/kvtier/sglang/__init__.py"}
                        : std::vector<std::string>{};
 
 // The layout above is the packaged one, with the project's default prefix /usr.
@@ -94,15 +94,21 @@ TEST(Packaging, TheDebInstallsIntoATemporaryRootAndRuns) {
   EXPECT_EQ(Sh(root.path() + "/usr/bin/kvctl --help").code, 0);
   if (!kPythonLayout.empty()) {
     // The packaged Python module imports from the packaged files alone; its vLLM connector
-    // imports too, but needs vLLM (not in Debian's Python) to be made, and says so.
+    // and SGLang backend import too, but need their engine (not in Debian's Python) to be
+    // made, and say so.
     CmdResult py = Sh("PYTHONPATH=" + root.path() +
                       "/usr/lib/python3/dist-packages /usr/bin/python3 -c "
                       "'import kvtier, kvtier.sglang; print(kvtier.__file__)\n"
                       "from kvtier.vllm import KvtierConnector\n"
-                      "try:\n    KvtierConnector(None, None)\nexcept ImportError as e:\n    print(e)'");
+                      "try:\n    KvtierConnector(None, None)\nexcept ImportError as e:\n    print(e)\n"
+                      "from kvtier.sglang import KvtierHiCacheStorage\n"
+                      "try:\n    KvtierHiCacheStorage(None, {})\nexcept ImportError as e:\n    print(e)'");
     EXPECT_EQ(py.code, 0) << py.out;
     EXPECT_NE(py.out.find(root.path()), std::string::npos) << py.out;
     EXPECT_NE(py.out.find("kvtier.vllm is vLLM's KV connector and needs vLLM installed"), std::string::npos) << py.out;
+    EXPECT_NE(py.out.find("kvtier.sglang is SGLang's HiCache storage backend and needs SGLang installed"),
+              std::string::npos)
+        << py.out;
   }
 }
 
