@@ -491,6 +491,11 @@ const std::vector<ConfigKey>& ConfigKeys() {
        "Lookup starts reading NVMe hits into free host pages, so the Acquire that follows "
        "waits less.",
        KVTIER_CONFIG_SET(Boolean(key, n), nvme.mover.prefetch)},
+      {"tiers.nvme.load_hold", "2s",
+       "How long the NVMe index records a Lookup read are kept for the Acquire that loads what "
+       "it found (an engine's scheduler looks up, its worker then loads), so the load reads the "
+       "index once per block. A hint only: a block evicted meanwhile is a miss. 0: not kept.",
+       KVTIER_CONFIG_SET((Duration(key, n, 1'000'000, 60'000'000'000, true, "0 or 1ms..1m")), nvme.mover.load_hold_ns)},
       {"tiers.nvme.high_watermark", "0.95", "Above this fraction of slots in use the coldest NVMe blocks are dropped.",
        KVTIER_CONFIG_SET(Fraction(key, n), nvme.tier.high_watermark)},
       {"tiers.nvme.low_watermark", "0.90", "Dropping stops at this fraction of slots in use.",

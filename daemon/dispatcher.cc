@@ -442,29 +442,14 @@ Dispatcher::Reply Dispatcher::OnAcquire(SessionContext& ctx, const fb::Request& 
   SessionContext* c = &ctx;
   const uint64_t id = req.id();
   const int64_t start = frame_start_ns_;
-  if (m->prefix()) {
-    // A chain: its present prefix first (a lower tier may answer later), then only that.
-    auto chain = std::make_shared<std::vector<BlockHash>>(std::move(hashes));
-    auto found = cache_->Lookup(ctx.cache, *chain, [this, c, id, start, chain](CacheLookup r) {
-      chain->resize(r.matched);
-      auto now = StartAcquire(*c, *chain, id, start);
-      if (now) SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b) { return AcquireReply(b, *c, *now); });
-    });
-    if (!found) return Reply::Later();
-    hashes = std::move(*chain);
-    hashes.resize(found->matched);
-  }
-  auto now = StartAcquire(ctx, hashes, id, start);
+  auto later = [this, c, id, start](std::vector<CacheResult> results) {
+    SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b) { return AcquireReply(b, *c, results); });
+  };
+  // A chain: its present prefix, in one walk of the tiers.
+  auto now = m->prefix() ? cache_->AcquirePrefix(ctx.cache, hashes, std::move(later))
+                         : cache_->Acquire(ctx.cache, hashes, std::move(later));
   if (!now) return Reply::Later();
   return AcquireReply(builder_, ctx, *now);
-}
-
-std::optional<std::vector<CacheResult>> Dispatcher::StartAcquire(SessionContext& ctx, std::span<const BlockHash> hashes,
-                                                                 uint64_t id, int64_t start) {
-  SessionContext* c = &ctx;
-  return cache_->Acquire(ctx.cache, hashes, [this, c, id, start](std::vector<CacheResult> results) {
-    SendLater(c, id, fb::Op::Acquire, start, [&](Builder& b) { return AcquireReply(b, *c, results); });
-  });
 }
 
 Dispatcher::Reply Dispatcher::OnVerify(SessionContext& ctx, const fb::Request& req) {

@@ -188,10 +188,6 @@ class Dispatcher {
       const LowerTierMover& mover, const LowerTierReport& r,
       flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::RemoteNode>>> nodes,
       flatbuffers::Offset<flatbuffers::String> write_policy);
-  // Acquires `hashes` for request `id`: the results now, or nullopt when they are sent
-  // later (promotions).
-  std::optional<std::vector<CacheResult>> StartAcquire(SessionContext& ctx, std::span<const BlockHash> hashes,
-                                                       uint64_t id, int64_t start);
 
   Result<std::vector<BlockHash>> Hashes(const SessionContext& ctx, const flatbuffers::Vector<uint8_t>* v) const;
   static flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Segment>>> Segments(

@@ -233,6 +233,16 @@ class CacheManager {
   std::vector<CacheResult> Acquire(SessionCache& s, std::span<const BlockHash> hashes) {
     return *Acquire(s, hashes, nullptr);
   }
+  // An engine's load: the chain's present prefix referenced, in one walk of the tiers —
+  // each block in a local tier, then the rest of the chain as Lookup looks for it (not
+  // counted as a lookup), what it finds read into host pages from where it was found (an
+  // NVMe block with the index record the walk read: one index read per block). Results for
+  // the present prefix only, in chain order; later through `done` as Acquire's.
+  std::optional<std::vector<CacheResult>> AcquirePrefix(SessionCache& s, std::span<const BlockHash> hashes,
+                                                        AcquireDone done);
+  std::vector<CacheResult> AcquirePrefix(SessionCache& s, std::span<const BlockHash> hashes) {
+    return *AcquirePrefix(s, hashes, nullptr);
+  }
 
   // Periodic housekeeping (the daemon calls it every 100 ms): resumes spilling after an
   // NVMe back-off, times out waiting Allocates, enforces watermarks, lets sessions whose

@@ -13,7 +13,8 @@ ChainWalk::ChainWalk(BlockTable* blocks, NvmeMover* mover, const std::vector<std
       counters_(counters),
       clock_(clock),
       allocate_wait_ns_(allocate_wait_ns),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)),
+      holds_(mover ? mover->options().load_hold_ns : 0, kMaxLoadHolds) {}
 
 void ChainWalk::Forget(SessionId session) {
   std::erase_if(pending_acquires_, [&](const auto& p) { return p.second.session == session; });
@@ -23,7 +24,8 @@ void ChainWalk::Forget(SessionId session) {
 // ---- lookups -------------------------------------------------------------------------------
 
 std::optional<TierKind> ChainWalk::IndexHit(NamespaceId ns, TenantId tenant, const BlockHash& hash,
-                                            const std::optional<BlockRecord>& rec, bool prefetch) {
+                                            const std::optional<BlockRecord>& rec, bool prefetch, bool* from_index) {
+  *from_index = false;
   const BlockId id = blocks_->Find(ns, hash);
   if (id != kNoBlock) {
     const Block& b = blocks_->block(id);
@@ -32,6 +34,7 @@ std::optional<TierKind> ChainWalk::IndexHit(NamespaceId ns, TenantId tenant, con
     return tier ? *tier : PromotingFrom(id);
   }
   if (!rec) return std::nullopt;
+  *from_index = true;
   mover_->nvme().Touch(rec->slot);
   if (prefetch && Promote(ns, tenant, hash, *rec, false).id != kNoBlock) ++counters_->prefetches;
   return TierKind::kNvme;
@@ -40,19 +43,28 @@ std::optional<TierKind> ChainWalk::IndexHit(NamespaceId ns, TenantId tenant, con
 std::optional<CacheLookup> ChainWalk::LookupRest(SessionId session, NamespaceId ns, TenantId tenant,
                                                  std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
                                                  LookupDone done) {
-  return Walk(session, ns, tenant, hashes, std::move(r), prefetch, /*hint=*/false, std::move(done));
+  WalkDone answer;
+  if (done) answer = [done = std::move(done)](CacheLookup l, Found) { done(std::move(l)); };
+  auto now = Walk(session, ns, tenant, hashes, std::move(r), prefetch, WalkFor::kLookup, std::move(answer));
+  if (!now) return std::nullopt;
+  return std::move(now->first);
 }
 
 void ChainWalk::Prefetch(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
                          size_t from) {
   CacheLookup r;
   r.tiers.assign(from, TierKind::kHost);  // where the walk starts; the answer goes to nobody
-  Walk(session, ns, tenant, hashes, std::move(r), /*prefetch=*/true, /*hint=*/true, [](CacheLookup) {});
+  Walk(session, ns, tenant, hashes, std::move(r), /*prefetch=*/true, WalkFor::kHint, [](CacheLookup, Found) {});
 }
 
-std::optional<CacheLookup> ChainWalk::Walk(SessionId session, NamespaceId ns, TenantId tenant,
-                                           std::span<const BlockHash> hashes, CacheLookup r, bool prefetch, bool hint,
-                                           LookupDone done) {
+std::optional<std::pair<CacheLookup, ChainWalk::Found>> ChainWalk::Walk(SessionId session, NamespaceId ns,
+                                                                        TenantId tenant,
+                                                                        std::span<const BlockHash> hashes,
+                                                                        CacheLookup r, bool prefetch, WalkFor walk_for,
+                                                                        WalkDone done) {
+  const bool keep = walk_for == WalkFor::kAcquire;  // the Acquire reads what the walk found
+  if (keep) prefetch = false;
+  Found found;
   size_t j = r.tiers.size(), chunk = kFirstIndexProbe;
   bool prefix = true;
   if (j < hashes.size() && mover_) {
@@ -68,12 +80,15 @@ std::optional<CacheLookup> ChainWalk::Walk(SessionId session, NamespaceId ns, Te
         break;
       }
       for (size_t k = 0; k < n; ++k, ++j) {
-        const std::optional<TierKind> tier = IndexHit(ns, tenant, hashes[j], (*recs)[k], prefetch);
+        bool from_index = false;
+        const std::optional<TierKind> tier = IndexHit(ns, tenant, hashes[j], (*recs)[k], prefetch, &from_index);
         if (!tier) {
           prefix = false;
           break;
         }
         r.tiers.push_back(*tier);
+        if (keep) Keep(found, from_index ? std::move((*recs)[k]) : std::nullopt, 0);
+        if (from_index && walk_for == WalkFor::kLookup) holds_.Put(ns, hashes[j], *(*recs)[k], clock_->NowNanos());
       }
     }
   }
@@ -85,8 +100,8 @@ std::optional<CacheLookup> ChainWalk::Walk(SessionId session, NamespaceId ns, Te
     const uint64_t id = next_pending_++;
     std::vector<BlockHash> rest(hashes.begin() + static_cast<ptrdiff_t>(local), hashes.end());
     pending_lookups_[id] =
-        PendingLookup{session, ns,       std::move(r),           hashes.size(), std::move(rest), 0, std::move(done),
-                      tenant,  prefetch, index_left ? chunk : 0, hint};
+        PendingLookup{session,         ns,     std::move(r), hashes.size(),          std::move(rest), 0,
+                      std::move(done), tenant, prefetch,     index_left ? chunk : 0, walk_for,        std::move(found)};
     if (index_left) {
       ContinueIndex(id);
     } else {
@@ -95,11 +110,14 @@ std::optional<CacheLookup> ChainWalk::Walk(SessionId session, NamespaceId ns, Te
     return std::nullopt;
   }
   r.matched = r.tiers.size();
-  if (!hint) {
-    for (TierKind t : r.tiers) ++counters_->block_hits[TierIndex(t)];
-    counters_->block_misses += hashes.size() - r.matched;
-  }
-  return r;
+  Count(r, hashes.size(), walk_for);
+  return std::make_pair(std::move(r), std::move(found));
+}
+
+void ChainWalk::Count(const CacheLookup& r, size_t asked, WalkFor walk_for) {
+  if (walk_for != WalkFor::kLookup) return;
+  for (TierKind t : r.tiers) ++counters_->block_hits[TierIndex(t)];
+  counters_->block_misses += asked - r.matched;
 }
 
 void ChainWalk::ContinueIndex(uint64_t lookup) {
@@ -115,12 +133,18 @@ void ChainWalk::ContinueIndex(uint64_t lookup) {
     if (prefix) {
       NvmeTier::Batch reads_together(&mover_->nvme());
       for (; hits < n; ++hits) {
-        const std::optional<TierKind> tier = IndexHit(p.ns, p.tenant, p.rest[hits], (*recs)[hits], p.prefetch);
+        bool from_index = false;
+        const std::optional<TierKind> tier =
+            IndexHit(p.ns, p.tenant, p.rest[hits], (*recs)[hits], p.prefetch, &from_index);
         if (!tier) {
           prefix = false;
           break;
         }
         p.result.tiers.push_back(*tier);
+        if (p.walk_for == WalkFor::kAcquire) Keep(p.found, from_index ? std::move((*recs)[hits]) : std::nullopt, 0);
+        if (from_index && p.walk_for == WalkFor::kLookup) {
+          holds_.Put(p.ns, p.rest[hits], *(*recs)[hits], clock_->NowNanos());
+        }
       }
     }
     p.rest.erase(p.rest.begin(), p.rest.begin() + static_cast<ptrdiff_t>(hits));
@@ -147,11 +171,8 @@ void ChainWalk::ContinueLookup(uint64_t lookup) {
   PendingLookup done = std::move(p);
   pending_lookups_.erase(it);
   done.result.matched = done.result.tiers.size();
-  if (!done.hint) {
-    for (TierKind t : done.result.tiers) ++counters_->block_hits[TierIndex(t)];
-    counters_->block_misses += done.asked - done.result.matched;
-  }
-  done.done(std::move(done.result));
+  Count(done.result, done.asked, done.walk_for);
+  done.done(std::move(done.result), std::move(done.found));
 }
 
 void ChainWalk::FinishLookup(uint64_t lookup, size_t tier, size_t found) {
@@ -159,7 +180,8 @@ void ChainWalk::FinishLookup(uint64_t lookup, size_t tier, size_t found) {
   if (it == pending_lookups_.end()) return;  // its session went away
   PendingLookup& p = it->second;
   p.result.tiers.insert(p.result.tiers.end(), found, (*lower_)[tier]->kind());
-  for (size_t k = 0; p.hint && k < found; ++k) {
+  for (size_t k = 0; p.walk_for == WalkFor::kAcquire && k < found; ++k) Keep(p.found, std::nullopt, tier);
+  for (size_t k = 0; p.walk_for == WalkFor::kHint && k < found; ++k) {
     if (blocks_->Find(p.ns, p.rest[k]) != kNoBlock) continue;  // in memory or on its way up
     if (Promote(p.ns, p.tenant, p.rest[k], std::nullopt, false, tier).id != kNoBlock) ++counters_->prefetches;
   }
@@ -208,12 +230,32 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
                                                                std::vector<std::pair<size_t, BlockId>> waits,
                                                                std::span<const size_t> missing, AcquireDone done) {
   Waits w{std::move(waits), {}};
+  std::vector<size_t> unheld;  // the entries whose records a Lookup did not hold for this load
+  if (mover_ && !missing.empty() && holds_.size() > 0) {
+    std::vector<size_t> held;
+    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>{});
+    const int64_t now = clock_->NowNanos();
+    for (size_t i : missing) {
+      if (auto rec = holds_.Take(ns, hashes[i], now)) {
+        held.push_back(i);
+        recs->push_back(std::move(rec));
+      } else {
+        unheld.push_back(i);
+      }
+    }
+    if (!held.empty()) {
+      NvmeTier::Batch reads_together(&mover_->nvme());
+      ResolveMissing(session, ns, tenant, hashes, held, std::move(recs), done != nullptr, out, &w);
+      missing = unheld;
+    }
+  }
   if (done && mover_ && missing.size() > kFirstIndexProbe) {
     // The index off the control thread: the Acquire waits for the read as for a
     // promotion, and its other entries' promotions go on meanwhile.
     const uint64_t acq = next_pending_++;
-    for (auto [i, id] : w.promoting) AddWaiter(id, {acq, i});
-    pending_acquires_[acq] = PendingAcquire{session, std::move(out), w.promoting.size() + 1, std::move(done)};
+    pending_acquires_[acq] =
+        PendingAcquire{session, std::move(out), w.promoting.size() + w.queued.size() + 1, std::move(done)};
+    Wait(acq, ns, tenant, hashes, std::move(w));
     std::vector<BlockHash> wanted;
     wanted.reserve(missing.size());
     for (size_t i : missing) wanted.push_back(hashes[i]);
@@ -234,17 +276,29 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
                           });
     return std::nullopt;
   }
+  Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(missing.size()));
+  std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission
+  if (mover_ && !missing.empty()) {
+    reads_together.emplace(&mover_->nvme());
+    std::vector<BlockHash> wanted;
+    wanted.reserve(missing.size());
+    for (size_t i : missing) wanted.push_back(hashes[i]);
+    recs = mover_->FindMany(ns, wanted);
+  }
+  return Resolve(session, ns, tenant, hashes, std::move(out), std::move(w), missing, std::move(recs), {},
+                 std::move(done));
+}
+
+std::optional<std::vector<CacheResult>> ChainWalk::Resolve(SessionId session, NamespaceId ns, TenantId tenant,
+                                                           std::span<const BlockHash> hashes,
+                                                           std::vector<CacheResult> out, Waits w,
+                                                           std::span<const size_t> missing,
+                                                           Result<std::vector<std::optional<BlockRecord>>> recs,
+                                                           std::span<const size_t> first_lower, AcquireDone done) {
   if (!missing.empty()) {
-    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(missing.size()));
     std::optional<NvmeTier::Batch> reads_together;  // this Acquire's reads: one submission
-    if (mover_) {
-      reads_together.emplace(&mover_->nvme());
-      std::vector<BlockHash> wanted;
-      wanted.reserve(missing.size());
-      for (size_t i : missing) wanted.push_back(hashes[i]);
-      recs = mover_->FindMany(ns, wanted);
-    }
-    ResolveMissing(session, ns, tenant, hashes, missing, std::move(recs), done != nullptr, out, &w);
+    if (mover_) reads_together.emplace(&mover_->nvme());
+    ResolveMissing(session, ns, tenant, hashes, missing, std::move(recs), done != nullptr, out, &w, first_lower);
   }
   if (w.promoting.empty() && w.queued.empty()) return out;
   const uint64_t acq = next_pending_++;
@@ -254,9 +308,67 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
   return std::nullopt;
 }
 
+std::optional<std::vector<CacheResult>> ChainWalk::AcquirePrefixRest(SessionId session, NamespaceId ns, TenantId tenant,
+                                                                     std::span<const BlockHash> hashes,
+                                                                     std::vector<CacheResult> out,
+                                                                     std::vector<size_t> recheck, AcquireDone done) {
+  // The records a Lookup held for this load: the run of them past the local prefix needs no
+  // walk (a block in memory by now is found there when its entry is settled).
+  std::vector<std::optional<BlockRecord>> held;
+  for (size_t i = out.size(); mover_ && holds_.size() > 0 && i < hashes.size(); ++i) {
+    auto rec = holds_.Take(ns, hashes[i], clock_->NowNanos());
+    if (!rec) break;
+    held.push_back(std::move(rec));
+  }
+  for (size_t k = 0; k < held.size(); ++k) {
+    recheck.push_back(out.size());
+    out.emplace_back();
+  }
+  const size_t local = out.size();
+  // The walk's answer settles the entries to recheck and those past the local ones
+  // together, each read from where the walk found it.
+  struct Settling {
+    std::vector<CacheResult> out;
+    std::vector<size_t> missing;
+  };
+  auto settle = [this, session, ns, tenant, local, held](std::span<const BlockHash> chain, Settling s, CacheLookup r,
+                                                         Found found, AcquireDone done) {
+    s.out.resize(r.matched);
+    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(s.missing.size()));
+    for (size_t k = 0; k < held.size(); ++k) (*recs)[s.missing.size() - held.size() + k] = held[k];
+    std::vector<size_t> first_lower(s.missing.size(), 0);
+    for (size_t i = local; i < r.matched; ++i) {
+      s.missing.push_back(i);
+      recs->push_back(std::move(found.records[i - local]));
+      first_lower.push_back(found.lower[i - local]);
+    }
+    return Resolve(session, ns, tenant, chain.first(r.matched), std::move(s.out), Waits{}, s.missing, std::move(recs),
+                   first_lower, std::move(done));
+  };
+  CacheLookup r;
+  r.tiers.assign(local, TierKind::kHost);  // where the walk starts
+  Settling s{std::move(out), std::move(recheck)};
+  if (!done) {
+    auto now = Walk(session, ns, tenant, hashes, std::move(r), false, WalkFor::kAcquire, nullptr);
+    return settle(hashes, std::move(s), std::move(now->first), std::move(now->second), nullptr);
+  }
+  auto later = std::make_shared<std::pair<std::vector<BlockHash>, Settling>>(
+      std::vector<BlockHash>(hashes.begin(), hashes.end()), std::move(s));
+  auto now = Walk(session, ns, tenant, hashes, std::move(r), false, WalkFor::kAcquire,
+                  [this, session, later, settle, done](CacheLookup r, Found found) {
+                    auto results = settle(later->first, std::move(later->second), std::move(r), std::move(found), done);
+                    if (!results) return;  // the promotions it started answer it
+                    hooks_.answered(session);
+                    done(std::move(*results));
+                  });
+  if (!now) return std::nullopt;
+  return settle(hashes, std::move(later->second), std::move(now->first), std::move(now->second), std::move(done));
+}
+
 void ChainWalk::ResolveMissing(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
                                std::span<const size_t> missing, Result<std::vector<std::optional<BlockRecord>>> recs,
-                               bool can_wait, std::vector<CacheResult>& out, Waits* w) {
+                               bool can_wait, std::vector<CacheResult>& out, Waits* w,
+                               std::span<const size_t> first_lower) {
   const bool ask_lower = AvailableLower(0) < lower_->size();
   for (size_t k = 0; k < missing.size(); ++k) {
     const size_t i = missing[k];
@@ -287,9 +399,10 @@ void ChainWalk::ResolveMissing(SessionId session, NamespaceId ns, TenantId tenan
       out[i].status = rec ? StatusCode::kUnavailable : StatusCode::kNotFound;
       continue;
     }
+    const size_t from = first_lower.empty() ? 0 : first_lower[k];
     Promoted p;
     if (queued_promotions_.empty()) {
-      p = Promote(ns, tenant, hashes[i], rec, true);
+      p = Promote(ns, tenant, hashes[i], rec, true, from);
     } else {
       p.room = Room::kLater;  // behind the queued ones
     }
@@ -301,7 +414,7 @@ void ChainWalk::ResolveMissing(SessionId session, NamespaceId ns, TenantId tenan
     }
     if (p.id == kNoBlock) {
       // No host page yet (spills are freeing some): read it when one frees up.
-      w->queued.emplace_back(i, std::move(rec));
+      w->queued.push_back(Queued{i, std::move(rec), from});
       continue;
     }
     w->promoting.emplace_back(i, p.id);
@@ -310,15 +423,16 @@ void ChainWalk::ResolveMissing(SessionId session, NamespaceId ns, TenantId tenan
 
 void ChainWalk::Wait(uint64_t acq, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes, Waits w) {
   for (auto [i, id] : w.promoting) AddWaiter(id, {acq, i});
-  for (auto& [i, rec] : w.queued) {
+  for (Queued& q : w.queued) {
+    const size_t i = q.entry;
     const BlockHash& hash = hashes[i];
     auto same = std::find_if(queued_promotions_.begin(), queued_promotions_.end(),
                              [&](const QueuedPromotion& q) { return q.ns == ns && q.hash == hash; });
     if (same != queued_promotions_.end()) {
       same->waiters.emplace_back(acq, i);
     } else {
-      queued_promotions_.push_back(
-          QueuedPromotion{ns, tenant, hash, std::move(rec), clock_->NowNanos() + allocate_wait_ns_, {{acq, i}}});
+      queued_promotions_.push_back(QueuedPromotion{
+          ns, tenant, hash, std::move(q.record), q.first_lower, clock_->NowNanos() + allocate_wait_ns_, {{acq, i}}});
     }
   }
 }
@@ -411,7 +525,7 @@ void ChainWalk::ServeQueuedPromotions() {
       }
       continue;
     }
-    const Promoted p = Promote(q.ns, q.tenant, q.hash, q.record, true);
+    const Promoted p = Promote(q.ns, q.tenant, q.hash, q.record, true, q.first_lower);
     const BlockId id = p.id;
     if (id == kNoBlock) {
       // Still no page: keep waiting while spills in flight will free one, else a miss.

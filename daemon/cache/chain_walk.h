@@ -4,7 +4,11 @@
 // read from NVMe or a lower tier into host pages (and those queued for a host page), and
 // the promotions in flight they wait for. Lookup and Acquire walk the chain the same way:
 // the NVMe index first, then the lower tiers from the first that can be asked; a block a
-// lower tier turns out not to hold is looked for in the next. A Lookup that can wait
+// lower tier turns out not to hold is looked for in the next. A prefix Acquire (an
+// engine's load) walks it once: what the walk found is read from where it was found, with
+// the index record the walk read. The records a Lookup reads are held for the load that
+// follows it (LoadHolds, NvmeMover::Options::load_hold_ns), so a lookup and its load read
+// each index entry once. A Lookup that can wait
 // reads the index on the control thread for its first kFirstIndexProbe hashes only and
 // the rest on the NVMe tier's reader thread (a cold 8,192-block chain held the control
 // thread 50 ms: docs/benchmarks.md, cold index); an Acquire that can wait reads it there
@@ -26,6 +30,7 @@
 
 #include "daemon/cache/block_table.h"
 #include "daemon/cache/cache_types.h"
+#include "daemon/cache/load_holds.h"
 #include "daemon/cache/lower_tier_mover.h"
 #include "daemon/cache/nvme_mover.h"
 #include "protocol/base/clock.h"
@@ -51,6 +56,9 @@ class ChainWalk {
   // each further read asks for four times as many (off it, when the Lookup can wait), and
   // none follows a miss.
   static constexpr size_t kFirstIndexProbe = 16;
+  // Most index records held for loads (LoadHolds): two loads of the longest chain a
+  // request may name (max_entries_per_request's default), about 7 MiB.
+  static constexpr size_t kMaxLoadHolds = 65'536;
 
   // `mover` may be null (no NVMe tier); `lower` is the chain below NVMe, in order.
   ChainWalk(BlockTable* blocks, NvmeMover* mover, const std::vector<std::unique_ptr<LowerTierMover>>* lower,
@@ -75,6 +83,19 @@ class ChainWalk {
                                                       std::vector<std::pair<size_t, BlockId>> waits,
                                                       std::span<const size_t> missing, AcquireDone done);
 
+  // A prefix Acquire past the local tiers: `out` has the results of the chain's first
+  // out.size() entries, those in a local tier referenced already; `recheck` are entries
+  // among them not settled yet (blocks being promoted). The rest of the chain is walked
+  // once, as LookupRest walks it (without counting a lookup), and the present prefix it
+  // finds is read into host pages from where it was found: an NVMe hit with the index
+  // record the walk read (no second read), a lower tier's from the tier that answered.
+  // Results for the present prefix only (fewer than hashes.size() when it ends early).
+  // Now, or nullopt when `done` will have them.
+  std::optional<std::vector<CacheResult>> AcquirePrefixRest(SessionId session, NamespaceId ns, TenantId tenant,
+                                                            std::span<const BlockHash> hashes,
+                                                            std::vector<CacheResult> out, std::vector<size_t> recheck,
+                                                            AcquireDone done);
+
   // A session's prefetch hint: the rest of the chain past its first `from` hashes (those
   // the pool tiers hold) is looked for as LookupRest looks (the NVMe index, then the lower
   // tiers) and each block found is read into a free host page (never evicting: a block
@@ -95,6 +116,7 @@ class ChainWalk {
   // Promotions in flight or queued.
   size_t pending_promotions() const;
   bool acquires_waiting() const { return !pending_acquires_.empty(); }
+  const LoadHolds& load_holds() const { return holds_; }
 
  private:
   using Block = BlockTable::Block;
@@ -106,6 +128,19 @@ class ChainWalk {
     size_t outstanding = 0;
     AcquireDone done;
   };
+  // What a walk found past where it started, entry by entry: the index record of a block
+  // read from NVMe (none for a block in memory or in a lower tier), and the lower tier that
+  // answered for one found there (else 0).
+  struct Found {
+    std::vector<std::optional<BlockRecord>> records;
+    std::vector<size_t> lower;
+  };
+  using WalkDone = std::function<void(CacheLookup, Found)>;
+  enum class WalkFor {
+    kLookup,   // an engine's Lookup: counted
+    kHint,     // a prefetch hint's: not counted; lower tiers' hits promoted too
+    kAcquire,  // a prefix Acquire's: not counted; no promotion started (the Acquire starts them)
+  };
   struct PendingLookup {
     SessionId session;
     NamespaceId ns;
@@ -113,11 +148,12 @@ class ChainWalk {
     size_t asked = 0;             // hashes in the request
     std::vector<BlockHash> rest;  // what they did not hold: for the index, then the next lower tier
     size_t next = 0;              // the lower tier to ask next
-    LookupDone done;
+    WalkDone done;
     TenantId tenant = 0;     // while the index is read: who prefetches
     bool prefetch = false;   //   whether hits start their promotion
     size_t index_chunk = 0;  //   the next read's size; 0: the index is done with
-    bool hint = false;       // a prefetch hint's: not counted; lower tiers' hits promoted too
+    WalkFor walk_for = WalkFor::kLookup;
+    Found found;
   };
   // A block to promote once the host tier has a page for it: from NVMe (its index
   // record), or from a lower tier (no record).
@@ -126,6 +162,7 @@ class ChainWalk {
     TenantId tenant;
     BlockHash hash;
     std::optional<BlockRecord> record;
+    size_t first_lower = 0;  // without a record: the lower tier to read from first
     int64_t deadline_ns;
     std::vector<Waiter> waiters;
   };
@@ -147,9 +184,13 @@ class ChainWalk {
   };
   Promoted Promote(NamespaceId ns, TenantId tenant, const BlockHash& hash, const std::optional<BlockRecord>& rec,
                    bool may_evict, size_t first_lower = 0);
-  // LookupRest's walk; `hint`: a prefetch hint's (PendingLookup::hint).
-  std::optional<CacheLookup> Walk(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
-                                  CacheLookup r, bool prefetch, bool hint, LookupDone done);
+  // The walk of LookupRest, Prefetch and AcquirePrefixRest, from entry r.tiers.size(): the
+  // answer and what was found, now, or nullopt when `done` will have them.
+  std::optional<std::pair<CacheLookup, Found>> Walk(SessionId session, NamespaceId ns, TenantId tenant,
+                                                    std::span<const BlockHash> hashes, CacheLookup r, bool prefetch,
+                                                    WalkFor walk_for, WalkDone done);
+  // A walk's end: counts a Lookup's hits and misses.
+  void Count(const CacheLookup& r, size_t asked, WalkFor walk_for);
   // The first lower tier from `from` on that can be asked now, or lower_->size().
   size_t AvailableLower(size_t from) const;
   // `w` is told when the promotion of `id` ends. REQUIRES: `id` is promoting.
@@ -157,8 +198,13 @@ class ChainWalk {
   // One hash past the local tiers, found in the block table or with its index record
   // `rec`: the tier it is read from, or nullopt where the prefix ends. Touches an NVMe
   // hit's slot and, with `prefetch`, starts its promotion.
+  // `from_index`: whether the record is what found it (not the block table).
   std::optional<TierKind> IndexHit(NamespaceId ns, TenantId tenant, const BlockHash& hash,
-                                   const std::optional<BlockRecord>& rec, bool prefetch);
+                                   const std::optional<BlockRecord>& rec, bool prefetch, bool* from_index);
+  static void Keep(Found& f, std::optional<BlockRecord> record, size_t lower) {
+    f.records.push_back(std::move(record));
+    f.lower.push_back(lower);
+  }
   // Reads the next chunk of a pending Lookup's rest from the index, off the control
   // thread; ContinueLookup once the prefix ends there.
   void ContinueIndex(uint64_t lookup);
@@ -169,16 +215,29 @@ class ChainWalk {
   void FinishAcquireEntry(uint64_t acquire, size_t index, CacheResult r);
   // What an Acquire's entries wait for: blocks being promoted, and (entry, NVMe record or
   // none) for a host page.
+  struct Queued {
+    size_t entry;
+    std::optional<BlockRecord> record;
+    size_t first_lower;
+  };
   struct Waits {
     std::vector<std::pair<size_t, BlockId>> promoting;
-    std::vector<std::pair<size_t, std::optional<BlockRecord>>> queued;
+    std::vector<Queued> queued;
   };
   // Settles each of an Acquire's `missing` entries with its index record (or none) from
   // `recs`: found in memory after all (referenced for `session`), or nowhere (in `out`),
-  // or a promotion started or queued (in `w`).
+  // or a promotion started or queued (in `w`). A block without a record is read from the
+  // lower tiers from first_lower[k] on (empty: from the first).
   void ResolveMissing(SessionId session, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes,
                       std::span<const size_t> missing, Result<std::vector<std::optional<BlockRecord>>> recs,
-                      bool can_wait, std::vector<CacheResult>& out, Waits* w);
+                      bool can_wait, std::vector<CacheResult>& out, Waits* w, std::span<const size_t> first_lower = {});
+  // ResolveMissing, then the Acquire waits for what it started: its results now, or
+  // nullopt when `done` will have them.
+  std::optional<std::vector<CacheResult>> Resolve(SessionId session, NamespaceId ns, TenantId tenant,
+                                                  std::span<const BlockHash> hashes, std::vector<CacheResult> out,
+                                                  Waits w, std::span<const size_t> missing,
+                                                  Result<std::vector<std::optional<BlockRecord>>> recs,
+                                                  std::span<const size_t> first_lower, AcquireDone done);
   // Pending Acquire `acq` waits for `w`.
   void Wait(uint64_t acq, NamespaceId ns, TenantId tenant, std::span<const BlockHash> hashes, Waits w);
   // One of `acq`'s outstanding waits ended: answers it after the last.
@@ -198,6 +257,7 @@ class ChainWalk {
   std::deque<QueuedPromotion> queued_promotions_;
   std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
   std::unordered_map<BlockId, LowerPromotion> lower_promotions_;
+  LoadHolds holds_;
   uint64_t next_pending_ = 1;
 };
 

@@ -59,7 +59,10 @@ class NvmeMover {
     // The form blocks that may be quantized take on NVMe; nullopt: full width. Needs
     // `workers`.
     std::optional<QuantKind> quantization;
-    bool prefetch = false;            // Lookup starts promoting NVMe hits (CacheManager reads it)
+    bool prefetch = false;  // Lookup starts promoting NVMe hits (CacheManager reads it)
+    // How long the index records a Lookup read are held for the Acquire that follows it
+    // (ChainWalk's LoadHolds); 0: none.
+    int64_t load_hold_ns = 2'000'000'000;
     BlockWorkers* workers = nullptr;  // outlives the mover
     const Clock* clock = nullptr;     // times demotions for Hooks::demoted; outlives the mover
     bool operator==(const Options&) const = default;

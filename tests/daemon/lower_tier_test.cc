@@ -208,6 +208,35 @@ TEST_F(LowerTierTest, AChainOfTwoLowerTiersIsWalkedInOrder) {
   EXPECT_EQ(second.tier->fetches, 3) << "and in the second only when the first lacks it";
 }
 
+// An engine's load (a prefix Acquire) asks each lower tier once for the chain and reads
+// each block from the tier that said it holds it: at most two round trips a block, however
+// many tiers are above the one holding it.
+TEST_F(LowerTierTest, APrefixAcquireReadsEachBlockFromTheTierThatHoldsIt) {
+  Below first, second;
+  first.policy = WritePolicy::kWriteBack;  // holds nothing unless eviction puts it there
+  Open(16, 16, {&first, &second});
+  const auto chain = HashChain(21, 5);
+  Store(chain);
+  Settle();
+  ASSERT_EQ(second.store->size(), 5u);
+  const std::string ns = EncodeNamespace("t", second.store->begin()->second.meta.fingerprint);
+  for (size_t i = 0; i < 2; ++i) first.store->insert(second.store->extract(EncodeBlockKey(ns, chain[i])));
+
+  Open(16, 16, {&first, &second});  // host and NVMe empty
+  std::vector<BlockHash> asked = chain;
+  asked.push_back(HashChain(22, 1)[0]);  // stored nowhere: the prefix ends before it
+  std::optional<std::vector<CacheResult>> got;
+  auto now = cm_->AcquirePrefix(*session_, asked, [&](std::vector<CacheResult> r) { got = std::move(r); });
+  if (now) got = std::move(now);
+  ASSERT_TRUE(Pump([&] { return got.has_value(); }));
+  ExpectServed(chain, *got);
+  EXPECT_EQ(first.tier->exists_calls, 1);
+  EXPECT_EQ(second.tier->exists_calls, 1);
+  EXPECT_EQ(first.tier->fetches, 2) << "a block read from a tier that said it lacks it";
+  EXPECT_EQ(second.tier->fetches, 3);
+  EXPECT_EQ(cm_->counters().lookups, 0u) << "a load counted as a lookup";
+}
+
 // A value that does not verify below is a miss, never served; one the tier cannot be
 // asked about is not waited for.
 TEST_F(LowerTierTest, AValueThatDoesNotVerifyIsAMissAndAnUnavailableTierIsSkipped) {
