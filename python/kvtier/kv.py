@@ -148,10 +148,42 @@ def _extent(ptr: int, shape: Sequence[int], strides: Sequence[int], elem: int) -
     return lo, hi
 
 
+# The views kv_args made of CPU torch tensors in anonymous memory, for those tensors passed
+# again: (layout facts, backend, kv_layout, each tensor's facts) -> (weak references to the
+# tensors, the view). A hit needs the very same live tensors with the same shape, strides,
+# dtype and data pointer, so the view (and its writability, as _WRITABLE_SEEN's) still
+# holds: a caller passing the same layers on every store and load (rather than a kv_view)
+# checks them once; 32 layers cost ~0.2 ms a call to check. CUDA tensors (the view carries
+# the current stream), numpy arrays (whose WRITEABLE flag may change) and tensors over
+# shared or file mappings (kvtier's pages) are checked every time.
+_VIEWS_SEEN: dict = {}
+_VIEWS_SEEN_MAX = 16
+
+
 def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView:
     """Validates per-layer KV tensors against a ``kvtier.Layout`` and the client's device
     backend ("cuda" or "host-emulated"), raising InvalidArgumentError naming what is
     wrong, and describes them for the native copy. Needs no daemon."""
+    facts = tuple(_tensor_facts(t) for t in kv_caches)
+    key = ((layout.layers, layout.dtype, layout.tokens_per_block, layout.kv_heads, layout.head_dim), backend,
+           kv_layout, facts)
+    seen = _VIEWS_SEEN.get(key)
+    if seen is not None and len(seen[0]) == len(kv_caches) and all(r() is t for r, t in zip(seen[0], kv_caches)):
+        return seen[1]
+    view = _check_kv(layout, backend, kv_caches, kv_layout, facts)
+    # Kept only where every layer is a CPU torch tensor found writable in anonymous memory
+    # (_WRITABLE_SEEN's): over kvtier's own pages, protection follows a lease.
+    if view.writable and all(f[5] is not None and not f[4] for f in facts) and all(
+            (e := _WRITABLE_SEEN.get(id(t))) is not None and e[0]() is t and e[2] for t in kv_caches):
+        import weakref
+
+        if len(_VIEWS_SEEN) >= _VIEWS_SEEN_MAX:
+            _VIEWS_SEEN.clear()
+        _VIEWS_SEEN[key] = (tuple(weakref.ref(t) for t in kv_caches), view)
+    return view
+
+
+def _check_kv(layout, backend: str, kv_caches: Sequence, kv_layout: str, facts: tuple) -> KvView:
     from kvtier import DTYPE_BYTES, InvalidArgumentError  # late: kvtier imports this module
 
     if kv_layout not in KINDS:
@@ -170,7 +202,7 @@ def kv_args(layout, backend: str, kv_caches: Sequence, kv_layout: str) -> KvView
         return spans
 
     for i, t in enumerate(kv_caches):
-        shape, strides, elem, ptr, is_cuda, device, dtype = _tensor_facts(t)
+        shape, strides, elem, ptr, is_cuda, device, dtype = facts[i]
         if hasattr(t, "flags"):  # numpy says
             writable = writable and bool(t.flags["WRITEABLE"])
         elif not is_cuda and writable:
