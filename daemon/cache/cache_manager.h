@@ -38,8 +38,11 @@
 // block's pages in the GPU and host tiers are pinned while any session references it.
 //
 // Owned by the control thread; not thread-safe. No method waits for NVMe data I/O or a
-// copy, with one exception written as what it is: Lookup, Acquire (ChainWalk), Commit and
-// CacheViews::Explain read the NVMe index on the control thread (RocksDB MultiGet).
+// copy, with one exception written as what it is: some reads of the NVMe index (RocksDB
+// MultiGet) are made on the control thread — a Lookup's or a prefix Acquire's first 16
+// hashes past the local tiers (ChainWalk::kFirstIndexProbe; the rest on the NVMe tier's
+// reader thread when the caller can wait), a plain Acquire's missing blocks when there are
+// at most 16 of them, Commit's duplicate check, and a slice of CacheViews::Explain.
 
 #include <algorithm>
 #include <array>

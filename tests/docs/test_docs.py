@@ -3,7 +3,8 @@
 - docs/architecture.md's component map names every source file outside tests/, and
   every file it names exists.
 - docs/protocol.md lists every op of the schema's Op union, with who may send it as
-  protocol/op_table.h says.
+  protocol/op_table.h says, and names every op whose reply may come later as the
+  dispatcher's handlers answer.
 - docs/benchmarks.md opens with its current-results table, each row dated and with a
   commit of this repository.
 """
@@ -57,6 +58,20 @@ def test_protocol_md_lists_every_op_of_the_schema_with_its_access_from_the_op_ta
     words = {"Open": "anyone", "Session": "session", "Engine": "engine", "Control": "control", "Admin": "admin"}
     wrong = {op: (rows[op], words[a]) for op, a in access.items() if rows[op] != words[a]}
     assert not wrong, f"docs/protocol.md's 'who' differs from op_table.h (doc, table): {wrong}"
+
+
+def test_protocol_md_names_the_ops_whose_reply_may_come_later_as_the_dispatcher_answers():
+    src = "".join((ROOT / f).read_text() for f in ("daemon/dispatcher.cc", "daemon/dispatcher_control.cc"))
+    handler_of = dict(re.findall(r"\{fb::Op::(\w+), &Dispatcher::(On\w+)\}", src))
+    assert handler_of, "no op -> handler table in daemon/dispatcher.cc"
+    bodies = {m.group(1): m.group(0)
+              for m in re.finditer(r"^Dispatcher::Reply Dispatcher::(On\w+)\(.*?^\}$", src, re.M | re.S)}
+    later = sorted(op for op, h in handler_of.items() if "Reply::Later()" in bodies.get(h, ""))
+    doc = (ROOT / "docs/protocol.md").read_text()
+    para = re.search(r"Responses may arrive in another order than their requests\..*?\n\n", doc, re.S)
+    assert para, "docs/protocol.md has no paragraph on replies that come later"
+    named = sorted(set(re.findall(r"`(\w+)`", para.group(0))) & set(handler_of))
+    assert named == later, f"docs/protocol.md names {named} as answered later; the dispatcher defers {later}"
 
 
 def test_benchmarks_md_opens_with_dated_results_at_commits_of_this_repository():
