@@ -37,7 +37,7 @@ struct ControlClientOptions {
 };
 
 struct TierStatsInfo {
-  TierKind tier = TierKind::kHost;
+  std::optional<TierKind> tier;  // nullopt: a tier this client does not know (a newer daemon's); `name` names it
   std::string name;
   uint64_t page_bytes = 0;
   uint32_t capacity_pages = 0, free_pages = 0, leased_pages = 0, inflight_pages = 0, cached_pages = 0,
@@ -77,7 +77,7 @@ struct RemoteStatsInfo {
 // A tier below NVMe (the remote tier, the memory tier) as one kvtierd sees it: what every
 // lower tier has, and the figures only it reports (LowerTier::Report).
 struct LowerTierStatsInfo {
-  TierKind tier = TierKind::kRemote;
+  std::optional<TierKind> tier;  // as TierStatsInfo's
   std::string name;
   std::string describe;  // one line: "redis cluster, 3 masters, 3 up, ..."
   bool available = false;

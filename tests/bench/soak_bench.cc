@@ -637,7 +637,7 @@ int RunSoakBench(const BenchArgs& args) {
       for (const auto& t : s->tiers) {
         drained &= t.leased_pages == 0 && t.referenced_pages == 0 && t.quarantined_pages == 0 &&
                    (t.tier == TierKind::kNvme || t.inflight_pages == 0);
-        tiers.push_back({{"tier", std::string(TierKindName(t.tier))},
+        tiers.push_back({{"tier", t.name},
                          {"capacity_pages", t.capacity_pages},
                          {"free_pages", t.free_pages},
                          {"cached_pages", t.cached_pages},
