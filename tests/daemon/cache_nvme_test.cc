@@ -96,6 +96,21 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     EvictHost();
   }
 
+  // From now on the index counts its reads: keys_read_ in all, key_reads_ by key.
+  void CountIndexReads() {
+    auto counting = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read_);
+    counting->set_key_reads(key_reads_);
+    store_ = std::move(counting);
+  }
+  // An engine's load: the present prefix of `hashes`, once every entry is settled.
+  std::vector<CacheResult> AcquirePrefixAndWait(SessionCache& s, const std::vector<BlockHash>& hashes) {
+    std::optional<std::vector<CacheResult>> got;
+    auto now = cm_->AcquirePrefix(s, hashes, [&](std::vector<CacheResult> r) { got = std::move(r); });
+    if (now) return *now;
+    EXPECT_TRUE(Pump([&] { return got.has_value(); }));
+    return got.value_or(std::vector<CacheResult>{});
+  }
+
   std::vector<CacheResult> AcquireAndWait(SessionCache& s, const std::vector<BlockHash>& hashes) {
     std::optional<std::vector<CacheResult>> got;
     auto now = cm_->Acquire(s, hashes, [&](std::vector<CacheResult> r) { got = std::move(r); });
@@ -125,6 +140,9 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
   testing::TempDir dir_;
   double headroom_ = 0;  // TierOptions::allocation_headroom of the host tier
   int64_t load_hold_ns_ = NvmeMover::Options{}.load_hold_ns;
+  std::atomic<uint64_t> keys_read_{0};
+  std::shared_ptr<testing::CountingBlockIndexStore::KeyReads> key_reads_ =
+      std::make_shared<testing::CountingBlockIndexStore::KeyReads>();
   Clock* clock_ = nullptr;  // the manager's (null: the system clock)
   FakeClock* fake_clock_ = nullptr;
   int64_t completion_ns_ = 0;
@@ -256,38 +274,27 @@ TEST_P(CacheNvmeTest, AnAcquireOfManyColdBlocksReadsTheIndexOffTheControlThread)
 // the blocks come back with their bytes, and the answer ends where the chain stops being
 // stored. Blocks in host memory then are not looked up in the index at all.
 TEST_P(CacheNvmeTest, APrefixAcquireReadsEachIndexEntryOnce) {
-  std::atomic<uint64_t> keys_read{0};
-  auto reads = std::make_shared<testing::CountingBlockIndexStore::KeyReads>();
-  auto counting = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read);
-  counting->set_key_reads(reads);
-  store_ = std::move(counting);
+  CountIndexReads();
   Open(/*host_pages=*/48, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
   const auto chain = HashChain(85, 24);
   StoreOnNvmeOnly(chain);
   std::vector<BlockHash> asked = chain;
   const auto tail = HashChain(86, 8);  // stored by nobody
   asked.insert(asked.end(), tail.begin(), tail.end());
-  auto load = [&](const std::vector<BlockHash>& hashes) {
-    std::optional<std::vector<CacheResult>> got;
-    auto now = cm_->AcquirePrefix(*session_, hashes, [&](std::vector<CacheResult> r) { got = std::move(r); });
-    if (now) got = std::move(now);
-    EXPECT_TRUE(Pump([&] { return got.has_value(); }));
-    return got.value_or(std::vector<CacheResult>{});
-  };
-  reads->Clear();
-  auto got = load(asked);
+  key_reads_->Clear();
+  auto got = AcquirePrefixAndWait(*session_, asked);
   ASSERT_EQ(got.size(), chain.size()) << "the answer is the stored prefix";
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].status, StatusCode::kOk) << i;
     EXPECT_TRUE(CheckBlockPattern(chain[i], {cm_->pool(got[i].tier)->PageAddress(got[i].page), 32 * 1024})) << i;
   }
-  EXPECT_GE(reads->keys(), chain.size() + 1) << "the walk stops at the first block the index lacks";
-  EXPECT_EQ(reads->most(), 1u) << "an index entry read twice in one load";
+  EXPECT_GE(key_reads_->keys(), chain.size() + 1) << "the walk stops at the first block the index lacks";
+  EXPECT_EQ(key_reads_->most(), 1u) << "an index entry read twice in one load";
   (void)cm_->Release(*session_, TierKind::kHost, {}, chain);
-  keys_read = 0;
-  got = load(chain);
+  keys_read_ = 0;
+  got = AcquirePrefixAndWait(*session_, chain);
   ASSERT_EQ(got.size(), chain.size());
-  EXPECT_EQ(keys_read.load(), 0u) << "blocks in host memory looked up in the index";
+  EXPECT_EQ(keys_read_.load(), 0u) << "blocks in host memory looked up in the index";
   (void)cm_->Release(*session_, TierKind::kHost, {}, chain);
   ExpectConsistent();
 }
@@ -299,22 +306,13 @@ TEST_P(CacheNvmeTest, APrefixAcquireReadsEachIndexEntryOnce) {
 TEST_P(CacheNvmeTest, ALoadAfterALookupReadsNoIndexEntryTheLookupRead) {
   FakeClock clock;
   clock_ = fake_clock_ = &clock;
-  std::atomic<uint64_t> keys_read{0};
-  auto reads = std::make_shared<testing::CountingBlockIndexStore::KeyReads>();
-  auto counting = std::make_unique<testing::CountingBlockIndexStore>(std::move(store_), &keys_read);
-  counting->set_key_reads(reads);
-  store_ = std::move(counting);
+  CountIndexReads();
   Open(/*host_pages=*/48, 0.99, 0.98, WritePolicy::kWriteThrough, /*nvme_slots=*/64);
   const auto chain = HashChain(87, 20);
   StoreOnNvmeOnly(chain);
   auto worker = Attach("t");  // the same tenant and model: the same namespace
   auto load = [&](SessionCache& s, const std::vector<BlockHash>& hashes, bool prefix) {
-    std::optional<std::vector<CacheResult>> got;
-    auto answer = [&](std::vector<CacheResult> r) { got = std::move(r); };
-    auto now = prefix ? cm_->AcquirePrefix(s, hashes, answer) : cm_->Acquire(s, hashes, answer);
-    if (now) got = std::move(now);
-    EXPECT_TRUE(Pump([&] { return got.has_value(); }));
-    auto r = got.value_or(std::vector<CacheResult>{});
+    auto r = prefix ? AcquirePrefixAndWait(s, hashes) : AcquireAndWait(s, hashes);
     EXPECT_EQ(r.size(), hashes.size());
     for (size_t i = 0; i < r.size(); ++i) {
       EXPECT_EQ(r[i].status, StatusCode::kOk) << i;
@@ -326,23 +324,23 @@ TEST_P(CacheNvmeTest, ALoadAfterALookupReadsNoIndexEntryTheLookupRead) {
   };
   for (bool prefix : {true, false}) {
     SCOPED_TRACE(prefix ? "a prefix Acquire (vLLM's worker)" : "an Acquire (SGLang's get)");
-    reads->Clear();
+    key_reads_->Clear();
     ASSERT_EQ(cm_->Lookup(*session_, chain).matched, chain.size());
-    const size_t looked_up = reads->keys();
+    const size_t looked_up = key_reads_->keys();
     EXPECT_GE(looked_up, chain.size());
     // The worker loads the chain in two chunks, as vLLM's does.
     load(*worker, std::vector<BlockHash>(chain.begin(), chain.begin() + 12), prefix);
     load(*worker, std::vector<BlockHash>(chain.begin() + 12, chain.end()), prefix);
-    EXPECT_EQ(reads->keys(), looked_up) << "the load read an entry the Lookup did not";
-    EXPECT_EQ(reads->most(), 1u) << "an index entry read twice for one lookup and its load";
+    EXPECT_EQ(key_reads_->keys(), looked_up) << "the load read an entry the Lookup did not";
+    EXPECT_EQ(key_reads_->most(), 1u) << "an index entry read twice for one lookup and its load";
     EvictHost();
   }
   // Lapsed: the load reads the index itself.
   ASSERT_EQ(cm_->Lookup(*session_, chain).matched, chain.size());
   clock.Advance(NvmeMover::Options{}.load_hold_ns + 1);
-  reads->Clear();
+  key_reads_->Clear();
   load(*worker, chain, true);
-  EXPECT_EQ(reads->keys(), chain.size()) << "a lapsed hold was used";
+  EXPECT_EQ(key_reads_->keys(), chain.size()) << "a lapsed hold was used";
   EvictHost();
   // Held, then the block leaves NVMe before the load: a miss where it was, and the prefix
   // ends there; nothing else is served in its place.
@@ -353,11 +351,8 @@ TEST_P(CacheNvmeTest, ALoadAfterALookupReadsNoIndexEntryTheLookupRead) {
   Store(*other, std::vector<BlockHash>(HashChain(88, 20)));  // new blocks may take the freed slots
   Settle();
   EvictHost();
-  std::optional<std::vector<CacheResult>> got;
-  auto now = cm_->AcquirePrefix(*worker, chain, [&](std::vector<CacheResult> r) { got = std::move(r); });
-  if (now) got = std::move(now);
-  ASSERT_TRUE(Pump([&] { return got.has_value(); }));
-  for (size_t i = 0; i < got->size(); ++i) EXPECT_NE((*got)[i].status, StatusCode::kOk) << i;
+  const auto got = AcquirePrefixAndWait(*worker, chain);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NE(got[i].status, StatusCode::kOk) << i;
   ExpectConsistent();
 }
 

@@ -112,6 +112,26 @@ class LowerTierTest : public ::testing::Test {
     EXPECT_TRUE(Pump([&] { return got.has_value(); }));
     return got.value_or(std::vector<CacheResult>{});
   }
+  // `chain` (5 blocks) stored through a manager over `first` (write-back: it holds nothing
+  // unless eviction puts it there) and `second` (write-through), its first two blocks then
+  // moved to `first` only (as a write-back leaves them); then a restart: host and NVMe
+  // empty, the two tiers kept.
+  void SplitOverTwoTiers(Below& first, Below& second, const std::vector<BlockHash>& chain) {
+    first.policy = WritePolicy::kWriteBack;
+    Open(16, 16, {&first, &second});
+    Store(chain);
+    Settle();
+    ASSERT_EQ(first.store->size(), 0u);
+    ASSERT_EQ(second.store->size(), chain.size());
+    const std::string ns = EncodeNamespace("t", second.store->begin()->second.meta.fingerprint);
+    for (size_t i = 0; i < 2; ++i) {
+      auto node = second.store->extract(EncodeBlockKey(ns, chain[i]));
+      ASSERT_FALSE(node.empty()) << "the block key below is not the block key";
+      first.store->insert(std::move(node));
+    }
+    Open(16, 16, {&first, &second});
+  }
+
   // Every entry served from host with the bytes stored for its hash.
   void ExpectServed(const std::vector<BlockHash>& chain, const std::vector<CacheResult>& r) {
     ASSERT_EQ(r.size(), chain.size());
@@ -183,22 +203,8 @@ TEST_F(LowerTierTest, WriteBackEvictionPutsBlocksBelowNvmeBeforeTheyLeave) {
 // looks for a block in the second when the first does not hold it.
 TEST_F(LowerTierTest, AChainOfTwoLowerTiersIsWalkedInOrder) {
   Below first, second;
-  first.policy = WritePolicy::kWriteBack;  // holds nothing unless eviction puts it there
-  Open(16, 16, {&first, &second});
   const auto chain = HashChain(20, 5);
-  Store(chain);
-  Settle();
-  EXPECT_EQ(first.store->size(), 0u);
-  EXPECT_EQ(second.store->size(), 5u);
-  // The chain's first two blocks in the first tier only (as a write-back leaves them).
-  const std::string ns = EncodeNamespace("t", second.store->begin()->second.meta.fingerprint);
-  for (size_t i = 0; i < 2; ++i) {
-    auto node = second.store->extract(EncodeBlockKey(ns, chain[i]));
-    ASSERT_FALSE(node.empty()) << "the block key below is not the block key";
-    first.store->insert(std::move(node));
-  }
-
-  Open(16, 16, {&first, &second});
+  ASSERT_NO_FATAL_FAILURE(SplitOverTwoTiers(first, second, chain));
   const CacheLookup l = LookupAndWait(chain);
   ASSERT_EQ(l.matched, 5u) << "the second tier was not asked for what the first lacked";
   EXPECT_EQ(first.tier->exists_calls, 1);
@@ -213,16 +219,8 @@ TEST_F(LowerTierTest, AChainOfTwoLowerTiersIsWalkedInOrder) {
 // many tiers are above the one holding it.
 TEST_F(LowerTierTest, APrefixAcquireReadsEachBlockFromTheTierThatHoldsIt) {
   Below first, second;
-  first.policy = WritePolicy::kWriteBack;  // holds nothing unless eviction puts it there
-  Open(16, 16, {&first, &second});
   const auto chain = HashChain(21, 5);
-  Store(chain);
-  Settle();
-  ASSERT_EQ(second.store->size(), 5u);
-  const std::string ns = EncodeNamespace("t", second.store->begin()->second.meta.fingerprint);
-  for (size_t i = 0; i < 2; ++i) first.store->insert(second.store->extract(EncodeBlockKey(ns, chain[i])));
-
-  Open(16, 16, {&first, &second});  // host and NVMe empty
+  ASSERT_NO_FATAL_FAILURE(SplitOverTwoTiers(first, second, chain));
   std::vector<BlockHash> asked = chain;
   asked.push_back(HashChain(22, 1)[0]);  // stored nowhere: the prefix ends before it
   std::optional<std::vector<CacheResult>> got;
