@@ -303,6 +303,10 @@ void Daemon::RegisterMetrics() {
                  "Blocks read up before any Acquire: NVMe hits of a Lookup, and what sessions' prefetch hints found "
                  "below the host tier.",
                  {}, [cache] { return cache->counters().prefetches; });
+  m.AddCounterFn("kvtier_load_holds_used_total",
+                 "NVMe index records a load took from the Lookup before it instead of reading the index again "
+                 "(tiers.nvme.load_hold).",
+                 {}, [cache] { return cache->counters().load_holds_used; });
   const char* moved = "Block bytes moved between tiers, by path.";
   m.AddCounterFn("kvtier_bytes_moved_total", moved, {{"path", "host_to_nvme"}},
                  [nvme] { return nvme->counters().spill_bytes; });

@@ -113,8 +113,9 @@ struct CacheCounters {
   uint64_t promotions = 0;         // NVMe blocks read back into host pages
   uint64_t promotion_failures = 0;
   uint64_t prefetches = 0;
-  uint64_t gpu_demotions = 0;   // GPU blocks copied down to host pages
-  uint64_t allocate_waits = 0;  // Allocate requests that waited for demotions
+  uint64_t load_holds_used = 0;  // index records a load took from its Lookup's (LoadHolds) instead of reading them
+  uint64_t gpu_demotions = 0;    // GPU blocks copied down to host pages
+  uint64_t allocate_waits = 0;   // Allocate requests that waited for demotions
   uint64_t lookups = 0;
   uint64_t lookup_blocks = 0;                     // hashes asked about
   std::array<uint64_t, kTierCount> block_hits{};  // matched, by tier

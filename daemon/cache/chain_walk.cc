@@ -237,6 +237,7 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquireRest(SessionId session
     const int64_t now = clock_->NowNanos();
     for (size_t i : missing) {
       if (auto rec = holds_.Take(ns, hashes[i], now)) {
+        ++counters_->load_holds_used;
         held.push_back(i);
         recs->push_back(std::move(rec));
       } else {
@@ -318,6 +319,7 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquirePrefixRest(SessionId s
   for (size_t i = out.size(); mover_ && holds_.size() > 0 && i < hashes.size(); ++i) {
     auto rec = holds_.Take(ns, hashes[i], clock_->NowNanos());
     if (!rec) break;
+    ++counters_->load_holds_used;
     held.push_back(std::move(rec));
   }
   for (size_t k = 0; k < held.size(); ++k) {

@@ -47,11 +47,9 @@ class LoadHolds {
     if (it == held_.end()) return std::nullopt;
     BlockRecord rec = std::move(it->second.rec);
     held_.erase(it);
-    ++taken_;
     return rec;
   }
   size_t size() const { return held_.size(); }
-  uint64_t taken() const { return taken_; }
 
  private:
   struct Key {
@@ -87,7 +85,6 @@ class LoadHolds {
   std::unordered_map<Key, Held, KeyHasher> held_;
   std::deque<std::pair<Key, uint64_t>> order_;  // puts, oldest first: (key, seq)
   uint64_t seq_ = 0;
-  uint64_t taken_ = 0;
 };
 
 }  // namespace kvtier

@@ -332,6 +332,7 @@ TEST_P(CacheNvmeTest, ALoadAfterALookupReadsNoIndexEntryTheLookupRead) {
     load(*worker, std::vector<BlockHash>(chain.begin(), chain.begin() + 12), prefix);
     load(*worker, std::vector<BlockHash>(chain.begin() + 12, chain.end()), prefix);
     EXPECT_EQ(key_reads_->keys(), looked_up) << "the load read an entry the Lookup did not";
+    EXPECT_EQ(cm_->counters().load_holds_used, (prefix ? 1 : 2) * chain.size());
     EXPECT_EQ(key_reads_->most(), 1u) << "an index entry read twice for one lookup and its load";
     EvictHost();
   }
