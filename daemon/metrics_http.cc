@@ -14,6 +14,7 @@
 #include <chrono>
 
 #include "protocol/base/logging.h"
+#include "protocol/base/thread_name.h"
 
 namespace kvtier {
 
@@ -262,6 +263,7 @@ void MetricsHttpServer::Start() {
   spare_fd_ = OpenSpare();
   Accept();
   thread_ = std::thread([this] {
+    NameThisThread("kvtier-metrics");
     // Below the control loop: a flood of requests is answered with the cores it leaves.
     if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kServerNice) != 0) {
       KVTIER_LOG(WARNING) << "metrics server thread: setpriority failed; it runs at the daemon's priority";

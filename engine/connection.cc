@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "protocol/base/defaults.h"
+#include "protocol/base/thread_name.h"
 
 namespace kvtier {
 
@@ -57,7 +58,10 @@ void Connection::StartKeepalive() {
   // the session.
   const auto period = std::chrono::milliseconds(std::max<uint32_t>(session_.heartbeat_ttl_ms / 3, 1));
   owner_pid_ = ::getpid();
-  keepalive_ = std::make_unique<std::thread>([this, period] { Keepalive(period); });
+  keepalive_ = std::make_unique<std::thread>([this, period] {
+    NameThisThread("kvtier-ping");
+    Keepalive(period);
+  });
 }
 
 void Connection::Keepalive(std::chrono::nanoseconds period) {

@@ -4,14 +4,19 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "protocol/base/thread_name.h"
+
 namespace kvtier {
 
-Result<std::unique_ptr<BlockWorkers>> BlockWorkers::Open(int threads, Post post, int nice) {
+Result<std::unique_ptr<BlockWorkers>> BlockWorkers::Open(std::string name, int threads, Post post, int nice) {
   if (threads < 1 || threads > 64) return InvalidArgument("block worker threads must be 1..64");
   std::unique_ptr<BlockWorkers> w(new BlockWorkers(std::move(post), nice));
   for (int i = 0; i < threads; ++i) {
     BlockWorkers* raw = w.get();
-    w->threads_.emplace_back([raw](std::stop_token st) { raw->Loop(st); });
+    w->threads_.emplace_back([raw, name](std::stop_token st) {
+      NameThisThread(name);
+      raw->Loop(st);
+    });
   }
   return w;
 }

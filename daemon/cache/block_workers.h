@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,8 +36,9 @@ namespace kvtier {
 class BlockWorkers {
  public:
   // kInvalidArgument for threads outside [1, 64].
-  // `nice`: the threads' nice value (kNice for work nothing waits on).
-  static Result<std::unique_ptr<BlockWorkers>> Open(int threads, Post post, int nice = kNice);
+  // `name`: the threads' (NameThisThread). `nice`: their nice value (kNice for work nothing
+  // waits on).
+  static Result<std::unique_ptr<BlockWorkers>> Open(std::string name, int threads, Post post, int nice = kNice);
   ~BlockWorkers();
   BlockWorkers(const BlockWorkers&) = delete;
   BlockWorkers& operator=(const BlockWorkers&) = delete;

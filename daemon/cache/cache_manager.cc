@@ -37,7 +37,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   if (TierPool* host = cm->blocks_->pool(TierKind::kHost); host && options.post) {
     // A segment changing tenant is renewed off the control thread; the Allocates and
     // promotions that wait for it are served when it ends. They wait for it: nice 0.
-    KVTIER_ASSIGN_OR_RETURN(cm->renewer_, BlockWorkers::Open(1, options.post, /*nice=*/0));
+    KVTIER_ASSIGN_OR_RETURN(cm->renewer_, BlockWorkers::Open("kvtier-renew", 1, options.post, /*nice=*/0));
     host->SetRenewalRunner(
         [renewer = cm->renewer_.get()](std::function<Status()> work, std::function<void(Status)> done) {
           renewer->Run(std::move(work), std::move(done));
@@ -56,7 +56,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::Open(const Options& options,
   }
   if (nvme.tier && nvme.options.quantization) {
     if (!options.post) return InvalidArgument("a quantized NVMe tier needs an event loop to post to");
-    KVTIER_ASSIGN_OR_RETURN(cm->workers_, BlockWorkers::Open(options.block_workers, options.post));
+    KVTIER_ASSIGN_OR_RETURN(cm->workers_, BlockWorkers::Open("kvtier-blocks", options.block_workers, options.post));
   }
   if (nvme.tier) {
     NvmeMover::Hooks hooks;

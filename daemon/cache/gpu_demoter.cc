@@ -8,7 +8,7 @@ Result<std::unique_ptr<GpuDemoter>> GpuDemoter::Open(const Options& options, Blo
                                                      const NamespaceTable* namespaces, const Clock* clock, Post post,
                                                      Demoted demoted) {
   std::unique_ptr<GpuDemoter> d(new GpuDemoter(options, blocks, namespaces, clock, std::move(demoted)));
-  KVTIER_ASSIGN_OR_RETURN(d->copier_, BlockWorkers::Open(1, std::move(post)));
+  KVTIER_ASSIGN_OR_RETURN(d->copier_, BlockWorkers::Open("kvtier-gpucopy", 1, std::move(post)));
   return d;
 }
 

@@ -21,6 +21,7 @@
 #include "daemon/events/kv_events.h"
 #include "protocol/base/clock.h"
 #include "protocol/base/logging.h"
+#include "protocol/base/thread_name.h"
 
 namespace kvtier {
 
@@ -186,7 +187,10 @@ Result<std::unique_ptr<KvEvents>> KvEvents::Open(const KvEventsOptions& options)
           .count());
   e->LoadState();
   KvEvents* raw = e.get();
-  e->thread_ = std::thread([raw] { raw->Run(); });
+  e->thread_ = std::thread([raw] {
+    NameThisThread("kvtier-events");
+    raw->Run();
+  });
   KVTIER_LOG(NOTICE) << "events: publishing on " << e->publish_endpoint_
                      << (e->replay_endpoint_.empty() ? "" : ", replay on " + e->replay_endpoint_);
   return e;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "protocol/base/mutex.h"
+#include "protocol/base/thread_name.h"
 #include "storage/io/io_engine.h"
 
 namespace kvtier {
@@ -54,7 +55,11 @@ class ThreadIoEngine final : public IoEngine {
   Status Start(uint32_t threads) {
     event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (event_fd_ < 0) return ErrnoStatus(errno, "eventfd");
-    for (uint32_t i = 0; i < std::max<uint32_t>(threads, 1); ++i) workers_.emplace_back([this] { Work(); });
+    for (uint32_t i = 0; i < std::max<uint32_t>(threads, 1); ++i)
+      workers_.emplace_back([this] {
+        NameThisThread("kvtier-io");
+        Work();
+      });
     return Status::Ok();
   }
 

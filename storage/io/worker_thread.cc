@@ -1,8 +1,14 @@
 #include "storage/io/worker_thread.h"
 
+#include "protocol/base/thread_name.h"
+
 namespace kvtier {
 
-WorkerThread::WorkerThread() : thread_([this](std::stop_token t) { Run(std::move(t)); }) {}
+WorkerThread::WorkerThread(std::string name)
+    : thread_([this, name = std::move(name)](std::stop_token t) {
+        NameThisThread(name);
+        Run(std::move(t));
+      }) {}
 
 WorkerThread::~WorkerThread() { Stop(); }
 

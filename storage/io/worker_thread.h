@@ -16,6 +16,7 @@
 #include <functional>
 #include <mutex>
 #include <stop_token>
+#include <string>
 #include <thread>
 
 #include "protocol/base/mutex.h"
@@ -26,7 +27,8 @@ class WorkerThread {
  public:
   using Job = std::function<void(std::stop_token)>;
 
-  WorkerThread();
+  // `name`: the thread's (NameThisThread).
+  explicit WorkerThread(std::string name);
   ~WorkerThread();  // Stop()
   WorkerThread(const WorkerThread&) = delete;
   WorkerThread& operator=(const WorkerThread&) = delete;

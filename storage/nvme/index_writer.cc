@@ -1,8 +1,14 @@
 #include "storage/nvme/index_writer.h"
 
+#include "protocol/base/thread_name.h"
+
 namespace kvtier {
 
-IndexWriter::IndexWriter(BlockIndexStore* store) : store_(store), thread_([this] { Run(); }) {}
+IndexWriter::IndexWriter(BlockIndexStore* store)
+    : store_(store), thread_([this] {
+        NameThisThread("kvtier-idxwrite");
+        Run();
+      }) {}
 
 IndexWriter::~IndexWriter() {
   {

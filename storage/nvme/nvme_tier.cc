@@ -26,8 +26,8 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options, std::unique_ptr<IoEngine> io,
       post_(std::move(post)),
       clock_(clock),
       self_(std::make_shared<NvmeTier*>(this)),
-      scans_(std::make_unique<WorkerThread>()),
-      reader_(std::make_unique<WorkerThread>()) {}
+      scans_(std::make_unique<WorkerThread>("kvtier-nvmescan")),
+      reader_(std::make_unique<WorkerThread>("kvtier-idxread")) {}
 
 NvmeTier::~NvmeTier() {
   scans_->Stop();                  // the scans read store_ and files_: they end first

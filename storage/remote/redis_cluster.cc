@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "protocol/base/logging.h"
+#include "protocol/base/thread_name.h"
 #include "storage/remote/redis_cluster_internal.h"
 #include "storage/remote/resp_reader.h"
 
@@ -47,7 +48,10 @@ Result<std::unique_ptr<RedisCluster>> RedisCluster::Open(const RedisClusterOptio
                         << "); remote lookups miss until one does";
   }
   RedisCluster* raw = c.get();
-  c->refresher_ = std::jthread([raw](std::stop_token st) { raw->RefreshLoop(st); });
+  c->refresher_ = std::jthread([raw](std::stop_token st) {
+    NameThisThread("kvtier-redismap");
+    raw->RefreshLoop(st);
+  });
   return c;
 }
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "protocol/base/mutex.h"
+#include "protocol/base/thread_name.h"
 #include "storage/remote/redis_cluster.h"
 #include "storage/remote/resp_reader.h"
 
@@ -59,7 +60,10 @@ struct RedisCluster::Request {
 class RedisCluster::Connection {
  public:
   Connection(RedisCluster* owner, Node* node) : owner_(owner), node_(node), buf_(256 << 10) {
-    thread_ = std::jthread([this](std::stop_token st) { Run(st); });
+    thread_ = std::jthread([this](std::stop_token st) {
+      NameThisThread("kvtier-redis");
+      Run(st);
+    });
   }
   ~Connection() { Join(); }
   // The thread ends after the batch it is serving, failing what is still queued (and

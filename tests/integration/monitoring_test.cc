@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -204,6 +205,44 @@ TEST(OperationsGuide, EverySeriesItNamesIsExported) {
     EXPECT_NE(scrape.out.find("# TYPE " + n + " "), std::string::npos)
         << "docs/operations.md names " << n << ", which kvtierd does not export";
   }
+  EXPECT_EQ(d.Stop(), 0) << d.Log();
+}
+
+// Every thread of a running kvtierd with every tier on has a name, and docs/architecture.md's
+// Threads table lists it (threads of the libraries kvtierd uses by their prefix): an
+// operator reading `top -H` or a perf profile can tell what each one is.
+TEST(Architecture, EveryThreadOfARunningKvtierdIsNamedInTheThreadsTable) {
+  DaemonProcess::Options o;
+  o.host_capacity = "8MiB";
+  o.page_bytes = "64KiB";
+  o.segment_bytes = "4MiB";
+  o.gpu_capacity = "8MiB";
+  o.nvme_capacity = "8MiB";
+  o.remote_nodes = {"127.0.0.1:1"};
+  o.tiers_yaml = "  memory:\n    capacity: 4MiB\n";
+  o.extra_yaml = "events:\n  enabled: true\n";
+  o.log_level = "notice";
+  DaemonProcess d(o);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_FALSE(MetricsUrl(d).empty()) << d.Log();  // the metrics server is up
+  const std::string doc = ReadFile(std::string(KVTIER_SOURCE_DIR) + "/docs/architecture.md");
+  const size_t from = doc.find("## Threads");
+  ASSERT_NE(from, std::string::npos) << "docs/architecture.md has no Threads section";
+  const std::string table = doc.substr(from, doc.find("\n## ", from + 1) - from);
+  std::set<std::string> ours;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(d.pid()) + "/task")) {
+    std::string name = ReadFile(task.path().string() + "/comm");
+    while (!name.empty() && name.back() == '\n') name.pop_back();
+    // A library's threads are listed by the prefix they share (rocksdb:low, ZMQbg/IO/0).
+    std::string listed = name;
+    for (const char* prefix : {"rocksdb:", "ZMQbg/", "iou-"}) {
+      if (name.rfind(prefix, 0) == 0) listed = prefix;
+    }
+    EXPECT_NE(table.find("`" + listed), std::string::npos)
+        << "kvtierd runs a thread named '" << name << "' that docs/architecture.md's Threads table does not list";
+    if (name.rfind("kvtier", 0) == 0) ours.insert(name);
+  }
+  EXPECT_GE(ours.size(), 8u) << "too few of kvtierd's own threads seen for the check to mean anything";
   EXPECT_EQ(d.Stop(), 0) << d.Log();
 }
 
