@@ -119,10 +119,12 @@ namespace kvtier::testing {
 namespace {
 
 // An engine as its developers would build one against an installed kvtier: a few lines of
-// CMake (find_package) or one pkg-config line, then a session that stores and finds a block.
+// CMake (find_package) or one pkg-config line, then a session that stores and finds a block,
+// and the daemon's stats through the control client (an operator's tool).
 constexpr const char* kConsumerMain = R"(#include <cstdio>
 #include <cstring>
 #include "engine/client.h"
+#include "engine/control_client.h"
 int main(int argc, char** argv) {
   kvtier::ClientOptions o;
   o.socket_path = argv[1];
@@ -142,6 +144,13 @@ int main(int argc, char** argv) {
   if (!(*c)->Commit(kvtier::TierKind::kHost, {&e, 1}).ok()) return 3;
   auto l = (*c)->Lookup({&h, 1});
   if (!l.ok() || l->matched != 1) return 4;
+  // An operator's tool beside it: the control client's header compiles from the install too.
+  kvtier::ControlClientOptions co;
+  co.socket_path = argv[1];
+  auto ctl = kvtier::ControlClient::Connect(co);
+  if (!ctl.ok()) return 5;
+  auto stats = (*ctl)->Stats();
+  if (!stats.ok() || stats->tiers.empty()) return 6;
   std::printf("out-of-tree engine: stored and found 1 block\n");
   return 0;
 }
