@@ -207,6 +207,8 @@ ChainWalk::Promoted ChainWalk::Promote(NamespaceId ns, TenantId tenant, const Bl
     p.room = blocks_->pool(TierKind::kHost)->renewing() ? Room::kLater : Room::kNone;  // a segment is on its way
   } else if (!rec) {
     lower_promotions_[p.id] = LowerPromotion{ns, tenant, hash, lower};
+  } else if (!lower_->empty()) {
+    nvme_promotions_[p.id] = LowerPromotion{ns, tenant, hash, 0};
   }
   return p;
 }
@@ -455,12 +457,18 @@ void ChainWalk::OnPromoted(BlockId id, const Status& st) {
   std::vector<Waiter> waiters;
   if (auto node = promotion_waiters_.extract(id)) waiters = std::move(node.mapped());
   std::optional<LowerPromotion> from;
-  if (auto node = lower_promotions_.extract(id)) from = node.mapped();
+  size_t next_tier = 0;  // where a block not found there is looked for next
+  if (auto node = lower_promotions_.extract(id)) {
+    from = node.mapped();
+    next_tier = from->tier + 1;
+  } else if (auto stale = nvme_promotions_.extract(id)) {
+    from = stale.mapped();  // its NVMe record went stale: the lower tiers, from the first
+  }
   if (st.code() == StatusCode::kNotFound && from) {
-    // Not in that lower tier after all: the next one may hold it.
+    // Not in that tier after all: the next one may hold it.
     std::erase_if(waiters, [this](const Waiter& w) { return !pending_acquires_.count(w.first); });
     if (!waiters.empty()) {
-      const Promoted next = Promote(from->ns, from->tenant, from->hash, std::nullopt, true, from->tier + 1);
+      const Promoted next = Promote(from->ns, from->tenant, from->hash, std::nullopt, true, next_tier);
       if (next.id != kNoBlock) {
         for (const Waiter& w : waiters) AddWaiter(next.id, w);
         return;

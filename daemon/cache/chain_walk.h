@@ -257,6 +257,9 @@ class ChainWalk {
   std::deque<QueuedPromotion> queued_promotions_;
   std::unordered_map<BlockId, std::vector<Waiter>> promotion_waiters_;
   std::unordered_map<BlockId, LowerPromotion> lower_promotions_;
+  // Promotions from NVMe while lower tiers exist: a record gone stale since it was read or
+  // held (the block left NVMe) is looked for in the lower tiers from the first.
+  std::unordered_map<BlockId, LowerPromotion> nvme_promotions_;
   LoadHolds holds_;
   uint64_t next_pending_ = 1;
 };

@@ -11,7 +11,7 @@
 // A record is taken once, and lapses `hold_ns` after it was put or when `max` newer ones
 // came in. It is a hint, never a promise: NvmeTier::Fetch checks that the record's slot
 // still holds that block (a block evicted meanwhile is kNotFound, never another block's
-// bytes). Nothing is pinned: a block evicted between lookup and load is a miss, as without.
+// bytes; ChainWalk then looks for it in the lower tiers). Nothing is pinned.
 // Control thread only; not thread-safe.
 
 #include <cstdint>

@@ -235,6 +235,30 @@ TEST_F(LowerTierTest, APrefixAcquireReadsEachBlockFromTheTierThatHoldsIt) {
   EXPECT_EQ(cm_->counters().lookups, 0u) << "a load counted as a lookup";
 }
 
+// A load whose NVMe record went stale after its Lookup read (and held) it — the block left
+// NVMe in between — reads the block from a tier below that still holds it, not a miss.
+TEST_F(LowerTierTest, ABlockGoneFromNvmeAfterItsLookupIsReadFromATierBelow) {
+  Below below;  // write-through: it holds every committed block
+  Open(16, 16, {&below});
+  const auto chain = HashChain(23, 4);
+  Store(chain);
+  Settle();
+  (void)cm_->Evict(TierKind::kHost, 16 * kPage);  // demoted: on NVMe, and below
+  Settle();
+  const CacheLookup l = LookupAndWait(chain);
+  ASSERT_EQ(l.matched, chain.size());
+  for (TierKind t : l.tiers) ASSERT_EQ(t, TierKind::kNvme);
+  (void)cm_->Evict(TierKind::kNvme, 16 * kPage);  // gone from NVMe before the load
+  Settle();
+  const int fetched = below.tier->fetches;
+  std::optional<std::vector<CacheResult>> got;
+  auto now = cm_->AcquirePrefix(*session_, chain, [&](std::vector<CacheResult> r) { got = std::move(r); });
+  if (now) got = std::move(now);
+  ASSERT_TRUE(Pump([&] { return got.has_value(); }));
+  ExpectServed(chain, *got);
+  EXPECT_EQ(below.tier->fetches - fetched, 4);
+}
+
 // A value that does not verify below is a miss, never served; one the tier cannot be
 // asked about is not waited for.
 TEST_F(LowerTierTest, AValueThatDoesNotVerifyIsAMissAndAnUnavailableTierIsSkipped) {
