@@ -315,43 +315,40 @@ std::optional<std::vector<CacheResult>> ChainWalk::AcquirePrefixRest(SessionId s
                                                                      std::span<const BlockHash> hashes,
                                                                      std::vector<CacheResult> out,
                                                                      std::vector<size_t> recheck, AcquireDone done) {
-  // The records a Lookup held for this load: the run of them past the local prefix needs no
-  // walk (a block in memory by now is found there when its entry is settled).
-  std::vector<std::optional<BlockRecord>> held;
-  for (size_t i = out.size(); mover_ && holds_.size() > 0 && i < hashes.size(); ++i) {
-    auto rec = holds_.Take(ns, hashes[i], clock_->NowNanos());
-    if (!rec) break;
-    ++counters_->load_holds_used;
-    held.push_back(std::move(rec));
-  }
-  for (size_t k = 0; k < held.size(); ++k) {
-    recheck.push_back(out.size());
-    out.emplace_back();
-  }
-  const size_t local = out.size();
-  // The walk's answer settles the entries to recheck and those past the local ones
-  // together, each read from where the walk found it.
+  // What is settled once the walk answers: the entries to recheck (no record: found in
+  // memory or not at all), the run of entries past the local prefix whose records a Lookup
+  // held for this load (no walk for them), then what the walk finds past them.
   struct Settling {
     std::vector<CacheResult> out;
     std::vector<size_t> missing;
+    Result<std::vector<std::optional<BlockRecord>>> recs{std::vector<std::optional<BlockRecord>>{}};
+    std::vector<size_t> first_lower;
   };
-  auto settle = [this, session, ns, tenant, local, held](std::span<const BlockHash> chain, Settling s, CacheLookup r,
-                                                         Found found, AcquireDone done) {
+  Settling s{std::move(out), std::move(recheck)};
+  s.recs->resize(s.missing.size());
+  for (size_t i = s.out.size(); mover_ && holds_.size() > 0 && i < hashes.size(); ++i) {
+    auto rec = holds_.Take(ns, hashes[i], clock_->NowNanos());
+    if (!rec) break;
+    ++counters_->load_holds_used;
+    s.missing.push_back(i);
+    s.recs->push_back(std::move(rec));
+    s.out.emplace_back();
+  }
+  s.first_lower.assign(s.missing.size(), 0);
+  const size_t local = s.out.size();
+  auto settle = [this, session, ns, tenant, local](std::span<const BlockHash> chain, Settling s, CacheLookup r,
+                                                   Found found, AcquireDone done) {
     s.out.resize(r.matched);
-    Result<std::vector<std::optional<BlockRecord>>> recs(std::vector<std::optional<BlockRecord>>(s.missing.size()));
-    for (size_t k = 0; k < held.size(); ++k) (*recs)[s.missing.size() - held.size() + k] = held[k];
-    std::vector<size_t> first_lower(s.missing.size(), 0);
     for (size_t i = local; i < r.matched; ++i) {
       s.missing.push_back(i);
-      recs->push_back(std::move(found.records[i - local]));
-      first_lower.push_back(found.lower[i - local]);
+      s.recs->push_back(std::move(found.records[i - local]));
+      s.first_lower.push_back(found.lower[i - local]);
     }
-    return Resolve(session, ns, tenant, chain.first(r.matched), std::move(s.out), Waits{}, s.missing, std::move(recs),
-                   first_lower, std::move(done));
+    return Resolve(session, ns, tenant, chain.first(r.matched), std::move(s.out), Waits{}, s.missing, std::move(s.recs),
+                   s.first_lower, std::move(done));
   };
   CacheLookup r;
   r.tiers.assign(local, TierKind::kHost);  // where the walk starts
-  Settling s{std::move(out), std::move(recheck)};
   if (!done) {
     auto now = Walk(session, ns, tenant, hashes, std::move(r), false, WalkFor::kAcquire, nullptr);
     return settle(hashes, std::move(s), std::move(now->first), std::move(now->second), nullptr);

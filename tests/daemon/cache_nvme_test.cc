@@ -102,18 +102,12 @@ class CacheNvmeTest : public ::testing::TestWithParam<std::string> {
     counting->set_key_reads(key_reads_);
     store_ = std::move(counting);
   }
-  // An engine's load: the present prefix of `hashes`, once every entry is settled.
-  std::vector<CacheResult> AcquirePrefixAndWait(SessionCache& s, const std::vector<BlockHash>& hashes) {
+  // Acquire of `hashes` once every entry is settled; with `prefix`, an engine's load (the
+  // present prefix of the chain only).
+  std::vector<CacheResult> AcquireAndWait(SessionCache& s, const std::vector<BlockHash>& hashes, bool prefix = false) {
     std::optional<std::vector<CacheResult>> got;
-    auto now = cm_->AcquirePrefix(s, hashes, [&](std::vector<CacheResult> r) { got = std::move(r); });
-    if (now) return *now;
-    EXPECT_TRUE(Pump([&] { return got.has_value(); }));
-    return got.value_or(std::vector<CacheResult>{});
-  }
-
-  std::vector<CacheResult> AcquireAndWait(SessionCache& s, const std::vector<BlockHash>& hashes) {
-    std::optional<std::vector<CacheResult>> got;
-    auto now = cm_->Acquire(s, hashes, [&](std::vector<CacheResult> r) { got = std::move(r); });
+    auto answer = [&](std::vector<CacheResult> r) { got = std::move(r); };
+    auto now = prefix ? cm_->AcquirePrefix(s, hashes, answer) : cm_->Acquire(s, hashes, answer);
     if (now) return *now;
     EXPECT_TRUE(Pump([&] { return got.has_value(); }));
     return got.value_or(std::vector<CacheResult>{});
@@ -282,7 +276,7 @@ TEST_P(CacheNvmeTest, APrefixAcquireReadsEachIndexEntryOnce) {
   const auto tail = HashChain(86, 8);  // stored by nobody
   asked.insert(asked.end(), tail.begin(), tail.end());
   key_reads_->Clear();
-  auto got = AcquirePrefixAndWait(*session_, asked);
+  auto got = AcquireAndWait(*session_, asked, /*prefix=*/true);
   ASSERT_EQ(got.size(), chain.size()) << "the answer is the stored prefix";
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].status, StatusCode::kOk) << i;
@@ -292,7 +286,7 @@ TEST_P(CacheNvmeTest, APrefixAcquireReadsEachIndexEntryOnce) {
   EXPECT_EQ(key_reads_->most(), 1u) << "an index entry read twice in one load";
   (void)cm_->Release(*session_, TierKind::kHost, {}, chain);
   keys_read_ = 0;
-  got = AcquirePrefixAndWait(*session_, chain);
+  got = AcquireAndWait(*session_, chain, /*prefix=*/true);
   ASSERT_EQ(got.size(), chain.size());
   EXPECT_EQ(keys_read_.load(), 0u) << "blocks in host memory looked up in the index";
   (void)cm_->Release(*session_, TierKind::kHost, {}, chain);
@@ -312,7 +306,7 @@ TEST_P(CacheNvmeTest, ALoadAfterALookupReadsNoIndexEntryTheLookupRead) {
   StoreOnNvmeOnly(chain);
   auto worker = Attach("t");  // the same tenant and model: the same namespace
   auto load = [&](SessionCache& s, const std::vector<BlockHash>& hashes, bool prefix) {
-    auto r = prefix ? AcquirePrefixAndWait(s, hashes) : AcquireAndWait(s, hashes);
+    auto r = AcquireAndWait(s, hashes, prefix);
     EXPECT_EQ(r.size(), hashes.size());
     for (size_t i = 0; i < r.size(); ++i) {
       EXPECT_EQ(r[i].status, StatusCode::kOk) << i;
@@ -352,7 +346,7 @@ TEST_P(CacheNvmeTest, ALoadAfterALookupReadsNoIndexEntryTheLookupRead) {
   Store(*other, std::vector<BlockHash>(HashChain(88, 20)));  // new blocks may take the freed slots
   Settle();
   EvictHost();
-  const auto got = AcquirePrefixAndWait(*worker, chain);
+  const auto got = AcquireAndWait(*worker, chain, /*prefix=*/true);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NE(got[i].status, StatusCode::kOk) << i;
   ExpectConsistent();
 }

@@ -167,10 +167,9 @@ TEST_F(LiveDaemon, MetricsPassPromtoolAndNameEverySeriesTheRulesAndDashboardUse)
   }
 }
 
-// docs/operations.md names only series a kvtierd exports: one with every tier on (a
-// host-emulated GPU, NVMe with a tenant's quota, the memory tier, a remote tier whose
-// cluster is not there) and KV events; `kvtier_<tier>_` stands for each lower tier.
-TEST(OperationsGuide, EverySeriesItNamesIsExported) {
+// A kvtierd with every tier on: a host-emulated GPU, NVMe, the memory tier, a remote tier
+// whose cluster is not there, and KV events (`extra_yaml` adds to the events section).
+DaemonProcess::Options EveryTierOn(const std::string& extra_yaml = "") {
   DaemonProcess::Options o;
   o.host_capacity = "8MiB";
   o.page_bytes = "64KiB";
@@ -179,10 +178,17 @@ TEST(OperationsGuide, EverySeriesItNamesIsExported) {
   o.nvme_capacity = "8MiB";
   o.remote_nodes = {"127.0.0.1:1"};
   o.tiers_yaml = "  memory:\n    capacity: 4MiB\n";
-  o.extra_yaml = "events:\n  enabled: true\nsecurity:\n  tenants:\n    - name: a\n      uids: [" +
-                 std::to_string(::getuid()) + "]\n      quota: {nvme: 4MiB}\n";
+  o.extra_yaml = "events:\n  enabled: true\n" + extra_yaml;
   o.log_level = "notice";
-  DaemonProcess d(o);
+  return o;
+}
+
+// docs/operations.md names only series a kvtierd exports: one with every tier on (a
+// host-emulated GPU, NVMe with a tenant's quota, the memory tier, a remote tier whose
+// cluster is not there) and KV events; `kvtier_<tier>_` stands for each lower tier.
+TEST(OperationsGuide, EverySeriesItNamesIsExported) {
+  DaemonProcess d(EveryTierOn("security:\n  tenants:\n    - name: a\n      uids: [" + std::to_string(::getuid()) +
+                              "]\n      quota: {nvme: 4MiB}\n"));
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const std::string url = MetricsUrl(d);
   ASSERT_FALSE(url.empty()) << d.Log();
@@ -212,17 +218,7 @@ TEST(OperationsGuide, EverySeriesItNamesIsExported) {
 // Threads table lists it (threads of the libraries kvtierd uses by their prefix): an
 // operator reading `top -H` or a perf profile can tell what each one is.
 TEST(Architecture, EveryThreadOfARunningKvtierdIsNamedInTheThreadsTable) {
-  DaemonProcess::Options o;
-  o.host_capacity = "8MiB";
-  o.page_bytes = "64KiB";
-  o.segment_bytes = "4MiB";
-  o.gpu_capacity = "8MiB";
-  o.nvme_capacity = "8MiB";
-  o.remote_nodes = {"127.0.0.1:1"};
-  o.tiers_yaml = "  memory:\n    capacity: 4MiB\n";
-  o.extra_yaml = "events:\n  enabled: true\n";
-  o.log_level = "notice";
-  DaemonProcess d(o);
+  DaemonProcess d(EveryTierOn());
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   ASSERT_FALSE(MetricsUrl(d).empty()) << d.Log();  // the metrics server is up
   const std::string doc = ReadFile(std::string(KVTIER_SOURCE_DIR) + "/docs/architecture.md");
